@@ -1,0 +1,34 @@
+//! vramfit's node agent: probes of the GPU, the allocator's CUDA backend and
+//! the allocator benchmark. Everything that needs a GPU sits behind the
+//! `cuda` feature; the rest (result types, verdict rules, the benchmark's
+//! size mix) is plain code that builds and tests anywhere.
+
+pub mod bench;
+#[cfg(feature = "cuda")]
+pub mod cuda;
+pub mod probe;
+
+/// The agent's one error type.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// The binary was built without GPU support.
+    #[error("this vramfit-agent was built without the `cuda` feature")]
+    NoCuda,
+    /// A CUDA driver call failed.
+    #[error("CUDA driver call {call} failed: {detail}")]
+    Cuda {
+        /// The call.
+        call: &'static str,
+        /// The driver's words.
+        detail: String,
+    },
+    /// Compiling the probe kernels failed.
+    #[error("compiling the probe kernels failed: {0}")]
+    Kernel(String),
+    /// The allocator failed.
+    #[error(transparent)]
+    Alloc(#[from] vramfit::alloc::AllocError),
+}
+
+/// `Result` with [`AgentError`].
+pub type Result<T, E = AgentError> = std::result::Result<T, E>;

@@ -1,0 +1,223 @@
+//! `vramfit-agent`: probe a GPU, benchmark the allocator.
+
+use anyhow::Result;
+use clap::{Parser, Subcommand, ValueEnum};
+use serde::Serialize;
+use vramfit_agent::bench::{BenchRow, run_mix, size_mix};
+
+#[derive(Parser)]
+#[command(name = "vramfit-agent", version, about = "vramfit node agent")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Output {
+    Json,
+    Text,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Fill the free GPU memory with a pattern, read it back and time copies.
+    Probe {
+        /// Device ordinal.
+        #[arg(long, default_value_t = 0)]
+        device: usize,
+        /// GiB left untouched for the driver and other processes.
+        #[arg(long, default_value_t = 2.0)]
+        margin_gib: f64,
+        /// Test at most this many GiB (default: all free memory but the margin).
+        #[arg(long)]
+        max_test_gib: Option<f64>,
+        /// Expected copy bandwidth in GB/s (default: from the model name).
+        #[arg(long)]
+        expected_gbps: Option<f64>,
+        #[arg(short, long, value_enum, default_value_t = Output::Json)]
+        output: Output,
+    },
+    /// Benchmarks.
+    Bench {
+        #[command(subcommand)]
+        what: BenchCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// Allocation/free latency and throughput of the caching allocator
+    /// (both policies) against raw cuMemAlloc/cuMemFree on one size mix.
+    Alloc {
+        /// Events in the mix.
+        #[arg(long, default_value_t = 20_000)]
+        ops: usize,
+        /// Seed of the mix.
+        #[arg(long, default_value_t = 42)]
+        seed: u64,
+        /// Passes over the mix (the first is a warm-up).
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+        /// Passes for raw cuMemAlloc (slow), same meaning.
+        #[arg(long, default_value_t = 2)]
+        raw_rounds: usize,
+        #[arg(short, long, value_enum, default_value_t = Output::Json)]
+        output: Output,
+    },
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct BenchReport {
+    ops: usize,
+    seed: u64,
+    backend: &'static str,
+    rows: Vec<BenchRow>,
+}
+
+fn main() -> Result<()> {
+    match Cli::parse().command {
+        Command::Probe {
+            device,
+            margin_gib,
+            max_test_gib,
+            expected_gbps,
+            output,
+        } => {
+            let result = probe(device, margin_gib, max_test_gib, expected_gbps)?;
+            match output {
+                Output::Json => println!("{}", serde_json::to_string_pretty(&result)?),
+                Output::Text => println!(
+                    "{}: {}",
+                    if result.ok { "ok" } else { "FAIL" },
+                    result.message
+                ),
+            }
+            if !result.ok {
+                std::process::exit(2);
+            }
+        }
+        Command::Bench {
+            what:
+                BenchCommand::Alloc {
+                    ops,
+                    seed,
+                    rounds,
+                    raw_rounds,
+                    output,
+                },
+        } => {
+            let mix = size_mix(ops, seed);
+            let (backend, rows) = bench_alloc(&mix, rounds, raw_rounds)?;
+            let report = BenchReport {
+                ops,
+                seed,
+                backend,
+                rows,
+            };
+            match output {
+                Output::Json => println!("{}", serde_json::to_string_pretty(&report)?),
+                Output::Text => {
+                    for row in &report.rows {
+                        println!(
+                            "{:<28} alloc p50 {:>8.2} us p99 {:>8.2} us | free p50 {:>8.2} us p99 {:>8.2} us | {:>10.0} ops/s",
+                            row.name,
+                            row.alloc_p50_us,
+                            row.alloc_p99_us,
+                            row.free_p50_us,
+                            row.free_p99_us,
+                            row.ops_per_second
+                        );
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(feature = "cuda")]
+fn probe(
+    device: usize,
+    margin_gib: f64,
+    max_test_gib: Option<f64>,
+    expected_gbps: Option<f64>,
+) -> Result<vramfit_agent::probe::ProbeResult> {
+    use vramfit_agent::cuda::{ProbeOptions, run_probe};
+    let gib = |g: f64| (g * (1u64 << 30) as f64) as u64;
+    Ok(run_probe(ProbeOptions {
+        device,
+        safety_margin_bytes: gib(margin_gib),
+        max_test_bytes: max_test_gib.map(gib),
+        expected_gbps,
+        ..Default::default()
+    })?)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn probe(
+    _: usize,
+    _: f64,
+    _: Option<f64>,
+    _: Option<f64>,
+) -> Result<vramfit_agent::probe::ProbeResult> {
+    Err(vramfit_agent::AgentError::NoCuda.into())
+}
+
+#[cfg(feature = "cuda")]
+fn bench_alloc(
+    mix: &[vramfit::alloc::AllocEvent],
+    rounds: usize,
+    raw_rounds: usize,
+) -> Result<(&'static str, Vec<BenchRow>)> {
+    use cudarc::driver::CudaContext;
+    use vramfit::alloc::{AllocatorConfig, Policy, new_allocator};
+    use vramfit_agent::cuda::{CudaDeviceMemory, RawCudaMalloc};
+
+    let ctx = CudaContext::new(0)?;
+    ctx.bind_to_thread()?;
+    let mut rows = Vec::new();
+    let mut raw = RawCudaMalloc::new();
+    rows.push(run_mix(
+        "raw cuMemAlloc/cuMemFree",
+        &mut raw,
+        mix,
+        raw_rounds,
+    )?);
+    for policy in [Policy::Pytorch, Policy::Vramfit] {
+        let backend = CudaDeviceMemory::new(ctx.clone())?;
+        let mut allocator = new_allocator(policy, backend, AllocatorConfig::default());
+        rows.push(run_mix(
+            &format!("caching ({policy} policy)"),
+            &mut allocator,
+            mix,
+            rounds,
+        )?);
+        allocator.empty_cache()?;
+    }
+    Ok(("cuda", rows))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn bench_alloc(
+    mix: &[vramfit::alloc::AllocEvent],
+    rounds: usize,
+    _: usize,
+) -> Result<(&'static str, Vec<BenchRow>)> {
+    use vramfit::alloc::{AllocatorConfig, Policy, SimulatedDevice, new_allocator};
+    let mut rows = Vec::new();
+    for policy in [Policy::Pytorch, Policy::Vramfit] {
+        let mut allocator = new_allocator(
+            policy,
+            SimulatedDevice::new(1 << 40),
+            AllocatorConfig::default(),
+        );
+        rows.push(run_mix(
+            &format!("caching ({policy} policy, simulated)"),
+            &mut allocator,
+            mix,
+            rounds,
+        )?);
+    }
+    Ok(("simulated", rows))
+}

@@ -1,0 +1,174 @@
+#!/usr/bin/env bash
+# A local Kubernetes control plane: the upstream kube-apiserver and etcd, built from
+# their Go modules (hack/controlplane/), started on loopback with generated
+# certificates and an admin kubeconfig.
+#
+#   hack/controlplane.sh build            build the binaries once (reused afterwards)
+#   hack/controlplane.sh up   [--dir D]   start in the background, print the kubeconfig path
+#   hack/controlplane.sh run  [--dir D]   start in the foreground; stops both on TERM/INT
+#   hack/controlplane.sh down [--dir D]   stop what `up` started
+#
+# Binaries go to $VRAMFIT_BIN (default ~/.cache/vramfit/bin), outside the clone, so a
+# fresh clone reuses them. The state folder defaults to ~/.cache/vramfit/controlplane.
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+bin=${VRAMFIT_BIN:-$HOME/.cache/vramfit/bin}
+dir=$HOME/.cache/vramfit/controlplane
+
+log() { printf 'controlplane: %s\n' "$*" >&2; }
+
+stamp() {
+  # The binaries are rebuilt when the pinned module versions change.
+  cat "$here/controlplane/apiserver/go.sum" "$here/controlplane/etcd/go.sum" | sha256sum | cut -c1-16
+}
+
+build() {
+  local want
+  want=$(stamp)
+  if [[ -x $bin/kube-apiserver && -x $bin/etcd && "$(cat "$bin/.stamp" 2>/dev/null)" == "$want" ]]; then
+    return 0
+  fi
+  mkdir -p "$bin"
+  log "building etcd (go.etcd.io/etcd/server/v3) into $bin"
+  (cd "$here/controlplane/etcd" && go build -trimpath -o "$bin/etcd" .)
+  log "building kube-apiserver (k8s.io/kubernetes) into $bin; the first build takes several minutes"
+  (cd "$here/controlplane/apiserver" && go build -trimpath -o "$bin/kube-apiserver" k8s.io/kubernetes/cmd/kube-apiserver)
+  echo "$want" >"$bin/.stamp"
+}
+
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+
+certs() {
+  local pki=$dir/pki
+  mkdir -p "$pki"
+  [[ -f $pki/admin.crt ]] && return 0
+  openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=vramfit-local-ca" \
+    -keyout "$pki/ca.key" -out "$pki/ca.crt" 2>/dev/null
+  openssl req -newkey rsa:2048 -nodes -subj "/CN=kube-apiserver" \
+    -keyout "$pki/apiserver.key" -out "$pki/apiserver.csr" 2>/dev/null
+  printf 'subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes.default.svc\n' >"$pki/apiserver.ext"
+  openssl x509 -req -in "$pki/apiserver.csr" -CA "$pki/ca.crt" -CAkey "$pki/ca.key" -CAcreateserial \
+    -days 3650 -extfile "$pki/apiserver.ext" -out "$pki/apiserver.crt" 2>/dev/null
+  openssl req -newkey rsa:2048 -nodes -subj "/O=system:masters/CN=vramfit-admin" \
+    -keyout "$pki/admin.key" -out "$pki/admin.csr" 2>/dev/null
+  # X.509 v3 (an extension present): rustls refuses v1 client certificates.
+  printf 'extendedKeyUsage=clientAuth\nkeyUsage=digitalSignature,keyEncipherment\n' >"$pki/admin.ext"
+  openssl x509 -req -in "$pki/admin.csr" -CA "$pki/ca.crt" -CAkey "$pki/ca.key" -CAcreateserial \
+    -days 3650 -extfile "$pki/admin.ext" -out "$pki/admin.crt" 2>/dev/null
+  openssl genrsa -out "$pki/sa.key" 2048 2>/dev/null
+  openssl rsa -in "$pki/sa.key" -pubout -out "$pki/sa.pub" 2>/dev/null
+}
+
+kubeconfig() {
+  local port=$1 pki=$dir/pki
+  cat >"$dir/kubeconfig" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: vramfit-local
+  cluster:
+    server: https://127.0.0.1:$port
+    certificate-authority-data: $(base64 -w0 <"$pki/ca.crt")
+users:
+- name: vramfit-admin
+  user:
+    client-certificate-data: $(base64 -w0 <"$pki/admin.crt")
+    client-key-data: $(base64 -w0 <"$pki/admin.key")
+contexts:
+- name: vramfit-local
+  context: {cluster: vramfit-local, user: vramfit-admin, namespace: default}
+current-context: vramfit-local
+EOF
+}
+
+start() {
+  build
+  mkdir -p "$dir"
+  rm -f "$dir/kubeconfig" "$dir/ready"
+  certs
+  local etcd_port peer_port api_port pki=$dir/pki
+  etcd_port=$(free_port)
+  peer_port=$(free_port)
+  api_port=$(free_port)
+  rm -rf "$dir/etcd-data"
+  "$bin/etcd" --data-dir "$dir/etcd-data" --name vramfit \
+    --listen-client-urls "http://127.0.0.1:$etcd_port" --advertise-client-urls "http://127.0.0.1:$etcd_port" \
+    --listen-peer-urls "http://127.0.0.1:$peer_port" --initial-advertise-peer-urls "http://127.0.0.1:$peer_port" \
+    --initial-cluster "vramfit=http://127.0.0.1:$peer_port" \
+    --unsafe-no-fsync --log-level warn >"$dir/etcd.log" 2>&1 &
+  echo $! >"$dir/etcd.pid"
+  "$bin/kube-apiserver" --etcd-servers "http://127.0.0.1:$etcd_port" \
+    --bind-address 127.0.0.1 --secure-port "$api_port" \
+    --tls-cert-file "$pki/apiserver.crt" --tls-private-key-file "$pki/apiserver.key" \
+    --client-ca-file "$pki/ca.crt" --authorization-mode RBAC \
+    --service-account-key-file "$pki/sa.pub" --service-account-signing-key-file "$pki/sa.key" \
+    --service-account-issuer https://kubernetes.default.svc --service-cluster-ip-range 10.96.0.0/16 \
+    --allow-privileged --disable-admission-plugins ServiceAccount \
+    >"$dir/apiserver.log" 2>&1 &
+  echo $! >"$dir/apiserver.pid"
+  kubeconfig "$api_port"
+  local i
+  for i in $(seq 1 240); do
+    if curl -sf --cacert "$pki/ca.crt" --cert "$pki/admin.crt" --key "$pki/admin.key" \
+      "https://127.0.0.1:$api_port/readyz" >/dev/null 2>&1; then
+      # The default namespace appears shortly after readyz; wait for it too.
+      if KUBECONFIG=$dir/kubeconfig kubectl get namespace default >/dev/null 2>&1; then
+        touch "$dir/ready"
+        log "ready at https://127.0.0.1:$api_port (KUBECONFIG=$dir/kubeconfig)"
+        return 0
+      fi
+    fi
+    if ! kill -0 "$(cat "$dir/apiserver.pid")" 2>/dev/null; then
+      log "kube-apiserver exited; see $dir/apiserver.log"
+      tail -20 "$dir/apiserver.log" >&2
+      return 1
+    fi
+    sleep 0.5
+  done
+  log "kube-apiserver not ready after 120 s; see $dir/apiserver.log"
+  return 1
+}
+
+stop() {
+  local p
+  for p in apiserver etcd; do
+    if [[ -f $dir/$p.pid ]]; then
+      kill "$(cat "$dir/$p.pid")" 2>/dev/null || true
+      rm -f "$dir/$p.pid"
+    fi
+  done
+  rm -f "$dir/ready"
+}
+
+cmd=${1:-}
+shift || true
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --dir) dir=$2; shift 2 ;;
+    *) log "unknown argument $1"; exit 2 ;;
+  esac
+done
+
+case $cmd in
+  build) build ;;
+  up) stop; start; echo "$dir/kubeconfig" ;;
+  run)
+    trap 'stop; exit 0' TERM INT
+    stop
+    start
+    echo "$dir/kubeconfig"
+    # Stay in the foreground until asked to stop (or until a process dies).
+    while kill -0 "$(cat "$dir/apiserver.pid")" 2>/dev/null && kill -0 "$(cat "$dir/etcd.pid")" 2>/dev/null; do
+      sleep 1 &
+      wait $! || true
+    done
+    log "a control-plane process exited"
+    stop
+    exit 1
+    ;;
+  down) stop ;;
+  *) sed -n '2,13p' "$0"; exit 2 ;;
+esac

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The test command: formatting, lints, generated files, unit tests and the
+# integration tests against a real kube-apiserver + etcd (started by the tests).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/vramfit/target}
+
+step() { printf '\n== %s\n' "$*"; }
+
+step "rustfmt"
+cargo fmt --all -- --check
+
+step "clippy"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+step "control plane binaries"
+hack/controlplane.sh build
+
+step "generated CRDs are current"
+cargo run --quiet --locked -- crdgen --out crds
+git diff --exit-code -- crds/ || { echo "crds/ is stale: commit the regenerated files" >&2; exit 1; }
+
+step "tests (unit + integration against the local control plane)"
+cargo test --workspace --locked
+
+if [[ -d python ]]; then
+  step "python helper tests"
+  python3 -m pytest -q python
+fi

@@ -1,0 +1,245 @@
+//! The device backend the allocators call, and a simulated one.
+
+use std::collections::HashMap;
+
+use thiserror::Error;
+
+/// A device address (what `cudaMalloc` returns), as a plain integer.
+pub type DevicePtr = u64;
+
+/// A CUDA stream, as the integer value of its handle (0 is the default stream).
+pub type StreamId = u64;
+
+/// Free and total bytes of the device, as `cudaMemGetInfo` reports them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MemInfo {
+    /// Bytes nobody holds on the device.
+    pub free: u64,
+    /// Bytes of the device.
+    pub total: u64,
+}
+
+/// What a backend reports when the device refuses.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum DeviceError {
+    /// The device has no room for the request (`cudaErrorMemoryAllocation`).
+    #[error("device out of memory asking for {bytes} bytes")]
+    OutOfMemory {
+        /// The bytes asked for.
+        bytes: u64,
+    },
+    /// The backend cannot do this (e.g. no virtual memory management).
+    #[error("operation not supported by this device backend: {0}")]
+    Unsupported(&'static str),
+    /// Any other driver failure, with the driver's words.
+    #[error("device error: {0}")]
+    Driver(String),
+}
+
+/// The few driver operations a caching allocator needs.
+///
+/// `malloc`/`free` are whole segments (`cuMemAlloc`/`cuMemFree`). The
+/// `*_range`/`*_pages` calls are CUDA's virtual memory management
+/// (`cuMemAddressReserve`, `cuMemCreate` + `cuMemMap`, `cuMemUnmap` +
+/// `cuMemRelease`), used by the expandable policy; a backend without them
+/// keeps the defaults, which refuse.
+pub trait DeviceMemory {
+    /// Allocates a segment of exactly `bytes` bytes.
+    fn malloc(&mut self, bytes: u64) -> Result<DevicePtr, DeviceError>;
+    /// Frees a segment returned by [`DeviceMemory::malloc`].
+    fn free(&mut self, ptr: DevicePtr, bytes: u64) -> Result<(), DeviceError>;
+    /// Free and total device memory.
+    fn mem_info(&self) -> MemInfo;
+    /// Granularity of physical pages for [`DeviceMemory::map_pages`].
+    fn page_bytes(&self) -> u64 {
+        crate::alloc::PAGE_BYTES
+    }
+    /// Reserves `bytes` of virtual address space, backed by nothing yet.
+    fn reserve_range(&mut self, _bytes: u64) -> Result<DevicePtr, DeviceError> {
+        Err(DeviceError::Unsupported("reserve_range"))
+    }
+    /// Backs `[at, at + bytes)` (page-aligned) with new physical pages.
+    fn map_pages(&mut self, _at: DevicePtr, _bytes: u64) -> Result<(), DeviceError> {
+        Err(DeviceError::Unsupported("map_pages"))
+    }
+    /// Gives the physical pages behind `[at, at + bytes)` back to the device.
+    fn unmap_pages(&mut self, _at: DevicePtr, _bytes: u64) -> Result<(), DeviceError> {
+        Err(DeviceError::Unsupported("unmap_pages"))
+    }
+    /// Gives a reserved range back (all its pages must be unmapped).
+    fn release_range(&mut self, _at: DevicePtr, _bytes: u64) -> Result<(), DeviceError> {
+        Err(DeviceError::Unsupported("release_range"))
+    }
+}
+
+/// A device that exists only as bookkeeping: it hands out increasing,
+/// 2 MiB-aligned addresses and refuses once `capacity` bytes are in use.
+///
+/// Addresses can be suggested ahead of time ([`SimulatedDevice::expect_segment`]):
+/// replaying a PyTorch trace feeds it the addresses PyTorch's `cudaMalloc`
+/// returned, so that ties between equal-size cached blocks, which PyTorch
+/// breaks by address, break the same way.
+#[derive(Debug, Clone)]
+pub struct SimulatedDevice {
+    capacity: u64,
+    used: u64,
+    next_addr: u64,
+    segments: HashMap<DevicePtr, u64>,
+    ranges: HashMap<DevicePtr, u64>,
+    expected: std::collections::VecDeque<(u64, DevicePtr)>,
+    /// Number of `malloc` calls that succeeded.
+    pub malloc_calls: u64,
+    /// Number of `free` calls.
+    pub free_calls: u64,
+    /// Number of page-mapping calls.
+    pub map_calls: u64,
+    /// Number of page-unmapping calls.
+    pub unmap_calls: u64,
+}
+
+/// Where simulated addresses start when no address was suggested: far above
+/// the addresses real devices hand out, so both never meet.
+const SYNTHETIC_BASE: u64 = 1 << 52;
+
+impl SimulatedDevice {
+    /// A device of `capacity` bytes with nothing allocated.
+    pub fn new(capacity: u64) -> Self {
+        Self {
+            capacity,
+            used: 0,
+            next_addr: SYNTHETIC_BASE,
+            segments: HashMap::new(),
+            ranges: HashMap::new(),
+            expected: Default::default(),
+            malloc_calls: 0,
+            free_calls: 0,
+            map_calls: 0,
+            unmap_calls: 0,
+        }
+    }
+
+    /// Suggests that the next `malloc` of `bytes` returns `addr` (used in
+    /// order; a suggestion that does not match the next request is dropped).
+    pub fn expect_segment(&mut self, bytes: u64, addr: DevicePtr) {
+        self.expected.push_back((bytes, addr));
+    }
+
+    /// Bytes currently held (segments and mapped pages).
+    pub fn used_bytes(&self) -> u64 {
+        self.used
+    }
+
+    fn fresh_address(&mut self, bytes: u64) -> DevicePtr {
+        let addr = self.next_addr;
+        self.next_addr +=
+            bytes.div_ceil(crate::alloc::PAGE_BYTES).max(1) * crate::alloc::PAGE_BYTES;
+        addr
+    }
+
+    fn charge(&mut self, bytes: u64) -> Result<(), DeviceError> {
+        if self.used + bytes > self.capacity {
+            return Err(DeviceError::OutOfMemory { bytes });
+        }
+        self.used += bytes;
+        Ok(())
+    }
+}
+
+impl DeviceMemory for SimulatedDevice {
+    fn malloc(&mut self, bytes: u64) -> Result<DevicePtr, DeviceError> {
+        self.charge(bytes)?;
+        self.malloc_calls += 1;
+        let suggested = match self.expected.front() {
+            Some(&(size, addr)) if size == bytes => {
+                self.expected.pop_front();
+                Some(addr).filter(|a| !self.segments.contains_key(a))
+            }
+            _ => None,
+        };
+        let addr = match suggested {
+            Some(addr) => addr,
+            None => self.fresh_address(bytes),
+        };
+        self.segments.insert(addr, bytes);
+        Ok(addr)
+    }
+
+    fn free(&mut self, ptr: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
+        match self.segments.remove(&ptr) {
+            Some(size) if size == bytes => {
+                self.used -= size;
+                self.free_calls += 1;
+                Ok(())
+            }
+            Some(size) => {
+                self.segments.insert(ptr, size);
+                Err(DeviceError::Driver(format!(
+                    "free of {bytes} bytes at {ptr:#x}, a segment of {size} bytes"
+                )))
+            }
+            None => Err(DeviceError::Driver(format!(
+                "free of unknown segment {ptr:#x}"
+            ))),
+        }
+    }
+
+    fn mem_info(&self) -> MemInfo {
+        MemInfo {
+            free: self.capacity - self.used,
+            total: self.capacity,
+        }
+    }
+
+    fn reserve_range(&mut self, bytes: u64) -> Result<DevicePtr, DeviceError> {
+        let addr = self.fresh_address(bytes);
+        self.ranges.insert(addr, bytes);
+        Ok(addr)
+    }
+
+    fn map_pages(&mut self, _at: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
+        self.charge(bytes)?;
+        self.map_calls += 1;
+        Ok(())
+    }
+
+    fn unmap_pages(&mut self, _at: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
+        self.used -= bytes.min(self.used);
+        self.unmap_calls += 1;
+        Ok(())
+    }
+
+    fn release_range(&mut self, at: DevicePtr, _bytes: u64) -> Result<(), DeviceError> {
+        self.ranges
+            .remove(&at)
+            .map(|_| ())
+            .ok_or_else(|| DeviceError::Driver(format!("release of unknown range {at:#x}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn simulated_device_refuses_past_its_capacity() {
+        let mut device = SimulatedDevice::new(4 << 20);
+        let a = device.malloc(2 << 20).unwrap();
+        device.malloc(2 << 20).unwrap();
+        assert_eq!(
+            device.malloc(512),
+            Err(DeviceError::OutOfMemory { bytes: 512 })
+        );
+        device.free(a, 2 << 20).unwrap();
+        assert_eq!(device.mem_info().free, 2 << 20);
+    }
+
+    #[test]
+    fn simulated_device_uses_suggested_addresses_in_order() {
+        let mut device = SimulatedDevice::new(1 << 30);
+        device.expect_segment(2 << 20, 0x7000_0000);
+        device.expect_segment(20 << 20, 0x6000_0000);
+        assert_eq!(device.malloc(2 << 20).unwrap(), 0x7000_0000);
+        assert_eq!(device.malloc(20 << 20).unwrap(), 0x6000_0000);
+        assert!(device.malloc(2 << 20).unwrap() >= SYNTHETIC_BASE);
+    }
+}

@@ -1,0 +1,393 @@
+//! The `vramfit` policy: expandable ranges mapped in physical pages.
+//!
+//! Each `(stream, small|large)` pair gets one virtual address range, as large
+//! as the device, that grows at its end. Blocks inside a range are found by
+//! best fit (smallest free block that holds the request, lowest offset on
+//! ties), split whenever the remainder is at least 512 bytes, and merged with
+//! free neighbours on free. Physical memory comes in 2 MiB pages mapped under
+//! the blocks that need them.
+//!
+//! What lowers the reserved peak: before mapping pages that would lift the
+//! physical high-water mark, the allocator unmaps every page that lies wholly
+//! inside a free block, in every range. Below the high-water mark pages stay
+//! mapped (reuse costs nothing); at it, the footprint is the pages live blocks
+//! touch. PyTorch's segments, in contrast, keep whole 2/20 MiB or
+//! request-sized segments whose free tails cannot serve other sizes or
+//! streams.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use super::GpuAllocator;
+use super::config::{AllocatorConfig, MIN_BLOCK_BYTES, SMALL_REQUEST_BYTES, round_request};
+use super::device::{DeviceError, DeviceMemory, DevicePtr, StreamId};
+use super::error::{AllocError, OomFacts};
+use super::stats::MemoryStats;
+
+#[derive(Debug, Clone, Copy)]
+struct Piece {
+    size: u64,
+    requested: u64,
+    allocated: bool,
+}
+
+/// One growing virtual range: pieces tile `[0, end)`.
+#[derive(Debug)]
+struct Range {
+    base: DevicePtr,
+    capacity: u64,
+    end: u64,
+    pieces: BTreeMap<u64, Piece>,
+    free: BTreeSet<(u64, u64)>,
+    mapped: Vec<bool>,
+}
+
+impl Range {
+    fn page_span(&self, offset: u64, size: u64, page: u64) -> (usize, usize) {
+        (
+            (offset / page) as usize,
+            (offset + size).div_ceil(page) as usize,
+        )
+    }
+}
+
+/// A caching allocator with the `vramfit` policy over a [`DeviceMemory`]
+/// backend that supports virtual memory management.
+pub struct ExpandableAllocator<D: DeviceMemory> {
+    device: D,
+    config: AllocatorConfig,
+    page: u64,
+    ranges: Vec<Range>,
+    range_of: HashMap<(StreamId, bool), usize>,
+    live: HashMap<DevicePtr, (usize, u64)>,
+    /// Set when a free may have left whole free pages behind.
+    reclaimable: bool,
+    stats: MemoryStats,
+}
+
+impl<D: DeviceMemory> ExpandableAllocator<D> {
+    /// An empty allocator over `device`.
+    pub fn new(device: D, config: AllocatorConfig) -> Self {
+        let page = device.page_bytes();
+        Self {
+            device,
+            config,
+            page,
+            ranges: Vec::new(),
+            range_of: HashMap::new(),
+            live: HashMap::new(),
+            reclaimable: false,
+            stats: MemoryStats::default(),
+        }
+    }
+
+    /// The backend, e.g. to read a simulated device's call counts.
+    pub fn device(&self) -> &D {
+        &self.device
+    }
+
+    fn range_for(&mut self, stream: StreamId, small: bool) -> Result<usize, AllocError> {
+        if let Some(&index) = self.range_of.get(&(stream, small)) {
+            return Ok(index);
+        }
+        // Virtual space is cheap: room for four times the device, so that
+        // holes left behind never stop a range from growing.
+        let total = self.device.mem_info().total;
+        let capacity = 4 * total.div_ceil(self.page) * self.page;
+        let base = self.device.reserve_range(capacity)?;
+        self.ranges.push(Range {
+            base,
+            capacity,
+            end: 0,
+            pieces: BTreeMap::new(),
+            free: BTreeSet::new(),
+            mapped: Vec::new(),
+        });
+        self.stats.segments.increase(1);
+        let index = self.ranges.len() - 1;
+        self.range_of.insert((stream, small), index);
+        Ok(index)
+    }
+
+    /// Carves `size` bytes out of range `r`: best fit, else at the end.
+    fn carve(&mut self, r: usize, size: u64) -> Option<u64> {
+        let range = &mut self.ranges[r];
+        let fit = range.free.range((size, 0)..).next().copied();
+        let (offset, piece_size) = match fit {
+            Some((piece_size, offset)) => {
+                range.free.remove(&(piece_size, offset));
+                (offset, piece_size)
+            }
+            None => {
+                // Grow the range; a free piece at its end becomes part of the block.
+                let tail = range
+                    .pieces
+                    .last_key_value()
+                    .filter(|(o, p)| !p.allocated && **o + p.size == range.end)
+                    .map(|(o, p)| (*o, p.size));
+                let offset = match tail {
+                    Some((offset, tail_size)) => {
+                        range.free.remove(&(tail_size, offset));
+                        offset
+                    }
+                    None => range.end,
+                };
+                if offset + size > range.capacity {
+                    return None;
+                }
+                range.end = offset + size;
+                (offset, size)
+            }
+        };
+        let remainder = piece_size - size;
+        let kept = if remainder >= MIN_BLOCK_BYTES {
+            range.pieces.insert(
+                offset + size,
+                Piece {
+                    size: remainder,
+                    requested: 0,
+                    allocated: false,
+                },
+            );
+            range.free.insert((remainder, offset + size));
+            size
+        } else {
+            piece_size
+        };
+        range.pieces.insert(
+            offset,
+            Piece {
+                size: kept,
+                requested: 0,
+                allocated: true,
+            },
+        );
+        Some(offset)
+    }
+
+    /// Marks the piece at `offset` free and merges it with free neighbours.
+    fn release_piece(&mut self, r: usize, offset: u64) -> Piece {
+        let range = &mut self.ranges[r];
+        let piece = range.pieces.remove(&offset).expect("piece exists");
+        let (mut start, mut size) = (offset, piece.size);
+        if let Some((&prev_offset, &prev)) = range.pieces.range(..offset).next_back()
+            && !prev.allocated
+        {
+            range.pieces.remove(&prev_offset);
+            range.free.remove(&(prev.size, prev_offset));
+            start = prev_offset;
+            size += prev.size;
+        }
+        if let Some(&next) = range.pieces.get(&(offset + piece.size))
+            && !next.allocated
+        {
+            range.pieces.remove(&(offset + piece.size));
+            range.free.remove(&(next.size, offset + piece.size));
+            size += next.size;
+        }
+        range.pieces.insert(
+            start,
+            Piece {
+                size,
+                requested: 0,
+                allocated: false,
+            },
+        );
+        range.free.insert((size, start));
+        self.reclaimable = true;
+        piece
+    }
+
+    fn missing_pages(&self, r: usize, offset: u64, size: u64) -> u64 {
+        let range = &self.ranges[r];
+        let (first, last) = range.page_span(offset, size, self.page);
+        (first..last)
+            .filter(|&p| !range.mapped.get(p).copied().unwrap_or(false))
+            .count() as u64
+    }
+
+    /// Maps the missing pages under `[offset, offset + size)`, one device
+    /// call per run of consecutive pages.
+    fn map_under(&mut self, r: usize, offset: u64, size: u64) -> Result<(), DeviceError> {
+        let page = self.page;
+        let (first, last) = self.ranges[r].page_span(offset, size, page);
+        if self.ranges[r].mapped.len() < last {
+            self.ranges[r].mapped.resize(last, false);
+        }
+        let mut p = first;
+        while p < last {
+            if self.ranges[r].mapped[p] {
+                p += 1;
+                continue;
+            }
+            let run_start = p;
+            while p < last && !self.ranges[r].mapped[p] {
+                p += 1;
+            }
+            let bytes = (p - run_start) as u64 * page;
+            self.device
+                .map_pages(self.ranges[r].base + run_start as u64 * page, bytes)?;
+            self.ranges[r].mapped[run_start..p].fill(true);
+            self.stats.num_device_allocs += 1;
+            self.stats.reserved_bytes.increase(bytes);
+        }
+        Ok(())
+    }
+
+    /// Unmaps pages that lie wholly inside free pieces, largest pieces
+    /// first, until `want` bytes are given back (or none are left). Giving
+    /// back only what is needed keeps the pages that later requests would
+    /// otherwise have to map again.
+    fn reclaim_free_pages(&mut self, want: u64) -> Result<u64, DeviceError> {
+        let page = self.page;
+        let mut spans: Vec<(u64, usize, usize, usize)> = Vec::new();
+        for (r, range) in self.ranges.iter().enumerate() {
+            for &(size, offset) in &range.free {
+                let first = offset.div_ceil(page) as usize;
+                // Nothing lives past the end of the range, so a free piece
+                // that reaches it owns its last, partly covered page too.
+                let end = offset + size;
+                let last = if end == range.end {
+                    end.div_ceil(page)
+                } else {
+                    end / page
+                };
+                let last = (last as usize).min(range.mapped.len());
+                if first < last {
+                    spans.push((size, r, first, last));
+                }
+            }
+        }
+        spans.sort_unstable_by(|a, b| b.cmp(a));
+        let mut freed = 0;
+        for (_, r, first, last) in spans {
+            let mut p = first;
+            while p < last && freed < want {
+                if !self.ranges[r].mapped[p] {
+                    p += 1;
+                    continue;
+                }
+                let run_start = p;
+                let run_cap = run_start + ((want - freed).div_ceil(page) as usize);
+                while p < last && p < run_cap && self.ranges[r].mapped[p] {
+                    p += 1;
+                }
+                let bytes = (p - run_start) as u64 * page;
+                self.device
+                    .unmap_pages(self.ranges[r].base + run_start as u64 * page, bytes)?;
+                self.ranges[r].mapped[run_start..p].fill(false);
+                self.stats.num_device_frees += 1;
+                self.stats.reserved_bytes.decrease(bytes);
+                freed += bytes;
+            }
+            if freed >= want {
+                return Ok(freed);
+            }
+        }
+        // Everything reclaimable is gone until the next free.
+        self.reclaimable = false;
+        Ok(freed)
+    }
+
+    /// Backs a freshly carved block with pages, reclaiming free pages first
+    /// when the new pages would lift the high-water mark or pass a limit.
+    fn back_with_pages(&mut self, r: usize, offset: u64, size: u64) -> Result<bool, AllocError> {
+        let needed = self.missing_pages(r, offset, size) * self.page;
+        if needed == 0 {
+            return Ok(true);
+        }
+        let reserved = self.stats.reserved_bytes.current;
+        let info = self.device.mem_info();
+        let allowed = self.config.allowed_bytes(info.total).unwrap_or(u64::MAX);
+        // Bytes to give back so that the new pages lift neither the
+        // high-water mark nor a limit.
+        let over_peak = (reserved + needed).saturating_sub(self.stats.reserved_bytes.peak);
+        let over_limit = (reserved + needed)
+            .saturating_sub(allowed)
+            .max(needed.saturating_sub(info.free));
+        let want = over_peak.max(over_limit);
+        if want > 0 && self.reclaimable {
+            if over_limit > 0 {
+                self.stats.num_alloc_retries += 1;
+            }
+            self.reclaim_free_pages(want)?;
+        }
+        if self.stats.reserved_bytes.current + needed > allowed {
+            return Ok(false);
+        }
+        match self.map_under(r, offset, size) {
+            Ok(()) => Ok(true),
+            Err(DeviceError::OutOfMemory { .. }) => Ok(false),
+            Err(other) => Err(other.into()),
+        }
+    }
+
+    fn out_of_memory(&mut self, size: u64) -> AllocError {
+        self.stats.num_ooms += 1;
+        let info = self.device.mem_info();
+        OomFacts {
+            device_index: self.config.device_index,
+            requested: size,
+            device_total: info.total,
+            device_free: info.free,
+            allowed: self.config.allowed_bytes(info.total),
+            allocated: self.stats.allocated_bytes.current,
+            reserved: self.stats.reserved_bytes.current,
+        }
+        .into_error()
+    }
+}
+
+impl<D: DeviceMemory> GpuAllocator for ExpandableAllocator<D> {
+    fn allocate(&mut self, bytes: u64, stream: StreamId) -> Result<DevicePtr, AllocError> {
+        let size = round_request(bytes);
+        let r = self.range_for(stream, size <= SMALL_REQUEST_BYTES)?;
+        let Some(offset) = self.carve(r, size) else {
+            return Err(self.out_of_memory(size));
+        };
+        if !self.back_with_pages(r, offset, size)? {
+            self.release_piece(r, offset);
+            return Err(self.out_of_memory(size));
+        }
+        let range = &mut self.ranges[r];
+        let piece = range.pieces.get_mut(&offset).expect("carved piece exists");
+        piece.requested = bytes;
+        let kept = piece.size;
+        let ptr = range.base + offset;
+        self.live.insert(ptr, (r, offset));
+        self.stats.allocated_bytes.increase(kept);
+        self.stats.requested_bytes.increase(bytes);
+        self.stats.allocations.increase(1);
+        Ok(ptr)
+    }
+
+    fn free(&mut self, ptr: DevicePtr) -> Result<(), AllocError> {
+        let (r, offset) = self
+            .live
+            .remove(&ptr)
+            .ok_or(AllocError::UnknownPointer(ptr))?;
+        let piece = self.release_piece(r, offset);
+        self.stats.allocated_bytes.decrease(piece.size);
+        self.stats.requested_bytes.decrease(piece.requested);
+        self.stats.allocations.decrease(1);
+        Ok(())
+    }
+
+    fn empty_cache(&mut self) -> Result<(), AllocError> {
+        self.reclaimable = true;
+        self.reclaim_free_pages(u64::MAX)
+            .map(|_| ())
+            .map_err(AllocError::from)
+    }
+
+    fn stats(&self) -> &MemoryStats {
+        &self.stats
+    }
+
+    fn reset_peak_stats(&mut self) {
+        self.stats.reset_peaks();
+    }
+}
+
+#[cfg(test)]
+#[path = "expandable_tests.rs"]
+mod tests;

@@ -1,0 +1,103 @@
+use super::*;
+use crate::alloc::{PAGE_BYTES, SimulatedDevice};
+
+const MIB: u64 = 1 << 20;
+
+fn allocator(capacity: u64) -> ExpandableAllocator<SimulatedDevice> {
+    ExpandableAllocator::new(SimulatedDevice::new(capacity), AllocatorConfig::default())
+}
+
+#[test]
+fn reserved_memory_grows_in_two_mib_pages() {
+    for (request, reserved) in [
+        (512, PAGE_BYTES),
+        (3 * MIB, 4 * MIB),
+        (11 * MIB + 1, 12 * MIB),
+    ] {
+        let mut a = allocator(1 << 40);
+        a.allocate(request, 0).unwrap();
+        assert_eq!(
+            a.stats().reserved_bytes.current,
+            reserved,
+            "request {request}"
+        );
+    }
+}
+
+#[test]
+fn consecutive_blocks_share_pages() {
+    let mut a = allocator(1 << 40);
+    let first = a.allocate(3 * MIB, 0).unwrap();
+    let second = a.allocate(3 * MIB, 0).unwrap();
+    assert_eq!(second, first + 3 * MIB);
+    assert_eq!(a.stats().reserved_bytes.current, 6 * MIB);
+}
+
+#[test]
+fn a_free_tail_grows_instead_of_leaving_a_hole() {
+    let mut a = allocator(1 << 40);
+    let first = a.allocate(8 * MIB, 0).unwrap();
+    a.free(first).unwrap();
+    let bigger = a.allocate(12 * MIB, 0).unwrap();
+    assert_eq!(bigger, first);
+    assert_eq!(a.stats().reserved_bytes.peak, 12 * MIB);
+}
+
+#[test]
+fn whole_free_pages_are_reclaimed_instead_of_raising_the_peak() {
+    let mut a = allocator(1 << 40);
+    let low = a.allocate(10 * MIB, 0).unwrap();
+    let pin = a.allocate(2 * MIB, 0).unwrap();
+    a.free(low).unwrap();
+    // 16 MiB does not fit in the 10 MiB hole: it goes past `pin`, and the
+    // hole's pages are unmapped so the footprint stays at 2 + 16 MiB.
+    a.allocate(16 * MIB, 0).unwrap();
+    assert_eq!(a.stats().reserved_bytes.current, 18 * MIB);
+    assert_eq!(a.stats().reserved_bytes.peak, 18 * MIB);
+    let _ = pin;
+}
+
+#[test]
+fn pages_stay_mapped_below_the_high_water_mark() {
+    let mut a = allocator(1 << 40);
+    let block = a.allocate(64 * MIB, 0).unwrap();
+    a.free(block).unwrap();
+    let again = a.allocate(32 * MIB, 0).unwrap();
+    assert_eq!(again, block);
+    assert_eq!(a.stats().reserved_bytes.current, 64 * MIB);
+    assert_eq!(a.device().unmap_calls, 0);
+}
+
+#[test]
+fn streams_and_size_classes_get_their_own_ranges() {
+    let mut a = allocator(1 << 40);
+    a.allocate(4096, 0).unwrap();
+    a.allocate(4 * MIB, 0).unwrap();
+    a.allocate(4 * MIB, 3).unwrap();
+    assert_eq!(a.stats().segments.current, 3);
+}
+
+#[test]
+fn device_limit_reclaims_then_reports_out_of_memory() {
+    let mut a = allocator(32 * MIB);
+    let first = a.allocate(20 * MIB, 0).unwrap();
+    let pin = a.allocate(2 * MIB, 0).unwrap();
+    a.free(first).unwrap();
+    a.allocate(24 * MIB, 0).unwrap();
+    assert_eq!(a.stats().reserved_bytes.current, 26 * MIB);
+    let err = a.allocate(12 * MIB, 0).unwrap_err().to_string();
+    assert!(err.contains("Tried to allocate 12.00 MiB"), "{err}");
+    assert_eq!(a.stats().num_ooms, 1);
+    a.free(pin).unwrap();
+}
+
+#[test]
+fn empty_cache_unmaps_every_free_page() {
+    let mut a = allocator(1 << 40);
+    let kept = a.allocate(3 * MIB, 0).unwrap();
+    let freed = a.allocate(40 * MIB, 0).unwrap();
+    a.free(freed).unwrap();
+    a.empty_cache().unwrap();
+    assert_eq!(a.stats().reserved_bytes.current, 4 * MIB);
+    a.free(kept).unwrap();
+}

@@ -1,0 +1,5 @@
+//! Integration tests against a real kube-apiserver + etcd started locally by
+//! `hack/controlplane.sh`.
+
+mod api_validation;
+mod controlplane;
