@@ -4,7 +4,10 @@
 pub mod alloc;
 pub mod api;
 pub mod cli;
+pub mod controller;
 pub mod crdgen;
+pub mod place;
+pub mod predict;
 
 /// Errors of the vramfit crate.
 #[derive(Debug, thiserror::Error)]
@@ -24,6 +27,12 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// The finalizer machinery failed (the inner error says where).
+    #[error("finalizer: {0}")]
+    Finalizer(#[source] Box<kube::runtime::finalizer::Error<Error>>),
+    /// Leader election failed.
+    #[error("leader election: {0}")]
+    Leadership(String),
     /// YAML output failed.
     #[error("yaml: {0}")]
     Yaml(String),

@@ -13,29 +13,51 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run the TrainingJob controller.
+    Controller(cli::controller::ControllerArgs),
+    /// Predict a TrainingJob's peak GPU memory.
+    Predict(cli::predict::PredictArgs),
+    /// Benchmarks (placement, prediction).
+    #[command(subcommand)]
+    Bench(cli::bench::BenchCommand),
+    /// Caching-allocator tools.
+    #[command(subcommand)]
+    Alloc(cli::alloc::AllocCommand),
     /// Write the CRD manifests.
     Crdgen {
         /// Output folder.
         #[arg(long, default_value = "crds")]
         out: PathBuf,
     },
-    /// Caching-allocator tools.
-    #[command(subcommand)]
-    Alloc(cli::alloc::AllocCommand),
 }
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    match cli.command {
-        Command::Crdgen { out } => vramfit::crdgen::write_crds(&out)?,
-        Command::Alloc(command) => print!("{}", with_newline(cli::alloc::run(&command)?)),
-    }
+    let output = match cli.command {
+        Command::Controller(args) => return run_controller(args),
+        Command::Predict(args) => cli::predict::run(&args)?,
+        Command::Bench(command) => cli::bench::run(&command)?,
+        Command::Alloc(command) => cli::alloc::run(&command)?,
+        Command::Crdgen { out } => {
+            vramfit::crdgen::write_crds(&out)?;
+            return Ok(());
+        }
+    };
+    println!("{}", output.trim_end());
     Ok(())
 }
 
-fn with_newline(mut text: String) -> String {
-    if !text.ends_with('\n') {
-        text.push('\n');
-    }
-    text
+fn run_controller(args: cli::controller::ControllerArgs) -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,kube=warn".into()),
+        )
+        .init();
+    let runtime = tokio::runtime::Runtime::new()?;
+    runtime.block_on(async {
+        let client = kube::Client::try_default().await?;
+        vramfit::controller::run(client, args.options()).await?;
+        Ok(())
+    })
 }

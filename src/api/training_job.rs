@@ -72,10 +72,15 @@ pub struct TrainingJobSpec {
     #[serde(default = "default_max_oom_retries", rename = "maxOOMRetries")]
     #[schemars(range(min = 0, max = 16))]
     pub max_oom_retries: u32,
-    /// The pod that runs the training; vramfit adds the node, the GPU and the
-    /// `VRAMFIT_*` variables.
+    /// Higher runs first when jobs wait for room; equal priorities run in
+    /// creation order.
+    #[serde(default)]
+    #[schemars(range(min = -1000000, max = 1000000))]
+    pub priority: i32,
+    /// The pod that runs the training (a PodTemplateSpec); vramfit adds the
+    /// node, the GPU and the `VRAMFIT_*` variables.
     #[schemars(schema_with = "crate::api::schema::pod_template")]
-    pub template: PodTemplateSpec,
+    pub template: serde_json::Map<String, serde_json::Value>,
 }
 
 fn default_gpus() -> u32 {
@@ -130,6 +135,13 @@ fn default_headroom() -> f64 {
 }
 
 impl TrainingJobSpec {
+    /// The pod template, parsed. Kept as JSON in the spec so that a malformed
+    /// template is reported on its job instead of breaking every watch.
+    pub fn pod_template(&self) -> Result<PodTemplateSpec, String> {
+        serde_json::from_value(serde_json::Value::Object(self.template.clone()))
+            .map_err(|e| format!("spec.template is not a valid PodTemplateSpec: {e}"))
+    }
+
     /// Headroom over the prediction, with the documented default.
     pub fn headroom(&self) -> f64 {
         self.memory
@@ -223,6 +235,18 @@ pub struct TrainingJobStatus {
     /// Predicted peak, human-readable (for `kubectl get`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub predicted: Option<String>,
+    /// The memory budget per GPU for the current attempt, in bytes: the
+    /// prediction plus headroom, or `memory.request`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget_bytes: Option<u64>,
+    /// Where the budget came from: `model`, `profile`, `measured` (a finished
+    /// job with the same model signature) or `request`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prediction_source: Option<String>,
+    /// Hash of what determines the job's memory (model, precision, optimizer,
+    /// micro-batch, GPUs); jobs with the same signature share measurements.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_signature: Option<String>,
     /// The prediction by cause.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub breakdown: Option<MemoryBreakdown>,

@@ -1,0 +1,62 @@
+//! `vramfit controller`: run the operator.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::Args;
+
+use crate::controller::{ControllerOptions, LeaseOptions};
+use crate::place::PolicyKind;
+
+/// Arguments of `vramfit controller`.
+#[derive(Args, Debug)]
+pub struct ControllerArgs {
+    /// Watch TrainingJobs in this namespace only (default: all namespaces).
+    #[arg(long, env = "VRAMFIT_NAMESPACE")]
+    pub namespace: Option<String>,
+    /// Label selector of the Nodes and GpuNodes vramfit may place on.
+    #[arg(long, env = "VRAMFIT_NODE_SELECTOR")]
+    pub node_selector: Option<String>,
+    /// Placement policy: random, best-fit, fgd or vramfit.
+    #[arg(long, default_value = "vramfit")]
+    pub policy: PolicyKind,
+    /// Seconds a GpuNode heartbeat stays trusted.
+    #[arg(long, default_value_t = 120)]
+    pub heartbeat_ttl_seconds: u64,
+    /// Seconds between scheduling cycles when nothing changes.
+    #[arg(long, default_value_t = 5)]
+    pub cycle_seconds: u64,
+    /// Address of the Prometheus `/metrics` endpoint.
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    pub metrics_addr: SocketAddr,
+    /// Run without leader election (a single replica).
+    #[arg(long)]
+    pub no_leader_election: bool,
+    /// Namespace of the leader-election Lease.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    pub lease_namespace: String,
+    /// Name of the leader-election Lease.
+    #[arg(long, default_value = "vramfit-controller")]
+    pub lease_name: String,
+}
+
+impl ControllerArgs {
+    /// The controller's options.
+    pub fn options(&self) -> ControllerOptions {
+        let identity =
+            std::env::var("POD_NAME").unwrap_or_else(|_| format!("vramfit-{}", std::process::id()));
+        ControllerOptions {
+            namespace: self.namespace.clone(),
+            node_selector: self.node_selector.clone(),
+            heartbeat_ttl: Duration::from_secs(self.heartbeat_ttl_seconds),
+            policy: self.policy,
+            cycle_interval: Duration::from_secs(self.cycle_seconds.max(1)),
+            metrics_addr: Some(self.metrics_addr),
+            lease: (!self.no_leader_election).then(|| LeaseOptions {
+                namespace: self.lease_namespace.clone(),
+                name: self.lease_name.clone(),
+                identity,
+            }),
+        }
+    }
+}

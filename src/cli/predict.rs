@@ -1,0 +1,54 @@
+//! `vramfit predict`: a job's peak GPU memory with its breakdown.
+
+use std::path::PathBuf;
+
+use anyhow::Context as _;
+use clap::Args;
+
+use super::{OutputFormat, read_text};
+use crate::predict::{GPU_PROFILES, default_gpu, gpu_profile, job, output};
+
+/// Arguments of `vramfit predict`.
+#[derive(Args, Debug)]
+pub struct PredictArgs {
+    /// The TrainingJob manifest (YAML or JSON; `-` reads standard input).
+    #[arg(short = 'f', long = "file")]
+    pub file: PathBuf,
+    /// GPU profile (H200, H100-80GB, A100-80GB, A100-40GB, L40S, L4, T4).
+    #[arg(long)]
+    pub gpu: Option<String>,
+    /// The allocation profile of a profile-based job (the ConfigMap's value).
+    #[arg(long)]
+    pub profile: Option<PathBuf>,
+    /// Predict for this micro-batch instead of `spec.batch.micro`.
+    #[arg(long)]
+    pub micro: Option<u32>,
+    /// Output format.
+    #[arg(short = 'o', long = "output", value_enum, default_value_t)]
+    pub output: OutputFormat,
+}
+
+/// Runs `vramfit predict` and returns what it prints.
+pub fn run(args: &PredictArgs) -> anyhow::Result<String> {
+    let gpu = match args.gpu.as_deref() {
+        None => default_gpu(),
+        Some(name) => gpu_profile(name).with_context(|| {
+            let known: Vec<&str> = GPU_PROFILES.iter().map(|g| g.name).collect();
+            format!("unknown GPU {name:?} (known: {})", known.join(", "))
+        })?,
+    };
+    let text = read_text(&args.file)?;
+    let job = job::parse_job(&text)?;
+    let profile = args.profile.as_deref().map(read_text).transpose()?;
+    if job.model.profile.is_some() && profile.is_none() {
+        anyhow::bail!(
+            "spec.model.profile: pass the profile file with --profile (the CLI does not read ConfigMaps)"
+        );
+    }
+    let micro = args.micro.unwrap_or(job.batch.micro);
+    let prediction = job::predict_job_at(&job, micro, gpu, profile.as_deref())?;
+    Ok(match args.output {
+        OutputFormat::Json => serde_json::to_string_pretty(&output::prediction_json(&prediction))?,
+        OutputFormat::Table => output::prediction_table(&prediction),
+    })
+}

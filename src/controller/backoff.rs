@@ -1,0 +1,180 @@
+//! The OOM back-off: half the micro-batch, twice the accumulation, same global batch.
+
+/// The batch shape of one attempt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BatchShape {
+    /// Micro-batch per GPU.
+    pub micro: u32,
+    /// Gradient-accumulation steps.
+    pub accum: u32,
+}
+
+impl BatchShape {
+    /// The shape for `micro` given the global batch and the GPU count, when
+    /// `global` divides evenly (the CRD's CEL rule guarantees it for the start).
+    pub fn for_micro(global: u32, micro: u32, gpus: u32) -> Option<Self> {
+        let per_step = micro.checked_mul(gpus)?;
+        (per_step > 0 && global.is_multiple_of(per_step)).then(|| Self {
+            micro,
+            accum: global / per_step,
+        })
+    }
+
+    /// `micro x accum`, as the `kubectl get` column shows it.
+    pub fn display(&self) -> String {
+        format!("{}x{}", self.micro, self.accum)
+    }
+}
+
+/// What to do after an attempt ran out of memory.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum OomDecision {
+    /// Start another attempt with this shape.
+    Retry(BatchShape),
+    /// Give up, with the reason in words.
+    Fail(String),
+}
+
+/// Decides the next attempt after an out-of-memory failure.
+///
+/// `oom_retries_used` counts the OOM retries already made. The next micro-batch
+/// is the largest value not above half the current one that keeps
+/// `global / (micro * gpus)` whole, so odd sizes still back off (12 -> 6 -> 3 ->
+/// 1 for a global batch of 48); below `min_micro` or past `max_retries` the job
+/// fails.
+pub fn after_oom(
+    global: u32,
+    gpus: u32,
+    current: BatchShape,
+    min_micro: u32,
+    oom_retries_used: u32,
+    max_retries: u32,
+) -> OomDecision {
+    if oom_retries_used >= max_retries {
+        return OomDecision::Fail(format!(
+            "out of memory at micro-batch {} after {} retries (maxOOMRetries {})",
+            current.micro, oom_retries_used, max_retries
+        ));
+    }
+    let half = current.micro / 2;
+    let next = (min_micro.max(1)..=half)
+        .rev()
+        .find_map(|micro| BatchShape::for_micro(global, micro, gpus));
+    match next {
+        Some(shape) => OomDecision::Retry(shape),
+        None => OomDecision::Fail(format!(
+            "out of memory at micro-batch {} and no smaller micro-batch at or above minMicro {} divides the global batch {} over {} GPU(s)",
+            current.micro, min_micro, global, gpus
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(micro: u32, accum: u32) -> BatchShape {
+        BatchShape { micro, accum }
+    }
+
+    #[test]
+    fn oom_halves_micro_batch_and_keeps_global_batch() {
+        let cases = [
+            // (global, gpus, current, min_micro, used, max, expected)
+            (
+                64,
+                1,
+                shape(8, 8),
+                1,
+                0,
+                4,
+                OomDecision::Retry(shape(4, 16)),
+            ),
+            (64, 2, shape(8, 4), 1, 0, 4, OomDecision::Retry(shape(4, 8))),
+            (
+                48,
+                1,
+                shape(12, 4),
+                1,
+                0,
+                4,
+                OomDecision::Retry(shape(6, 8)),
+            ),
+            (
+                48,
+                1,
+                shape(6, 8),
+                1,
+                1,
+                4,
+                OomDecision::Retry(shape(3, 16)),
+            ),
+            (
+                48,
+                1,
+                shape(3, 16),
+                1,
+                2,
+                4,
+                OomDecision::Retry(shape(1, 48)),
+            ),
+            // 10 -> 5 would not divide 40 over 4 GPUs * 5 = 20 -> yes it does: 40/20 = 2.
+            (
+                40,
+                4,
+                shape(10, 1),
+                1,
+                0,
+                4,
+                OomDecision::Retry(shape(5, 2)),
+            ),
+            // 9 -> 4: 36 / 4 = 9 accumulation steps.
+            (36, 1, shape(9, 4), 1, 0, 4, OomDecision::Retry(shape(4, 9))),
+        ];
+        for (global, gpus, current, min_micro, used, max, expected) in cases {
+            let got = after_oom(global, gpus, current, min_micro, used, max);
+            assert_eq!(
+                got, expected,
+                "global {global} gpus {gpus} from {current:?}"
+            );
+            if let OomDecision::Retry(next) = got {
+                assert_eq!(
+                    next.micro * next.accum * gpus,
+                    global,
+                    "global batch changed"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn oom_at_min_micro_fails_with_a_clear_message() {
+        match after_oom(64, 1, shape(2, 32), 2, 2, 4) {
+            OomDecision::Fail(message) => {
+                assert!(message.contains("minMicro 2"), "{message}");
+                assert!(message.contains("micro-batch 2"), "{message}");
+            }
+            other => panic!("expected failure, got {other:?}"),
+        }
+        assert!(matches!(
+            after_oom(64, 1, shape(1, 64), 1, 0, 4),
+            OomDecision::Fail(_)
+        ));
+    }
+
+    #[test]
+    fn oom_past_max_retries_fails() {
+        match after_oom(64, 1, shape(8, 8), 1, 3, 3) {
+            OomDecision::Fail(message) => assert!(message.contains("maxOOMRetries 3"), "{message}"),
+            other => panic!("expected failure, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn batch_shape_requires_an_exact_division() {
+        assert_eq!(BatchShape::for_micro(64, 8, 1), Some(shape(8, 8)));
+        assert_eq!(BatchShape::for_micro(60, 8, 1), None);
+        assert_eq!(BatchShape::for_micro(64, 0, 1), None);
+        assert_eq!(shape(8, 8).display(), "8x8");
+    }
+}

@@ -1,0 +1,235 @@
+//! Maps the API objects into the placement engine's plain inventory, and jobs
+//! into requests and placements.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Node, PodSpec};
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+
+use super::quantity::parse_quantity;
+use crate::api::{GpuHealth, GpuNode, PlacementStatus, TrainingJob};
+use crate::place::{
+    GpuSpec, Inventory, JobRequest, NodeSpec, Placement, Taint, TaintEffect, Toleration,
+};
+
+/// The cluster as the engine sees it, plus the GPUs that are held back.
+#[derive(Debug, Default)]
+pub struct ClusterView {
+    /// Nodes with a fresh `GpuNode` heartbeat, in name order.
+    pub inventory: Inventory,
+    /// Synthetic placements that keep faulty GPUs out of use.
+    pub reserved: Vec<Placement>,
+    /// GPU UUIDs by (node, index), for the pod's `NVIDIA_VISIBLE_DEVICES`.
+    pub uuids: BTreeMap<(String, u32), String>,
+}
+
+/// Builds the view from the `GpuNode`s whose heartbeat is younger than
+/// `heartbeat_ttl` and the matching `Node` objects (allocatable CPU and memory,
+/// taints, `unschedulable`). A `GpuNode` without a `Node` is skipped: nothing
+/// could run there.
+pub fn cluster_view(
+    gpu_nodes: &[&GpuNode],
+    nodes: &[&Node],
+    now: Timestamp,
+    heartbeat_ttl: SignedDuration,
+) -> ClusterView {
+    let nodes_by_name: BTreeMap<&str, &Node> = nodes
+        .iter()
+        .filter_map(|n| n.metadata.name.as_deref().map(|name| (name, *n)))
+        .collect();
+    let mut sorted: Vec<&GpuNode> = gpu_nodes.to_vec();
+    sorted.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    let mut view = ClusterView::default();
+    for gpu_node in sorted {
+        let Some(name) = gpu_node.metadata.name.clone() else {
+            continue;
+        };
+        let Some(status) = gpu_node.status.as_ref() else {
+            continue;
+        };
+        if gpu_node.spec.cordoned
+            || !heartbeat_is_fresh(status.heartbeat.as_deref(), now, heartbeat_ttl)
+        {
+            continue;
+        }
+        let Some(node) = nodes_by_name.get(name.as_str()) else {
+            continue;
+        };
+        if node
+            .spec
+            .as_ref()
+            .and_then(|s| s.unschedulable)
+            .unwrap_or(false)
+        {
+            continue;
+        }
+        let allocatable = node.status.as_ref().and_then(|s| s.allocatable.as_ref());
+        let quantity = |key: &str, scale: f64| {
+            allocatable
+                .and_then(|a| a.get(key))
+                .and_then(|q| parse_quantity(&q.0, scale))
+                .unwrap_or(0)
+        };
+        let mut gpus: Vec<_> = status.gpus.iter().collect();
+        gpus.sort_by_key(|g| g.index);
+        // The engine addresses GPUs by position; keep positions equal to NVML indices.
+        if gpus
+            .iter()
+            .enumerate()
+            .any(|(pos, g)| g.index as usize != pos)
+        {
+            continue;
+        }
+        for gpu in &gpus {
+            view.uuids
+                .insert((name.clone(), gpu.index), gpu.uuid.clone());
+            if gpu.health == GpuHealth::Faulty {
+                view.reserved.push(Placement {
+                    job_id: format!("faulty-gpu/{name}/{}", gpu.index),
+                    node: name.clone(),
+                    gpu_indices: vec![gpu.index],
+                    gpu_budget: gpu.total_bytes,
+                    cpu_milli: 0,
+                    memory_bytes: 0,
+                });
+            }
+        }
+        view.inventory.nodes.push(NodeSpec {
+            name,
+            cpu_milli: quantity("cpu", 1000.0),
+            memory_bytes: quantity("memory", 1.0),
+            taints: node_taints(node),
+            gpus: gpus
+                .iter()
+                .map(|g| GpuSpec {
+                    model: g.model.clone(),
+                    capacity: g.total_bytes,
+                })
+                .collect(),
+        });
+    }
+    view
+}
+
+fn heartbeat_is_fresh(heartbeat: Option<&str>, now: Timestamp, ttl: SignedDuration) -> bool {
+    heartbeat
+        .and_then(|h| h.parse::<Timestamp>().ok())
+        .is_some_and(|h| now.duration_since(h) <= ttl)
+}
+
+fn node_taints(node: &Node) -> Vec<Taint> {
+    let taints = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.as_deref())
+        .unwrap_or_default();
+    taints
+        .iter()
+        .filter_map(|t| {
+            Some(Taint {
+                key: t.key.clone(),
+                value: t.value.clone().unwrap_or_default(),
+                effect: taint_effect(&t.effect)?,
+            })
+        })
+        .collect()
+}
+
+fn taint_effect(effect: &str) -> Option<TaintEffect> {
+    match effect {
+        "NoSchedule" => Some(TaintEffect::NoSchedule),
+        "PreferNoSchedule" => Some(TaintEffect::PreferNoSchedule),
+        "NoExecute" => Some(TaintEffect::NoExecute),
+        _ => None,
+    }
+}
+
+/// The ledger key of a job: `namespace/name`.
+pub fn job_key(job: &TrainingJob) -> String {
+    format!(
+        "{}/{}",
+        job.metadata.namespace.as_deref().unwrap_or_default(),
+        job.metadata.name.as_deref().unwrap_or_default()
+    )
+}
+
+/// CPU (millicores) and memory (bytes) the pod template requests, summed over
+/// its containers.
+pub fn pod_requests(spec: Option<&PodSpec>) -> (u64, u64) {
+    let mut cpu = 0;
+    let mut memory = 0;
+    for container in spec.map(|s| s.containers.as_slice()).unwrap_or_default() {
+        let requests = container
+            .resources
+            .as_ref()
+            .and_then(|r| r.requests.as_ref());
+        if let Some(requests) = requests {
+            cpu += requests
+                .get("cpu")
+                .and_then(|q| parse_quantity(&q.0, 1000.0))
+                .unwrap_or(0);
+            memory += requests
+                .get("memory")
+                .and_then(|q| parse_quantity(&q.0, 1.0))
+                .unwrap_or(0);
+        }
+    }
+    (cpu, memory)
+}
+
+fn tolerations(spec: Option<&PodSpec>) -> Vec<Toleration> {
+    let list = spec
+        .and_then(|s| s.tolerations.as_deref())
+        .unwrap_or_default();
+    list.iter()
+        .filter_map(|t| {
+            let effect = match t.effect.as_deref() {
+                None | Some("") => None,
+                Some(e) => Some(taint_effect(e)?),
+            };
+            let exists = t.operator.as_deref() == Some("Exists");
+            Some(Toleration {
+                key: t.key.clone().filter(|k| !k.is_empty()),
+                value: if exists {
+                    None
+                } else {
+                    Some(t.value.clone().unwrap_or_default())
+                },
+                effect,
+            })
+        })
+        .collect()
+}
+
+/// The engine's request for a job with the given per-GPU budget. Fails when the
+/// pod template does not parse.
+pub fn job_request(job: &TrainingJob, budget: u64) -> Result<JobRequest, String> {
+    let template = job.spec.pod_template()?;
+    let spec = template.spec.as_ref();
+    let (cpu_milli, memory_bytes) = pod_requests(spec);
+    Ok(JobRequest {
+        id: job_key(job),
+        gpus: job.spec.gpus,
+        gpu_budget: budget,
+        cpu_milli,
+        memory_bytes,
+        gpu_models: job.spec.gpu_models.clone().unwrap_or_default(),
+        tolerations: tolerations(spec),
+    })
+}
+
+/// The ledger entry for a placement recorded in a job's status.
+pub fn recorded_placement(job: &TrainingJob, placement: &PlacementStatus) -> Placement {
+    let template = job.spec.pod_template().ok();
+    let (cpu_milli, memory_bytes) = pod_requests(template.as_ref().and_then(|t| t.spec.as_ref()));
+    let mut gpu_indices: Vec<u32> = placement.gpus.iter().map(|g| g.index).collect();
+    gpu_indices.sort_unstable();
+    Placement {
+        job_id: job_key(job),
+        node: placement.node.clone(),
+        gpu_indices,
+        gpu_budget: placement.budget_bytes,
+        cpu_milli,
+        memory_bytes,
+    }
+}

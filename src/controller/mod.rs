@@ -1,0 +1,427 @@
+//! The TrainingJob controller: predict -> place -> pod -> status -> OOM back-off.
+//!
+//! Pure decisions live in [`backoff`], [`exit`], [`pod`], [`inventory`] and
+//! [`scheduler::plan_cycle`]; this module wires them to the API server. See
+//! docs/controller.md.
+
+pub mod backoff;
+pub mod budget;
+pub mod exit;
+pub mod inventory;
+pub mod metrics;
+pub mod pod;
+pub mod quantity;
+mod reconcile;
+pub mod scheduler;
+pub mod signature;
+pub mod status;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::api::Api;
+use kube::runtime::controller::Controller;
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use tokio::sync::Notify;
+
+use crate::api::{GpuNode, Phase, TrainingJob};
+use crate::place::{Policy, PolicyKind};
+use crate::{Error, Result};
+use inventory::{ClusterView, cluster_view};
+use metrics::{Metrics, PhaseLabel};
+use scheduler::{
+    Assignments, Verdict, current_attempt, is_waiting, plan_cycle, recorded, recorded_placements,
+};
+
+/// Finalizer that releases a job's placement and pod.
+pub const FINALIZER: &str = "vramfit.dev/release-placement";
+
+/// How the controller runs.
+#[derive(Clone, Debug)]
+pub struct ControllerOptions {
+    /// Watch TrainingJobs of this namespace only (all when `None`).
+    pub namespace: Option<String>,
+    /// Label selector for the `Node`s and `GpuNode`s vramfit may use.
+    pub node_selector: Option<String>,
+    /// A `GpuNode` is trusted while its heartbeat is younger than this.
+    pub heartbeat_ttl: Duration,
+    /// Placement policy.
+    pub policy: PolicyKind,
+    /// Seconds between scheduling cycles when nothing wakes the scheduler.
+    pub cycle_interval: Duration,
+    /// Where `/metrics` is served (none when `None`).
+    pub metrics_addr: Option<SocketAddr>,
+    /// Lease used for leader election (none: run without election).
+    pub lease: Option<LeaseOptions>,
+}
+
+/// The Lease two replicas compete for.
+#[derive(Clone, Debug)]
+pub struct LeaseOptions {
+    /// Namespace of the Lease.
+    pub namespace: String,
+    /// Name of the Lease.
+    pub name: String,
+    /// This replica's identity.
+    pub identity: String,
+}
+
+impl Default for ControllerOptions {
+    fn default() -> Self {
+        Self {
+            namespace: None,
+            node_selector: None,
+            heartbeat_ttl: Duration::from_secs(120),
+            policy: PolicyKind::Vramfit,
+            cycle_interval: Duration::from_secs(5),
+            metrics_addr: None,
+            lease: None,
+        }
+    }
+}
+
+/// Shared state of the reconcilers and the scheduling cycle.
+pub struct Context {
+    /// API client.
+    pub client: Client,
+    /// Event recorder.
+    pub recorder: Recorder,
+    /// Prometheus metrics.
+    pub metrics: Arc<Metrics>,
+    /// Decisions of the scheduling cycle not yet written to status.
+    pub assignments: Assignments,
+    jobs: Store<TrainingJob>,
+    gpu_nodes: Store<GpuNode>,
+    wake: Notify,
+}
+
+impl Context {
+    /// Asks for a scheduling cycle soon.
+    pub fn wake_scheduler(&self) {
+        self.wake.notify_one();
+    }
+
+    /// Highest peak measured for a job with this model signature.
+    pub fn measured_peak_for(&self, signature: &str) -> Option<u64> {
+        self.jobs
+            .state()
+            .iter()
+            .filter_map(|j| j.status.as_ref())
+            .filter(|s| {
+                s.model_signature.as_deref() == Some(signature) && s.phase == Phase::Succeeded
+            })
+            .filter_map(|s| s.measured_peak_bytes)
+            .max()
+    }
+
+    /// Peak the node's agent measured for a pod's processes.
+    pub fn measured_for_pod(&self, node: &str, namespace: &str, pod: &str) -> Option<u64> {
+        let gpu_node = self.gpu_nodes.get(&ObjectRef::new(node))?;
+        let status = gpu_node.status.as_ref()?;
+        status
+            .gpus
+            .iter()
+            .flat_map(|g| g.processes.iter())
+            .filter(|p| {
+                p.pod_namespace.as_deref() == Some(namespace) && p.pod_name.as_deref() == Some(pod)
+            })
+            .map(|p| p.peak_bytes.max(p.used_bytes))
+            .max()
+    }
+
+    /// True when the node's agent reported the pod for exceeding its budget.
+    pub fn agent_reported_oom(&self, node: &str, namespace: &str, pod: &str) -> bool {
+        self.gpu_nodes
+            .get(&ObjectRef::new(node))
+            .and_then(|n| n.status.clone())
+            .is_some_and(|s| {
+                s.oom_reports
+                    .iter()
+                    .any(|r| r.pod_namespace == namespace && r.pod_name == pod)
+            })
+    }
+}
+
+/// Runs the controller until it fails or loses its Lease.
+pub async fn run(client: Client, options: ControllerOptions) -> Result<()> {
+    let metrics = Arc::new(Metrics::default());
+    if let Some(addr) = options.metrics_addr {
+        tokio::spawn(serve_metrics(addr, metrics.clone()));
+    }
+    let _leadership = match &options.lease {
+        Some(lease) => Some(acquire_leadership(client.clone(), lease).await?),
+        None => None,
+    };
+    let jobs_api: Api<TrainingJob> = match &options.namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    let pods_api: Api<Pod> = match &options.namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    let mut node_config = watcher::Config::default();
+    if let Some(selector) = &options.node_selector {
+        node_config = node_config.labels(selector);
+    }
+    let (gpu_nodes, gpu_node_writer) = reflector::store::<GpuNode>();
+    let (nodes, node_writer) = reflector::store::<Node>();
+    let controller = Controller::new(jobs_api, watcher::Config::default());
+    let jobs = controller.store();
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        recorder: Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: "vramfit-controller".into(),
+                instance: std::env::var("POD_NAME").ok(),
+            },
+        ),
+        metrics,
+        assignments: Assignments::default(),
+        jobs: jobs.clone(),
+        gpu_nodes: gpu_nodes.clone(),
+        wake: Notify::new(),
+    });
+    let (trigger, triggers) = futures::channel::mpsc::unbounded::<ObjectRef<TrainingJob>>();
+
+    // GpuNode changes wake the scheduler and re-run the jobs placed there
+    // (measured peaks, agent OOM reports).
+    let gpu_node_stream = watcher(Api::<GpuNode>::all(client.clone()), node_config.clone())
+        .default_backoff()
+        .reflect(gpu_node_writer)
+        .applied_objects();
+    let node_stream = watcher(Api::<Node>::all(client.clone()), node_config)
+        .default_backoff()
+        .reflect(node_writer)
+        .applied_objects();
+    {
+        let ctx = ctx.clone();
+        let trigger = trigger.clone();
+        let jobs = jobs.clone();
+        tokio::spawn(async move {
+            let mut stream = std::pin::pin!(gpu_node_stream);
+            while let Some(event) = stream.next().await {
+                if let Ok(gpu_node) = event {
+                    ctx.wake_scheduler();
+                    let name = gpu_node.name_any();
+                    for job in jobs.state() {
+                        if recorded(&job).is_some_and(|p| p.node == name) {
+                            let _ = trigger.unbounded_send(ObjectRef::from_obj(job.as_ref()));
+                        }
+                    }
+                }
+            }
+        });
+    }
+    {
+        let ctx = ctx.clone();
+        tokio::spawn(async move {
+            let mut stream = std::pin::pin!(node_stream);
+            while stream.next().await.is_some() {
+                ctx.wake_scheduler();
+            }
+        });
+    }
+    tokio::spawn(scheduling_loop(
+        ctx.clone(),
+        jobs.clone(),
+        gpu_nodes,
+        nodes,
+        options.clone(),
+        trigger,
+    ));
+
+    tracing::info!(namespace = ?options.namespace, policy = ?options.policy, "controller started");
+    controller
+        .owns(pods_api, watcher::Config::default().labels(pod::JOB_LABEL))
+        .reconcile_on(triggers)
+        .shutdown_on_signal()
+        .run(reconcile::reconcile, reconcile::error_policy, ctx)
+        .for_each(|result| async move {
+            if let Err(error) = result {
+                tracing::debug!(%error, "reconcile error");
+            }
+        })
+        .await;
+    Ok(())
+}
+
+async fn scheduling_loop(
+    ctx: Arc<Context>,
+    jobs: Store<TrainingJob>,
+    gpu_nodes: Store<GpuNode>,
+    nodes: Store<Node>,
+    options: ControllerOptions,
+    trigger: futures::channel::mpsc::UnboundedSender<ObjectRef<TrainingJob>>,
+) {
+    let _ = jobs.wait_until_ready().await;
+    let _ = gpu_nodes.wait_until_ready().await;
+    let _ = nodes.wait_until_ready().await;
+    let ttl =
+        SignedDuration::try_from(options.heartbeat_ttl).unwrap_or(SignedDuration::from_secs(120));
+    loop {
+        let started = Instant::now();
+        let job_list = jobs.state();
+        let job_refs: Vec<&TrainingJob> = job_list.iter().map(|j| j.as_ref()).collect();
+        let gpu_node_list = gpu_nodes.state();
+        let node_list = nodes.state();
+        let view = cluster_view(
+            &gpu_node_list.iter().map(|n| n.as_ref()).collect::<Vec<_>>(),
+            &node_list.iter().map(|n| n.as_ref()).collect::<Vec<_>>(),
+            Timestamp::now(),
+            ttl,
+        );
+        let mut ledger = recorded_placements(job_refs.iter().copied());
+        ledger.extend(ctx.assignments.pending_ledger(&job_refs));
+        let waiting: Vec<&TrainingJob> = job_refs
+            .iter()
+            .copied()
+            .filter(|job| {
+                let uid = job.metadata.uid.as_deref().unwrap_or_default();
+                is_waiting(
+                    job,
+                    ctx.assignments
+                        .placement(uid, current_attempt(job))
+                        .is_some(),
+                )
+            })
+            .collect();
+        if !waiting.is_empty() {
+            let by_key: HashMap<String, &TrainingJob> = waiting
+                .iter()
+                .map(|j| (inventory::job_key(j), *j))
+                .collect();
+            let verdicts = plan_cycle(&view, &ledger, &waiting, Policy::new(options.policy, 42));
+            for (key, verdict) in verdicts {
+                let Some(job) = by_key.get(&key) else {
+                    continue;
+                };
+                let uid = job.metadata.uid.as_deref().unwrap_or_default();
+                if let Verdict::Place(p) = &verdict {
+                    ledger.push(inventory::recorded_placement(job, p));
+                }
+                if ctx.assignments.record(uid, current_attempt(job), verdict) {
+                    let _ = trigger.unbounded_send(ObjectRef::from_obj(*job));
+                }
+            }
+        }
+        update_gauges(&ctx.metrics, &job_refs, &view, &ledger);
+        ctx.metrics
+            .cycle_seconds
+            .observe(started.elapsed().as_secs_f64());
+        tokio::select! {
+            _ = ctx.wake.notified() => {}
+            _ = tokio::time::sleep(options.cycle_interval) => {}
+        }
+    }
+}
+
+fn update_gauges(
+    metrics: &Metrics,
+    jobs: &[&TrainingJob],
+    view: &ClusterView,
+    ledger: &[crate::place::Placement],
+) {
+    let mut counts: HashMap<Phase, i64> = HashMap::new();
+    for job in jobs {
+        let phase = job.status.as_ref().map(|s| s.phase).unwrap_or_default();
+        *counts.entry(phase).or_default() += 1;
+    }
+    for phase in [
+        Phase::Pending,
+        Phase::Placed,
+        Phase::Running,
+        Phase::Retrying,
+        Phase::Succeeded,
+        Phase::Failed,
+    ] {
+        let label = PhaseLabel {
+            phase: format!("{phase:?}"),
+        };
+        metrics
+            .jobs
+            .get_or_create(&label)
+            .set(counts.get(&phase).copied().unwrap_or(0));
+    }
+    let total: u64 = view
+        .inventory
+        .nodes
+        .iter()
+        .flat_map(|n| n.gpus.iter())
+        .map(|g| g.capacity)
+        .sum();
+    let committed: u64 = ledger
+        .iter()
+        .filter(|p| !p.job_id.starts_with("faulty-gpu/"))
+        .map(|p| p.gpu_budget * p.gpu_indices.len() as u64)
+        .sum();
+    metrics
+        .total_bytes
+        .set(i64::try_from(total).unwrap_or(i64::MAX));
+    metrics
+        .committed_bytes
+        .set(i64::try_from(committed).unwrap_or(i64::MAX));
+}
+
+async fn serve_metrics(addr: SocketAddr, metrics: Arc<Metrics>) {
+    use axum::{Router, routing::get};
+    let app = Router::new()
+        .route(
+            "/metrics",
+            get(move || {
+                let m = metrics.clone();
+                async move { m.encode() }
+            }),
+        )
+        .route("/healthz", get(|| async { "ok" }));
+    match tokio::net::TcpListener::bind(addr).await {
+        Ok(listener) => {
+            if let Err(error) = axum::serve(listener, app).await {
+                tracing::error!(%error, "metrics server stopped");
+            }
+        }
+        Err(error) => tracing::error!(%error, %addr, "cannot serve metrics"),
+    }
+}
+
+/// Holds the Lease while the controller runs; losing it ends the process so
+/// that a replica that is not the leader never writes.
+async fn acquire_leadership(
+    client: Client,
+    lease: &LeaseOptions,
+) -> Result<tokio::task::JoinHandle<()>> {
+    use kube_lease_manager::LeaseManagerBuilder;
+    let manager = LeaseManagerBuilder::new(client, &lease.name)
+        .with_namespace(&lease.namespace)
+        .with_identity(&lease.identity)
+        .with_duration(15)
+        .with_grace(5)
+        .build()
+        .await
+        .map_err(|e| Error::Leadership(e.to_string()))?;
+    let (mut channel, _task) = manager.watch().await;
+    tracing::info!(lease = %lease.name, identity = %lease.identity, "waiting for leadership");
+    while !*channel.borrow_and_update() {
+        if channel.changed().await.is_err() {
+            return Err(Error::Leadership("lease manager stopped".into()));
+        }
+    }
+    tracing::info!(lease = %lease.name, "became leader");
+    Ok(tokio::spawn(async move {
+        loop {
+            if channel.changed().await.is_err() || !*channel.borrow_and_update() {
+                tracing::error!("lost leadership; exiting");
+                std::process::exit(1);
+            }
+        }
+    }))
+}

@@ -1,0 +1,256 @@
+//! The scheduling cycle. Reconcilers never choose GPUs: they predict, and the
+//! cycle places the waiting jobs in order (priority, then creation time) on a
+//! snapshot of the cluster, so that a job never overtakes a higher-priority one
+//! for the same room and two jobs are never given the same memory.
+//!
+//! The cycle keeps its decisions in memory (`assignments`) until the job's own
+//! reconcile has written them to the job's status; the ledger of the next cycle
+//! is the placements in status plus those assignments, so a lagging watch cache
+//! cannot make it hand the same room out twice, and a restarted controller
+//! rebuilds everything from status.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use super::inventory::{ClusterView, job_key, job_request, recorded_placement};
+use crate::api::{AssignedGpu, PlacementStatus, TrainingJob};
+use crate::place::{PlaceError, Placement, Placer, Policy};
+
+/// The cycle's verdict for one waiting job.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Verdict {
+    /// Run the current attempt here.
+    Place(PlacementStatus),
+    /// Wait; the message says why.
+    Wait {
+        /// Why, in words (the largest free slot, the model constraint, ...).
+        message: String,
+        /// True when no GPU in the cluster could ever hold the job.
+        never_fits: bool,
+    },
+}
+
+/// Attempt number of the job's current attempt.
+pub fn current_attempt(job: &TrainingJob) -> u32 {
+    job.status.as_ref().map_or(1, |s| s.attempt.max(1))
+}
+
+/// The placement recorded in status for the current attempt, if any.
+pub fn recorded(job: &TrainingJob) -> Option<&PlacementStatus> {
+    let status = job.status.as_ref()?;
+    status
+        .placement
+        .as_ref()
+        .filter(|p| p.attempt == status.attempt.max(1) && !status.phase.is_terminal())
+}
+
+/// True when the job waits for a placement: predicted, alive, not placed.
+pub fn is_waiting(job: &TrainingJob, assigned: bool) -> bool {
+    let Some(status) = job.status.as_ref() else {
+        return false;
+    };
+    job.metadata.deletion_timestamp.is_none()
+        && !status.phase.is_terminal()
+        && status.budget_bytes.is_some()
+        && recorded(job).is_none()
+        && !assigned
+}
+
+/// Plans one cycle: rebuilds the ledger from `placed` (placements in status and
+/// not-yet-written assignments) and places `waiting` in order.
+pub fn plan_cycle(
+    view: &ClusterView,
+    placed: &[Placement],
+    waiting: &[&TrainingJob],
+    policy: Policy,
+) -> Vec<(String, Verdict)> {
+    let mut placer = match Placer::new(&view.inventory, policy) {
+        Ok(placer) => placer,
+        Err(error) => {
+            let message = format!("no usable GPU inventory: {error}");
+            return waiting
+                .iter()
+                .map(|job| {
+                    (
+                        job_key(job),
+                        Verdict::Wait {
+                            message: message.clone(),
+                            never_fits: false,
+                        },
+                    )
+                })
+                .collect();
+        }
+    };
+    for placement in view.reserved.iter().chain(placed) {
+        if let Err(error) = placer.restore(placement) {
+            // A placement on a node that left the inventory (no heartbeat) or
+            // that no longer fits it: its memory is not handed out again here,
+            // because the node is gone from the view altogether.
+            tracing::debug!(%error, job = %placement.job_id, "placement not restored");
+        }
+    }
+    let mut order: Vec<&TrainingJob> = waiting.to_vec();
+    order.sort_by(|a, b| {
+        b.spec
+            .priority
+            .cmp(&a.spec.priority)
+            .then_with(|| created(a).cmp(&created(b)))
+            .then_with(|| job_key(a).cmp(&job_key(b)))
+    });
+    order
+        .into_iter()
+        .map(|job| (job_key(job), place_one(&mut placer, view, job)))
+        .collect()
+}
+
+fn created(job: &TrainingJob) -> Option<&Time> {
+    job.metadata.creation_timestamp.as_ref()
+}
+
+fn place_one(placer: &mut Placer, view: &ClusterView, job: &TrainingJob) -> Verdict {
+    let budget = job
+        .status
+        .as_ref()
+        .and_then(|s| s.budget_bytes)
+        .unwrap_or(0);
+    let request = match job_request(job, budget) {
+        Ok(request) => request,
+        Err(message) => {
+            return Verdict::Wait {
+                message,
+                never_fits: false,
+            };
+        }
+    };
+    match placer.place(&request) {
+        Ok(decision) => {
+            let node = decision.placement.node.clone();
+            let gpus = decision
+                .placement
+                .gpu_indices
+                .iter()
+                .map(|&index| AssignedGpu {
+                    index,
+                    uuid: view
+                        .uuids
+                        .get(&(node.clone(), index))
+                        .cloned()
+                        .unwrap_or_default(),
+                })
+                .collect();
+            let fraction = decision
+                .memory_fractions
+                .iter()
+                .copied()
+                .fold(0.0, f64::max);
+            Verdict::Place(PlacementStatus {
+                node,
+                gpus,
+                budget_bytes: budget,
+                memory_fraction: fraction,
+                attempt: current_attempt(job),
+            })
+        }
+        Err(PlaceError::NeverFits { reason, .. }) => Verdict::Wait {
+            message: format!("larger than any GPU in the cluster: {reason}"),
+            never_fits: true,
+        },
+        Err(PlaceError::NoRoomNow { reason, .. }) => Verdict::Wait {
+            message: format!("waiting for room: {reason}"),
+            never_fits: false,
+        },
+        Err(other) => Verdict::Wait {
+            message: other.to_string(),
+            never_fits: false,
+        },
+    }
+}
+
+/// Placements that hold memory now: the current attempt of every live job, as
+/// recorded in status.
+pub fn recorded_placements<'a>(jobs: impl IntoIterator<Item = &'a TrainingJob>) -> Vec<Placement> {
+    jobs.into_iter()
+        .filter_map(|job| recorded(job).map(|p| recorded_placement(job, p)))
+        .collect()
+}
+
+/// Decisions the cycle made that the jobs' reconciles have not written yet, and
+/// the messages of waiting jobs. Keyed by job UID and attempt.
+#[derive(Default)]
+pub struct Assignments {
+    inner: Mutex<AssignmentMaps>,
+}
+
+#[derive(Default)]
+struct AssignmentMaps {
+    placed: HashMap<(String, u32), PlacementStatus>,
+    waiting: HashMap<(String, u32), Verdict>,
+}
+
+impl Assignments {
+    /// The cycle's placement for this attempt, if it made one.
+    pub fn placement(&self, uid: &str, attempt: u32) -> Option<PlacementStatus> {
+        let maps = self.inner.lock().expect("assignments lock");
+        maps.placed.get(&(uid.to_string(), attempt)).cloned()
+    }
+
+    /// Why the attempt waits, if the cycle said so.
+    pub fn waiting(&self, uid: &str, attempt: u32) -> Option<Verdict> {
+        let maps = self.inner.lock().expect("assignments lock");
+        maps.waiting.get(&(uid.to_string(), attempt)).cloned()
+    }
+
+    /// Records a verdict; returns true when it differs from the last one.
+    pub fn record(&self, uid: &str, attempt: u32, verdict: Verdict) -> bool {
+        let mut maps = self.inner.lock().expect("assignments lock");
+        let key = (uid.to_string(), attempt);
+        match verdict {
+            Verdict::Place(placement) => {
+                maps.waiting.remove(&key);
+                maps.placed.insert(key, placement);
+                true
+            }
+            wait => {
+                let changed = maps.waiting.get(&key) != Some(&wait);
+                maps.waiting.insert(key, wait);
+                changed
+            }
+        }
+    }
+
+    /// Assignments whose job is alive and has not yet shown them in status.
+    /// Entries that status now shows, or whose job is gone, are dropped.
+    pub fn pending_ledger(&self, jobs: &[&TrainingJob]) -> Vec<Placement> {
+        let mut maps = self.inner.lock().expect("assignments lock");
+        let live: HashMap<String, &TrainingJob> = jobs
+            .iter()
+            .filter_map(|j| j.metadata.uid.clone().map(|uid| (uid, *j)))
+            .collect();
+        let mut ledger = Vec::new();
+        maps.placed.retain(|(uid, attempt), placement| {
+            let Some(job) = live.get(uid) else {
+                return false;
+            };
+            let status = job.status.as_ref();
+            let terminal = status.is_some_and(|s| s.phase.is_terminal());
+            let moved_on = status.is_some_and(|s| s.attempt > *attempt);
+            if terminal || moved_on || recorded(job).is_some_and(|p| p.attempt == *attempt) {
+                return false;
+            }
+            ledger.push(recorded_placement(job, placement));
+            true
+        });
+        maps.waiting.retain(|(uid, _), _| live.contains_key(uid));
+        ledger
+    }
+
+    /// Forgets everything about a job (deleted or finished).
+    pub fn forget(&self, uid: &str) {
+        let mut maps = self.inner.lock().expect("assignments lock");
+        maps.placed.retain(|(u, _), _| u != uid);
+        maps.waiting.retain(|(u, _), _| u != uid);
+    }
+}

@@ -1,0 +1,121 @@
+//! Writing a TrainingJob's status, its conditions and its events.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::{Resource, ResourceExt};
+use serde_json::json;
+
+use crate::api::{TrainingJob, TrainingJobStatus};
+use crate::{Error, Result};
+
+/// Field manager of every write the controller makes.
+pub const FIELD_MANAGER: &str = "vramfit-controller";
+
+/// Condition: the spec cannot be run (an unknown model type, a profile that
+/// does not parse, a malformed pod template).
+pub const CONDITION_INVALID: &str = "Invalid";
+/// Condition: the current attempt holds a GPU placement.
+pub const CONDITION_PLACED: &str = "Placed";
+/// Condition: the job finished (successfully or not).
+pub const CONDITION_COMPLETE: &str = "Complete";
+
+/// Event reasons (PascalCase, as Kubernetes events expect).
+pub mod reason {
+    /// The memory prediction was made.
+    pub const PREDICTED: &str = "Predicted";
+    /// The spec cannot be run.
+    pub const INVALID: &str = "Invalid";
+    /// A GPU placement was made.
+    pub const PLACED: &str = "Placed";
+    /// The job waits for room.
+    pub const WAITING: &str = "WaitingForRoom";
+    /// The job is larger than any GPU in the cluster.
+    pub const LARGER_THAN_ANY_GPU: &str = "LargerThanAnyGpu";
+    /// The attempt's pod was created.
+    pub const POD_CREATED: &str = "PodCreated";
+    /// The attempt ran out of GPU memory.
+    pub const OUT_OF_MEMORY: &str = "OutOfMemory";
+    /// A new attempt with a smaller micro-batch follows.
+    pub const RETRYING: &str = "Retrying";
+    /// The job succeeded.
+    pub const SUCCEEDED: &str = "Succeeded";
+    /// The job failed.
+    pub const FAILED: &str = "Failed";
+}
+
+/// Sets `type_` in `conditions`, keeping the transition time when the status
+/// does not change.
+pub fn set_condition(
+    conditions: &mut Vec<Condition>,
+    type_: &str,
+    status: bool,
+    reason: &str,
+    message: &str,
+    generation: Option<i64>,
+) {
+    let status = if status { "True" } else { "False" }.to_string();
+    let now = Time(Timestamp::now());
+    match conditions.iter_mut().find(|c| c.type_ == type_) {
+        Some(existing) => {
+            if existing.status != status {
+                existing.last_transition_time = now;
+            }
+            existing.status = status;
+            existing.reason = reason.into();
+            existing.message = message.into();
+            existing.observed_generation = generation;
+        }
+        None => conditions.push(Condition {
+            type_: type_.into(),
+            status,
+            reason: reason.into(),
+            message: message.into(),
+            observed_generation: generation,
+            last_transition_time: now,
+        }),
+    }
+}
+
+/// Writes the whole status with server-side apply. The controller owns every
+/// status field, so fields left out are removed.
+pub async fn write_status(
+    api: &Api<TrainingJob>,
+    job: &TrainingJob,
+    status: &TrainingJobStatus,
+) -> Result<()> {
+    let patch = json!({
+        "apiVersion": TrainingJob::api_version(&()),
+        "kind": TrainingJob::kind(&()),
+        "status": status,
+    });
+    api.patch_status(
+        &job.name_any(),
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&patch),
+    )
+    .await
+    .map_err(Error::Kube)?;
+    Ok(())
+}
+
+/// Publishes an event on the job; a failure to publish is logged, not fatal.
+pub async fn publish(
+    recorder: &Recorder,
+    job: &TrainingJob,
+    type_: EventType,
+    reason: &str,
+    note: String,
+) {
+    let event = Event {
+        type_,
+        reason: reason.into(),
+        note: Some(note.chars().take(1000).collect()),
+        action: reason.into(),
+        secondary: None,
+    };
+    if let Err(error) = recorder.publish(&event, &job.object_ref(&())).await {
+        tracing::warn!(%error, job = %job.name_any(), "could not publish event");
+    }
+}

@@ -1,0 +1,204 @@
+//! `vramfit bench predict --measured FILE`: the predictor against measured peaks.
+//!
+//! FILE is JSON lines as written by scripts/gpu/calibrate_predictor.py: each
+//! line has `name`, `split` (`fit` or `holdout`), `spec` (TrainingJob spec
+//! form) and `measured.nvmlPeakBytes` (the process's peak as NVML reports it).
+
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::job::JobInput;
+use super::{GpuProfile, PredictError, gpu_profile, predict_model};
+
+/// One configuration's outcome.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BenchRow {
+    /// Configuration name.
+    pub name: String,
+    /// `fit` or `holdout`.
+    pub split: String,
+    /// Measured NVML per-process peak.
+    pub measured_bytes: u64,
+    /// Predicted peak.
+    pub predicted_bytes: u64,
+    /// (predicted - measured) / measured; negative is an under-prediction.
+    pub relative_error: f64,
+}
+
+/// Error statistics over a set of rows.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ErrorStats {
+    /// Rows counted.
+    pub count: usize,
+    /// Median |relative error|.
+    pub median: f64,
+    /// 90th percentile |relative error| (nearest rank).
+    pub p90: f64,
+    /// Largest |relative error|.
+    pub max: f64,
+    /// Names of rows predicted more than 5% under the measurement.
+    pub under_predictions: Vec<String>,
+}
+
+/// Predictions against every measured line.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BenchReport {
+    /// Per configuration.
+    pub rows: Vec<BenchRow>,
+    /// Lines skipped (no measurement), with the reason.
+    pub skipped: Vec<String>,
+}
+
+#[derive(Deserialize)]
+struct Line {
+    name: String,
+    #[serde(default = "fit")]
+    split: String,
+    spec: Value,
+    measured: Option<Measured>,
+    gpu: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Measured {
+    nvml_peak_bytes: u64,
+}
+
+fn fit() -> String {
+    "fit".into()
+}
+
+/// Predicts every measured line of `text` on `gpu` (or, when `None`, the GPU
+/// named in the line, falling back to the default profile).
+pub fn bench_predict(
+    text: &str,
+    gpu: Option<&'static GpuProfile>,
+) -> Result<BenchReport, PredictError> {
+    let mut rows = Vec::new();
+    let mut skipped = Vec::new();
+    for (i, raw) in text.lines().enumerate() {
+        if raw.trim().is_empty() {
+            continue;
+        }
+        let line: Line = serde_json::from_str(raw)
+            .map_err(|e| PredictError::Parse(format!("line {}: {e}", i + 1)))?;
+        let Some(m) = line.measured else {
+            skipped.push(format!("{}: no measurement", line.name));
+            continue;
+        };
+        let job: JobInput = serde_json::from_value(line.spec).map_err(|e| {
+            PredictError::Parse(format!("line {} ({}): spec: {e}", i + 1, line.name))
+        })?;
+        let profile = gpu
+            .or_else(|| line.gpu.as_deref().and_then(gpu_profile))
+            .unwrap_or_else(super::default_gpu);
+        let p = predict_model(&job.model, &job.shape(), profile)
+            .map_err(|e| PredictError::Invalid(format!("{}: {e}", line.name)))?;
+        let measured = m.nvml_peak_bytes.max(1);
+        rows.push(BenchRow {
+            name: line.name,
+            split: line.split,
+            measured_bytes: measured,
+            predicted_bytes: p.peak_bytes,
+            relative_error: (p.peak_bytes as f64 - measured as f64) / measured as f64,
+        });
+    }
+    Ok(BenchReport { rows, skipped })
+}
+
+/// Statistics over the rows whose split matches (`None`: all rows).
+pub fn error_stats(rows: &[BenchRow], split: Option<&str>) -> ErrorStats {
+    let sel: Vec<&BenchRow> = rows
+        .iter()
+        .filter(|r| split.is_none_or(|s| r.split == s))
+        .collect();
+    let mut abs: Vec<f64> = sel.iter().map(|r| r.relative_error.abs()).collect();
+    abs.sort_by(f64::total_cmp);
+    let pick = |q: f64| -> f64 {
+        if abs.is_empty() {
+            return 0.0;
+        }
+        let rank = ((q * abs.len() as f64).ceil() as usize).clamp(1, abs.len());
+        abs[rank - 1]
+    };
+    let median = if abs.is_empty() {
+        0.0
+    } else if abs.len() % 2 == 1 {
+        abs[abs.len() / 2]
+    } else {
+        (abs[abs.len() / 2 - 1] + abs[abs.len() / 2]) / 2.0
+    };
+    ErrorStats {
+        count: abs.len(),
+        median,
+        p90: pick(0.9),
+        max: abs.last().copied().unwrap_or(0.0),
+        under_predictions: sel
+            .iter()
+            .filter(|r| r.relative_error < -0.05)
+            .map(|r| r.name.clone())
+            .collect(),
+    }
+}
+
+fn stats_json(s: &ErrorStats) -> Value {
+    json!({
+        "count": s.count,
+        "medianAbsError": s.median,
+        "p90AbsError": s.p90,
+        "maxAbsError": s.max,
+        "underPredictionsBeyond5pct": s.under_predictions.len(),
+        "underPredicted": s.under_predictions,
+    })
+}
+
+/// The report as JSON: statistics over all rows, `fit` and `holdout`, and the rows.
+pub fn bench_json(r: &BenchReport) -> Value {
+    json!({
+        "all": stats_json(&error_stats(&r.rows, None)),
+        "fit": stats_json(&error_stats(&r.rows, Some("fit"))),
+        "holdout": stats_json(&error_stats(&r.rows, Some("holdout"))),
+        "rows": r.rows.iter().map(|x| json!({
+            "name": x.name, "split": x.split, "measuredBytes": x.measured_bytes,
+            "predictedBytes": x.predicted_bytes, "relativeError": x.relative_error,
+        })).collect::<Vec<_>>(),
+        "skipped": r.skipped,
+    })
+}
+
+/// The report as a table: one row per configuration, then the statistics.
+pub fn bench_table(r: &BenchReport) -> String {
+    let gib = |b: u64| b as f64 / f64::from(1u32 << 30);
+    let mut s = format!(
+        "{:<46} {:<8} {:>10} {:>10} {:>8}\n",
+        "CONFIG", "SPLIT", "MEASURED", "PREDICTED", "ERROR"
+    );
+    for x in &r.rows {
+        s += &format!(
+            "{:<46} {:<8} {:>10.3} {:>10.3} {:>+7.1}%\n",
+            x.name,
+            x.split,
+            gib(x.measured_bytes),
+            gib(x.predicted_bytes),
+            100.0 * x.relative_error
+        );
+    }
+    for (label, split) in [
+        ("all", None),
+        ("fit", Some("fit")),
+        ("holdout", Some("holdout")),
+    ] {
+        let st = error_stats(&r.rows, split);
+        s += &format!(
+            "{label}: n={} median {:.1}% p90 {:.1}% max {:.1}% under-predicted >5%: {} {:?}\n",
+            st.count,
+            100.0 * st.median,
+            100.0 * st.p90,
+            100.0 * st.max,
+            st.under_predictions.len(),
+            st.under_predictions
+        );
+    }
+    s
+}

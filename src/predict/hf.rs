@@ -1,0 +1,162 @@
+//! Hugging Face `config.json` -> [`TransformerArch`], for the families whose
+//! memory the analytic model describes.
+
+use serde_json::{Map, Value};
+
+use crate::api::{HuggingFaceSpec, MlpKind, NormKind, PositionalKind, TransformerKind};
+
+use super::PredictError;
+use super::arch::TransformerArch;
+
+/// `model_type` values the predictor understands.
+pub const SUPPORTED_MODEL_TYPES: &[&str] = &["gpt2", "llama", "mistral", "qwen2", "bert"];
+
+/// Reads a field that must be a positive integer.
+fn int(cfg: &Map<String, Value>, key: &str) -> Result<u64, PredictError> {
+    match cfg.get(key) {
+        Some(Value::Number(n)) => n
+            .as_u64()
+            .filter(|v| *v > 0)
+            .ok_or_else(|| bad(key, "a positive integer")),
+        Some(Value::Null) | None => Err(PredictError::Missing(format!("huggingFace.config.{key}"))),
+        Some(_) => Err(bad(key, "a positive integer")),
+    }
+}
+
+/// Reads an optional positive integer (absent or null -> `None`).
+fn opt_int(cfg: &Map<String, Value>, key: &str) -> Result<Option<u64>, PredictError> {
+    match cfg.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(_) => int(cfg, key).map(Some),
+    }
+}
+
+fn flag(cfg: &Map<String, Value>, key: &str, default: bool) -> Result<bool, PredictError> {
+    match cfg.get(key) {
+        None | Some(Value::Null) => Ok(default),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(_) => Err(bad(key, "a boolean")),
+    }
+}
+
+fn bad(key: &str, want: &str) -> PredictError {
+    PredictError::Invalid(format!("huggingFace.config.{key} must be {want}"))
+}
+
+/// Maps a Hugging Face model onto the transformer description.
+pub fn arch_from_hugging_face(spec: &HuggingFaceSpec) -> Result<TransformerArch, PredictError> {
+    let cfg = &spec.config;
+    let model_type = match cfg.get("model_type") {
+        Some(Value::String(s)) => s.as_str(),
+        Some(_) => return Err(bad("model_type", "a string")),
+        None => {
+            return Err(PredictError::Missing(
+                "huggingFace.config.model_type".into(),
+            ));
+        }
+    };
+    let seq_len = u64::from(spec.seq_len);
+    let arch = match model_type {
+        "gpt2" => {
+            let hidden = int(cfg, "n_embd")?;
+            let heads = int(cfg, "n_head")?;
+            TransformerArch {
+                family: model_type.into(),
+                kind: TransformerKind::Decoder,
+                layers: int(cfg, "n_layer")?,
+                hidden,
+                heads,
+                kv_heads: heads,
+                head_dim: divide(hidden, heads, "n_embd", "n_head")?,
+                ffn: opt_int(cfg, "n_inner")?.unwrap_or(4 * hidden),
+                vocab: int(cfg, "vocab_size")?,
+                seq_len,
+                positions: opt_int(cfg, "n_positions")?.unwrap_or(1024),
+                mlp: MlpKind::Gelu,
+                norm: NormKind::Layernorm,
+                positional: PositionalKind::Learned,
+                tied: flag(cfg, "tie_word_embeddings", true)?,
+                linear_bias: true,
+                qkv_bias: true,
+                token_types: 0,
+            }
+        }
+        "llama" | "mistral" | "qwen2" => {
+            let hidden = int(cfg, "hidden_size")?;
+            let heads = int(cfg, "num_attention_heads")?;
+            let kv_heads = opt_int(cfg, "num_key_value_heads")?.unwrap_or(heads);
+            if heads % kv_heads != 0 {
+                return Err(PredictError::Invalid(format!(
+                    "huggingFace.config.num_attention_heads ({heads}) must be divisible by num_key_value_heads ({kv_heads})"
+                )));
+            }
+            let head_dim = match opt_int(cfg, "head_dim")? {
+                Some(d) => d,
+                None => divide(hidden, heads, "hidden_size", "num_attention_heads")?,
+            };
+            let attention_bias = flag(cfg, "attention_bias", false)?;
+            TransformerArch {
+                family: model_type.into(),
+                kind: TransformerKind::Decoder,
+                layers: int(cfg, "num_hidden_layers")?,
+                hidden,
+                heads,
+                kv_heads,
+                head_dim,
+                ffn: int(cfg, "intermediate_size")?,
+                vocab: int(cfg, "vocab_size")?,
+                seq_len,
+                positions: 0,
+                mlp: MlpKind::Swiglu,
+                norm: NormKind::Rmsnorm,
+                positional: PositionalKind::Rotary,
+                tied: flag(cfg, "tie_word_embeddings", false)?,
+                linear_bias: flag(cfg, "mlp_bias", false)?,
+                // Qwen2 always has query/key/value biases.
+                qkv_bias: model_type == "qwen2" || attention_bias,
+                token_types: 0,
+            }
+        }
+        "bert" => {
+            let hidden = int(cfg, "hidden_size")?;
+            let heads = int(cfg, "num_attention_heads")?;
+            TransformerArch {
+                family: model_type.into(),
+                kind: TransformerKind::Encoder,
+                layers: int(cfg, "num_hidden_layers")?,
+                hidden,
+                heads,
+                kv_heads: heads,
+                head_dim: divide(hidden, heads, "hidden_size", "num_attention_heads")?,
+                ffn: int(cfg, "intermediate_size")?,
+                vocab: int(cfg, "vocab_size")?,
+                seq_len,
+                positions: opt_int(cfg, "max_position_embeddings")?.unwrap_or(512),
+                mlp: MlpKind::Gelu,
+                norm: NormKind::Layernorm,
+                positional: PositionalKind::Learned,
+                tied: flag(cfg, "tie_word_embeddings", true)?,
+                linear_bias: true,
+                qkv_bias: true,
+                token_types: opt_int(cfg, "type_vocab_size")?.unwrap_or(2),
+            }
+        }
+        other => {
+            return Err(PredictError::Unsupported(format!(
+                "huggingFace.config.model_type '{other}' is not supported (supported: {})",
+                SUPPORTED_MODEL_TYPES.join(", ")
+            )));
+        }
+    };
+    arch.check()?;
+    Ok(arch)
+}
+
+fn divide(a: u64, b: u64, an: &str, bn: &str) -> Result<u64, PredictError> {
+    if !a.is_multiple_of(b) {
+        return Err(PredictError::Invalid(format!(
+            "huggingFace.config.{an} ({a}) must be divisible by {bn} ({b})"
+        )));
+    }
+    Ok(a / b)
+}

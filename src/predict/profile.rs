@@ -1,0 +1,101 @@
+//! Allocation profiles (`vramfit.profile/v1`, docs/profile-format.md): a
+//! recorded sequence of a training run's tensor allocations and frees, replayed
+//! through the allocator model instead of the analytic event generator.
+
+use serde::Deserialize;
+
+use super::PredictError;
+use super::events::{Category, TensorEvent};
+
+/// The only format version understood.
+pub const PROFILE_FORMAT: &str = "vramfit.profile/v1";
+
+/// A parsed profile.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Profile {
+    /// Must be [`PROFILE_FORMAT`].
+    pub format: String,
+    /// Micro-batch per GPU the profile was recorded at.
+    pub micro_batch: u32,
+    /// Gradient accumulation it was recorded with.
+    #[serde(default = "one")]
+    pub grad_accum: u32,
+    /// Distinct request sizes in bytes.
+    pub sizes: Vec<u64>,
+    /// `k >= 0`: allocate `sizes[k]` (ids count allocations from 0);
+    /// `k < 0`: free the allocation with id `-k - 1`.
+    pub events: Vec<i64>,
+    /// Free-form note on where the profile came from.
+    #[serde(default)]
+    pub source: Option<String>,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// Parses and checks a profile's text.
+pub fn parse_profile(text: &str) -> Result<Profile, PredictError> {
+    let p: Profile =
+        serde_json::from_str(text).map_err(|e| PredictError::Parse(format!("profile: {e}")))?;
+    if p.format != PROFILE_FORMAT {
+        return Err(PredictError::Unsupported(format!(
+            "profile format '{}' is not supported (supported: {PROFILE_FORMAT})",
+            p.format
+        )));
+    }
+    if p.micro_batch == 0 {
+        return Err(PredictError::Invalid(
+            "profile.microBatch must be at least 1".into(),
+        ));
+    }
+    if p.events.is_empty() {
+        return Err(PredictError::Invalid("profile.events is empty".into()));
+    }
+    Ok(p)
+}
+
+/// The profile's events, checked: every size index exists, every free names a
+/// live allocation. A profile recorded at micro-batch m bounds any smaller
+/// micro-batch from above, so it is used as is for those; a larger one cannot
+/// be derived from it and is refused.
+pub fn profile_events(p: &Profile, micro_batch: u32) -> Result<Vec<TensorEvent>, PredictError> {
+    if micro_batch > p.micro_batch {
+        return Err(PredictError::Unsupported(format!(
+            "profile was recorded at micro-batch {} and cannot predict the larger micro-batch {micro_batch}",
+            p.micro_batch
+        )));
+    }
+    let mut out = Vec::with_capacity(p.events.len());
+    let mut live = Vec::<bool>::new();
+    for (pos, &e) in p.events.iter().enumerate() {
+        if e >= 0 {
+            let bytes = *p.sizes.get(e as usize).ok_or_else(|| {
+                PredictError::Invalid(format!(
+                    "profile.events[{pos}] names size {e}, but sizes has {}",
+                    p.sizes.len()
+                ))
+            })?;
+            let id = live.len() as u32;
+            live.push(true);
+            out.push(TensorEvent::Alloc {
+                id,
+                bytes,
+                category: Category::Activations,
+            });
+        } else {
+            let id = (-(e + 1)) as usize;
+            match live.get_mut(id) {
+                Some(l) if *l => *l = false,
+                _ => {
+                    return Err(PredictError::Invalid(format!(
+                        "profile.events[{pos}] frees allocation {id}, which is not live"
+                    )));
+                }
+            }
+            out.push(TensorEvent::Free { id: id as u32 });
+        }
+    }
+    Ok(out)
+}

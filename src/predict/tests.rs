@@ -1,0 +1,278 @@
+//! Tests of the predictor, including the committed H200 calibration data as a
+//! regression test.
+
+use super::bench::{BenchRow, bench_predict, error_stats};
+use super::job::{parse_job, predict_job};
+use super::*;
+use crate::api::{Attention, HuggingFaceSpec, ModelSpec, TransformerSpec};
+
+const CALIBRATION: &str = include_str!("../../data/calibration/h200.jsonl");
+const GPT2_PROFILE: &str =
+    include_str!("../../data/profiles/gpt2s-s1024-b8-ampbf16-adamw.profile.json");
+const LLAMA_PROFILE: &str =
+    include_str!("../../data/profiles/llama1b-s2048-b4-bf16-adamw.profile.json");
+
+fn gpt2_small() -> ModelSpec {
+    let t: TransformerSpec = serde_json::from_value(serde_json::json!({
+        "layers": 12, "hidden": 768, "heads": 12, "vocab": 50257, "seqLen": 1024
+    }))
+    .unwrap();
+    ModelSpec {
+        transformer: Some(t),
+        ..ModelSpec::default()
+    }
+}
+
+fn one_gpu(micro: u32) -> JobShape {
+    JobShape {
+        gpus: 1,
+        global_batch: micro,
+        micro_batch: micro,
+    }
+}
+
+#[test]
+fn gpt2_small_parameter_count_matches_pytorch() {
+    assert_eq!(
+        resolve_arch(&gpt2_small()).unwrap().parameter_count(),
+        124_439_808
+    );
+}
+
+#[test]
+fn every_calibration_model_has_the_parameter_count_pytorch_measured() {
+    for line in CALIBRATION.lines() {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        let model: ModelSpec = serde_json::from_value(v["spec"]["model"].clone()).unwrap();
+        let want = v["measured"]["parameters"].as_u64().unwrap();
+        assert_eq!(
+            resolve_arch(&model).unwrap().parameter_count(),
+            want,
+            "{}",
+            v["name"]
+        );
+    }
+}
+
+#[test]
+fn every_calibration_line_is_predicted_within_twelve_percent() {
+    let report = bench_predict(CALIBRATION, None).unwrap();
+    assert!(report.rows.len() >= 30);
+    for r in &report.rows {
+        assert!(
+            r.relative_error.abs() <= 0.12,
+            "{}: {:+.1}%",
+            r.name,
+            100.0 * r.relative_error
+        );
+    }
+    let held_out = error_stats(&report.rows, Some("holdout"));
+    assert!(
+        held_out.median <= 0.05 && held_out.p90 <= 0.10,
+        "{held_out:?}"
+    );
+}
+
+#[test]
+fn recorded_profiles_replay_within_five_percent_of_the_measured_peak() {
+    for text in [GPT2_PROFILE, LLAMA_PROFILE] {
+        let v: serde_json::Value = serde_json::from_str(text).unwrap();
+        let micro = v["microBatch"].as_u64().unwrap() as u32;
+        let p = predict_from_profile(text, &one_gpu(micro), default_gpu()).unwrap();
+        let measured = v["measured"]["nvmlPeakBytes"].as_u64().unwrap() as f64;
+        let err = (p.peak_bytes as f64 - measured) / measured;
+        assert!(err.abs() <= 0.05, "{}: {err}", v["source"]);
+    }
+}
+
+#[test]
+fn a_profile_cannot_predict_a_larger_micro_batch() {
+    let err = predict_from_profile(GPT2_PROFILE, &one_gpu(16), default_gpu()).unwrap_err();
+    assert!(err.to_string().contains("micro-batch 8"), "{err}");
+}
+
+#[test]
+fn malformed_profiles_are_rejected_with_the_reason() {
+    let cases = [
+        (
+            r#"{"format":"other/v9","microBatch":1,"sizes":[512],"events":[0]}"#,
+            "not supported",
+        ),
+        (
+            r#"{"format":"vramfit.profile/v1","microBatch":1,"sizes":[512],"events":[3]}"#,
+            "names size 3",
+        ),
+        (
+            r#"{"format":"vramfit.profile/v1","microBatch":1,"sizes":[512],"events":[0,-1,-1]}"#,
+            "not live",
+        ),
+        ("not json", "profile"),
+    ];
+    for (text, want) in cases {
+        let err = predict_from_profile(text, &one_gpu(1), default_gpu())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(want), "{text}: {err}");
+    }
+}
+
+#[test]
+fn zero3_shards_parameters_gradients_and_optimizer_over_gpus() {
+    let mut model = gpt2_small();
+    let single = predict_model(&model, &one_gpu(1), default_gpu()).unwrap();
+    model.zero_stage = 3;
+    let job = JobShape {
+        gpus: 4,
+        global_batch: 4,
+        micro_batch: 1,
+    };
+    let sharded = predict_model(&model, &job, default_gpu()).unwrap();
+    let persistent =
+        |p: &Prediction| p.breakdown.parameters + p.breakdown.gradients + p.breakdown.optimizer;
+    assert!(
+        persistent(&sharded) * 3 < persistent(&single),
+        "{sharded:?} vs {single:?}"
+    );
+    assert!(sharded.peak_bytes < single.peak_bytes);
+}
+
+#[test]
+fn checkpointing_lowers_the_peak_of_a_long_sequence_model() {
+    let mut model = gpt2_small();
+    let plain = predict_model(&model, &one_gpu(16), default_gpu()).unwrap();
+    model.gradient_checkpointing = true;
+    let ckpt = predict_model(&model, &one_gpu(16), default_gpu()).unwrap();
+    assert!(
+        ckpt.allocated_bytes < plain.allocated_bytes * 3 / 4,
+        "{ckpt:?} vs {plain:?}"
+    );
+}
+
+#[test]
+fn eager_attention_adds_the_sequence_squared_scores() {
+    let mut model = gpt2_small();
+    let sdpa = predict_model(&model, &one_gpu(8), default_gpu()).unwrap();
+    model.attention = Attention::Eager;
+    let eager = predict_model(&model, &one_gpu(8), default_gpu()).unwrap();
+    // 12 layers keep an fp32 8 x 12 x 1024 x 1024 softmax output each (the
+    // backward of the loss then overlaps with part of it being freed).
+    let scores: u64 = 12 * 8 * 12 * 1024 * 1024 * 4;
+    assert!(
+        eager.allocated_bytes >= sdpa.allocated_bytes + scores / 2,
+        "{eager:?} vs {sdpa:?}"
+    );
+}
+
+#[test]
+fn unknown_hugging_face_model_types_name_the_supported_ones() {
+    let config = serde_json::json!({"model_type": "t5", "d_model": 512});
+    let model = ModelSpec {
+        hugging_face: Some(HuggingFaceSpec {
+            config: config.as_object().unwrap().clone(),
+            seq_len: 512,
+        }),
+        ..ModelSpec::default()
+    };
+    let err = predict_model(&model, &one_gpu(1), default_gpu())
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        err,
+        "huggingFace.config.model_type 't5' is not supported (supported: gpt2, llama, mistral, qwen2, bert)"
+    );
+}
+
+#[test]
+fn missing_hugging_face_fields_are_named() {
+    let config = serde_json::json!({"model_type": "llama", "hidden_size": 512});
+    let model = ModelSpec {
+        hugging_face: Some(HuggingFaceSpec {
+            config: config.as_object().unwrap().clone(),
+            seq_len: 512,
+        }),
+        ..ModelSpec::default()
+    };
+    let err = predict_model(&model, &one_gpu(1), default_gpu())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("huggingFace.config.num_attention_heads is missing"),
+        "{err}"
+    );
+}
+
+#[test]
+fn an_empty_model_and_an_uneven_batch_are_errors_not_zeros() {
+    let err = predict_model(&ModelSpec::default(), &one_gpu(1), default_gpu()).unwrap_err();
+    assert!(matches!(err, PredictError::Missing(_)));
+    let job = JobShape {
+        gpus: 2,
+        global_batch: 10,
+        micro_batch: 4,
+    };
+    assert!(predict_model(&gpt2_small(), &job, default_gpu()).is_err());
+}
+
+#[test]
+fn a_training_job_yaml_predicts_with_its_micro_batch_and_accumulation() {
+    let yaml = "apiVersion: vramfit.dev/v1alpha1\nkind: TrainingJob\nmetadata: {name: g}\nspec:\n  gpus: 1\n  batch: {global: 32, micro: 8}\n  model:\n    transformer: {layers: 12, hidden: 768, heads: 12, vocab: 50257, seqLen: 1024}\n    precision: amp-bf16\n  template: {}\n";
+    let job = parse_job(yaml).unwrap();
+    let p = predict_job(&job, gpu_profile("h200").unwrap(), None).unwrap();
+    assert_eq!((p.micro_batch, p.grad_accum), (8, 4));
+    let json = output::prediction_json(&p);
+    for key in [
+        "peakBytes",
+        "reservedBytes",
+        "breakdown",
+        "microBatch",
+        "gradAccum",
+    ] {
+        assert!(json.get(key).is_some(), "{key}");
+    }
+    let b = &p.breakdown;
+    let sum = b.parameters
+        + b.gradients
+        + b.optimizer
+        + b.activations
+        + b.workspace
+        + b.context
+        + b.allocator_overhead;
+    assert_eq!(sum, p.peak_bytes);
+    assert!(output::prediction_table(&p).contains("allocator overhead"));
+}
+
+#[test]
+fn bench_statistics_of_a_hand_made_set() {
+    let row = |name: &str, err: f64| BenchRow {
+        name: name.into(),
+        split: "holdout".into(),
+        measured_bytes: 100,
+        predicted_bytes: (100.0 * (1.0 + err)) as u64,
+        relative_error: err,
+    };
+    let rows = vec![
+        row("a", 0.01),
+        row("b", -0.02),
+        row("c", 0.03),
+        row("d", -0.08),
+        row("e", 0.20),
+    ];
+    let s = error_stats(&rows, Some("holdout"));
+    assert_eq!(s.count, 5);
+    assert!((s.median - 0.03).abs() < 1e-12);
+    assert!((s.p90 - 0.20).abs() < 1e-12);
+    assert!((s.max - 0.20).abs() < 1e-12);
+    assert_eq!(s.under_predictions, vec!["d".to_string()]);
+}
+
+#[test]
+fn gpu_profiles_are_found_by_nvml_names_and_estimates_are_labelled() {
+    assert_eq!(gpu_profile("NVIDIA H200").unwrap().name, "H200");
+    assert!(gpu_profile("A100-40GB").is_some());
+    assert!(gpu_profile("V100").is_none());
+    let measured: Vec<_> = GPU_PROFILES
+        .iter()
+        .filter(|p| p.provenance == gpu::Provenance::Measured)
+        .collect();
+    assert_eq!(measured.len(), 1);
+}
