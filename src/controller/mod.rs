@@ -263,9 +263,12 @@ async fn scheduling_loop(
     options: ControllerOptions,
     trigger: futures::channel::mpsc::UnboundedSender<ObjectRef<TrainingJob>>,
 ) {
-    let _ = jobs.wait_until_ready().await;
-    let _ = gpu_nodes.wait_until_ready().await;
-    let _ = nodes.wait_until_ready().await;
+    // A cycle on a half-filled job cache could hand out memory that a job not
+    // yet seen already holds, so the first cycle waits for complete caches.
+    wait_ready(&jobs).await;
+    wait_ready(&gpu_nodes).await;
+    wait_ready(&nodes).await;
+    tracing::debug!("caches ready; scheduling starts");
     let ttl =
         SignedDuration::try_from(options.heartbeat_ttl).unwrap_or(SignedDuration::from_secs(120));
     loop {
@@ -295,6 +298,12 @@ async fn scheduling_loop(
                 )
             })
             .collect();
+        tracing::debug!(
+            nodes = view.inventory.nodes.len(),
+            placed = ledger.len(),
+            waiting = waiting.len(),
+            "scheduling cycle"
+        );
         if !waiting.is_empty() {
             let by_key: HashMap<String, &TrainingJob> = waiting
                 .iter()
@@ -321,6 +330,26 @@ async fn scheduling_loop(
         tokio::select! {
             _ = ctx.wake.notified() => {}
             _ = tokio::time::sleep(options.cycle_interval) => {}
+        }
+    }
+}
+
+/// Waits for a reflector's first complete list. The store's readiness signal
+/// wakes only the last task that polled it, and the controller's runner polls
+/// the same one, so poll again on a short timer rather than wait for a wake-up.
+async fn wait_ready<K>(store: &Store<K>)
+where
+    K: kube::Resource + Clone + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    loop {
+        match tokio::time::timeout(Duration::from_millis(100), store.wait_until_ready()).await {
+            Ok(Ok(())) => return,
+            Ok(Err(_)) => {
+                tracing::error!("a watch cache was dropped before its first list");
+                return;
+            }
+            Err(_) => continue,
         }
     }
 }

@@ -288,7 +288,7 @@ async fn report_waiting(
     };
     if status.message.as_deref() != Some(message.as_str()) {
         let why = if never_fits {
-            reason::LARGER_THAN_ANY_GPU
+            reason::FITS_NO_NODE
         } else {
             reason::WAITING
         };

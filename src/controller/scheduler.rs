@@ -155,7 +155,7 @@ fn place_one(placer: &mut Placer, view: &ClusterView, job: &TrainingJob) -> Verd
             })
         }
         Err(PlaceError::NeverFits { reason, .. }) => Verdict::Wait {
-            message: format!("larger than any GPU in the cluster: {reason}"),
+            message: format!("fits no node of the cluster: {reason}"),
             never_fits: true,
         },
         Err(PlaceError::NoRoomNow { reason, .. }) => Verdict::Wait {

@@ -31,8 +31,9 @@ pub mod reason {
     pub const PLACED: &str = "Placed";
     /// The job waits for room.
     pub const WAITING: &str = "WaitingForRoom";
-    /// The job is larger than any GPU in the cluster.
-    pub const LARGER_THAN_ANY_GPU: &str = "LargerThanAnyGpu";
+    /// No node of the cluster could hold the job even when empty (a job
+    /// larger than any GPU, a GPU model the cluster lacks, ...).
+    pub const FITS_NO_NODE: &str = "FitsNoNode";
     /// The attempt's pod was created.
     pub const POD_CREATED: &str = "PodCreated";
     /// The attempt ran out of GPU memory.

@@ -112,10 +112,8 @@ pub fn run_pack(
         })
         .collect();
 
-    let mut policy = Policy::new(opts.policy, opts.seed ^ 0x5EED_0F_F6D);
-    if opts.policy == PolicyKind::Fgd
-        || (opts.policy == PolicyKind::Vramfit && std::env::var("VF_FIXED").is_ok())
-    {
+    let mut policy = Policy::new(opts.policy, opts.seed ^ 0x5EED_0FF6);
+    if opts.policy == PolicyKind::Fgd {
         // FGD is given the trace's task distribution, as in the paper; the
         // vramfit policy learns it from arrivals instead.
         let state = super::ClusterState::new(inventory)?;

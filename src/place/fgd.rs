@@ -9,19 +9,10 @@
 //! not change. Equal scores are broken uniformly at random, as the Kubernetes
 //! scheduler framework the paper builds on does.
 
-use super::fragmentation::{TargetWorkload, measure_node};
 use super::policy::Score;
-use super::state::{Demand, GpuSet, NodeState};
 
-/// FGD's score: growth of the node's expected fragmentation; lower is better.
-pub(crate) fn score(
-    node: &NodeState,
-    demand: &Demand,
-    gpus: GpuSet,
-    target: &TargetWorkload,
-    measure_now: f64,
-    scratch: &mut Vec<u64>,
-) -> Score {
-    let after = node.view_after(demand, gpus, scratch);
-    [measure_node(&after, target).fragmentation - measure_now, 0.0]
+/// FGD's score from the growth of the node's expected fragmentation that the
+/// candidate causes; lower is better, no second criterion.
+pub(crate) fn score(fragmentation_growth: f64) -> Score {
+    [fragmentation_growth, 0.0]
 }

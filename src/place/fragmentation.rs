@@ -220,15 +220,12 @@ impl WorkloadModel {
         let total: f64 = self.counts.values().sum();
         let cutoff = total * 1e-3;
         self.counts.retain(|_, c| *c > total * 1e-9);
-        let candidate =
-            TargetWorkload::from_weights(self.counts.iter().filter(|(_, c)| **c >= cutoff).map(
-                |(d, c)| {
-                    (
-                        d.clone(),
-                        *c * ((d.gpu_units() as f64) + self.size_offset).powf(self.size_exponent),
-                    )
-                },
-            ));
+        let candidate = TargetWorkload::from_weights(
+            self.counts
+                .iter()
+                .filter(|(_, c)| **c >= cutoff)
+                .map(|(d, c)| (d.clone(), *c)),
+        );
         self.since_refresh = 0;
         if self.snapshot.is_empty() || total_variation(&self.snapshot, &candidate) > self.tolerance
         {
@@ -298,12 +295,9 @@ pub fn task_stranding(node: &NodeView, task: &Demand) -> u64 {
         }
     }
     let mut copies = slots / u64::from(task.gpus);
-    if task.cpu > 0 {
-        copies = copies.min(node.cpu_free / task.cpu);
-    }
-    if task.mem > 0 {
-        copies = copies.min(node.mem_free / task.mem);
-    }
+    // A zero request does not limit the copies.
+    copies = copies.min(node.cpu_free.checked_div(task.cpu).unwrap_or(u64::MAX));
+    copies = copies.min(node.mem_free.checked_div(task.mem).unwrap_or(u64::MAX));
     total - (copies * task.gpu_units()).min(total)
 }
 
@@ -375,12 +369,8 @@ pub fn measure_node(node: &NodeView, workload: &TargetWorkload) -> NodeMeasures 
                 frag
             } else {
                 let mut copies = gpu_copies;
-                if cpu > 0 {
-                    copies = copies.min(node.cpu_free / cpu);
-                }
-                if mem > 0 {
-                    copies = copies.min(node.mem_free / mem);
-                }
+                copies = copies.min(node.cpu_free.checked_div(cpu).unwrap_or(u64::MAX));
+                copies = copies.min(node.mem_free.checked_div(mem).unwrap_or(u64::MAX));
                 total - (copies * units).min(total)
             };
             out.fragmentation += weight * frag as f64;

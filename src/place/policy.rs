@@ -15,8 +15,9 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 
 use super::fragmentation::{TargetWorkload, WorkloadModel, measure_node};
+use super::memo::MeasureMemo;
 use super::rng::SeededRng;
-use super::state::{ClusterState, Demand, GpuSet, NodeState};
+use super::state::{ClusterState, Demand, GpuSet, NodeState, NodeView};
 use super::{PlaceError, best_fit, fgd, vramfit};
 
 /// Which placement policy to run.
@@ -102,6 +103,7 @@ pub struct Policy {
     /// Per node: (stamp, workload version, the policy's node measure now).
     measure_now: Vec<(u64, u64, f64)>,
     scratch: Vec<u64>,
+    memo: MeasureMemo,
 }
 
 impl Policy {
@@ -122,6 +124,7 @@ impl Policy {
             cache: Vec::new(),
             measure_now: Vec::new(),
             scratch: Vec::new(),
+            memo: MeasureMemo::default(),
         }
     }
 
@@ -206,11 +209,7 @@ impl Policy {
                     }
                     // The Kubernetes scheduler picks uniformly among the
                     // best-scored nodes; FGD as published inherits that.
-                    std::cmp::Ordering::Equal
-                        if self.kind == PolicyKind::Fgd
-                            || (self.kind == PolicyKind::Vramfit
-                                && vramfit::knobs().random_tie) =>
-                    {
+                    std::cmp::Ordering::Equal if self.kind == PolicyKind::Fgd => {
                         ties += 1;
                         if self.rng.below(ties) == 0 {
                             best = Some((score, i, gpus));
@@ -247,17 +246,19 @@ impl Policy {
         }
         let target = self.workload.target();
         let version = self.workload.version();
-        let needs_frag = matches!(self.kind, PolicyKind::Fgd | PolicyKind::Vramfit);
-        let measure_now = if needs_frag {
+        let kind = self.kind;
+        let measure = move |view: &NodeView, target: &TargetWorkload| match kind {
+            PolicyKind::Vramfit => vramfit::measure(view, target),
+            _ => measure_node(view, target).fragmentation,
+        };
+        let needs_measure = matches!(kind, PolicyKind::Fgd | PolicyKind::Vramfit);
+        let memo = &mut self.memo;
+        let measure_now = if needs_measure {
             let (stamp, ver, value) = self.measure_now[i];
             if stamp == node.stamp && ver == version {
                 value
             } else {
-                let value = if self.kind == PolicyKind::Vramfit {
-                    vramfit::measure(&node.view(), target)
-                } else {
-                    measure_node(&node.view(), target).fragmentation
-                };
+                let value = memo.get_or_compute(node.class, &node.view(), target, version, measure);
                 self.measure_now[i] = (node.stamp, version, value);
                 value
             }
@@ -267,11 +268,17 @@ impl Policy {
         let mut best: Option<(Score, GpuSet)> = None;
         let scratch = &mut self.scratch;
         for_each_candidate(node, demand, |gpus| {
-            let score = match self.kind {
+            let score = match kind {
                 PolicyKind::BestFit => best_fit::score(node, demand, gpus),
-                PolicyKind::Fgd => fgd::score(node, demand, gpus, target, measure_now, scratch),
-                PolicyKind::Vramfit => {
-                    vramfit::score(node, demand, gpus, target, measure_now, scratch)
+                PolicyKind::Fgd | PolicyKind::Vramfit => {
+                    let after = node.view_after(demand, gpus, scratch);
+                    let growth = memo.get_or_compute(node.class, &after, target, version, measure)
+                        - measure_now;
+                    if kind == PolicyKind::Fgd {
+                        fgd::score(growth)
+                    } else {
+                        vramfit::score(node, demand, gpus, growth)
+                    }
                 }
                 PolicyKind::Random => unreachable!("random does not score"),
             };

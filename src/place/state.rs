@@ -123,6 +123,9 @@ pub struct NodeState {
     pub taints: Vec<Taint>,
     /// Changes whenever the node's free resources change; caches compare it.
     pub stamp: u64,
+    /// Nodes with the same GPU models (in order) and taints share a class:
+    /// the same free resources then mean the same measures.
+    pub class: u32,
 }
 
 impl NodeState {
@@ -187,6 +190,7 @@ impl ClusterState {
         let mut nodes = Vec::with_capacity(inventory.nodes.len());
         let mut node_by_name = HashMap::with_capacity(inventory.nodes.len());
         let mut capacity_total = 0;
+        let mut classes: HashMap<(Vec<String>, Vec<Taint>), u32> = HashMap::new();
         for (i, spec) in inventory.nodes.iter().enumerate() {
             if node_by_name.insert(spec.name.clone(), i).is_some() {
                 return Err(PlaceError::InvalidInventory(format!(
@@ -235,7 +239,14 @@ impl ClusterState {
                     .cloned()
                     .collect(),
                 stamp: i as u64,
+                class: 0,
             });
+            let key = (
+                spec.gpus.iter().map(|g| g.model.clone()).collect(),
+                nodes[i].taints.clone(),
+            );
+            let next = classes.len() as u32;
+            nodes[i].class = *classes.entry(key).or_insert(next);
         }
         let next_stamp = nodes.len() as u64;
         Ok(Self {

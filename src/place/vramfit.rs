@@ -61,21 +61,17 @@ pub(crate) fn measure(view: &NodeView, target: &TargetWorkload) -> f64 {
     m.fragmentation + m.stranding
 }
 
-/// vramfit's score of placing `demand` on `gpus` of `node`; lower is better.
-pub(crate) fn score(
-    node: &NodeState,
-    demand: &Demand,
-    gpus: GpuSet,
-    target: &TargetWorkload,
-    measure_now: f64,
-    scratch: &mut Vec<u64>,
-) -> Score {
+/// vramfit's score of placing `demand` on `gpus` of `node`, given the growth
+/// of [`measure`] it causes; lower is better.
+pub(crate) fn score(node: &NodeState, demand: &Demand, gpus: GpuSet, measure_growth: f64) -> Score {
     let cpu_cost = if demand.cpu > 0 {
-        CPU_PRICE * demand.cpu as f64 * node.gpu_free.iter().sum::<u64>() as f64 / node.cpu_free.max(1) as f64
+        CPU_PRICE * demand.cpu as f64 * node.gpu_free.iter().sum::<u64>() as f64
+            / node.cpu_free.max(1) as f64
     } else {
         0.0
     };
-    let tie = super::best_fit::score(node, demand, gpus)[0];
-    let after = node.view_after(demand, gpus, scratch);
-    [measure(&after, target) - measure_now + cpu_cost, tie]
+    [
+        measure_growth + cpu_cost,
+        super::best_fit::score(node, demand, gpus)[0],
+    ]
 }

@@ -2,4 +2,6 @@
 //! `hack/controlplane.sh`.
 
 mod api_validation;
+mod controller;
 mod controlplane;
+mod driver;

@@ -1,0 +1,362 @@
+//! The TrainingJob lifecycle against the real API server, with the real
+//! `vramfit controller` binary and a driver in place of kubelets and agents.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, PostParams};
+use serde_json::json;
+use vramfit::api::{Phase, TrainingJob};
+
+use crate::driver::{GIB, TestCluster, mlp_job};
+
+fn phase(job: &TrainingJob) -> Phase {
+    job.status.as_ref().map(|s| s.phase).unwrap_or_default()
+}
+
+fn env_of(pod: &k8s_openapi::api::core::v1::Pod) -> BTreeMap<String, String> {
+    pod.spec.as_ref().unwrap().containers[0]
+        .env
+        .as_deref()
+        .unwrap_or_default()
+        .iter()
+        .map(|v| (v.name.clone(), v.value.clone().unwrap_or_default()))
+        .collect()
+}
+
+const OOM_TEXT: &str = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.10 GiB of which 1.2 GiB is free.";
+
+#[tokio::test]
+async fn job_goes_from_apply_to_placed_running_and_succeeded() {
+    let cluster = TestCluster::new("lifecycle").await;
+    let node = cluster.add_gpu_node("n1", &[("H100-80GB", 80 * GIB)]).await;
+    let _controller = cluster.start_controller();
+    cluster.apply_job(mlp_job("mlp", 64, 8, 1, None)).await;
+
+    let job = cluster
+        .wait_job("mlp", "placement", |j| phase(j) == Phase::Placed)
+        .await;
+    let status = job.status.unwrap();
+    let placement = status.placement.expect("placement");
+    assert_eq!(placement.node, node);
+    assert_eq!(placement.gpus[0].index, 0);
+    assert!(
+        status.predicted_bytes.unwrap() > GIB,
+        "a real prediction: {:?}",
+        status.predicted
+    );
+    assert_eq!(status.prediction_source.as_deref(), Some("model"));
+    assert_eq!(status.batch_shape.as_deref(), Some("8x8"));
+    assert!(
+        status
+            .conditions
+            .iter()
+            .all(|c| c.observed_generation == Some(1))
+    );
+
+    let pod = cluster.wait_pod("mlp-a1").await;
+    let env = env_of(&pod);
+    assert_eq!(
+        pod.spec.as_ref().unwrap().node_name.as_deref(),
+        Some(node.as_str())
+    );
+    assert_eq!(env["NVIDIA_VISIBLE_DEVICES"], format!("GPU-{node}-0"));
+    assert_eq!(env["VRAMFIT_MICRO_BATCH"], "8");
+    assert_eq!(env["VRAMFIT_GRAD_ACCUM"], "8");
+    let fraction: f64 = env["VRAMFIT_MEMORY_FRACTION"].parse().unwrap();
+    assert!((fraction - placement.budget_bytes as f64 / (80 * GIB) as f64).abs() < 1e-5);
+
+    cluster.kubelet_running("mlp-a1").await;
+    cluster
+        .wait_job("mlp", "Running", |j| phase(j) == Phase::Running)
+        .await;
+    cluster.kubelet_exit("mlp-a1", 0, "").await;
+    let job = cluster
+        .wait_job("mlp", "Succeeded", |j| phase(j) == Phase::Succeeded)
+        .await;
+    assert_eq!(job.status.unwrap().history.len(), 1);
+}
+
+#[tokio::test]
+async fn two_jobs_share_one_gpu_with_enforced_fractions() {
+    let cluster = TestCluster::new("share").await;
+    let node = cluster.add_gpu_node("n1", &[("H100-80GB", 80 * GIB)]).await;
+    let _controller = cluster.start_controller();
+    cluster
+        .apply_job(mlp_job("a", 64, 8, 1, Some("30Gi")))
+        .await;
+    cluster
+        .apply_job(mlp_job("b", 64, 8, 1, Some("30Gi")))
+        .await;
+    for name in ["a", "b"] {
+        let job = cluster
+            .wait_job(name, "placement", |j| phase(j) == Phase::Placed)
+            .await;
+        let placement = job.status.unwrap().placement.unwrap();
+        assert_eq!(
+            (placement.node.as_str(), placement.gpus[0].index),
+            (node.as_str(), 0)
+        );
+        assert_eq!(placement.budget_bytes, 30 * GIB);
+        assert!((placement.memory_fraction - 0.375).abs() < 1e-9);
+    }
+}
+
+#[tokio::test]
+async fn job_larger_than_any_gpu_waits_and_is_placed_when_a_larger_gpu_appears() {
+    let cluster = TestCluster::new("toobig").await;
+    cluster.add_gpu_node("small", &[("L4", 24 * GIB)]).await;
+    let _controller = cluster.start_controller();
+    cluster
+        .apply_job(mlp_job("big", 64, 8, 1, Some("40Gi")))
+        .await;
+    let job = cluster
+        .wait_job("big", "a message", |j| {
+            j.status
+                .as_ref()
+                .and_then(|s| s.message.as_deref())
+                .is_some_and(|m| m.contains("bigger than any GPU"))
+        })
+        .await;
+    let status = job.status.unwrap();
+    assert_eq!(status.phase, Phase::Pending);
+    let message = status.message.unwrap();
+    assert!(
+        message.contains("24.0 GiB"),
+        "names the largest GPU: {message}"
+    );
+    let placed = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Placed")
+        .expect("Placed condition");
+    assert_eq!(
+        (placed.status.as_str(), placed.reason.as_str()),
+        ("False", "FitsNoNode")
+    );
+
+    let large = cluster.add_gpu_node("large", &[("H200", 141 * GIB)]).await;
+    let job = cluster
+        .wait_job("big", "placement", |j| phase(j) == Phase::Placed)
+        .await;
+    assert_eq!(job.status.unwrap().placement.unwrap().node, large);
+}
+
+#[tokio::test]
+async fn oom_halves_micro_batch_and_doubles_accumulation_in_a_new_pod() {
+    let cluster = TestCluster::new("oom").await;
+    cluster.add_gpu_node("n1", &[("H100-80GB", 80 * GIB)]).await;
+    let _controller = cluster.start_controller();
+    cluster.apply_job(mlp_job("oom", 64, 8, 1, None)).await;
+    let first = cluster
+        .wait_job("oom", "placement", |j| phase(j) == Phase::Placed)
+        .await;
+    let first_budget = first.status.unwrap().budget_bytes.unwrap();
+    cluster.wait_pod("oom-a1").await;
+    cluster.kubelet_running("oom-a1").await;
+    cluster.kubelet_exit("oom-a1", 42, OOM_TEXT).await;
+
+    let job = cluster
+        .wait_job("oom", "attempt 2 placed", |j| {
+            j.status
+                .as_ref()
+                .is_some_and(|s| s.attempt == 2 && s.phase == Phase::Placed)
+        })
+        .await;
+    let status = job.status.unwrap();
+    assert_eq!((status.micro_batch, status.grad_accum), (Some(4), Some(16)));
+    assert_eq!(status.batch_shape.as_deref(), Some("4x16"));
+    assert_eq!(
+        job.spec.batch.global, 64,
+        "the global batch is never changed"
+    );
+    assert!(
+        status.budget_bytes.unwrap() < first_budget,
+        "re-predicted for the smaller micro-batch"
+    );
+    assert_eq!(status.history[0].outcome, "OutOfMemory");
+    let pod = cluster.wait_pod("oom-a2").await;
+    let env = env_of(&pod);
+    assert_eq!(
+        (
+            env["VRAMFIT_MICRO_BATCH"].as_str(),
+            env["VRAMFIT_GRAD_ACCUM"].as_str()
+        ),
+        ("4", "16")
+    );
+    assert_eq!(env["VRAMFIT_GLOBAL_BATCH"], "64");
+}
+
+#[tokio::test]
+async fn oom_at_min_micro_fails_and_other_failures_are_not_retried() {
+    let cluster = TestCluster::new("oomfloor").await;
+    cluster.add_gpu_node("n1", &[("H100-80GB", 80 * GIB)]).await;
+    let _controller = cluster.start_controller();
+    cluster.apply_job(mlp_job("floor", 64, 4, 2, None)).await;
+    cluster.apply_job(mlp_job("crash", 64, 8, 1, None)).await;
+
+    cluster.wait_pod("floor-a1").await;
+    cluster.kubelet_exit("floor-a1", 42, OOM_TEXT).await;
+    cluster
+        .wait_job("floor", "attempt 2", |j| {
+            j.status.as_ref().is_some_and(|s| s.attempt == 2)
+        })
+        .await;
+    cluster.wait_pod("floor-a2").await;
+    cluster.kubelet_exit("floor-a2", 42, OOM_TEXT).await;
+    let job = cluster
+        .wait_job("floor", "Failed", |j| phase(j) == Phase::Failed)
+        .await;
+    let message = job.status.unwrap().message.unwrap();
+    assert!(message.contains("minMicro 2"), "{message}");
+
+    cluster.wait_pod("crash-a1").await;
+    cluster
+        .kubelet_exit("crash-a1", 1, "KeyError: 'labels'")
+        .await;
+    let job = cluster
+        .wait_job("crash", "Failed", |j| phase(j) == Phase::Failed)
+        .await;
+    let status = job.status.unwrap();
+    assert_eq!(status.attempt, 1, "an ordinary failure is not an OOM");
+    assert!(status.message.unwrap().contains("exited with code 1"));
+}
+
+#[tokio::test]
+async fn deleting_a_job_frees_its_gpu_for_the_next() {
+    let cluster = TestCluster::new("delete").await;
+    cluster.add_gpu_node("n1", &[("H100-80GB", 80 * GIB)]).await;
+    let _controller = cluster.start_controller();
+    cluster
+        .apply_job(mlp_job("first", 64, 8, 1, Some("60Gi")))
+        .await;
+    cluster
+        .wait_job("first", "placement", |j| phase(j) == Phase::Placed)
+        .await;
+    cluster.wait_pod("first-a1").await;
+    cluster
+        .apply_job(mlp_job("second", 64, 8, 1, Some("60Gi")))
+        .await;
+    let waiting = cluster
+        .wait_job("second", "a waiting message", |j| {
+            j.status
+                .as_ref()
+                .and_then(|s| s.message.as_deref())
+                .is_some_and(|m| m.contains("waiting for room"))
+        })
+        .await;
+    assert_eq!(phase(&waiting), Phase::Pending);
+
+    cluster.delete_job("first").await;
+    cluster.wait_job_gone("first").await;
+    cluster
+        .wait_job("second", "placement", |j| phase(j) == Phase::Placed)
+        .await;
+    // Without a kubelet the pod keeps its deletion timestamp instead of vanishing.
+    let pod = cluster.pods().get_opt("first-a1").await.unwrap();
+    assert!(
+        pod.is_none_or(|p| p.metadata.deletion_timestamp.is_some()),
+        "the pod is being deleted"
+    );
+}
+
+#[tokio::test]
+async fn controller_killed_mid_flight_and_restarted_places_nothing_twice() {
+    let cluster = TestCluster::new("restart").await;
+    cluster
+        .add_gpu_node("n1", &[("H100-80GB", 80 * GIB), ("H100-80GB", 80 * GIB)])
+        .await;
+    let controller = cluster.start_controller();
+    for i in 0..6 {
+        cluster
+            .apply_job(mlp_job(&format!("j{i}"), 64, 8, 1, Some("30Gi")))
+            .await;
+    }
+    // Kill it while it is placing.
+    cluster
+        .wait_job("j0", "placement", |j| phase(j) == Phase::Placed)
+        .await;
+    controller.kill();
+    let _controller = cluster.start_controller();
+    for i in 0..6 {
+        cluster
+            .wait_job(&format!("j{i}"), "a decision", |j| {
+                j.status.as_ref().is_some_and(|s| {
+                    s.placement.is_some()
+                        || s.message.as_deref().is_some_and(|m| m.contains("waiting"))
+                })
+            })
+            .await;
+    }
+    // Let the restarted controller settle, then check the ledger.
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    let jobs = cluster
+        .jobs()
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items;
+    let mut per_gpu: BTreeMap<u32, u64> = BTreeMap::new();
+    let mut placed = 0;
+    for job in &jobs {
+        if let Some(p) = job.status.as_ref().and_then(|s| s.placement.as_ref()) {
+            placed += 1;
+            *per_gpu.entry(p.gpus[0].index).or_default() += p.budget_bytes;
+        }
+    }
+    assert_eq!(placed, 4, "two 30 GiB jobs per 80 GiB GPU: {per_gpu:?}");
+    assert!(
+        per_gpu.values().all(|&b| b <= 80 * GIB),
+        "overcommitted: {per_gpu:?}"
+    );
+    let pods = cluster.pod_names().await;
+    assert_eq!(pods.len(), 4, "one pod per placed job: {pods:?}");
+}
+
+#[tokio::test]
+async fn schema_valid_but_impossible_specs_get_an_invalid_condition() {
+    let cluster = TestCluster::new("invalid").await;
+    cluster.add_gpu_node("n1", &[("H100-80GB", 80 * GIB)]).await;
+    let _controller = cluster.start_controller();
+    let mut t5 = mlp_job("t5", 64, 8, 1, None);
+    t5["spec"]["model"] =
+        json!({"huggingFace": {"seqLen": 512, "config": {"model_type": "t5", "d_model": 512}}});
+    cluster.apply_job(t5).await;
+    let mut profiled = mlp_job("profiled", 64, 8, 1, None);
+    profiled["spec"]["model"] =
+        json!({"profile": {"configMapRef": {"name": "missing", "key": "profile.json"}}});
+    cluster.apply_job(profiled).await;
+    let mut garbage = mlp_job("badprofile", 64, 8, 1, None);
+    garbage["spec"]["model"] =
+        json!({"profile": {"configMapRef": {"name": "garbage", "key": "profile.json"}}});
+    let config_maps: Api<ConfigMap> = Api::namespaced(cluster.client.clone(), &cluster.namespace);
+    let cm = serde_json::from_value(
+        json!({"metadata": {"name": "garbage"}, "data": {"profile.json": "{not json"}}),
+    )
+    .unwrap();
+    let _ = config_maps.create(&PostParams::default(), &cm).await;
+    cluster.apply_job(garbage).await;
+
+    for (name, expected) in [
+        ("t5", "model_type 't5' is not supported"),
+        ("profiled", "ConfigMap missing does not exist"),
+        ("badprofile", "profile"),
+    ] {
+        let job = cluster
+            .wait_job(name, "Failed", |j| phase(j) == Phase::Failed)
+            .await;
+        let status = job.status.unwrap();
+        let invalid = status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Invalid")
+            .expect("Invalid condition");
+        assert_eq!(invalid.status, "True");
+        assert!(
+            invalid.message.contains(expected),
+            "{name}: {}",
+            invalid.message
+        );
+        assert_eq!(invalid.observed_generation, Some(1));
+    }
+}
