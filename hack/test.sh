@@ -13,6 +13,9 @@ cargo fmt --all -- --check
 step "clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
+step "clippy (agent with the cuda feature; cudarc loads CUDA at run time, so this builds without it)"
+cargo clippy -p vramfit-agent --features cuda --all-targets --locked -- -D warnings
+
 step "control plane binaries"
 hack/controlplane.sh build
 

@@ -347,6 +347,7 @@ async fn follow_pod(
         }
         return Ok(Action::requeue(Duration::from_secs(30)));
     };
+    let before = status.clone();
     let measured = ctx.measured_for_pod(&placement.node, &namespace, &name);
     if let Some(bytes) = measured.filter(|b| Some(*b) > status.measured_peak_bytes) {
         status.measured_peak_bytes = Some(bytes);
@@ -359,7 +360,6 @@ async fn follow_pod(
     } else {
         pod_outcome(&pod)
     };
-    let before = status.clone();
     let action = match outcome {
         PodOutcome::Waiting => {
             status.phase = Phase::Placed;

@@ -254,3 +254,7 @@ impl Assignments {
         maps.waiting.retain(|(u, _), _| u != uid);
     }
 }
+
+#[cfg(test)]
+#[path = "scheduler_tests.rs"]
+mod tests;

@@ -360,3 +360,87 @@ async fn schema_valid_but_impossible_specs_get_an_invalid_condition() {
         assert_eq!(invalid.observed_generation, Some(1));
     }
 }
+
+#[tokio::test]
+async fn measured_peak_reaches_status_and_corrects_the_next_prediction_of_the_same_model() {
+    let cluster = TestCluster::new("learn").await;
+    let node = cluster.add_gpu_node("n1", &[("H100-80GB", 80 * GIB)]).await;
+    let _controller = cluster.start_controller();
+    cluster.apply_job(mlp_job("first", 64, 8, 1, None)).await;
+    let first = cluster
+        .wait_job("first", "placement", |j| phase(j) == Phase::Placed)
+        .await;
+    let predicted = first.status.unwrap().predicted_bytes.unwrap();
+    cluster.wait_pod("first-a1").await;
+    cluster.kubelet_running("first-a1").await;
+    let measured = predicted + 3 * GIB / 2;
+    cluster
+        .agent_reports_process(&node, 0, "first-a1", measured - GIB, measured)
+        .await;
+    let job = cluster
+        .wait_job("first", "the measured peak", |j| {
+            j.status.as_ref().and_then(|s| s.measured_peak_bytes) == Some(measured)
+        })
+        .await;
+    assert!(job.status.unwrap().measured.is_some());
+    cluster.kubelet_exit("first-a1", 0, "").await;
+    cluster
+        .wait_job("first", "Succeeded", |j| phase(j) == Phase::Succeeded)
+        .await;
+
+    cluster.apply_job(mlp_job("second", 64, 8, 1, None)).await;
+    let second = cluster
+        .wait_job("second", "placement", |j| phase(j) == Phase::Placed)
+        .await;
+    let status = second.status.unwrap();
+    assert_eq!(status.prediction_source.as_deref(), Some("measured"));
+    assert_eq!(status.predicted_bytes, Some(measured));
+}
+
+#[tokio::test]
+async fn two_replicas_elect_one_leader_and_the_other_takes_over_when_it_dies() {
+    let cluster = TestCluster::new("leader").await;
+    cluster.add_gpu_node("n1", &[("H100-80GB", 80 * GIB)]).await;
+    let first = cluster.start_replica("vramfit-test");
+    let second = cluster.start_replica("vramfit-test");
+    cluster
+        .apply_job(mlp_job("before", 64, 8, 1, Some("10Gi")))
+        .await;
+    cluster
+        .wait_job("before", "placement", |j| phase(j) == Phase::Placed)
+        .await;
+
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(cluster.client.clone(), &cluster.namespace);
+    let lease = leases.get("vramfit-test").await.expect("the Lease exists");
+    let holder = lease
+        .spec
+        .and_then(|s| s.holder_identity)
+        .expect("a holder");
+    let (leader, follower) = if holder == format!("vramfit-{}", first.id()) {
+        (first, second)
+    } else {
+        assert_eq!(
+            holder,
+            format!("vramfit-{}", second.id()),
+            "the holder is one of the replicas"
+        );
+        (second, first)
+    };
+    leader.kill();
+    cluster
+        .apply_job(mlp_job("after", 64, 8, 1, Some("10Gi")))
+        .await;
+    // The Lease lasts 15 s after its last renewal.
+    let job = cluster
+        .wait_job("after", "placement by the new leader", |j| {
+            phase(j) == Phase::Placed
+        })
+        .await;
+    assert_eq!(job.status.unwrap().placement.unwrap().gpus[0].index, 0);
+    let lease = leases.get("vramfit-test").await.unwrap();
+    assert_eq!(
+        lease.spec.and_then(|s| s.holder_identity),
+        Some(format!("vramfit-{}", follower.id()))
+    );
+}

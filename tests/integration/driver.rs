@@ -250,10 +250,40 @@ impl TestCluster {
             .unwrap_or_else(|e| panic!("pod {pod} status: {e}"));
     }
 
+    /// Reports a process of `pod` on GPU `gpu` of `node`, as the node agent would.
+    pub async fn agent_reports_process(
+        &self,
+        node: &str,
+        gpu: usize,
+        pod: &str,
+        used: u64,
+        peak: u64,
+    ) {
+        let gpu_nodes: Api<GpuNode> = Api::all(self.client.clone());
+        let current = gpu_nodes.get_status(node).await.expect("GpuNode");
+        let mut status = serde_json::to_value(current.status.expect("GpuNode status")).unwrap();
+        status["gpus"][gpu]["processes"] = json!([{
+            "pid": 4242, "usedBytes": used, "peakBytes": peak,
+            "podNamespace": self.namespace, "podName": pod,
+        }]);
+        status["gpus"][gpu]["usedBytes"] = json!(used);
+        self.agent_report(node, status).await;
+    }
+
     /// Starts `vramfit controller` for this test's namespace and nodes.
     pub fn start_controller(&self) -> ControllerProcess {
+        self.spawn_controller(&["--no-leader-election"])
+    }
+
+    /// Starts a replica that competes for the Lease `lease` in the test's namespace.
+    pub fn start_replica(&self, lease: &str) -> ControllerProcess {
+        self.spawn_controller(&["--lease-namespace", &self.namespace, "--lease-name", lease])
+    }
+
+    fn spawn_controller(&self, extra: &[&str]) -> ControllerProcess {
         let child = Command::new(env!("CARGO_BIN_EXE_vramfit"))
-            .args(["controller", "--no-leader-election", "--cycle-seconds", "1"])
+            .args(["controller", "--cycle-seconds", "1"])
+            .args(extra)
             .args(["--namespace", &self.namespace])
             .args([
                 "--node-selector",
@@ -280,6 +310,11 @@ pub struct ControllerProcess {
 }
 
 impl ControllerProcess {
+    /// The process id (the replica's Lease identity is `vramfit-<pid>`).
+    pub fn id(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Kills the controller at once, as a node failure would.
     pub fn kill(mut self) {
         let _ = self.child.kill();
