@@ -7,7 +7,8 @@ use clap::{Args, Subcommand};
 use super::{OutputFormat, read_text};
 use crate::place::PolicyKind;
 use crate::place::bench::{
-    PackBenchOptions, ScaleOptions, run_pack_bench, run_pack_bench_seeds, run_scale_bench,
+    PackBenchOptions, ScaleOptions, parse_vm_hwm_bytes, run_pack_bench, run_pack_bench_seeds,
+    run_scale_bench,
 };
 use crate::predict::{bench as predict_bench, gpu_profile};
 
@@ -91,13 +92,17 @@ pub fn run(command: &BenchCommand) -> anyhow::Result<String> {
         BenchCommand::Pack(args) => {
             if let Some(shape) = &args.synthetic {
                 let (nodes, gpus_per_node) = parse_synthetic(shape)?;
-                let report = run_scale_bench(&ScaleOptions {
+                let mut report = run_scale_bench(&ScaleOptions {
                     nodes,
                     gpus_per_node,
                     jobs: args.jobs,
                     seed: args.seed,
                     policy: args.policy,
                 })?;
+                // The engine is pure; the process's peak memory is read here.
+                report.peak_rss_bytes = std::fs::read_to_string("/proc/self/status")
+                    .ok()
+                    .and_then(|status| parse_vm_hwm_bytes(&status));
                 return Ok(serde_json::to_string_pretty(&report)?);
             }
             let (Some(nodes), Some(pods)) = (&args.nodes, &args.pods) else {
