@@ -36,7 +36,10 @@ pub use device::{DeviceError, DeviceMemory, DevicePtr, MemInfo, SimulatedDevice,
 pub use error::{AllocError, format_size};
 pub use expandable::ExpandableAllocator;
 pub use pytorch::PytorchAllocator;
-pub use replay::{AllocEvent, ReplayReport, replay_events, replay_snapshot, replay_snapshot_file};
+pub use replay::{
+    AllocEvent, ReplayReport, replay_events, replay_events_observed, replay_snapshot,
+    replay_snapshot_file,
+};
 pub use snapshot::{Snapshot, TraceAction, TraceEntry, parse_snapshot};
 pub use stats::{MemoryStats, Stat};
 

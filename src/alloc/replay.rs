@@ -82,7 +82,24 @@ pub struct ReplayReport {
 /// device. This is the allocator model the predictor uses: give it the
 /// tensor sizes a step allocates and frees, read `peak_reserved_bytes`.
 pub fn replay_events(events: &[AllocEvent], policy: Policy) -> Result<ReplayReport, AllocError> {
-    let outcome = run_events(events, policy, SimulatedDevice::new(REPLAY_CAPACITY), None)?;
+    replay_events_observed(events, policy, |_, _| {})
+}
+
+/// [`replay_events`], calling `observe(i, stats)` after `events[i]` has been
+/// applied, with the allocator's counters at that moment (the predictor reads
+/// what is alive when the reserved peak is reached).
+pub fn replay_events_observed(
+    events: &[AllocEvent],
+    policy: Policy,
+    mut observe: impl FnMut(usize, &MemoryStats),
+) -> Result<ReplayReport, AllocError> {
+    let outcome = run_events(
+        events,
+        policy,
+        SimulatedDevice::new(REPLAY_CAPACITY),
+        None,
+        &mut observe,
+    )?;
     Ok(outcome.into_report(policy, 0, None, 0))
 }
 
@@ -132,7 +149,7 @@ fn replay_parsed(snapshot: &Snapshot, policy: Policy) -> Result<ReplayReport, Al
         }
     }
     let (events, expected_addrs, preexisting) = events_from_trace(snapshot, device, trace);
-    let outcome = run_events(&events, policy, sim, Some(&expected_addrs))?;
+    let outcome = run_events(&events, policy, sim, Some(&expected_addrs), &mut |_, _| {})?;
     let pytorch_peak = pytorch_reserved_peak(snapshot, device, trace);
     let mut report = outcome.into_report(policy, device, Some(pytorch_peak), preexisting);
     // PyTorch's fragmentation needs PyTorch's allocated peak (its block
@@ -267,12 +284,13 @@ fn run_events(
     policy: Policy,
     device: SimulatedDevice,
     expected_addrs: Option<&[DevicePtr]>,
+    observe: &mut dyn FnMut(usize, &MemoryStats),
 ) -> Result<Outcome, AllocError> {
     let mut allocator: Box<dyn GpuAllocator> =
         new_allocator(policy, device, AllocatorConfig::default());
     let mut ptrs: HashMap<u64, DevicePtr> = HashMap::new();
     let (mut allocs, mut frees, mut matches) = (0u64, 0u64, 0u64);
-    for event in events {
+    for (index, event) in events.iter().enumerate() {
         match *event {
             AllocEvent::Alloc { id, bytes, stream } => {
                 let ptr = allocator.allocate(bytes, stream)?;
@@ -294,6 +312,7 @@ fn run_events(
                 allocator.release_cached_segment(addr)?;
             }
         }
+        observe(index, allocator.stats());
     }
     Ok(Outcome {
         stats: allocator.stats().clone(),

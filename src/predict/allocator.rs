@@ -1,22 +1,20 @@
 //! The allocator model behind the predictor: replays a tensor event sequence
 //! and reports the caching allocator's reserved peak and what was alive then.
 //!
-//! The built-in model follows PyTorch's `CUDACachingAllocator` policy closely
-//! enough for prediction (512-byte rounding; requests up to 1 MiB from 2 MiB
-//! segments; up to 10 MiB from 20 MiB segments; larger ones in their own
-//! segment rounded to 2 MiB; best fit, splitting and coalescing; nothing is
-//! ever returned to the device). It sits behind [`AllocatorModel`] so the full
-//! allocator in `src/alloc` can replace it.
+//! There is one implementation of the allocator's rules, the one in
+//! [`crate::alloc`]: [`CachingAllocatorModel`] turns the tensor events into
+//! [`AllocEvent`]s on the default stream and replays them with
+//! [`crate::alloc::replay_events_observed`] on an unlimited simulated device.
+//! With [`Policy::Pytorch`] (the default) that is PyTorch's
+//! `CUDACachingAllocator` rule by rule, the model that reproduces PyTorch's
+//! reserved peak on recorded traces (docs/allocator.md).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::HashMap;
 
+use crate::alloc::{AllocEvent, Policy, replay_events_observed};
+
+use super::PredictError;
 use super::events::{Category, TensorEvent};
-
-const SMALL_REQUEST: u64 = 1 << 20;
-const SMALL_SEGMENT: u64 = 2 << 20;
-const LARGE_SEGMENT: u64 = 20 << 20;
-const MIN_LARGE_ALLOC: u64 = 10 << 20;
-const ROUND_LARGE: u64 = 2 << 20;
 
 /// Live bytes by category at one moment.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -63,169 +61,58 @@ pub struct ReplayOutcome {
 /// An allocator model: events in, reserved peak out.
 pub trait AllocatorModel {
     /// Replays `events` from an empty cache.
-    fn replay(&self, events: &[TensorEvent]) -> ReplayOutcome;
+    fn replay(&self, events: &[TensorEvent]) -> Result<ReplayOutcome, PredictError>;
 }
 
-/// The reserved peak of `events` under the built-in PyTorch-policy model.
-pub fn reserved_peak(events: &[TensorEvent]) -> u64 {
-    CachingModel.replay(events).reserved_peak
+/// The caching allocator of [`crate::alloc`] under `policy`, every tensor on
+/// the default stream (the generated sequences and the profiles describe
+/// one stream).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CachingAllocatorModel {
+    /// Allocation policy replayed; [`Policy::Pytorch`] for predictions.
+    pub policy: Policy,
 }
 
-/// The built-in PyTorch-policy allocator model.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct CachingModel;
-
-/// PyTorch's request rounding.
-pub fn round_request(bytes: u64) -> u64 {
-    bytes.max(1).div_ceil(512) * 512
+impl CachingAllocatorModel {
+    /// PyTorch's `CUDACachingAllocator` with its default settings.
+    pub const PYTORCH: Self = Self {
+        policy: Policy::Pytorch,
+    };
 }
 
-fn segment_size(rounded: u64) -> u64 {
-    if rounded <= SMALL_REQUEST {
-        SMALL_SEGMENT
-    } else if rounded < MIN_LARGE_ALLOC {
-        LARGE_SEGMENT
-    } else {
-        rounded.div_ceil(ROUND_LARGE) * ROUND_LARGE
+/// The allocator's event for a tensor event (default stream).
+fn alloc_event(e: &TensorEvent) -> AllocEvent {
+    match *e {
+        TensorEvent::Alloc { id, bytes, .. } => AllocEvent::Alloc {
+            id: u64::from(id),
+            bytes,
+            stream: 0,
+        },
+        TensorEvent::Free { id } => AllocEvent::Free { id: u64::from(id) },
     }
 }
 
-#[derive(Clone, Copy)]
-struct Block {
-    size: u64,
-    free: bool,
-}
-
-#[derive(Default)]
-struct Pool {
-    /// (size, segment, offset) of free blocks, for best fit.
-    free: BTreeSet<(u64, usize, u64)>,
-}
-
-struct State {
-    segments: Vec<BTreeMap<u64, Block>>,
-    small: Pool,
-    large: Pool,
-    seg_small: Vec<bool>,
-    reserved: u64,
-}
-
-impl State {
-    fn pool(&mut self, small: bool) -> &mut Pool {
-        if small {
-            &mut self.small
-        } else {
-            &mut self.large
-        }
-    }
-
-    fn malloc(&mut self, bytes: u64) -> (usize, u64) {
-        let size = round_request(bytes);
-        let small = size <= SMALL_REQUEST;
-        let found = self.pool(small).free.range((size, 0, 0)..).next().copied();
-        let (seg, off, bsize) = match found {
-            Some((bsize, seg, off)) => {
-                self.pool(small).free.remove(&(bsize, seg, off));
-                (seg, off, bsize)
-            }
-            None => {
-                let s = segment_size(size);
-                self.segments.push(BTreeMap::from([(
-                    0,
-                    Block {
-                        size: s,
-                        free: true,
-                    },
-                )]));
-                self.seg_small.push(small);
-                self.reserved += s;
-                (self.segments.len() - 1, 0, s)
-            }
-        };
-        let rest = bsize - size;
-        // PyTorch splits small blocks down to 512 B and large ones only when
-        // more than 1 MiB would remain.
-        let split = if small {
-            rest >= 512
-        } else {
-            rest > SMALL_REQUEST
-        };
-        let used = if split { size } else { bsize };
-        self.segments[seg].insert(
-            off,
-            Block {
-                size: used,
-                free: false,
-            },
-        );
-        if split {
-            self.segments[seg].insert(
-                off + size,
-                Block {
-                    size: rest,
-                    free: true,
-                },
-            );
-            self.pool(small).free.insert((rest, seg, off + size));
-        }
-        (seg, off)
-    }
-
-    fn release(&mut self, seg: usize, off: u64) {
-        let small = self.seg_small[seg];
-        let mut start = off;
-        let mut size = self.segments[seg][&off].size;
-        // merge with the free neighbour after
-        if let Some((&noff, &nb)) = self.segments[seg].range(off + 1..).next()
-            && nb.free
-            && noff == off + size
-        {
-            self.segments[seg].remove(&noff);
-            self.pool(small).free.remove(&(nb.size, seg, noff));
-            size += nb.size;
-        }
-        // and before
-        if let Some((&poff, &pb)) = self.segments[seg].range(..off).next_back()
-            && pb.free
-            && poff + pb.size == off
-        {
-            self.segments[seg].remove(&off);
-            self.pool(small).free.remove(&(pb.size, seg, poff));
-            start = poff;
-            size += pb.size;
-        }
-        self.segments[seg].insert(start, Block { size, free: true });
-        self.pool(small).free.insert((size, seg, start));
-    }
-}
-
-impl AllocatorModel for CachingModel {
-    fn replay(&self, events: &[TensorEvent]) -> ReplayOutcome {
-        let mut st = State {
-            segments: Vec::new(),
-            small: Pool::default(),
-            large: Pool::default(),
-            seg_small: Vec::new(),
-            reserved: 0,
-        };
-        let mut where_: HashMap<u32, (usize, u64, u64, Category)> = HashMap::new();
+impl AllocatorModel for CachingAllocatorModel {
+    fn replay(&self, events: &[TensorEvent]) -> Result<ReplayOutcome, PredictError> {
+        let alloc_events: Vec<AllocEvent> = events.iter().map(alloc_event).collect();
+        let mut alive: HashMap<u32, (u64, Category)> = HashMap::new();
         let mut live = LiveBytes::default();
         let mut out = ReplayOutcome::default();
-        for e in events {
-            match *e {
+        let report = replay_events_observed(&alloc_events, self.policy, |i, stats| {
+            match events[i] {
                 TensorEvent::Alloc {
                     id,
                     bytes,
                     category,
                 } => {
-                    let (seg, off) = st.malloc(bytes);
-                    where_.insert(id, (seg, off, bytes, category));
+                    alive.insert(id, (bytes, category));
                     *live.slot(category) += bytes;
                     out.allocated_peak = out.allocated_peak.max(live.total());
-                    if st.reserved > out.reserved_peak {
-                        out.reserved_peak = st.reserved;
+                    let reserved = stats.reserved_bytes.current;
+                    if reserved > out.reserved_peak {
+                        out.reserved_peak = reserved;
                         out.live_at_peak = live;
-                    } else if st.reserved == out.reserved_peak
+                    } else if reserved == out.reserved_peak
                         && live.total() > out.live_at_peak.total()
                     {
                         // Report the fullest moment at the peak reservation.
@@ -233,13 +120,88 @@ impl AllocatorModel for CachingModel {
                     }
                 }
                 TensorEvent::Free { id } => {
-                    if let Some((seg, off, bytes, category)) = where_.remove(&id) {
+                    if let Some((bytes, category)) = alive.remove(&id) {
                         *live.slot(category) -= bytes;
-                        st.release(seg, off);
                     }
                 }
             }
+        })
+        .map_err(|e| PredictError::Invalid(format!("allocator replay: {e}")))?;
+        debug_assert_eq!(report.peak_reserved_bytes, out.reserved_peak);
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::alloc::{replay_events, round_request, segment_bytes_for};
+
+    const MIB: u64 = 1 << 20;
+
+    fn alloc(id: u32, bytes: u64) -> TensorEvent {
+        TensorEvent::Alloc {
+            id,
+            bytes,
+            category: Category::Activations,
         }
-        out
+    }
+
+    #[test]
+    fn the_reserved_peak_is_the_allocators() {
+        // Sizes in the three segment classes, frees that leave holes, and a
+        // request that only fits once neighbours have merged.
+        let events = vec![
+            alloc(0, 300),
+            alloc(1, 3 * MIB),
+            alloc(2, 40 * MIB + 7),
+            alloc(3, 40 * MIB),
+            TensorEvent::Free { id: 2 },
+            TensorEvent::Free { id: 3 },
+            alloc(4, 70 * MIB),
+            alloc(5, 5 * MIB),
+            TensorEvent::Free { id: 1 },
+        ];
+        let out = CachingAllocatorModel::PYTORCH.replay(&events).unwrap();
+        let direct = replay_events(
+            &events.iter().map(alloc_event).collect::<Vec<_>>(),
+            Policy::Pytorch,
+        )
+        .unwrap();
+        assert_eq!(out.reserved_peak, direct.peak_reserved_bytes);
+        // A 2 MiB small segment, a 20 MiB one (3 and 5 MiB share it), and
+        // one segment per large request: the two freed 40 MiB segments do
+        // not merge, so the 70 MiB request needs its own.
+        let expected: u64 = [300, 3 * MIB, 40 * MIB + 7, 40 * MIB, 70 * MIB]
+            .into_iter()
+            .map(|b| segment_bytes_for(round_request(b)))
+            .sum();
+        assert_eq!(out.reserved_peak, expected);
+        assert_eq!(out.allocated_peak, 300 + 3 * MIB + 80 * MIB + 7);
+    }
+
+    #[test]
+    fn live_bytes_at_the_peak_are_reported_by_category() {
+        let events = vec![
+            TensorEvent::Alloc {
+                id: 0,
+                bytes: 30 * MIB,
+                category: Category::Parameters,
+            },
+            TensorEvent::Alloc {
+                id: 1,
+                bytes: 12 * MIB,
+                category: Category::Gradients,
+            },
+            TensorEvent::Free { id: 1 },
+            alloc(2, 10 * MIB),
+        ];
+        let out = CachingAllocatorModel::PYTORCH.replay(&events).unwrap();
+        assert_eq!(out.reserved_peak, 42 * MIB);
+        // The 10 MiB request reuses the freed 12 MiB block: the peak's fullest
+        // moment is the first one.
+        assert_eq!(out.live_at_peak.parameters, 30 * MIB);
+        assert_eq!(out.live_at_peak.gradients, 12 * MIB);
+        assert_eq!(out.live_at_peak.activations, 0);
     }
 }

@@ -3,8 +3,9 @@
 //! Pure: a model description (or a captured allocation profile), the batch
 //! shape and a GPU profile in; bytes out. The analytic path generates the
 //! tensor allocations of building the model and two optimizer steps
-//! ([`events`]) and replays them through a caching-allocator model
-//! ([`allocator`]); the profile path replays a recorded sequence ([`profile`]).
+//! ([`events`]) and replays them through the PyTorch-policy caching allocator
+//! of [`crate::alloc`] ([`allocator`]); the profile path replays a recorded
+//! sequence ([`profile`]) the same way.
 //! The process's peak is the allocator's reserved peak plus the GPU's context.
 //! See docs/predictor.md.
 
@@ -21,9 +22,10 @@ pub mod profile;
 #[cfg(test)]
 mod tests;
 
+use crate::alloc::ROUND_LARGE_BYTES;
 use crate::api::{MemoryBreakdown, ModelSpec};
 
-use allocator::{AllocatorModel, CachingModel, ReplayOutcome};
+use allocator::{AllocatorModel, CachingAllocatorModel, ReplayOutcome};
 use arch::{Arch, TransformerArch};
 use events::{RunShape, training_events};
 pub use gpu::{GPU_PROFILES, GpuProfile, default_gpu, gpu_profile};
@@ -147,7 +149,7 @@ pub fn predict_model(
     job: &JobShape,
     gpu: &'static GpuProfile,
 ) -> Result<Prediction, PredictError> {
-    predict_model_with(model, job, gpu, &CachingModel)
+    predict_model_with(model, job, gpu, &CachingAllocatorModel::PYTORCH)
 }
 
 /// [`predict_model`] with a chosen allocator model.
@@ -177,7 +179,7 @@ pub fn predict_model_with(
         cublas_workspace: gpu.cublas_workspace_bytes,
     };
     let events = training_events(&arch, &run);
-    let mut outcome = alloc.replay(&events);
+    let mut outcome = alloc.replay(&events)?;
     // The fp32 logits-sized blocks of the loss (upcast, log-softmax and their
     // gradients) are the largest requests of a step; PyTorch's cache rarely
     // finds a free block that large again after the first step reshuffled its
@@ -217,9 +219,9 @@ fn loss_block_bytes(arch: &Arch, micro_batch: u32) -> u64 {
     }
 }
 
-/// Reserved memory grows in 2 MiB steps.
+/// Reserved memory grows in steps of the large-segment rounding (2 MiB).
 fn round_segment(bytes: u64) -> u64 {
-    bytes.div_ceil(2 << 20) * (2 << 20)
+    bytes.div_ceil(ROUND_LARGE_BYTES) * ROUND_LARGE_BYTES
 }
 
 /// Turns a replay into a prediction: context on top, rounding and
@@ -262,6 +264,6 @@ pub fn predict_from_profile(
     let grad_accum = job.grad_accum()?;
     let prof = profile::parse_profile(profile_text)?;
     let events = profile::profile_events(&prof, job.micro_batch)?;
-    let outcome = CachingModel.replay(&events);
+    let outcome = CachingAllocatorModel::PYTORCH.replay(&events)?;
     Ok(assemble(outcome, gpu, job.micro_batch, grad_accum))
 }

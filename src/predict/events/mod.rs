@@ -1,0 +1,292 @@
+//! One training run's tensor allocations and frees, generated from the model
+//! description: model build, then two optimizer steps (the first creates the
+//! optimizer state, the second is the steady state). Replaying the sequence
+//! through an allocator model gives the reserved peak and what is alive then.
+//!
+//! The generator is split by idea: the model build and the pieces every
+//! step shares (here), a transformer micro-step (`transformer.rs`) and its
+//! blocks (`block.rs`), an MLP micro-step (`mlp.rs`) and the optimizer step
+//! (`optimizer.rs`).
+
+mod block;
+mod mlp;
+mod optimizer;
+mod transformer;
+
+use crate::api::{Attention, Optimizer, PositionalKind, Precision, TransformerKind};
+
+use super::arch::{Arch, ParamTensor};
+
+/// What a tensor is for; the breakdown reports live bytes by category.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Category {
+    /// Weights and autocast's low-precision copies of them.
+    Parameters,
+    /// `.grad` tensors.
+    Gradients,
+    /// Optimizer state and its step temporaries.
+    Optimizer,
+    /// Saved activations, logits, loss and backward temporaries.
+    Activations,
+    /// cuBLAS workspaces.
+    Workspace,
+}
+
+/// One allocator request or release. Ids are unique within a sequence.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TensorEvent {
+    /// A tensor of `bytes` bytes is created.
+    Alloc {
+        /// Tensor id.
+        id: u32,
+        /// Requested size.
+        bytes: u64,
+        /// What it is for.
+        category: Category,
+    },
+    /// The tensor with this id is released.
+    Free {
+        /// Tensor id.
+        id: u32,
+    },
+}
+
+/// Everything about the run that decides memory, besides the model's shape.
+#[derive(Clone, Debug)]
+pub struct RunShape {
+    /// Samples per micro-step on one GPU.
+    pub micro_batch: u64,
+    /// Micro-steps per optimizer step.
+    pub grad_accum: u64,
+    /// Numeric precision mode.
+    pub precision: Precision,
+    /// Optimizer.
+    pub optimizer: Optimizer,
+    /// Activation checkpointing per block.
+    pub checkpointing: bool,
+    /// Attention implementation.
+    pub attention: Attention,
+    /// ZeRO stage (0..3).
+    pub zero_stage: u8,
+    /// GPUs the ZeRO shards spread over.
+    pub gpus: u64,
+    /// Bytes of one cuBLAS workspace (one per stream and thread that runs matmuls).
+    pub cublas_workspace: u64,
+}
+
+/// Builds event sequences with fresh ids.
+#[derive(Default)]
+pub struct Trace {
+    /// The sequence so far.
+    pub events: Vec<TensorEvent>,
+    next: u32,
+}
+
+impl Trace {
+    /// Records an allocation and returns its id. Zero-byte requests still get an id.
+    pub fn alloc(&mut self, bytes: u64, category: Category) -> u32 {
+        let id = self.next;
+        self.next += 1;
+        self.events.push(TensorEvent::Alloc {
+            id,
+            bytes,
+            category,
+        });
+        id
+    }
+    fn act(&mut self, bytes: u64) -> u32 {
+        self.alloc(bytes, Category::Activations)
+    }
+    /// Records a release.
+    pub fn free(&mut self, id: u32) {
+        self.events.push(TensorEvent::Free { id });
+    }
+    fn free_all(&mut self, ids: &mut Vec<u32>) {
+        for id in ids.drain(..) {
+            self.free(id);
+        }
+    }
+}
+
+/// Bytes per element of weights, matmul outputs and the residual stream.
+struct Dtypes {
+    weight: u64,
+    compute: u64,
+    residual: u64,
+    amp: bool,
+}
+
+impl Dtypes {
+    fn of(p: Precision) -> Self {
+        match p {
+            Precision::Fp32 => Dtypes {
+                weight: 4,
+                compute: 4,
+                residual: 4,
+                amp: false,
+            },
+            Precision::Bf16 | Precision::Fp16 => Dtypes {
+                weight: 2,
+                compute: 2,
+                residual: 2,
+                amp: false,
+            },
+            Precision::AmpBf16 | Precision::AmpFp16 => Dtypes {
+                weight: 4,
+                compute: 2,
+                residual: 4,
+                amp: true,
+            },
+        }
+    }
+}
+
+/// Generates the allocation sequence of building the model and running two
+/// optimizer steps.
+pub fn training_events(arch: &Arch, run: &RunShape) -> Vec<TensorEvent> {
+    let mut g = Gen::new(arch, run);
+    g.build();
+    for step in 0..2 {
+        for micro in 0..run.grad_accum.max(1) {
+            g.micro_step(micro == 0 && step == 0, micro == 0);
+        }
+        g.optimizer_step(step == 0);
+    }
+    g.t.events
+}
+
+struct Gen<'a> {
+    arch: &'a Arch,
+    run: &'a RunShape,
+    d: Dtypes,
+    t: Trace,
+    params: Vec<ParamTensor>,
+    param_ids: Vec<u32>,
+    grad_ids: Vec<Option<u32>>,
+    state_ids: Vec<u32>,
+    workspaces: u32,
+}
+
+impl<'a> Gen<'a> {
+    fn new(arch: &'a Arch, run: &'a RunShape) -> Self {
+        let params = arch.param_tensors();
+        let n = params.len();
+        Gen {
+            arch,
+            run,
+            d: Dtypes::of(run.precision),
+            t: Trace::default(),
+            params,
+            param_ids: Vec::new(),
+            grad_ids: vec![None; n],
+            state_ids: Vec::new(),
+            workspaces: 0,
+        }
+    }
+
+    /// Elements of a tensor held by this GPU under ZeRO sharding at `stage`.
+    fn shard(&self, numel: u64, stage: u8) -> u64 {
+        if self.run.zero_stage >= stage && self.run.gpus > 1 {
+            numel.div_ceil(self.run.gpus)
+        } else {
+            numel
+        }
+    }
+
+    fn build(&mut self) {
+        for i in 0..self.params.len() {
+            let n = self.shard(self.params[i].numel(), 3);
+            let id = self.t.alloc(n * self.d.weight, Category::Parameters);
+            self.param_ids.push(id);
+        }
+        if let Arch::Transformer(t) = self.arch {
+            if t.positional == PositionalKind::Rotary {
+                // cos and sin tables (seq x head_dim), fp32 or the pure dtype
+                for _ in 0..2 {
+                    self.t
+                        .alloc(t.seq_len * t.head_dim * self.d.weight, Category::Parameters);
+                }
+            }
+            if self.run.attention == Attention::Eager && t.kind == TransformerKind::Decoder {
+                self.t.alloc(t.seq_len * t.seq_len, Category::Activations);
+            }
+        }
+        if self.run.optimizer == Optimizer::Adagrad {
+            // Adagrad creates its sums in the constructor.
+            self.create_state();
+        }
+    }
+
+    /// A cuBLAS workspace appears at the first matmul of each thread (forward
+    /// and the autograd thread), and stays.
+    fn workspace(&mut self, which: u32) {
+        if self.workspaces <= which && self.run.cublas_workspace > 0 {
+            self.t.alloc(self.run.cublas_workspace, Category::Workspace);
+            self.workspaces = which + 1;
+        }
+    }
+
+    /// Weight gradient of parameter `i`: autocast produces it in low precision
+    /// and AccumulateGrad converts; later micro-steps add into the existing grad.
+    fn weight_grad(&mut self, i: usize) {
+        let n = self.shard(self.params[i].numel(), 2);
+        let full = self.params[i].numel();
+        let lowp = self.d.amp && self.params[i].matmul_weight;
+        match self.grad_ids[i] {
+            None => {
+                let tmp = lowp.then(|| self.t.act(full * self.d.compute));
+                self.grad_ids[i] = Some(self.t.alloc(n * self.d.weight, Category::Gradients));
+                if let Some(tmp) = tmp {
+                    self.t.free(tmp);
+                }
+            }
+            Some(_) => {
+                let tmp = self
+                    .t
+                    .act(full * if lowp { self.d.compute } else { self.d.weight });
+                let tmp2 = lowp.then(|| self.t.act(full * self.d.weight));
+                if let Some(t2) = tmp2 {
+                    self.t.free(t2);
+                }
+                self.t.free(tmp);
+            }
+        }
+    }
+
+    /// Autocast's low-precision copies of a layer's matmul weights.
+    fn cast_weights(&mut self, layer: Option<u32>) -> Vec<u32> {
+        if !self.d.amp {
+            return Vec::new();
+        }
+        let sizes: Vec<u64> = self
+            .params
+            .iter()
+            .filter(|p| p.layer == layer && p.matmul_weight)
+            .map(|p| p.numel() * self.d.compute)
+            .collect();
+        sizes
+            .into_iter()
+            .map(|b| self.t.alloc(b, Category::Parameters))
+            .collect()
+    }
+
+    fn grads_of_layer(&mut self, layer: Option<u32>) {
+        let idx: Vec<usize> = (0..self.params.len())
+            .filter(|&i| self.params[i].layer == layer)
+            .collect();
+        for i in idx.into_iter().rev() {
+            self.weight_grad(i);
+        }
+    }
+
+    fn micro_step(&mut self, first_ever: bool, _first_of_step: bool) {
+        let _ = first_ever;
+        match self.arch {
+            Arch::Mlp { layers, hidden } => self.mlp_micro_step(*layers, *hidden),
+            Arch::Transformer(t) => {
+                let t = t.clone();
+                self.transformer_micro_step(&t);
+            }
+        }
+    }
+}
