@@ -2,7 +2,9 @@
 
 use thiserror::Error;
 
-use super::device::{DeviceError, DevicePtr};
+use super::config::AllocatorConfig;
+use super::device::{DeviceError, DeviceMemory, DevicePtr};
+use super::stats::MemoryStats;
 
 /// Why an allocation, a free or a replay failed.
 #[derive(Debug, Error)]
@@ -68,6 +70,27 @@ pub(crate) struct OomFacts {
 }
 
 impl OomFacts {
+    /// Counts the out-of-memory event in `stats` and gathers what the message
+    /// reports about the device, the limit and the allocator.
+    pub(crate) fn record<D: DeviceMemory>(
+        stats: &mut MemoryStats,
+        device: &D,
+        config: &AllocatorConfig,
+        requested: u64,
+    ) -> Self {
+        stats.num_ooms += 1;
+        let info = device.mem_info();
+        Self {
+            device_index: config.device_index,
+            requested,
+            device_total: info.total,
+            device_free: info.free,
+            allowed: config.allowed_bytes(info.total),
+            allocated: stats.allocated_bytes.current,
+            reserved: stats.reserved_bytes.current,
+        }
+    }
+
     /// The error, worded as PyTorch words it so that people and tools that
     /// know PyTorch's message read ours without surprise.
     pub(crate) fn into_error(self) -> AllocError {

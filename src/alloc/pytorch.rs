@@ -306,18 +306,7 @@ impl<D: DeviceMemory> PytorchAllocator<D> {
     }
 
     fn out_of_memory(&mut self, size: u64) -> AllocError {
-        self.stats.num_ooms += 1;
-        let info = self.device.mem_info();
-        OomFacts {
-            device_index: self.config.device_index,
-            requested: size,
-            device_total: info.total,
-            device_free: info.free,
-            allowed: self.config.allowed_bytes(info.total),
-            allocated: self.stats.allocated_bytes.current,
-            reserved: self.stats.reserved_bytes.current,
-        }
-        .into_error()
+        OomFacts::record(&mut self.stats, &self.device, &self.config, size).into_error()
     }
 }
 
