@@ -44,6 +44,13 @@ use scheduler::{
 /// Finalizer that releases a job's placement and pod.
 pub const FINALIZER: &str = "vramfit.dev/release-placement";
 
+/// Reconciles that run at once. Each one talks to the API server; without a
+/// bound, a burst of new jobs opens one connection and one request per job.
+const RECONCILE_CONCURRENCY: u16 = 32;
+
+/// Pause after a wake-up before the scheduling cycle runs.
+const CYCLE_BATCH_WINDOW: Duration = Duration::from_millis(100);
+
 /// How the controller runs.
 #[derive(Clone, Debug)]
 pub struct ControllerOptions {
@@ -174,7 +181,9 @@ pub async fn run(client: Client, options: ControllerOptions) -> Result<()> {
     }
     let (gpu_nodes, gpu_node_writer) = reflector::store::<GpuNode>();
     let (nodes, node_writer) = reflector::store::<Node>();
-    let controller = Controller::new(jobs_api, watcher::Config::default());
+    let controller = Controller::new(jobs_api, watcher::Config::default()).with_config(
+        kube::runtime::controller::Config::default().concurrency(RECONCILE_CONCURRENCY),
+    );
     let jobs = controller.store();
     let ctx = Arc::new(Context {
         client: client.clone(),
@@ -209,10 +218,17 @@ pub async fn run(client: Client, options: ControllerOptions) -> Result<()> {
         let jobs = jobs.clone();
         tokio::spawn(async move {
             let mut stream = std::pin::pin!(gpu_node_stream);
+            // Most updates are heartbeats; the jobs on a node only read its
+            // processes and OOM reports, so they are re-run when those change.
+            let mut seen: HashMap<String, u64> = HashMap::new();
             while let Some(event) = stream.next().await {
                 if let Ok(gpu_node) = event {
                     ctx.wake_scheduler();
                     let name = gpu_node.name_any();
+                    let fingerprint = job_facing_fingerprint(&gpu_node);
+                    if seen.insert(name.clone(), fingerprint) == Some(fingerprint) {
+                        continue;
+                    }
                     for job in jobs.state() {
                         if recorded(&job).is_some_and(|p| p.node == name) {
                             let _ = trigger.unbounded_send(ObjectRef::from_obj(job.as_ref()));
@@ -253,6 +269,24 @@ pub async fn run(client: Client, options: ControllerOptions) -> Result<()> {
         })
         .await;
     Ok(())
+}
+
+/// Hash of what the reconciles of the jobs on a node read from its `GpuNode`:
+/// per-process usage (measured peaks) and the agent's OOM reports.
+fn job_facing_fingerprint(gpu_node: &GpuNode) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    if let Some(status) = gpu_node.status.as_ref() {
+        for gpu in &status.gpus {
+            serde_json::to_string(&gpu.processes)
+                .unwrap_or_default()
+                .hash(&mut hasher);
+        }
+        serde_json::to_string(&status.oom_reports)
+            .unwrap_or_default()
+            .hash(&mut hasher);
+    }
+    hasher.finish()
 }
 
 async fn scheduling_loop(
@@ -331,6 +365,9 @@ async fn scheduling_loop(
             _ = ctx.wake.notified() => {}
             _ = tokio::time::sleep(options.cycle_interval) => {}
         }
+        // Wake-ups come in bursts (one per predicted job); a short pause lets
+        // one cycle take the whole burst instead of one cycle per wake-up.
+        tokio::time::sleep(CYCLE_BATCH_WINDOW).await;
     }
 }
 

@@ -27,6 +27,9 @@ use super::{Context, FINALIZER};
 use crate::api::{AttemptRecord, Phase, TrainingJob, TrainingJobStatus};
 use crate::{Error, Result};
 
+/// Resync period of a job whose pod waits or runs.
+const POD_RESYNC: Duration = Duration::from_secs(300);
+
 /// Reconciles one TrainingJob.
 pub async fn reconcile(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action> {
     let namespace = job.namespace().unwrap_or_default();
@@ -266,8 +269,10 @@ async fn record_placement(
         message,
     )
     .await;
-    // The next reconcile (triggered by this write) creates the pod.
-    Ok(Action::requeue(Duration::from_secs(1)))
+    // The next reconcile, triggered by this write's watch event, creates the
+    // pod. A short requeue here would run on the cached object from before the
+    // write whenever the watch lags, and write the placement again.
+    Ok(Action::requeue(Duration::from_secs(30)))
 }
 
 async fn report_waiting(
@@ -360,14 +365,16 @@ async fn follow_pod(
     } else {
         pod_outcome(&pod)
     };
+    // Pod changes and the node agent's reports trigger reconciles of their
+    // own; the requeue is only a slow resync, not a poll of the pod.
     let action = match outcome {
         PodOutcome::Waiting => {
             status.phase = Phase::Placed;
-            Action::requeue(Duration::from_secs(30))
+            Action::requeue(POD_RESYNC)
         }
         PodOutcome::Running => {
             status.phase = Phase::Running;
-            Action::requeue(Duration::from_secs(30))
+            Action::requeue(POD_RESYNC)
         }
         PodOutcome::Succeeded => {
             finish(job, ctx, &mut status, Phase::Succeeded, "Succeeded", None).await;

@@ -23,6 +23,10 @@ pub struct GpuProfile {
     /// One cuBLAS workspace, allocated through the caching allocator per
     /// stream and thread that runs matmuls (PyTorch's default for the arch).
     pub cublas_workspace_bytes: u64,
+    /// Bytes a process adds outside the caching allocator once it joins an
+    /// NCCL communicator (jobs with `gpus` > 1): NCCL's channel buffers, its
+    /// proxy and the kernels it loads.
+    pub nccl_bytes: u64,
     /// Measured or estimated.
     pub provenance: Provenance,
 }
@@ -43,6 +47,10 @@ pub const GPU_PROFILES: &[GpuProfile] = &[
         capacity_bytes: 143_771 * MIB,
         context_bytes: 758 * MIB,
         cublas_workspace_bytes: HOPPER_WORKSPACE,
+        // Measured on two NVLink-connected H200s (NCCL of PyTorch 2.11, NVLS off):
+        // NVML per-process usage minus memory_reserved() rises from 758 MiB to
+        // 1600-1604 MiB in all 13 runs of data/calibration/h200x2-zero.jsonl.
+        nccl_bytes: 846 * MIB,
         provenance: Provenance::Measured,
     },
     GpuProfile {
@@ -50,6 +58,7 @@ pub const GPU_PROFILES: &[GpuProfile] = &[
         capacity_bytes: 81_559 * MIB,
         context_bytes: 758 * MIB,
         cublas_workspace_bytes: HOPPER_WORKSPACE,
+        nccl_bytes: 846 * MIB,
         provenance: Provenance::Estimated,
     },
     GpuProfile {
@@ -57,6 +66,7 @@ pub const GPU_PROFILES: &[GpuProfile] = &[
         capacity_bytes: 81_920 * MIB,
         context_bytes: 600 * MIB,
         cublas_workspace_bytes: PRE_HOPPER_WORKSPACE,
+        nccl_bytes: 600 * MIB,
         provenance: Provenance::Estimated,
     },
     GpuProfile {
@@ -64,6 +74,7 @@ pub const GPU_PROFILES: &[GpuProfile] = &[
         capacity_bytes: 40_960 * MIB,
         context_bytes: 600 * MIB,
         cublas_workspace_bytes: PRE_HOPPER_WORKSPACE,
+        nccl_bytes: 600 * MIB,
         provenance: Provenance::Estimated,
     },
     GpuProfile {
@@ -71,6 +82,7 @@ pub const GPU_PROFILES: &[GpuProfile] = &[
         capacity_bytes: 46_068 * MIB,
         context_bytes: 560 * MIB,
         cublas_workspace_bytes: PRE_HOPPER_WORKSPACE,
+        nccl_bytes: 600 * MIB,
         provenance: Provenance::Estimated,
     },
     GpuProfile {
@@ -78,6 +90,7 @@ pub const GPU_PROFILES: &[GpuProfile] = &[
         capacity_bytes: 23_034 * MIB,
         context_bytes: 520 * MIB,
         cublas_workspace_bytes: PRE_HOPPER_WORKSPACE,
+        nccl_bytes: 600 * MIB,
         provenance: Provenance::Estimated,
     },
     GpuProfile {
@@ -85,6 +98,7 @@ pub const GPU_PROFILES: &[GpuProfile] = &[
         capacity_bytes: 15_360 * MIB,
         context_bytes: 420 * MIB,
         cublas_workspace_bytes: PRE_HOPPER_WORKSPACE,
+        nccl_bytes: 600 * MIB,
         provenance: Provenance::Estimated,
     },
 ];

@@ -189,7 +189,7 @@ pub fn predict_model_with(
     if outcome.allocated_peak + slack > outcome.reserved_peak {
         outcome.reserved_peak = round_segment(outcome.allocated_peak + slack);
     }
-    let mut p = assemble(outcome, gpu, job.micro_batch, grad_accum);
+    let mut p = assemble(outcome, gpu, job, grad_accum);
     p.parameters = model.parameters.unwrap_or_else(|| arch.parameter_count());
     if let Some(declared) = model.parameters {
         // An override scales the parameter-proportional parts.
@@ -224,14 +224,22 @@ fn round_segment(bytes: u64) -> u64 {
     bytes.div_ceil(ROUND_LARGE_BYTES) * ROUND_LARGE_BYTES
 }
 
+/// Memory of the process outside the caching allocator: the CUDA context and
+/// libraries, plus NCCL's when the job spans more than one GPU.
+pub fn context_bytes(gpu: &GpuProfile, gpus: u32) -> u64 {
+    gpu.context_bytes + if gpus > 1 { gpu.nccl_bytes } else { 0 }
+}
+
 /// Turns a replay into a prediction: context on top, rounding and
 /// fragmentation as the allocator overhead.
 fn assemble(
     o: ReplayOutcome,
     gpu: &'static GpuProfile,
-    micro_batch: u32,
+    job: &JobShape,
     grad_accum: u32,
 ) -> Prediction {
+    let micro_batch = job.micro_batch;
+    let context = context_bytes(gpu, job.gpus);
     let live = o.live_at_peak;
     let breakdown = MemoryBreakdown {
         parameters: live.parameters,
@@ -239,11 +247,11 @@ fn assemble(
         optimizer: live.optimizer,
         activations: live.activations,
         workspace: live.workspace,
-        context: gpu.context_bytes,
+        context,
         allocator_overhead: o.reserved_peak.saturating_sub(live.total()),
     };
     Prediction {
-        peak_bytes: o.reserved_peak + gpu.context_bytes,
+        peak_bytes: o.reserved_peak + context,
         reserved_bytes: o.reserved_peak,
         allocated_bytes: o.allocated_peak,
         breakdown,
@@ -265,5 +273,5 @@ pub fn predict_from_profile(
     let prof = profile::parse_profile(profile_text)?;
     let events = profile::profile_events(&prof, job.micro_batch)?;
     let outcome = CachingAllocatorModel::PYTORCH.replay(&events)?;
-    Ok(assemble(outcome, gpu, job.micro_batch, grad_accum))
+    Ok(assemble(outcome, gpu, job, grad_accum))
 }

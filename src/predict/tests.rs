@@ -7,6 +7,7 @@ use super::*;
 use crate::api::{Attention, HuggingFaceSpec, ModelSpec, TransformerSpec};
 
 const CALIBRATION: &str = include_str!("../../data/calibration/h200.jsonl");
+const ZERO_CALIBRATION: &str = include_str!("../../data/calibration/h200x2-zero.jsonl");
 const GPT2_PROFILE: &str =
     include_str!("../../data/profiles/gpt2s-s1024-b8-ampbf16-adamw.profile.json");
 const LLAMA_PROFILE: &str =
@@ -117,6 +118,81 @@ fn malformed_profiles_are_rejected_with_the_reason() {
 }
 
 #[test]
+fn every_two_gpu_zero_line_is_predicted_within_fifteen_percent() {
+    let report = bench_predict(ZERO_CALIBRATION, None).unwrap();
+    assert!(report.rows.len() >= 12);
+    for r in &report.rows {
+        assert!(
+            r.relative_error.abs() <= 0.15,
+            "{}: {:+.1}%",
+            r.name,
+            100.0 * r.relative_error
+        );
+    }
+    let fit = error_stats(&report.rows, Some("fit"));
+    assert!(fit.median <= 0.04 && fit.p90 <= 0.07, "{fit:?}");
+}
+
+fn two_gpus(micro: u32) -> JobShape {
+    JobShape {
+        gpus: 2,
+        global_batch: 2 * micro,
+        micro_batch: micro,
+    }
+}
+
+#[test]
+fn zero3_on_two_gpus_saves_about_half_of_the_model_state_of_ddp() {
+    let mut model = gpt2_small();
+    model.precision = crate::api::Precision::Fp32;
+    let ddp = predict_model(&model, &two_gpus(1), default_gpu()).unwrap();
+    model.zero_stage = 3;
+    let z3 = predict_model(&model, &two_gpus(1), default_gpu()).unwrap();
+    // fp32 AdamW: 4 (weights) + 4 (grads) + 8 (state) bytes per parameter;
+    // ZeRO-3 over two GPUs keeps half, DDP also holds its 4-byte buckets.
+    let state = 16 * 124_439_808_u64;
+    let saved = ddp.peak_bytes as f64 - z3.peak_bytes as f64;
+    assert!(
+        saved > 0.4 * state as f64 && saved < 0.85 * state as f64,
+        "saved {saved} of {state}: {ddp:?} vs {z3:?}"
+    );
+}
+
+#[test]
+fn ddp_holds_a_flat_copy_of_the_gradients_and_nccl_memory() {
+    let model = gpt2_small();
+    let one = predict_model(&model, &one_gpu(1), default_gpu()).unwrap();
+    let two = predict_model(&model, &two_gpus(1), default_gpu()).unwrap();
+    let gpu = default_gpu();
+    assert_eq!(one.breakdown.context, gpu.context_bytes);
+    assert_eq!(two.breakdown.context, gpu.context_bytes + gpu.nccl_bytes);
+    // amp-bf16 keeps fp32 gradients: the buckets add 4 bytes per parameter.
+    let buckets = 4 * 124_439_808_u64;
+    assert!(
+        two.peak_bytes >= one.peak_bytes + gpu.nccl_bytes + buckets - (4 << 20),
+        "{two:?} vs {one:?}"
+    );
+}
+
+#[test]
+fn fsdp_stage2_gathers_every_block_until_backward_stage3_one_at_a_time() {
+    let mut model = gpt2_small();
+    model.zero_stage = 2;
+    let z2 = predict_model(&model, &two_gpus(8), default_gpu()).unwrap();
+    model.zero_stage = 3;
+    let z3 = predict_model(&model, &two_gpus(8), default_gpu()).unwrap();
+    // At the loss, stage 2 holds every block's gathered fp32 weights
+    // (85M parameters in the blocks), stage 3 none of them.
+    let blocks = 4 * 12 * 7_087_872_u64;
+    let diff = z2.breakdown.parameters - z3.breakdown.parameters;
+    assert!(
+        diff + (64 << 20) >= blocks && diff <= blocks + (64 << 20),
+        "{diff} vs {blocks}"
+    );
+    assert!(z2.peak_bytes > z3.peak_bytes);
+}
+
+#[test]
 fn zero3_shards_parameters_gradients_and_optimizer_over_gpus() {
     let mut model = gpt2_small();
     let single = predict_model(&model, &one_gpu(1), default_gpu()).unwrap();
@@ -129,8 +205,10 @@ fn zero3_shards_parameters_gradients_and_optimizer_over_gpus() {
     let sharded = predict_model(&model, &job, default_gpu()).unwrap();
     let persistent =
         |p: &Prediction| p.breakdown.parameters + p.breakdown.gradients + p.breakdown.optimizer;
+    // Over 4 GPUs the shards are a quarter; the root unit (embedding table
+    // and head) stays gathered at the loss, so less than half in all.
     assert!(
-        persistent(&sharded) * 3 < persistent(&single),
+        persistent(&sharded) * 2 < persistent(&single),
         "{sharded:?} vs {single:?}"
     );
     assert!(sharded.peak_bytes < single.peak_bytes);

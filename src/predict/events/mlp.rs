@@ -10,6 +10,7 @@ impl Gen<'_> {
         let (c, inb) = (d.compute, if d.amp { 4 } else { d.weight });
         let x = self.t.act(b * hidden * inb);
         let y = self.t.act(b * hidden * 4);
+        self.fsdp_gather(None);
         let mut saved = vec![x];
         let mut casts = Vec::new();
         let mut input_cast = None;
@@ -51,6 +52,8 @@ impl Gen<'_> {
         if let Some(ic) = input_cast {
             self.t.free(ic);
         }
+        self.fsdp_post_backward(None);
+        self.fsdp_end_backward();
         for id in [x, y, loss] {
             self.t.free(id);
         }

@@ -12,6 +12,9 @@ mod block;
 mod mlp;
 mod optimizer;
 mod transformer;
+mod zero;
+
+use std::collections::BTreeMap;
 
 use crate::api::{Attention, Optimizer, PositionalKind, Precision, TransformerKind};
 
@@ -165,6 +168,12 @@ struct Gen<'a> {
     grad_ids: Vec<Option<u32>>,
     state_ids: Vec<u32>,
     workspaces: u32,
+    /// FSDP: each gathered unit's full parameters.
+    gathered: BTreeMap<Option<u32>, Vec<u32>>,
+    /// FSDP: each unit's full-size gradients awaiting the reduce-scatter.
+    unsharded_grads: BTreeMap<Option<u32>, Vec<u32>>,
+    /// FSDP: the last reduce-scatter input, freed at the next one.
+    rs_input: Option<u32>,
 }
 
 impl<'a> Gen<'a> {
@@ -181,6 +190,9 @@ impl<'a> Gen<'a> {
             grad_ids: vec![None; n],
             state_ids: Vec::new(),
             workspaces: 0,
+            gathered: BTreeMap::new(),
+            unsharded_grads: BTreeMap::new(),
+            rs_input: None,
         }
     }
 
@@ -195,10 +207,12 @@ impl<'a> Gen<'a> {
 
     fn build(&mut self) {
         for i in 0..self.params.len() {
-            let n = self.shard(self.params[i].numel(), 3);
+            // FSDP (stages 2 and 3) keeps only this GPU's shard.
+            let n = self.shard(self.params[i].numel(), 2);
             let id = self.t.alloc(n * self.d.weight, Category::Parameters);
             self.param_ids.push(id);
         }
+        self.ddp_buckets();
         if let Arch::Transformer(t) = self.arch {
             if t.positional == PositionalKind::Rotary {
                 // cos and sin tables (seq x head_dim), fp32 or the pure dtype
@@ -232,6 +246,15 @@ impl<'a> Gen<'a> {
         let n = self.shard(self.params[i].numel(), 2);
         let full = self.params[i].numel();
         let lowp = self.d.amp && self.params[i].matmul_weight;
+        if self.fsdp() {
+            // Full-size until the unit's reduce-scatter (zero.rs).
+            let tmp = lowp.then(|| self.t.act(full * self.d.compute));
+            self.fsdp_unsharded_grad(i, full * self.d.weight);
+            if let Some(tmp) = tmp {
+                self.t.free(tmp);
+            }
+            return;
+        }
         match self.grad_ids[i] {
             None => {
                 let tmp = lowp.then(|| self.t.act(full * self.d.compute));

@@ -13,6 +13,7 @@ impl Gen<'_> {
         let (h, r, c) = (t.hidden, self.d.residual, self.d.compute);
         let idx = self.t.act(n * 8);
         let tgt = self.t.act(n * 8);
+        self.fsdp_gather(None);
         // embeddings: gather, then add positions (and token types + norm for BERT)
         let emb = self.t.act(n * h * self.d.weight);
         let mut x = emb;
@@ -32,9 +33,11 @@ impl Gen<'_> {
         let mut layer_saved: Vec<Vec<u32>> = Vec::new();
         let mut layer_casts: Vec<Vec<u32>> = Vec::new();
         for l in 0..t.layers {
+            self.fsdp_gather(Some(l as u32));
             let casts = self.cast_weights(Some(l as u32));
             self.workspace(0);
             let (saved, out) = self.block_forward(t, n, x);
+            self.fsdp_post_forward(Some(l as u32));
             if self.run.checkpointing {
                 // Only the block input is kept; everything else is recomputed.
                 let mut s = saved;
@@ -105,6 +108,7 @@ impl Gen<'_> {
         for l in (0..t.layers).rev() {
             let mut saved = layer_saved.pop().expect("saved per layer");
             let mut casts = layer_casts.pop().expect("casts per layer");
+            self.fsdp_pre_backward(l as u32);
             if self.run.checkpointing {
                 casts = self.cast_weights(Some(l as u32));
                 let (s, out) = self.block_forward(t, n, saved[0]);
@@ -114,6 +118,7 @@ impl Gen<'_> {
             g = self.block_backward(t, n, g, &mut saved);
             self.grads_of_layer(Some(l as u32));
             self.t.free_all(&mut casts);
+            self.fsdp_post_backward(Some(l as u32));
             self.t.free(x_in_of_next);
             x_in_of_next = saved.pop().unwrap_or(u32::MAX);
             debug_assert!(saved.is_empty());
@@ -124,6 +129,8 @@ impl Gen<'_> {
         let table = self.t.act(t.vocab * h * self.d.weight);
         self.t.free(g);
         self.t.free(table);
+        self.fsdp_post_backward(None);
+        self.fsdp_end_backward();
         for id in [idx, tgt, loss] {
             self.t.free(id);
         }
