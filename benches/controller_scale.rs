@@ -473,31 +473,14 @@ impl Seen {
 }
 
 fn install_crds(kubeconfig: &Path) -> Result<()> {
-    let status = Command::new("kubectl")
-        .env("KUBECONFIG", kubeconfig)
-        .args(["apply", "--server-side", "--force-conflicts", "-f"])
-        .arg(repo_root().join("crds"))
-        .stdout(Stdio::null())
+    let status = Command::new("bash")
+        .arg(repo_root().join("hack/controlplane.sh"))
+        .args(["crds", "--kubeconfig"])
+        .arg(kubeconfig)
         .status()
-        .context("running kubectl")?;
+        .context("running hack/controlplane.sh")?;
     if !status.success() {
         bail!("installing crds/ failed");
-    }
-    let status = Command::new("kubectl")
-        .env("KUBECONFIG", kubeconfig)
-        .args([
-            "wait",
-            "--for",
-            "condition=established",
-            "--timeout=60s",
-            "crd/trainingjobs.vramfit.dev",
-            "crd/gpunodes.vramfit.dev",
-        ])
-        .stdout(Stdio::null())
-        .status()
-        .context("running kubectl")?;
-    if !status.success() {
-        bail!("the CRDs did not become established");
     }
     Ok(())
 }

@@ -7,6 +7,7 @@
 #   hack/controlplane.sh up   [--dir D]   start in the background, print the kubeconfig path
 #   hack/controlplane.sh run  [--dir D]   start in the foreground; stops both on TERM/INT
 #   hack/controlplane.sh down [--dir D]   stop what `up` started
+#   hack/controlplane.sh crds [--kubeconfig K]   install crds/ and wait until they are served
 #
 # Binaries go to $VRAMFIT_BIN (default ~/.cache/vramfit/bin), outside the clone, so a
 # fresh clone reuses them. The state folder defaults to ~/.cache/vramfit/controlplane.
@@ -143,11 +144,20 @@ stop() {
   rm -f "$dir/ready"
 }
 
+install_crds() {
+  local kubeconfig=$1
+  KUBECONFIG=$kubeconfig kubectl apply --server-side --force-conflicts -f "$here/../crds" >/dev/null
+  KUBECONFIG=$kubeconfig kubectl wait --for condition=established --timeout=60s \
+    crd/trainingjobs.vramfit.dev crd/gpunodes.vramfit.dev >/dev/null
+}
+
 cmd=${1:-}
 shift || true
+kubeconfig_arg=
 while [[ $# -gt 0 ]]; do
   case $1 in
     --dir) dir=$2; shift 2 ;;
+    --kubeconfig) kubeconfig_arg=$2; shift 2 ;;
     *) log "unknown argument $1"; exit 2 ;;
   esac
 done
@@ -170,5 +180,6 @@ case $cmd in
     exit 1
     ;;
   down) stop ;;
-  *) sed -n '2,13p' "$0"; exit 2 ;;
+  crds) install_crds "${kubeconfig_arg:-$dir/kubeconfig}" ;;
+  *) sed -n '2,14p' "$0"; exit 2 ;;
 esac

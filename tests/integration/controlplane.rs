@@ -93,29 +93,13 @@ fn start_control_plane() -> PathBuf {
 }
 
 fn install_crds(kubeconfig: &Path) {
-    let crds = repo_root().join("crds");
-    let status = Command::new("kubectl")
-        .env("KUBECONFIG", kubeconfig)
-        .args(["apply", "--server-side", "--force-conflicts", "-f"])
-        .arg(&crds)
-        .stdout(Stdio::null())
+    let status = Command::new("bash")
+        .arg(repo_root().join("hack/controlplane.sh"))
+        .args(["crds", "--kubeconfig"])
+        .arg(kubeconfig)
         .status()
-        .expect("kubectl runs");
+        .expect("hack/controlplane.sh runs");
     assert!(status.success(), "installing crds/ failed");
-    let status = Command::new("kubectl")
-        .env("KUBECONFIG", kubeconfig)
-        .args([
-            "wait",
-            "--for",
-            "condition=established",
-            "--timeout=60s",
-            "crd/trainingjobs.vramfit.dev",
-            "crd/gpunodes.vramfit.dev",
-        ])
-        .stdout(Stdio::null())
-        .status()
-        .expect("kubectl runs");
-    assert!(status.success(), "CRDs did not become established");
 }
 
 /// A client for the shared control plane.
