@@ -107,10 +107,16 @@ pub struct Context {
     pub assignments: Assignments,
     jobs: Store<TrainingJob>,
     gpu_nodes: Store<GpuNode>,
+    pods: Store<Pod>,
     wake: Notify,
 }
 
 impl Context {
+    /// The training pod `name` in `namespace`, as the pod watch last saw it.
+    pub fn cached_pod(&self, namespace: &str, name: &str) -> Option<Arc<Pod>> {
+        self.pods.get(&ObjectRef::new(name).within(namespace))
+    }
+
     /// Asks for a scheduling cycle soon.
     pub fn wake_scheduler(&self) {
         self.wake.notify_one();
@@ -181,6 +187,15 @@ pub async fn run(client: Client, options: ControllerOptions) -> Result<()> {
     }
     let (gpu_nodes, gpu_node_writer) = reflector::store::<GpuNode>();
     let (nodes, node_writer) = reflector::store::<Node>();
+    // The training pods, cached: their changes trigger the owning job's
+    // reconcile, and the reconcile reads them from here instead of the API.
+    let (pods, pod_writer) = reflector::store::<Pod>();
+    let pod_stream = watcher(pods_api, watcher::Config::default().labels(pod::JOB_LABEL))
+        .default_backoff()
+        // Nothing reads managedFields; dropping them keeps the cache small.
+        .modify(|pod| pod.metadata.managed_fields = None)
+        .reflect(pod_writer)
+        .touched_objects();
     let controller = Controller::new(jobs_api, watcher::Config::default()).with_config(
         kube::runtime::controller::Config::default().concurrency(RECONCILE_CONCURRENCY),
     );
@@ -198,6 +213,7 @@ pub async fn run(client: Client, options: ControllerOptions) -> Result<()> {
         assignments: Assignments::default(),
         jobs: jobs.clone(),
         gpu_nodes: gpu_nodes.clone(),
+        pods: pods.clone(),
         wake: Notify::new(),
     });
     let (trigger, triggers) = futures::channel::mpsc::unbounded::<ObjectRef<TrainingJob>>();
@@ -258,7 +274,7 @@ pub async fn run(client: Client, options: ControllerOptions) -> Result<()> {
 
     tracing::info!(namespace = ?options.namespace, policy = ?options.policy, "controller started");
     controller
-        .owns(pods_api, watcher::Config::default().labels(pod::JOB_LABEL))
+        .owns_stream(pod_stream)
         .reconcile_on(triggers)
         .shutdown_on_signal()
         .run(reconcile::reconcile, reconcile::error_policy, ctx)

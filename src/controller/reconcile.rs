@@ -327,7 +327,9 @@ async fn follow_pod(
     let namespace = job.namespace().unwrap_or_default();
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
     let name = pod_name(&job.name_any(), placement.attempt);
-    let Some(pod) = pods.get_opt(&name).await.map_err(Error::Kube)? else {
+    // A pod missing from the cache is created; if the cache only lags, the
+    // create answers AlreadyExists and the pod's watch event brings us back.
+    let Some(pod) = ctx.cached_pod(&namespace, &name) else {
         let shape = BatchShape {
             micro: status.micro_batch.unwrap_or(job.spec.batch.micro),
             accum: status.grad_accum.unwrap_or(1),
