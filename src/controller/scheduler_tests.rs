@@ -43,6 +43,20 @@ fn one_gpu_cluster(capacity: u64) -> ClusterView {
     view
 }
 
+/// A placement of `budget` on GPU 0 of `n1` (a 100 GiB GPU).
+fn on_gpu0(budget: u64) -> PlacementStatus {
+    PlacementStatus {
+        node: "n1".into(),
+        gpus: vec![AssignedGpu {
+            index: 0,
+            uuid: "GPU-0".into(),
+        }],
+        budget_bytes: budget,
+        memory_fraction: budget as f64 / (100 * GIB) as f64,
+        attempt: 1,
+    }
+}
+
 fn placed_names(verdicts: &[(String, Verdict)]) -> Vec<&str> {
     verdicts
         .iter()
@@ -94,16 +108,7 @@ fn recorded_placements_and_pending_assignments_count_in_the_ledger() {
     let view = one_gpu_cluster(100 * GIB);
     let mut running = job("running", 0, "2026-01-01T00:00:00Z", 60 * GIB);
     let status = running.status.as_mut().unwrap();
-    status.placement = Some(PlacementStatus {
-        node: "n1".into(),
-        gpus: vec![AssignedGpu {
-            index: 0,
-            uuid: "GPU-0".into(),
-        }],
-        budget_bytes: 60 * GIB,
-        memory_fraction: 0.6,
-        attempt: 1,
-    });
+    status.placement = Some(on_gpu0(60 * GIB));
     let waiting = job("waiting", 0, "2026-01-02T00:00:00Z", 50 * GIB);
     let ledger = recorded_placements([&running]);
     assert_eq!(ledger.len(), 1);
@@ -127,16 +132,7 @@ fn recorded_placements_and_pending_assignments_count_in_the_ledger() {
     // An assignment the job's status does not show yet still holds its room.
     let assignments = Assignments::default();
     let assigned = job("assigned", 0, "2026-01-01T00:00:00Z", 60 * GIB);
-    let placement = PlacementStatus {
-        node: "n1".into(),
-        gpus: vec![AssignedGpu {
-            index: 0,
-            uuid: "GPU-0".into(),
-        }],
-        budget_bytes: 60 * GIB,
-        memory_fraction: 0.6,
-        attempt: 1,
-    };
+    let placement = on_gpu0(60 * GIB);
     assert!(assignments.record("uid-assigned", 1, Verdict::Place(placement)));
     let ledger = assignments.pending_ledger(&[&assigned, &waiting]);
     assert_eq!(ledger.len(), 1, "kept until status shows it");

@@ -241,9 +241,8 @@ fn eager_attention_adds_the_sequence_squared_scores() {
     );
 }
 
-#[test]
-fn unknown_hugging_face_model_types_name_the_supported_ones() {
-    let config = serde_json::json!({"model_type": "t5", "d_model": 512});
+/// The predictor's error for a Hugging Face model given by `config`.
+fn hugging_face_error(config: serde_json::Value) -> String {
     let model = ModelSpec {
         hugging_face: Some(HuggingFaceSpec {
             config: config.as_object().unwrap().clone(),
@@ -251,9 +250,15 @@ fn unknown_hugging_face_model_types_name_the_supported_ones() {
         }),
         ..ModelSpec::default()
     };
-    let err = predict_model(&model, &one_gpu(1), default_gpu())
+    predict_model(&model, &one_gpu(1), default_gpu())
         .unwrap_err()
-        .to_string();
+        .to_string()
+}
+
+#[test]
+fn unknown_hugging_face_model_types_name_the_supported_ones() {
+    let config = serde_json::json!({"model_type": "t5", "d_model": 512});
+    let err = hugging_face_error(config);
     assert_eq!(
         err,
         "huggingFace.config.model_type 't5' is not supported (supported: gpt2, llama, mistral, qwen2, bert)"
@@ -263,16 +268,7 @@ fn unknown_hugging_face_model_types_name_the_supported_ones() {
 #[test]
 fn missing_hugging_face_fields_are_named() {
     let config = serde_json::json!({"model_type": "llama", "hidden_size": 512});
-    let model = ModelSpec {
-        hugging_face: Some(HuggingFaceSpec {
-            config: config.as_object().unwrap().clone(),
-            seq_len: 512,
-        }),
-        ..ModelSpec::default()
-    };
-    let err = predict_model(&model, &one_gpu(1), default_gpu())
-        .unwrap_err()
-        .to_string();
+    let err = hugging_face_error(config);
     assert!(
         err.contains("huggingFace.config.num_attention_heads is missing"),
         "{err}"
