@@ -21,6 +21,8 @@ pub mod profile;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod diag_tmp;
 
 use crate::alloc::ROUND_LARGE_BYTES;
 use crate::api::{MemoryBreakdown, ModelSpec};
