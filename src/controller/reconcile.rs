@@ -17,7 +17,7 @@ use super::budget::attempt_budget;
 use super::exit::{PodOutcome, pod_outcome};
 use super::pod::{pod_name, training_pod};
 use super::quantity::human_bytes;
-use super::scheduler::{Verdict, current_attempt, recorded};
+use super::scheduler::{Verdict, recorded};
 use super::signature::model_signature;
 use super::status::{
     CONDITION_COMPLETE, CONDITION_INVALID, CONDITION_PLACED, publish, reason, set_condition,
@@ -51,17 +51,38 @@ pub fn error_policy(_job: Arc<TrainingJob>, error: &Error, _ctx: Arc<Context>) -
 }
 
 async fn apply(job: &TrainingJob, ctx: &Context) -> Result<Action> {
-    let status = job.status.clone().unwrap_or_default();
+    let mut status = job.status.clone().unwrap_or_default();
+    let uid = job.uid().unwrap_or_default();
+    let spec_changed = status.observed_generation.is_some()
+        && status.observed_generation != job.metadata.generation;
     if status.phase.is_terminal() {
-        return Ok(Action::await_change());
+        // A job that failed validation starts over once its spec is fixed;
+        // a job that ran keeps its outcome.
+        if !(spec_changed && is_invalid(&status)) {
+            return Ok(Action::await_change());
+        }
+        status = TrainingJobStatus {
+            conditions: status.conditions,
+            ..TrainingJobStatus::default()
+        };
     }
     let api: Api<TrainingJob> =
         Api::namespaced(ctx.client.clone(), &job.namespace().unwrap_or_default());
-    let attempt = current_attempt(job);
+    let attempt = status.attempt.max(1);
+    let placed = recorded(job).is_some() && !status.phase.is_terminal();
+    if spec_changed && !placed {
+        // A waiting job is predicted again from its new spec; a decision the
+        // cycle made for the old budget no longer holds. A placed job keeps
+        // running as it was placed.
+        ctx.assignments.forget(&uid);
+        if attempt == 1 {
+            status.micro_batch = None;
+        }
+        return predict(job, &api, ctx, status, attempt).await;
+    }
     if status.budget_bytes.is_none() || status.attempt == 0 {
         return predict(job, &api, ctx, status, attempt).await;
     }
-    let uid = job.uid().unwrap_or_default();
     let placement = match recorded(job) {
         Some(placement) => placement.clone(),
         None => match ctx.assignments.placement(&uid, attempt) {
@@ -70,6 +91,13 @@ async fn apply(job: &TrainingJob, ctx: &Context) -> Result<Action> {
         },
     };
     follow_pod(job, &api, ctx, status, &placement).await
+}
+
+fn is_invalid(status: &TrainingJobStatus) -> bool {
+    status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == CONDITION_INVALID && c.status == "True")
 }
 
 /// Predicts the current attempt's budget and writes it; the cycle places the

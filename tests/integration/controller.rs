@@ -444,3 +444,60 @@ async fn two_replicas_elect_one_leader_and_the_other_takes_over_when_it_dies() {
         Some(format!("vramfit-{}", follower.id()))
     );
 }
+
+#[tokio::test]
+async fn a_waiting_job_is_predicted_again_when_its_spec_changes() {
+    let cluster = TestCluster::new("respec").await;
+    cluster.add_gpu_node("n1", &[("L4", 24 * GIB)]).await;
+    let _controller = cluster.start_controller();
+    cluster
+        .apply_job(mlp_job("shrink", 64, 8, 1, Some("40Gi")))
+        .await;
+    cluster
+        .wait_job("shrink", "a FitsNoNode message", |j| {
+            j.status
+                .as_ref()
+                .and_then(|s| s.message.as_deref())
+                .is_some_and(|m| m.contains("bigger than any GPU"))
+        })
+        .await;
+    cluster
+        .apply_job(mlp_job("shrink", 64, 8, 1, Some("16Gi")))
+        .await;
+    let job = cluster
+        .wait_job("shrink", "placement", |j| phase(j) == Phase::Placed)
+        .await;
+    let status = job.status.unwrap();
+    assert_eq!(status.budget_bytes, Some(16 * GIB));
+    assert_eq!(status.observed_generation, Some(2));
+}
+
+#[tokio::test]
+async fn an_invalid_job_starts_over_once_its_spec_is_fixed() {
+    let cluster = TestCluster::new("fixspec").await;
+    cluster.add_gpu_node("n1", &[("H100-80GB", 80 * GIB)]).await;
+    let _controller = cluster.start_controller();
+    let mut broken = mlp_job("fixme", 64, 8, 1, None);
+    broken["spec"]["model"] =
+        json!({"huggingFace": {"seqLen": 512, "config": {"model_type": "t5"}}});
+    cluster.apply_job(broken).await;
+    cluster
+        .wait_job("fixme", "Failed", |j| phase(j) == Phase::Failed)
+        .await;
+
+    cluster.apply_job(mlp_job("fixme", 64, 8, 1, None)).await;
+    let job = cluster
+        .wait_job("fixme", "placement", |j| phase(j) == Phase::Placed)
+        .await;
+    let status = job.status.unwrap();
+    let invalid = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Invalid")
+        .unwrap();
+    assert_eq!(
+        (invalid.status.as_str(), invalid.observed_generation),
+        ("False", Some(2))
+    );
+    cluster.wait_pod("fixme-a1").await;
+}
