@@ -1,6 +1,7 @@
 //! Probe results and the rules that judge them.
 
 use serde::{Deserialize, Serialize};
+use vramfit::api::{GpuHealth, ProbeStatus};
 
 /// Share of the expected copy bandwidth under which a GPU counts as throttled.
 pub const THROTTLE_SHARE: f64 = 0.7;
@@ -29,6 +30,33 @@ pub struct ProbeResult {
     pub duration_ms: f64,
     /// Human summary (why not ok, when not).
     pub message: String,
+}
+
+impl ProbeResult {
+    /// The probe as `GpuNode.status.gpus[].probe` carries it, stamped with
+    /// the time it ran (RFC 3339).
+    pub fn to_status(&self, time: String) -> ProbeStatus {
+        ProbeStatus {
+            ok: self.ok,
+            bandwidth_gbps: self.bandwidth_gbps,
+            tested_bytes: self.tested_bytes,
+            errors: self.errors,
+            time: Some(time),
+            message: Some(self.message.clone()),
+        }
+    }
+
+    /// The health the `GpuNode` status reports for this probe: memory errors
+    /// make a GPU faulty, a slow copy only degraded.
+    pub fn health(&self) -> GpuHealth {
+        if self.errors > 0 {
+            GpuHealth::Faulty
+        } else if self.ok {
+            GpuHealth::Healthy
+        } else {
+            GpuHealth::Degraded
+        }
+    }
 }
 
 /// Device-to-device copy rate (read + write) a healthy GPU of this model
@@ -98,6 +126,29 @@ mod tests {
             errors,
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn probe_results_map_to_gpu_node_health() {
+        let healthy = ProbeResult {
+            ok: true,
+            ..ProbeResult::default()
+        };
+        let slow = ProbeResult {
+            ok: false,
+            ..ProbeResult::default()
+        };
+        let broken = ProbeResult {
+            ok: false,
+            errors: 3,
+            ..ProbeResult::default()
+        };
+        assert_eq!(healthy.health(), GpuHealth::Healthy);
+        assert_eq!(slow.health(), GpuHealth::Degraded);
+        assert_eq!(broken.health(), GpuHealth::Faulty);
+        let status = broken.to_status("2026-11-30T00:00:00Z".into());
+        assert_eq!((status.ok, status.errors), (false, 3));
+        assert_eq!(status.time.as_deref(), Some("2026-11-30T00:00:00Z"));
     }
 
     #[test]
