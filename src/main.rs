@@ -1,3 +1,6 @@
+//! The `vramfit` command: the controller, the predictor, the benchmarks and the
+//! allocator tools in one binary.
+
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
