@@ -3,7 +3,7 @@
 //!
 //! There is one implementation of the allocator's rules, the one in
 //! [`crate::alloc`]: [`CachingAllocatorModel`] turns the tensor events into
-//! [`AllocEvent`]s on the default stream and replays them with
+//! [`AllocEvent`]s on their streams and replays them with
 //! [`crate::alloc::replay_events_observed`] on an unlimited simulated device.
 //! With [`Policy::Pytorch`] (the default) that is PyTorch's
 //! `CUDACachingAllocator` rule by rule, the model that reproduces PyTorch's
@@ -56,6 +56,11 @@ pub struct ReplayOutcome {
     pub allocated_peak: u64,
     /// Requested bytes alive, by category, when the reserved peak was reached.
     pub live_at_peak: LiveBytes,
+    /// When the allocated peak was (last) reached: bytes the pools of the streams
+    /// other than the default one held unused, counted as each such
+    /// stream's highest live bytes so far minus its live bytes then. Those
+    /// blocks cannot serve a default-stream request.
+    pub idle_other_streams_at_allocated_peak: u64,
 }
 
 /// An allocator model: events in, reserved peak out.
@@ -64,9 +69,9 @@ pub trait AllocatorModel {
     fn replay(&self, events: &[TensorEvent]) -> Result<ReplayOutcome, PredictError>;
 }
 
-/// The caching allocator of [`crate::alloc`] under `policy`, every tensor on
-/// the default stream (the generated sequences and the profiles describe
-/// one stream).
+/// The caching allocator of [`crate::alloc`] under `policy`, each tensor on
+/// its event's stream (FSDP's communication buffers on their own streams,
+/// everything else, and every profile event, on the default stream).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CachingAllocatorModel {
     /// Allocation policy replayed; [`Policy::Pytorch`] for predictions.
@@ -80,13 +85,15 @@ impl CachingAllocatorModel {
     };
 }
 
-/// The allocator's event for a tensor event (default stream).
+/// The allocator's event for a tensor event, on the tensor's stream.
 fn alloc_event(e: &TensorEvent) -> AllocEvent {
     match *e {
-        TensorEvent::Alloc { id, bytes, .. } => AllocEvent::Alloc {
+        TensorEvent::Alloc {
+            id, bytes, stream, ..
+        } => AllocEvent::Alloc {
             id: u64::from(id),
             bytes,
-            stream: 0,
+            stream: stream.id(),
         },
         TensorEvent::Free { id } => AllocEvent::Free { id: u64::from(id) },
     }
@@ -95,8 +102,10 @@ fn alloc_event(e: &TensorEvent) -> AllocEvent {
 impl AllocatorModel for CachingAllocatorModel {
     fn replay(&self, events: &[TensorEvent]) -> Result<ReplayOutcome, PredictError> {
         let alloc_events: Vec<AllocEvent> = events.iter().map(alloc_event).collect();
-        let mut alive: HashMap<u32, (u64, Category)> = HashMap::new();
+        let mut alive: HashMap<u32, (u64, Category, u64)> = HashMap::new();
         let mut live = LiveBytes::default();
+        // Live bytes and their running maximum per non-default stream.
+        let mut by_stream: HashMap<u64, (u64, u64)> = HashMap::new();
         let mut out = ReplayOutcome::default();
         let report = replay_events_observed(&alloc_events, self.policy, |i, stats| {
             match events[i] {
@@ -104,10 +113,21 @@ impl AllocatorModel for CachingAllocatorModel {
                     id,
                     bytes,
                     category,
+                    stream,
                 } => {
-                    alive.insert(id, (bytes, category));
+                    let stream = stream.id();
+                    alive.insert(id, (bytes, category, stream));
                     *live.slot(category) += bytes;
-                    out.allocated_peak = out.allocated_peak.max(live.total());
+                    if stream != 0 {
+                        let (now, max) = by_stream.entry(stream).or_default();
+                        *now += bytes;
+                        *max = (*max).max(*now);
+                    }
+                    if live.total() >= out.allocated_peak {
+                        out.allocated_peak = live.total();
+                        out.idle_other_streams_at_allocated_peak =
+                            by_stream.values().map(|(now, max)| max - now).sum();
+                    }
                     let reserved = stats.reserved_bytes.current;
                     if reserved > out.reserved_peak {
                         out.reserved_peak = reserved;
@@ -120,8 +140,11 @@ impl AllocatorModel for CachingAllocatorModel {
                     }
                 }
                 TensorEvent::Free { id } => {
-                    if let Some((bytes, category)) = alive.remove(&id) {
+                    if let Some((bytes, category, stream)) = alive.remove(&id) {
                         *live.slot(category) -= bytes;
+                        if let Some((now, _)) = by_stream.get_mut(&stream) {
+                            *now -= bytes;
+                        }
                     }
                 }
             }
@@ -136,6 +159,7 @@ impl AllocatorModel for CachingAllocatorModel {
 mod tests {
     use super::*;
     use crate::alloc::{replay_events, round_request, segment_bytes_for};
+    use crate::predict::events::Stream;
 
     const MIB: u64 = 1 << 20;
 
@@ -144,6 +168,7 @@ mod tests {
             id,
             bytes,
             category: Category::Activations,
+            stream: Stream::Default,
         }
     }
 
@@ -181,17 +206,48 @@ mod tests {
     }
 
     #[test]
+    fn a_block_cached_for_another_stream_is_not_reused() {
+        let on = |id, stream| TensorEvent::Alloc {
+            id,
+            bytes: 30 * MIB,
+            category: Category::Gradients,
+            stream,
+        };
+        let events = vec![
+            on(0, Stream::ReduceScatter),
+            TensorEvent::Free { id: 0 },
+            on(1, Stream::Default),
+        ];
+        let out = CachingAllocatorModel::PYTORCH.replay(&events).unwrap();
+        // Each stream has its own pool: the freed 30 MiB block stays cached
+        // for the reduce-scatter stream and sits idle at the allocated peak.
+        assert_eq!(out.reserved_peak, 60 * MIB);
+        assert_eq!(out.allocated_peak, 30 * MIB);
+        assert_eq!(out.idle_other_streams_at_allocated_peak, 30 * MIB);
+        let same = vec![
+            on(0, Stream::Default),
+            TensorEvent::Free { id: 0 },
+            on(1, Stream::Default),
+        ];
+        let out = CachingAllocatorModel::PYTORCH.replay(&same).unwrap();
+        assert_eq!(out.reserved_peak, 30 * MIB);
+        assert_eq!(out.idle_other_streams_at_allocated_peak, 0);
+    }
+
+    #[test]
     fn live_bytes_at_the_peak_are_reported_by_category() {
         let events = vec![
             TensorEvent::Alloc {
                 id: 0,
                 bytes: 30 * MIB,
                 category: Category::Parameters,
+                stream: Stream::Default,
             },
             TensorEvent::Alloc {
                 id: 1,
                 bytes: 12 * MIB,
                 category: Category::Gradients,
+                stream: Stream::Default,
             },
             TensorEvent::Free { id: 1 },
             alloc(2, 10 * MIB),

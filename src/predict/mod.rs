@@ -21,8 +21,6 @@ pub mod profile;
 
 #[cfg(test)]
 mod tests;
-#[cfg(test)]
-mod diag_tmp;
 
 use crate::alloc::ROUND_LARGE_BYTES;
 use crate::api::{MemoryBreakdown, ModelSpec};
@@ -187,7 +185,11 @@ pub fn predict_model_with(
     // finds a free block that large again after the first step reshuffled its
     // segments, so one more such block stays reserved. Fitted on the `fit`
     // split of data/calibration/h200.jsonl.
-    let slack = loss_block_bytes(&arch, job.micro_batch);
+    // That block is in the default stream's pool; blocks cached then for
+    // other streams (FSDP's all-gather and reduce-scatter buffers) cannot
+    // hold it, so they come on top.
+    let slack =
+        loss_block_bytes(&arch, job.micro_batch) + outcome.idle_other_streams_at_allocated_peak;
     if outcome.allocated_peak + slack > outcome.reserved_peak {
         outcome.reserved_peak = round_segment(outcome.allocated_peak + slack);
     }

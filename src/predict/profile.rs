@@ -5,7 +5,7 @@
 use serde::Deserialize;
 
 use super::PredictError;
-use super::events::{Category, TensorEvent};
+use super::events::{Category, Stream, TensorEvent};
 
 /// The only format version understood.
 pub const PROFILE_FORMAT: &str = "vramfit.profile/v1";
@@ -83,6 +83,7 @@ pub fn profile_events(p: &Profile, micro_batch: u32) -> Result<Vec<TensorEvent>,
                 id,
                 bytes,
                 category: Category::Activations,
+                stream: Stream::Default,
             });
         } else {
             let id = (-(e + 1)) as usize;

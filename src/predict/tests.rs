@@ -118,19 +118,151 @@ fn malformed_profiles_are_rejected_with_the_reason() {
 }
 
 #[test]
-fn every_two_gpu_zero_line_is_predicted_within_fifteen_percent() {
+fn every_two_gpu_zero_line_is_predicted_within_twelve_percent() {
     let report = bench_predict(ZERO_CALIBRATION, None).unwrap();
     assert!(report.rows.len() >= 12);
     for r in &report.rows {
         assert!(
-            r.relative_error.abs() <= 0.15,
+            r.relative_error.abs() <= 0.12,
             "{}: {:+.1}%",
             r.name,
             100.0 * r.relative_error
         );
     }
     let fit = error_stats(&report.rows, Some("fit"));
-    assert!(fit.median <= 0.04 && fit.p90 <= 0.07, "{fit:?}");
+    assert!(fit.median <= 0.04 && fit.p90 <= 0.055, "{fit:?}");
+    assert!(fit.under_predictions.is_empty(), "{fit:?}");
+}
+
+/// The events of a small GPT-style model, two blocks, under amp on two GPUs.
+fn two_block_events(
+    zero_stage: u8,
+    gpus: u64,
+) -> (Vec<events::TensorEvent>, Vec<arch::ParamTensor>) {
+    let mut model = gpt2_small();
+    let t = model.transformer.as_mut().unwrap();
+    (t.layers, t.hidden, t.heads, t.vocab, t.seq_len) = (2, 64, 4, 1000, 32);
+    let arch = resolve_arch(&model).unwrap();
+    let run = events::RunShape {
+        micro_batch: 2,
+        grad_accum: 1,
+        precision: crate::api::Precision::AmpBf16,
+        optimizer: crate::api::Optimizer::AdamW,
+        checkpointing: false,
+        attention: Attention::Sdpa,
+        zero_stage,
+        gpus,
+        cublas_workspace: 1 << 20,
+    };
+    (events::training_events(&arch, &run), arch.param_tensors())
+}
+
+/// (allocations, largest number alive at once) of each stream's tensors.
+fn per_stream(
+    evs: &[events::TensorEvent],
+) -> std::collections::HashMap<events::Stream, (usize, usize)> {
+    use events::TensorEvent;
+    let mut stream_of = std::collections::HashMap::new();
+    let mut out: std::collections::HashMap<events::Stream, (usize, usize, usize)> =
+        std::collections::HashMap::new();
+    for e in evs {
+        match *e {
+            TensorEvent::Alloc { id, stream, .. } => {
+                stream_of.insert(id, stream);
+                let s = out.entry(stream).or_default();
+                s.0 += 1;
+                s.1 += 1;
+                s.2 = s.2.max(s.1);
+            }
+            TensorEvent::Free { id } => {
+                if let Some(stream) = stream_of.remove(&id) {
+                    out.get_mut(&stream).unwrap().1 -= 1;
+                }
+            }
+        }
+    }
+    out.into_iter()
+        .map(|(k, (n, _, max))| (k, (n, max)))
+        .collect()
+}
+
+#[test]
+fn only_fsdp_uses_the_all_gather_and_reduce_scatter_streams() {
+    use events::{Stream, TensorEvent};
+    for (stage, gpus) in [(0, 1), (3, 1), (0, 2), (1, 2)] {
+        let (evs, _) = two_block_events(stage, gpus);
+        assert!(
+            evs.iter().all(
+                |e| !matches!(e, TensorEvent::Alloc { stream, .. } if *stream != Stream::Default)
+            ),
+            "stage {stage} on {gpus} GPUs"
+        );
+    }
+    // Two optimizer steps of one micro-step each; three units (root, two
+    // blocks). Stage 2 gathers each unit once per step, stage 3 gathers the
+    // blocks again for backward; every unit is reduce-scattered once.
+    for (stage, gathers) in [(2, 3), (3, 5)] {
+        let (evs, params) = two_block_events(stage, 2);
+        let s = per_stream(&evs);
+        assert_eq!(s[&Stream::AllGather].0, 2 * gathers, "stage {stage}");
+        assert_eq!(s[&Stream::ReduceScatter].0, 2 * 3, "stage {stage}");
+        // The reduce-scatter outputs are the sharded gradients: one per unit
+        // alive at the optimizer step, half the model's fp32 bytes in all.
+        assert_eq!(s[&Stream::ReduceScatter].1, 3, "stage {stage}");
+        let shard: u64 = params.iter().map(|p| p.numel().div_ceil(2) * 4).sum();
+        let rs: u64 = evs
+            .iter()
+            .take_while(|e| matches!(e, TensorEvent::Alloc { .. } | TensorEvent::Free { .. }))
+            .filter_map(|e| match *e {
+                TensorEvent::Alloc {
+                    bytes,
+                    stream: Stream::ReduceScatter,
+                    ..
+                } => Some(bytes),
+                _ => None,
+            })
+            .sum();
+        assert_eq!(rs, 2 * shard, "stage {stage}");
+        // In forward a unit's flat all-gather output is kept until the next
+        // unit's copy-out, so two are alive at once, never more.
+        assert_eq!(s[&Stream::AllGather].1, 2, "stage {stage}");
+    }
+}
+
+#[test]
+fn fsdp_stream_pools_come_on_top_of_the_default_streams_reserve() {
+    let mut model = gpt2_small();
+    model.zero_stage = 2;
+    let arch = resolve_arch(&model).unwrap();
+    let job = two_gpus(8);
+    let p = predict_model(&model, &job, default_gpu()).unwrap();
+    let run = events::RunShape {
+        micro_batch: 8,
+        grad_accum: 1,
+        precision: model.precision,
+        optimizer: model.optimizer,
+        checkpointing: false,
+        attention: model.attention,
+        zero_stage: 2,
+        gpus: 2,
+        cublas_workspace: default_gpu().cublas_workspace_bytes,
+    };
+    let out = CachingAllocatorModel::PYTORCH
+        .replay(&events::training_events(&arch, &run))
+        .unwrap();
+    // At the allocated peak (the loss of the second step) the reduce-scatter
+    // pool holds the freed sharded gradients of the first step: at least
+    // half the model's fp32 gradients sit idle outside the default pool.
+    assert!(
+        out.idle_other_streams_at_allocated_peak >= 2 * 124_439_808,
+        "{out:?}"
+    );
+    let floor =
+        out.allocated_peak + loss_block_bytes(&arch, 8) + out.idle_other_streams_at_allocated_peak;
+    assert_eq!(
+        p.reserved_bytes,
+        out.reserved_peak.max(round_segment(floor))
+    );
 }
 
 fn two_gpus(micro: u32) -> JobShape {

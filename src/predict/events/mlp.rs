@@ -27,6 +27,7 @@ impl Gen<'_> {
         }
         let out_f = (c != 4).then(|| self.t.act(b * hidden * 4));
         let loss = self.t.act(512);
+        self.fsdp_end_forward();
         // backward
         let mut grad = self.t.act(b * hidden * 4);
         if let Some(o) = out_f {

@@ -35,6 +35,33 @@ pub enum Category {
     Workspace,
 }
 
+/// The CUDA stream a tensor is allocated on. The caching allocator keeps the
+/// free blocks of each stream in their own pool: a block cached for one
+/// stream is never handed to a request of another.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Stream {
+    /// The default stream: the model's compute, autograd, the optimizer.
+    #[default]
+    Default,
+    /// FSDP's all-gather copy-in stream, where each unit's flat all-gather
+    /// output (whose slice is the all-gather input) is allocated.
+    AllGather,
+    /// FSDP's reduce-scatter stream, where each unit's flat reduce-scatter
+    /// output (the sharded gradients) is allocated.
+    ReduceScatter,
+}
+
+impl Stream {
+    /// The allocator's stream id.
+    pub fn id(self) -> u64 {
+        match self {
+            Stream::Default => 0,
+            Stream::AllGather => 1,
+            Stream::ReduceScatter => 2,
+        }
+    }
+}
+
 /// One allocator request or release. Ids are unique within a sequence.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TensorEvent {
@@ -46,6 +73,8 @@ pub enum TensorEvent {
         bytes: u64,
         /// What it is for.
         category: Category,
+        /// Stream it is allocated on.
+        stream: Stream,
     },
     /// The tensor with this id is released.
     Free {
@@ -86,14 +115,20 @@ pub struct Trace {
 }
 
 impl Trace {
-    /// Records an allocation and returns its id. Zero-byte requests still get an id.
+    /// Records an allocation on the default stream and returns its id.
+    /// Zero-byte requests still get an id.
     pub fn alloc(&mut self, bytes: u64, category: Category) -> u32 {
+        self.alloc_on(bytes, category, Stream::Default)
+    }
+    /// Records an allocation on `stream` and returns its id.
+    pub fn alloc_on(&mut self, bytes: u64, category: Category, stream: Stream) -> u32 {
         let id = self.next;
         self.next += 1;
         self.events.push(TensorEvent::Alloc {
             id,
             bytes,
             category,
+            stream,
         });
         id
     }
@@ -170,6 +205,12 @@ struct Gen<'a> {
     workspaces: u32,
     /// FSDP: each gathered unit's full parameters.
     gathered: BTreeMap<Option<u32>, Vec<u32>>,
+    /// FSDP: all-gathers issued and not yet copied out (prefetches), by unit:
+    /// the flat all-gather output.
+    issued: BTreeMap<Option<u32>, u32>,
+    /// FSDP: the flat all-gather output of the last unit gathered in forward,
+    /// freed at the next copy-out in forward (or at the end of the forward).
+    deferred_flat: Option<u32>,
     /// FSDP: each unit's full-size gradients awaiting the reduce-scatter.
     unsharded_grads: BTreeMap<Option<u32>, Vec<u32>>,
     /// FSDP: the last reduce-scatter input, freed at the next one.
@@ -191,6 +232,8 @@ impl<'a> Gen<'a> {
             state_ids: Vec::new(),
             workspaces: 0,
             gathered: BTreeMap::new(),
+            issued: BTreeMap::new(),
+            deferred_flat: None,
             unsharded_grads: BTreeMap::new(),
             rs_input: None,
         }

@@ -82,7 +82,9 @@ impl Gen<'_> {
         let lsm = self.t.act(n * v * 4);
         self.t.free(lsm_in);
         let loss = self.t.act(512);
+        self.fsdp_end_forward();
         // backward through the loss
+        self.fsdp_root_pre_backward(t.layers.checked_sub(1).map(|l| l as u32));
         self.workspace(1);
         let g_lsm = self.t.act(n * v * 4);
         let g_logits = self.t.act(n * v * 4);

@@ -12,9 +12,12 @@
 //! again for backward, with the next unit prefetched) or after its backward
 //! (stage 2, and the root always). Its gradients are computed at full size and
 //! reduce-scattered into one flat shard; the reduce-scatter input lives until
-//! the next unit's reduce-scatter.
+//! the next unit's reduce-scatter. As in FSDP2, the flat all-gather outputs
+//! are allocated on the all-gather stream and the reduce-scatter outputs (the
+//! sharded gradients) on the reduce-scatter stream, each with its own pool in
+//! the caching allocator; everything else is on the default stream.
 
-use super::{Category, Gen};
+use super::{Category, Gen, Stream};
 
 /// DDP's default bucket cap, and the smaller cap of its first bucket.
 const BUCKET_BYTES: u64 = 25 << 20;
@@ -67,31 +70,65 @@ impl Gen<'_> {
             .collect()
     }
 
-    /// All-gathers a unit's parameters unless they are gathered: the flat
-    /// input (this GPU's shards) and output, copied out into one tensor per
-    /// parameter that lives until the unit reshards.
+    /// Bytes of a unit's flat shard: this GPU's share of every parameter.
+    fn unit_shard_bytes(&self, idx: &[usize]) -> u64 {
+        idx.iter()
+            .map(|&i| self.params[i].numel().div_ceil(self.run.gpus) * self.d.weight)
+            .sum()
+    }
+
+    /// Forward pre-hook of a unit: all-gathers its parameters unless they are
+    /// gathered, and copies them out.
     pub(super) fn fsdp_gather(&mut self, unit: Option<u32>) {
-        if !self.fsdp() || self.gathered.contains_key(&unit) {
+        self.fsdp_issue_gather(unit);
+        self.fsdp_copy_out(unit, true);
+    }
+
+    /// Issues a unit's all-gather unless it is gathered or issued: the flat
+    /// output (`gpus` shards; this GPU's slice of it is the all-gather
+    /// input, no separate tensor) is allocated on the all-gather stream.
+    fn fsdp_issue_gather(&mut self, unit: Option<u32>) {
+        if !self.fsdp() || self.gathered.contains_key(&unit) || self.issued.contains_key(&unit) {
             return;
         }
         let idx = self.unit_params(unit);
         if idx.is_empty() {
             return;
         }
+        let flat = self.unit_shard_bytes(&idx) * self.run.gpus;
+        let id = self
+            .t
+            .alloc_on(flat, Category::Parameters, Stream::AllGather);
+        self.issued.insert(unit, id);
+    }
+
+    /// Copies an issued all-gather out into one tensor per parameter (on the
+    /// default stream), which lives until the unit reshards. In forward the
+    /// flat output is kept until the next unit's copy-out (or the end of the
+    /// forward) so that the next all-gather cannot reuse it while the copy
+    /// runs; in backward it is freed at once.
+    fn fsdp_copy_out(&mut self, unit: Option<u32>, forward: bool) {
+        let Some(flat) = self.issued.remove(&unit) else {
+            return;
+        };
+        if forward && let Some(prev) = self.deferred_flat.take() {
+            self.t.free(prev);
+        }
         let w = self.d.weight;
-        let full: Vec<u64> = idx.iter().map(|&i| self.params[i].numel() * w).collect();
-        let shards: u64 = idx
+        let full: Vec<u64> = self
+            .unit_params(unit)
             .iter()
-            .map(|&i| self.params[i].numel().div_ceil(self.run.gpus) * w)
-            .sum();
-        let input = self.t.alloc(shards, Category::Parameters);
-        let flat = self.t.alloc(shards * self.run.gpus, Category::Parameters);
-        self.t.free(input);
+            .map(|&i| self.params[i].numel() * w)
+            .collect();
         let ids: Vec<u32> = full
             .into_iter()
             .map(|b| self.t.alloc(b, Category::Parameters))
             .collect();
-        self.t.free(flat);
+        if forward {
+            self.deferred_flat = Some(flat);
+        } else {
+            self.t.free(flat);
+        }
         self.gathered.insert(unit, ids);
     }
 
@@ -109,15 +146,34 @@ impl Gen<'_> {
         }
     }
 
-    /// Before a block's backward: gather it (stage 3) and prefetch the block
-    /// whose backward comes next.
+    /// After the root's forward (the loss included): the last flat
+    /// all-gather output kept in forward is freed.
+    pub(super) fn fsdp_end_forward(&mut self) {
+        if let Some(flat) = self.deferred_flat.take() {
+            self.t.free(flat);
+        }
+    }
+
+    /// The root's pre-backward hook, before the loss's backward: it prefetches
+    /// the unit whose forward ended last (`last`, the last block), which is
+    /// still gathered at stage 2.
+    pub(super) fn fsdp_root_pre_backward(&mut self, last: Option<u32>) {
+        if self.fsdp() {
+            self.fsdp_issue_gather(last);
+        }
+    }
+
+    /// Before a block's backward: gather it unless it is gathered or
+    /// prefetched, copy it out, and prefetch the block whose backward comes
+    /// next (stage 3; at stage 2 every block is still gathered).
     pub(super) fn fsdp_pre_backward(&mut self, layer: u32) {
         if !self.fsdp() {
             return;
         }
-        self.fsdp_gather(Some(layer));
-        if self.run.zero_stage >= 3 && layer > 0 {
-            self.fsdp_gather(Some(layer - 1));
+        self.fsdp_issue_gather(Some(layer));
+        self.fsdp_copy_out(Some(layer), false);
+        if layer > 0 {
+            self.fsdp_issue_gather(Some(layer - 1));
         }
     }
 
@@ -133,32 +189,35 @@ impl Gen<'_> {
         self.unsharded_grads.entry(unit).or_default().push(id);
     }
 
-    /// After a unit's backward: reduce-scatter its gradients into the flat
-    /// sharded gradient (created at the first micro-step, added into later),
-    /// and reshard its parameters.
+    /// After a unit's backward: reshard its parameters, then reduce-scatter
+    /// its gradients. The previous unit's reduce-scatter input is released
+    /// first; the input (one flat copy of the full gradients) is allocated on
+    /// the default stream, the gradients are freed, and the output, one flat
+    /// shard that becomes the sharded gradients (or is added into them on
+    /// later accumulation micro-steps), is allocated on the reduce-scatter
+    /// stream.
     pub(super) fn fsdp_post_backward(&mut self, unit: Option<u32>) {
         if !self.fsdp() {
             return;
         }
+        self.fsdp_reshard(unit);
         if let Some(mut grads) = self.unsharded_grads.remove(&unit) {
             let idx = self.unit_params(unit);
-            let w = self.d.weight;
-            let shards: u64 = idx
-                .iter()
-                .map(|&i| self.params[i].numel().div_ceil(self.run.gpus) * w)
-                .sum();
-            let input = self.t.alloc(shards * self.run.gpus, Category::Gradients);
-            self.t.free_all(&mut grads);
-            if let Some(prev) = self.rs_input.replace(input) {
+            let shards = self.unit_shard_bytes(&idx);
+            if let Some(prev) = self.rs_input.take() {
                 self.t.free(prev);
             }
-            let out = self.t.alloc(shards, Category::Gradients);
+            let input = self.t.alloc(shards * self.run.gpus, Category::Gradients);
+            self.t.free_all(&mut grads);
+            self.rs_input = Some(input);
+            let out = self
+                .t
+                .alloc_on(shards, Category::Gradients, Stream::ReduceScatter);
             match idx.first().map(|&i| self.grad_ids[i]) {
                 Some(None) => self.grad_ids[idx[0]] = Some(out),
                 _ => self.t.free(out),
             }
         }
-        self.fsdp_reshard(unit);
     }
 
     /// End of backward: the last reduce-scatter input is released.
