@@ -16,7 +16,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::inventory::{ClusterView, job_key, job_request, recorded_placement};
 use crate::api::{AssignedGpu, PlacementStatus, TrainingJob};
-use crate::place::{PlaceError, Placement, Placer, Policy};
+use crate::place::{JobRequest, PlaceError, Placement, Placer, Policy};
 
 /// The cycle's verdict for one waiting job.
 #[derive(Clone, Debug, PartialEq)]
@@ -91,6 +91,20 @@ pub fn plan_cycle(
             // because the node is gone from the view altogether.
             tracing::debug!(%error, job = %placement.job_id, "placement not restored");
         }
+    }
+    // The policy learns the job mix it packs for from the jobs it sees; the
+    // engine is rebuilt every cycle, so show it the running jobs too.
+    for placement in placed {
+        let running = JobRequest {
+            id: placement.job_id.clone(),
+            gpus: placement.gpu_indices.len() as u32,
+            gpu_budget: placement.gpu_budget,
+            cpu_milli: placement.cpu_milli,
+            memory_bytes: placement.memory_bytes,
+            gpu_models: Vec::new(),
+            tolerations: Vec::new(),
+        };
+        let _ = placer.observe(&running);
     }
     let mut order: Vec<&TrainingJob> = waiting.to_vec();
     order.sort_by(|a, b| {

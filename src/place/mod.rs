@@ -163,6 +163,15 @@ impl Placer {
         self.state.restore(placement)
     }
 
+    /// Tells the policy about a job without placing it: a controller that
+    /// rebuilds its engine each cycle shows it the jobs already running, so
+    /// the learned job mix reflects the cluster and not only the newcomers.
+    pub fn observe(&mut self, job: &JobRequest) -> Result<()> {
+        let demand = self.state.demand_of(job)?;
+        self.policy.observe(&demand);
+        Ok(())
+    }
+
     /// Chooses a node and GPUs for `job` and records the placement.
     pub fn place(&mut self, job: &JobRequest) -> Result<Decision> {
         let demand = self.state.demand_of(job)?;

@@ -593,3 +593,20 @@ fn duplicate_node_names_are_rejected() {
         Err(PlaceError::InvalidInventory(_))
     ));
 }
+
+#[test]
+fn observing_running_jobs_teaches_the_job_mix_without_placing_them() {
+    let mut p = placer(
+        vec![node("n1", 64, &[("A", 1000), ("A", 1000)])],
+        PolicyKind::Vramfit,
+    );
+    assert!(p.policy().target().is_empty());
+    p.observe(&job("running", 1, 500)).unwrap();
+    assert!(
+        !p.policy().target().is_empty(),
+        "the mix has the observed size"
+    );
+    assert!(p.release("running").is_none(), "observing places nothing");
+    let decision = p.place(&job("next", 1, 1000)).unwrap();
+    assert_eq!(decision.placement.gpu_indices.len(), 1);
+}
