@@ -95,13 +95,13 @@ start() {
   peer_port=$(free_port)
   api_port=$(free_port)
   rm -rf "$dir/etcd-data"
-  "$bin/etcd" --data-dir "$dir/etcd-data" --name vramfit \
+  "${launcher[@]}" "$bin/etcd" --data-dir "$dir/etcd-data" --name vramfit \
     --listen-client-urls "http://127.0.0.1:$etcd_port" --advertise-client-urls "http://127.0.0.1:$etcd_port" \
     --listen-peer-urls "http://127.0.0.1:$peer_port" --initial-advertise-peer-urls "http://127.0.0.1:$peer_port" \
     --initial-cluster "vramfit=http://127.0.0.1:$peer_port" \
     --unsafe-no-fsync --log-level warn >"$dir/etcd.log" 2>&1 &
   echo $! >"$dir/etcd.pid"
-  "$bin/kube-apiserver" --etcd-servers "http://127.0.0.1:$etcd_port" \
+  "${launcher[@]}" "$bin/kube-apiserver" --etcd-servers "http://127.0.0.1:$etcd_port" \
     --bind-address 127.0.0.1 --secure-port "$api_port" \
     --tls-cert-file "$pki/apiserver.crt" --tls-private-key-file "$pki/apiserver.key" \
     --client-ca-file "$pki/ca.crt" --authorization-mode RBAC \
@@ -134,12 +134,19 @@ start() {
 }
 
 stop() {
-  local p
+  # The API server first, while etcd still answers its graceful shutdown; a
+  # process that has not exited after 5 s is killed.
+  local p pid i
   for p in apiserver etcd; do
-    if [[ -f $dir/$p.pid ]]; then
-      kill "$(cat "$dir/$p.pid")" 2>/dev/null || true
-      rm -f "$dir/$p.pid"
-    fi
+    [[ -f $dir/$p.pid ]] || continue
+    pid=$(cat "$dir/$p.pid")
+    kill "$pid" 2>/dev/null || true
+    for i in $(seq 1 50); do
+      kill -0 "$pid" 2>/dev/null || break
+      sleep 0.1
+    done
+    kill -9 "$pid" 2>/dev/null || true
+    rm -f "$dir/$p.pid"
   done
   rm -f "$dir/ready"
 }
@@ -150,6 +157,10 @@ install_crds() {
   KUBECONFIG=$kubeconfig kubectl wait --for condition=established --timeout=60s \
     crd/trainingjobs.vramfit.dev crd/gpunodes.vramfit.dev >/dev/null
 }
+
+# How etcd and kube-apiserver are started. In `run` mode they die with this
+# script, whatever ends it (tests start it with a parent-death signal).
+launcher=()
 
 cmd=${1:-}
 shift || true
@@ -166,6 +177,9 @@ case $cmd in
   build) build ;;
   up) stop; start; echo "$dir/kubeconfig" ;;
   run)
+    if command -v setpriv >/dev/null 2>&1; then
+      launcher=(setpriv --pdeathsig KILL)
+    fi
     trap 'stop; exit 0' TERM INT
     stop
     start
