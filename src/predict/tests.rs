@@ -55,18 +55,21 @@ fn every_calibration_model_has_the_parameter_count_pytorch_measured() {
     }
 }
 
+/// Fails naming every measured configuration predicted off by more than `bound`.
+fn assert_every_row_within(rows: &[crate::predict::bench::BenchRow], bound: f64) {
+    let off: Vec<String> = rows
+        .iter()
+        .filter(|r| r.relative_error.abs() > bound)
+        .map(|r| format!("{}: {:+.1}%", r.name, 100.0 * r.relative_error))
+        .collect();
+    assert!(off.is_empty(), "{off:?}");
+}
+
 #[test]
 fn every_calibration_line_is_predicted_within_twelve_percent() {
     let report = bench_predict(CALIBRATION, None).unwrap();
     assert!(report.rows.len() >= 30);
-    for r in &report.rows {
-        assert!(
-            r.relative_error.abs() <= 0.12,
-            "{}: {:+.1}%",
-            r.name,
-            100.0 * r.relative_error
-        );
-    }
+    assert_every_row_within(&report.rows, 0.12);
     let held_out = error_stats(&report.rows, Some("holdout"));
     assert!(
         held_out.median <= 0.05 && held_out.p90 <= 0.10,
@@ -121,14 +124,7 @@ fn malformed_profiles_are_rejected_with_the_reason() {
 fn every_two_gpu_zero_line_is_predicted_within_twelve_percent() {
     let report = bench_predict(ZERO_CALIBRATION, None).unwrap();
     assert!(report.rows.len() >= 12);
-    for r in &report.rows {
-        assert!(
-            r.relative_error.abs() <= 0.12,
-            "{}: {:+.1}%",
-            r.name,
-            100.0 * r.relative_error
-        );
-    }
+    assert_every_row_within(&report.rows, 0.12);
     let fit = error_stats(&report.rows, Some("fit"));
     assert!(fit.median <= 0.04 && fit.p90 <= 0.055, "{fit:?}");
     assert!(fit.under_predictions.is_empty(), "{fit:?}");

@@ -33,9 +33,7 @@ async fn job_goes_from_apply_to_placed_running_and_succeeded() {
     let _controller = cluster.start_controller();
     cluster.apply_job(mlp_job("mlp", 64, 8, 1, None)).await;
 
-    let job = cluster
-        .wait_job("mlp", "placement", |j| phase(j) == Phase::Placed)
-        .await;
+    let job = cluster.wait_phase("mlp", Phase::Placed).await;
     let status = job.status.unwrap();
     let placement = status.placement.expect("placement");
     assert_eq!(placement.node, node);
@@ -67,13 +65,9 @@ async fn job_goes_from_apply_to_placed_running_and_succeeded() {
     assert!((fraction - placement.budget_bytes as f64 / (80 * GIB) as f64).abs() < 1e-5);
 
     cluster.kubelet_running("mlp-a1").await;
-    cluster
-        .wait_job("mlp", "Running", |j| phase(j) == Phase::Running)
-        .await;
+    cluster.wait_phase("mlp", Phase::Running).await;
     cluster.kubelet_exit("mlp-a1", 0, "").await;
-    let job = cluster
-        .wait_job("mlp", "Succeeded", |j| phase(j) == Phase::Succeeded)
-        .await;
+    let job = cluster.wait_phase("mlp", Phase::Succeeded).await;
     assert_eq!(job.status.unwrap().history.len(), 1);
 }
 
@@ -89,9 +83,7 @@ async fn two_jobs_share_one_gpu_with_enforced_fractions() {
         .apply_job(mlp_job("b", 64, 8, 1, Some("30Gi")))
         .await;
     for name in ["a", "b"] {
-        let job = cluster
-            .wait_job(name, "placement", |j| phase(j) == Phase::Placed)
-            .await;
+        let job = cluster.wait_phase(name, Phase::Placed).await;
         let placement = job.status.unwrap().placement.unwrap();
         assert_eq!(
             (placement.node.as_str(), placement.gpus[0].index),
@@ -110,14 +102,7 @@ async fn job_larger_than_any_gpu_waits_and_is_placed_when_a_larger_gpu_appears()
     cluster
         .apply_job(mlp_job("big", 64, 8, 1, Some("40Gi")))
         .await;
-    let job = cluster
-        .wait_job("big", "a message", |j| {
-            j.status
-                .as_ref()
-                .and_then(|s| s.message.as_deref())
-                .is_some_and(|m| m.contains("bigger than any GPU"))
-        })
-        .await;
+    let job = cluster.wait_message("big", "bigger than any GPU").await;
     let status = job.status.unwrap();
     assert_eq!(status.phase, Phase::Pending);
     let message = status.message.unwrap();
@@ -136,9 +121,7 @@ async fn job_larger_than_any_gpu_waits_and_is_placed_when_a_larger_gpu_appears()
     );
 
     let large = cluster.add_gpu_node("large", &[("H200", 141 * GIB)]).await;
-    let job = cluster
-        .wait_job("big", "placement", |j| phase(j) == Phase::Placed)
-        .await;
+    let job = cluster.wait_phase("big", Phase::Placed).await;
     assert_eq!(job.status.unwrap().placement.unwrap().node, large);
 }
 
@@ -148,9 +131,7 @@ async fn oom_halves_micro_batch_and_doubles_accumulation_in_a_new_pod() {
     cluster.add_gpu_node("n1", &[("H100-80GB", 80 * GIB)]).await;
     let _controller = cluster.start_controller();
     cluster.apply_job(mlp_job("oom", 64, 8, 1, None)).await;
-    let first = cluster
-        .wait_job("oom", "placement", |j| phase(j) == Phase::Placed)
-        .await;
+    let first = cluster.wait_phase("oom", Phase::Placed).await;
     let first_budget = first.status.unwrap().budget_bytes.unwrap();
     cluster.wait_pod("oom-a1").await;
     cluster.kubelet_running("oom-a1").await;
@@ -204,9 +185,7 @@ async fn oom_at_min_micro_fails_and_other_failures_are_not_retried() {
         .await;
     cluster.wait_pod("floor-a2").await;
     cluster.kubelet_exit("floor-a2", 42, OOM_TEXT).await;
-    let job = cluster
-        .wait_job("floor", "Failed", |j| phase(j) == Phase::Failed)
-        .await;
+    let job = cluster.wait_phase("floor", Phase::Failed).await;
     let message = job.status.unwrap().message.unwrap();
     assert!(message.contains("minMicro 2"), "{message}");
 
@@ -214,9 +193,7 @@ async fn oom_at_min_micro_fails_and_other_failures_are_not_retried() {
     cluster
         .kubelet_exit("crash-a1", 1, "KeyError: 'labels'")
         .await;
-    let job = cluster
-        .wait_job("crash", "Failed", |j| phase(j) == Phase::Failed)
-        .await;
+    let job = cluster.wait_phase("crash", Phase::Failed).await;
     let status = job.status.unwrap();
     assert_eq!(status.attempt, 1, "an ordinary failure is not an OOM");
     assert!(status.message.unwrap().contains("exited with code 1"));
@@ -230,28 +207,17 @@ async fn deleting_a_job_frees_its_gpu_for_the_next() {
     cluster
         .apply_job(mlp_job("first", 64, 8, 1, Some("60Gi")))
         .await;
-    cluster
-        .wait_job("first", "placement", |j| phase(j) == Phase::Placed)
-        .await;
+    cluster.wait_phase("first", Phase::Placed).await;
     cluster.wait_pod("first-a1").await;
     cluster
         .apply_job(mlp_job("second", 64, 8, 1, Some("60Gi")))
         .await;
-    let waiting = cluster
-        .wait_job("second", "a waiting message", |j| {
-            j.status
-                .as_ref()
-                .and_then(|s| s.message.as_deref())
-                .is_some_and(|m| m.contains("waiting for room"))
-        })
-        .await;
+    let waiting = cluster.wait_message("second", "waiting for room").await;
     assert_eq!(phase(&waiting), Phase::Pending);
 
     cluster.delete_job("first").await;
     cluster.wait_job_gone("first").await;
-    cluster
-        .wait_job("second", "placement", |j| phase(j) == Phase::Placed)
-        .await;
+    cluster.wait_phase("second", Phase::Placed).await;
     // Without a kubelet the pod keeps its deletion timestamp instead of vanishing.
     let pod = cluster.pods().get_opt("first-a1").await.unwrap();
     assert!(
@@ -273,9 +239,7 @@ async fn controller_killed_mid_flight_and_restarted_places_nothing_twice() {
             .await;
     }
     // Kill it while it is placing.
-    cluster
-        .wait_job("j0", "placement", |j| phase(j) == Phase::Placed)
-        .await;
+    cluster.wait_phase("j0", Phase::Placed).await;
     controller.kill();
     let _controller = cluster.start_controller();
     for i in 0..6 {
@@ -342,9 +306,7 @@ async fn schema_valid_but_impossible_specs_get_an_invalid_condition() {
         ("profiled", "ConfigMap missing does not exist"),
         ("badprofile", "profile"),
     ] {
-        let job = cluster
-            .wait_job(name, "Failed", |j| phase(j) == Phase::Failed)
-            .await;
+        let job = cluster.wait_phase(name, Phase::Failed).await;
         let status = job.status.unwrap();
         let invalid = status
             .conditions
@@ -367,9 +329,7 @@ async fn measured_peak_reaches_status_and_corrects_the_next_prediction_of_the_sa
     let node = cluster.add_gpu_node("n1", &[("H100-80GB", 80 * GIB)]).await;
     let _controller = cluster.start_controller();
     cluster.apply_job(mlp_job("first", 64, 8, 1, None)).await;
-    let first = cluster
-        .wait_job("first", "placement", |j| phase(j) == Phase::Placed)
-        .await;
+    let first = cluster.wait_phase("first", Phase::Placed).await;
     let predicted = first.status.unwrap().predicted_bytes.unwrap();
     cluster.wait_pod("first-a1").await;
     cluster.kubelet_running("first-a1").await;
@@ -384,14 +344,10 @@ async fn measured_peak_reaches_status_and_corrects_the_next_prediction_of_the_sa
         .await;
     assert!(job.status.unwrap().measured.is_some());
     cluster.kubelet_exit("first-a1", 0, "").await;
-    cluster
-        .wait_job("first", "Succeeded", |j| phase(j) == Phase::Succeeded)
-        .await;
+    cluster.wait_phase("first", Phase::Succeeded).await;
 
     cluster.apply_job(mlp_job("second", 64, 8, 1, None)).await;
-    let second = cluster
-        .wait_job("second", "placement", |j| phase(j) == Phase::Placed)
-        .await;
+    let second = cluster.wait_phase("second", Phase::Placed).await;
     let status = second.status.unwrap();
     assert_eq!(status.prediction_source.as_deref(), Some("measured"));
     assert_eq!(status.predicted_bytes, Some(measured));
@@ -406,9 +362,7 @@ async fn two_replicas_elect_one_leader_and_the_other_takes_over_when_it_dies() {
     cluster
         .apply_job(mlp_job("before", 64, 8, 1, Some("10Gi")))
         .await;
-    cluster
-        .wait_job("before", "placement", |j| phase(j) == Phase::Placed)
-        .await;
+    cluster.wait_phase("before", Phase::Placed).await;
 
     let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
         Api::namespaced(cluster.client.clone(), &cluster.namespace);
@@ -453,20 +407,11 @@ async fn a_waiting_job_is_predicted_again_when_its_spec_changes() {
     cluster
         .apply_job(mlp_job("shrink", 64, 8, 1, Some("40Gi")))
         .await;
-    cluster
-        .wait_job("shrink", "a FitsNoNode message", |j| {
-            j.status
-                .as_ref()
-                .and_then(|s| s.message.as_deref())
-                .is_some_and(|m| m.contains("bigger than any GPU"))
-        })
-        .await;
+    cluster.wait_message("shrink", "bigger than any GPU").await;
     cluster
         .apply_job(mlp_job("shrink", 64, 8, 1, Some("16Gi")))
         .await;
-    let job = cluster
-        .wait_job("shrink", "placement", |j| phase(j) == Phase::Placed)
-        .await;
+    let job = cluster.wait_phase("shrink", Phase::Placed).await;
     let status = job.status.unwrap();
     assert_eq!(status.budget_bytes, Some(16 * GIB));
     assert_eq!(status.observed_generation, Some(2));
@@ -481,14 +426,10 @@ async fn an_invalid_job_starts_over_once_its_spec_is_fixed() {
     broken["spec"]["model"] =
         json!({"huggingFace": {"seqLen": 512, "config": {"model_type": "t5"}}});
     cluster.apply_job(broken).await;
-    cluster
-        .wait_job("fixme", "Failed", |j| phase(j) == Phase::Failed)
-        .await;
+    cluster.wait_phase("fixme", Phase::Failed).await;
 
     cluster.apply_job(mlp_job("fixme", 64, 8, 1, None)).await;
-    let job = cluster
-        .wait_job("fixme", "placement", |j| phase(j) == Phase::Placed)
-        .await;
+    let job = cluster.wait_phase("fixme", Phase::Placed).await;
     let status = job.status.unwrap();
     let invalid = status
         .conditions

@@ -12,7 +12,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
-use vramfit::api::{GpuNode, TrainingJob};
+use vramfit::api::{GpuNode, Phase, TrainingJob};
 
 use crate::controlplane;
 
@@ -178,6 +178,25 @@ impl TestCluster {
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
+    }
+
+    /// Waits until the job reaches `phase`.
+    pub async fn wait_phase(&self, name: &str, phase: Phase) -> TrainingJob {
+        self.wait_job(name, &format!("phase {phase:?}"), |j| {
+            j.status.as_ref().is_some_and(|s| s.phase == phase)
+        })
+        .await
+    }
+
+    /// Waits until the job's status message contains `text`.
+    pub async fn wait_message(&self, name: &str, text: &str) -> TrainingJob {
+        self.wait_job(name, &format!("a message with {text:?}"), |j| {
+            j.status
+                .as_ref()
+                .and_then(|s| s.message.as_deref())
+                .is_some_and(|m| m.contains(text))
+        })
+        .await
     }
 
     /// Waits until the job is gone (its finalizer ran).
