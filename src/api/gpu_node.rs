@@ -63,6 +63,79 @@ pub struct GpuProcess {
     /// The TrainingJob the pod belongs to, when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub training_job: Option<String>,
+    /// UID of the pod that owns the process, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_uid: Option<String>,
+    /// Container of the pod that runs the process, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container: Option<String>,
+    /// What vramfit's in-process allocator reports for this process, when it
+    /// runs under it (docs/node-protocol.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocator: Option<AllocatorStats>,
+    /// The batch shape the training helper runs with now, when it reports one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shape: Option<ObservedShape>,
+}
+
+/// Counters of vramfit's in-process allocator for one process and device,
+/// as it publishes them to the node agent.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct AllocatorStats {
+    /// Allocator policy (`pytorch` or `vramfit`).
+    pub policy: String,
+    /// The hard budget the allocator enforces, in bytes (0: none).
+    #[serde(default)]
+    pub budget_bytes: u64,
+    /// Bytes handed to PyTorch now.
+    #[serde(default)]
+    pub allocated_bytes: u64,
+    /// Bytes taken from the driver now.
+    #[serde(default)]
+    pub reserved_bytes: u64,
+    /// Highest `allocatedBytes` since the process started.
+    #[serde(default)]
+    pub peak_allocated_bytes: u64,
+    /// Highest `reservedBytes` since the process started.
+    #[serde(default)]
+    pub peak_reserved_bytes: u64,
+    /// Allocations refused for the budget or by the driver.
+    #[serde(default)]
+    pub num_ooms: u64,
+    /// When the process last wrote the counters (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub updated: Option<String>,
+}
+
+/// The batch shape a training process reports through the helper.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct ObservedShape {
+    /// Micro-batch per GPU now.
+    pub micro_batch: u32,
+    /// Gradient-accumulation steps now.
+    pub grad_accum: u32,
+    /// OOMs the helper absorbed inside the process, oldest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub absorbed_ooms: Vec<AbsorbedOom>,
+}
+
+/// One OOM absorbed inside the training process: the step ran again with a
+/// smaller micro-batch and more accumulation, the same global batch.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct AbsorbedOom {
+    /// Micro-batch before.
+    pub from_micro: u32,
+    /// Micro-batch after.
+    pub to_micro: u32,
+    /// Accumulation before.
+    pub from_accum: u32,
+    /// Accumulation after.
+    pub to_accum: u32,
+    /// When (RFC 3339).
+    pub time: String,
 }
 
 /// The result of the agent's last probe of a GPU.
@@ -131,6 +204,29 @@ pub struct OomReport {
     pub budget_bytes: u64,
     /// When (RFC 3339).
     pub time: String,
+    /// UID of the pod, when known (tells attempts with reused names apart).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_uid: Option<String>,
+    /// Why the agent acted, in words.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// The agent itself, as it reports on its own state.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentInfo {
+    /// Agent version.
+    pub version: String,
+    /// `nvml` on a real node, `simulated` for `--simulate`.
+    pub mode: String,
+    /// Healthy, or Degraded when the agent cannot see everything it should
+    /// (NVML failing, a GPU lost); `message` says what.
+    #[serde(default)]
+    pub health: GpuHealth,
+    /// What is wrong, in words, when not Healthy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
 }
 
 /// What the agent last reported.
@@ -153,4 +249,7 @@ pub struct GpuNodeStatus {
     /// Pods the agent stopped for exceeding their budget, most recent last.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub oom_reports: Vec<OomReport>,
+    /// The agent's own state.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<AgentInfo>,
 }
