@@ -24,19 +24,31 @@ unsafe extern "C" {
     );
 }
 
+type IntFn = unsafe extern "C" fn() -> c_int;
+type ReleaseFn = unsafe extern "C" fn(c_int);
+type ImportFn = unsafe extern "C" fn(*const c_char) -> *mut PyObject;
+type GetAttrFn = unsafe extern "C" fn(*mut PyObject, *const c_char) -> *mut PyObject;
+type StringFn = unsafe extern "C" fn(*const c_char, isize) -> *mut PyObject;
+type TupleFn = unsafe extern "C" fn(isize) -> *mut PyObject;
+type TupleSetFn = unsafe extern "C" fn(*mut PyObject, isize, *mut PyObject) -> c_int;
+type CallFn = unsafe extern "C" fn(*mut PyObject, *mut PyObject) -> *mut PyObject;
+type UnaryFn = unsafe extern "C" fn(*mut PyObject) -> *mut PyObject;
+type DecRefFn = unsafe extern "C" fn(*mut PyObject);
+type VoidFn = unsafe extern "C" fn();
+
 struct Python {
-    is_initialized: unsafe extern "C" fn() -> c_int,
-    ensure: unsafe extern "C" fn() -> c_int,
-    release: unsafe extern "C" fn(c_int),
-    import: unsafe extern "C" fn(*const c_char) -> *mut PyObject,
-    getattr: unsafe extern "C" fn(*mut PyObject, *const c_char) -> *mut PyObject,
-    string: unsafe extern "C" fn(*const c_char, isize) -> *mut PyObject,
-    tuple: unsafe extern "C" fn(isize) -> *mut PyObject,
-    tuple_set: unsafe extern "C" fn(*mut PyObject, isize, *mut PyObject) -> c_int,
-    call: unsafe extern "C" fn(*mut PyObject, *mut PyObject) -> *mut PyObject,
-    type_of: unsafe extern "C" fn(*mut PyObject) -> *mut PyObject,
-    decref: unsafe extern "C" fn(*mut PyObject),
-    clear: unsafe extern "C" fn(),
+    is_initialized: IntFn,
+    ensure: IntFn,
+    release: ReleaseFn,
+    import: ImportFn,
+    getattr: GetAttrFn,
+    string: StringFn,
+    tuple: TupleFn,
+    tuple_set: TupleSetFn,
+    call: CallFn,
+    type_of: UnaryFn,
+    decref: DecRefFn,
+    clear: VoidFn,
 }
 
 fn lookup(name: &str) -> Option<*mut c_void> {
@@ -52,25 +64,25 @@ fn python() -> Option<&'static Python> {
     PYTHON
         .get_or_init(|| {
             macro_rules! sym {
-                ($name:literal) => {
+                ($name:literal, $ty:ty) => {
                     // SAFETY: the symbol is the CPython API function of that
-                    // name, whose C signature the field's type spells out.
-                    unsafe { std::mem::transmute::<*mut c_void, _>(lookup($name)?) }
+                    // name, whose C signature the type spells out.
+                    unsafe { std::mem::transmute::<*mut c_void, $ty>(lookup($name)?) }
                 };
             }
             let python = Python {
-                is_initialized: sym!("Py_IsInitialized"),
-                ensure: sym!("PyGILState_Ensure"),
-                release: sym!("PyGILState_Release"),
-                import: sym!("PyImport_ImportModule"),
-                getattr: sym!("PyObject_GetAttrString"),
-                string: sym!("PyUnicode_FromStringAndSize"),
-                tuple: sym!("PyTuple_New"),
-                tuple_set: sym!("PyTuple_SetItem"),
-                call: sym!("PyObject_CallObject"),
-                type_of: sym!("PyObject_Type"),
-                decref: sym!("Py_DecRef"),
-                clear: sym!("PyErr_Clear"),
+                is_initialized: sym!("Py_IsInitialized", IntFn),
+                ensure: sym!("PyGILState_Ensure", IntFn),
+                release: sym!("PyGILState_Release", ReleaseFn),
+                import: sym!("PyImport_ImportModule", ImportFn),
+                getattr: sym!("PyObject_GetAttrString", GetAttrFn),
+                string: sym!("PyUnicode_FromStringAndSize", StringFn),
+                tuple: sym!("PyTuple_New", TupleFn),
+                tuple_set: sym!("PyTuple_SetItem", TupleSetFn),
+                call: sym!("PyObject_CallObject", CallFn),
+                type_of: sym!("PyObject_Type", UnaryFn),
+                decref: sym!("Py_DecRef", DecRefFn),
+                clear: sym!("PyErr_Clear", VoidFn),
             };
             // SAFETY: hands the C++ side the interpreter's GIL and refcount
             // functions, which live as long as the process.
