@@ -7,7 +7,8 @@
 # training pods run on the GPU(s) of this machine. See docs/gpu-node.md.
 #
 #   hack/gpunode.sh build [NAME...]       build the node binaries once (cached, rebuilt when pins change)
-#   hack/gpunode.sh bundle [OUT]          the binaries, stripped, as one xz tarball (default .node-bin/), sizes on stdout
+#   hack/gpunode.sh bundle [OUT]          the node binaries as one xz tarball (default .node-bin/), sizes on stdout
+#   hack/gpunode.sh bundle-vramfit [OUT]  vramfit and vramfit-agent from .dev-bin/ as a second one
 #   hack/gpunode.sh up   [--bundle F] [--dir D] [--node N]   bring the node up (from a bundle where Go is absent)
 #   hack/gpunode.sh demo [--out D] [--steps N]               run the demo jobs, print and record what happened
 #   hack/gpunode.sh down [--dir D]        stop everything `up` started
@@ -72,9 +73,11 @@ build_containerd() {
 }
 
 build_runc() {
-  # runc's nsexec is C: a static cgo build, without libseccomp (pods run
-  # Unconfined, the kubelet's default).
-  (cd "$here/node/runc" && nice -n 10 env CGO_ENABLED=1 go build -trimpath -tags "netgo osusergo" \
+  # runc's nsexec is C: a static cgo build, with libseccomp linked in (the
+  # kubelet asks for the RuntimeDefault profile for every pod sandbox).
+  [[ -f /usr/lib/x86_64-linux-gnu/libseccomp.a || -f /usr/lib/libseccomp.a ]] ||
+    die "runc needs the static libseccomp (apt-get install libseccomp-dev)"
+  (cd "$here/node/runc" && nice -n 10 env CGO_ENABLED=1 go build -trimpath -tags "seccomp netgo osusergo" \
     -ldflags "-s -w -X main.version=${runc_version#v} -extldflags -static" -o "$nodebin/runc" github.com/opencontainers/runc)
 }
 
@@ -118,22 +121,48 @@ bundle() {
   local dest=${1:-$repo/.node-bin}
   build
   mkdir -p "$dest"
-  local f
+  local f tmp
   for f in "${bundle_files[@]}"; do [[ -x $nodebin/$f ]] || die "missing $nodebin/$f"; done
-  # The certificates of the local control plane travel too: the GPU machine
-  # may lack openssl.
-  local pki=$dir/controlplane/pki
-  local tmp
   tmp=$(mktemp -d)
   cp "${bundle_files[@]/#/$nodebin/}" "$tmp/"
-  HOME=$tmp/home "$here/controlplane.sh" pki --dir "$tmp/controlplane" >/dev/null
-  tar -C "$tmp" -cf - "${bundle_files[@]}" controlplane/pki | nice -n 10 xz -9e -T2 >"$dest/vramfit-node.tar.xz"
+  # The control plane's certificates travel too: the GPU machine may lack openssl.
+  "$here/controlplane.sh" pki --dir "$tmp/controlplane" >/dev/null
+  tar -C "$tmp" -cf - "${bundle_files[@]}" controlplane/pki | nice -n 10 xz -9e -T2 >"$dest/vramfit-node.tar.xz.tmp"
+  mv "$dest/vramfit-node.tar.xz.tmp" "$dest/vramfit-node.tar.xz"
+  sizes "$tmp" "${bundle_files[@]}"
+  printf '%-24s %11d %11d\n' "vramfit-node.tar.xz" "$(du -cb "${bundle_files[@]/#/$tmp/}" | tail -1 | cut -f1)" \
+    "$(stat -c %s "$dest/vramfit-node.tar.xz")"
   rm -rf "$tmp"
-  printf '%-26s %12s %12s\n' file stripped xz-9e
-  for f in "${bundle_files[@]}"; do
-    printf '%-26s %12d %12d\n' "$f" "$(stat -c %s "$nodebin/$f")" "$(nice -n 10 xz -9e -T2 -c "$nodebin/$f" | wc -c)"
+}
+
+# vramfit and vramfit-agent (the release builds the lead puts in .dev-bin/),
+# stripped, as vramfit-bin.tar.xz beside the node bundle; `up --bundle` takes
+# both.
+bundle_vramfit() {
+  local dest=${1:-$repo/.node-bin} vb tmp f
+  vb=$(find_vramfit_bins)
+  mkdir -p "$dest"
+  tmp=$(mktemp -d)
+  local files=(vramfit vramfit-agent)
+  cp "$vb/vramfit" "$vb/vramfit-agent" "$tmp/"
+  for f in "$vb"/lib*.so; do [[ -f $f ]] && cp "$f" "$tmp/" && files+=("$(basename "$f")"); done
+  for f in "${files[@]}"; do strip "$tmp/$f" 2>/dev/null || true; done
+  tar -C "$tmp" -cf - "${files[@]}" | nice -n 10 xz -9 -T2 >"$dest/vramfit-bin.tar.xz"
+  log "vramfit binaries from $vb"
+  printf '%-24s %11d %11d\n' "vramfit-bin.tar.xz" "$(du -cb "${files[@]/#/$tmp/}" | tail -1 | cut -f1)" \
+    "$(stat -c %s "$dest/vramfit-bin.tar.xz")"
+  rm -rf "$tmp"
+}
+
+sizes() {
+  # Per-file sizes (stripped, xz -9e alone) when VRAMFIT_BUNDLE_SIZES=1: slow.
+  [[ ${VRAMFIT_BUNDLE_SIZES:-0} == 1 ]] || return 0
+  local from=$1 f
+  shift
+  printf '%-24s %11s %11s\n' file stripped xz-9e
+  for f in "$@"; do
+    printf '%-24s %11d %11d\n' "$f" "$(stat -c %s "$from/$f")" "$(nice -n 10 xz -9e -T2 -c "$from/$f" | wc -c)"
   done
-  printf '%-26s %12s %12d\n' "vramfit-node.tar.xz" "" "$(stat -c %s "$dest/vramfit-node.tar.xz")"
 }
 
 unpack() {
@@ -159,11 +188,11 @@ free_port() {
 
 now_ms() { python3 -c 'import time; print(int(time.time()*1000))'; }
 
-# vramfit and vramfit-agent: .dev-bin/ (release binaries the lead ships to the
-# GPU machine), else $VRAMFIT_BIN_DIR, else the cargo target folder.
+# vramfit and vramfit-agent: $VRAMFIT_BIN_DIR, else an unpacked bundle, else
+# .dev-bin/ (release binaries the lead builds), else the cargo target folder.
 find_vramfit_bins() {
   local d
-  for d in "${VRAMFIT_BIN_DIR:-}" "$repo/.dev-bin" "$repo/.devbin" \
+  for d in "${VRAMFIT_BIN_DIR:-}" "$dir/bin" "$repo/.dev-bin" "$repo/.devbin" \
     "${CARGO_TARGET_DIR:-$HOME/.cache/vramfit/target}/release" "${CARGO_TARGET_DIR:-$HOME/.cache/vramfit/target}/debug"; do
     if [[ -n $d && -x $d/vramfit && -x $d/vramfit-agent ]]; then
       echo "$d"
@@ -210,6 +239,9 @@ up() {
     log "unpacking $bundle into $dir/bin"
     rm -rf "$dir/bin"
     unpack "$bundle" "$dir/bin"
+    if [[ -f $(dirname "$bundle")/vramfit-bin.tar.xz ]]; then
+      unpack "$(dirname "$bundle")/vramfit-bin.tar.xz" "$dir/bin"
+    fi
     nodebin=$dir/bin
   else
     build
@@ -277,11 +309,10 @@ up() {
   echo "$vb" >"$dir/vramfit-bin"
   if [[ -e /dev/nvidiactl ]]; then
     start_bg agent "$vb/vramfit-agent" run --node "$node"
-  elif "$vb/vramfit-agent" run --help 2>/dev/null | grep -q -- --simulate; then
-    start_bg agent "$vb/vramfit-agent" run --node "$node" --simulate
   else
-    # No GPU and no simulating agent: keep a GpuNode with the demo's two
-    # simulated H200s alive (what hack/demo.sh does), so the controller places.
+    # No GPU: keep a GpuNode with the demo's two simulated H200s alive (what
+    # hack/demo.sh does), so the controller places. Not `vramfit-agent run
+    # --simulate`: it also plays the kubelet, and here the kubelet is real.
     log "no GPU: a simulated GpuNode (no measurements) stands in for the agent"
     start_bg agent simulated_gpunode "$node"
   fi
@@ -347,7 +378,7 @@ while [[ $# -gt 0 ]]; do
     --out) out=$2; shift 2 ;;
     --steps) steps=$2; shift 2 ;;
     *)
-      if [[ $cmd == bundle && -z $out ]]; then out=$1; shift
+      if [[ $cmd == bundle* && -z $out ]]; then out=$1; shift
       elif [[ $cmd == build ]]; then components+=("$1"); shift
       else die "unknown argument $1"; fi ;;
   esac
@@ -356,6 +387,7 @@ done
 case $cmd in
   build) build "${components[@]}" ;;
   bundle) bundle "$out" ;;
+  bundle-vramfit) bundle_vramfit "$out" ;;
   up) down >/dev/null 2>&1 || true; up ;;
   demo) source "$here/node/demo.sh"; demo ;;
   down) down ;;

@@ -156,9 +156,11 @@ def kubelet_config(
         "cpuManagerPolicy": cpu_manager,
         "evictionHard": {
             "memory.available": "200Mi",
-            "nodefs.available": "2%",
-            "imagefs.available": "2%",
+            "nodefs.available": "100Mi",
+            "imagefs.available": "100Mi",
+            "nodefs.inodesFree": "1%",
         },
+        "evictionPressureTransitionPeriod": "10s",
         "imageGCHighThresholdPercent": 99,
         "imageGCLowThresholdPercent": 98,
         "serializeImagePulls": False,

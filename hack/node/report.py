@@ -128,6 +128,18 @@ def checks(summary: dict, gpu: bool) -> List[tuple]:
     result = []
     for j in summary["jobs"]:
         result.append((f"{j['name']} Succeeded", j["phase"] == "Succeeded", f"phase {j['phase']}: {j.get('message') or ''}"))
+    for j in summary["jobs"]:
+        # The placed GPU reached the container through CDI: its device node
+        # (one GPU per job here), or the simulated GPU's variable.
+        start = (j["attempts"][-1]["startEvent"] or {}) if j["attempts"] else {}
+        if gpu:
+            nodes = [d for d in start.get("devices") or [] if d[len("nvidia"):].isdigit()]
+            ok, detail = len(nodes) == 1, f"GPU device nodes {nodes}"
+        else:
+            uuids = [g.get("uuid") for g in summary["gpuNode"].get("gpus") or []]
+            ok = start.get("simulatedGpu") in uuids
+            detail = f"container saw {start.get('simulatedGpu')}, the node has {uuids}"
+        result.append((f"{j['name']}: the placed GPU through CDI", ok, detail))
     if not gpu:
         return result
     placed = {j["gpu"] for j in summary["jobs"] if j.get("gpu")}

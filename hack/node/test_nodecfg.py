@@ -248,3 +248,20 @@ def test_report_times_and_checks(tmp_path):
     node["status"]["oomReports"] = []
     s = report.summarize(jobs, pods, node, apply_ms=1000, logs_root=logs)
     assert not {n: ok for n, ok, _ in report.checks(s, gpu=True)}["bypass: stopped by the agent's watchdog, treated as OOM"]
+
+
+def test_report_checks_the_gpu_reached_the_container(tmp_path):
+    d = tmp_path / "ml_cpu-a1_u1" / "train"
+    d.mkdir(parents=True)
+    (d / "0.log").write_text(cri_log({"event": "start", "unixMs": 1, "devices": [], "simulatedGpu": "GPU-sim-0"}))
+    pods = {"items": [{"metadata": {"name": "cpu-a1", "namespace": "ml", "uid": "u1"}, "status": {"phase": "Succeeded"}}]}
+    jobs = {"items": [{"metadata": {"name": "cpu"}, "status": {"phase": "Succeeded", "attempt": 1}}]}
+    node = {"status": {"gpus": [{"index": 0, "uuid": "GPU-sim-0"}]}}
+    s = report.summarize(jobs, pods, node, apply_ms=0, logs_root=tmp_path)
+    assert dict((n, ok) for n, ok, _ in report.checks(s, gpu=False))["cpu: the placed GPU through CDI"]
+    node["status"]["gpus"][0]["uuid"] = "GPU-other"
+    s = report.summarize(jobs, pods, node, apply_ms=0, logs_root=tmp_path)
+    assert not dict((n, ok) for n, ok, _ in report.checks(s, gpu=False))["cpu: the placed GPU through CDI"]
+    (d / "0.log").write_text(cri_log({"event": "start", "unixMs": 1, "devices": ["nvidia-uvm", "nvidia3", "nvidiactl"]}))
+    s = report.summarize(jobs, pods, node, apply_ms=0, logs_root=tmp_path)
+    assert dict((n, ok) for n, ok, _ in report.checks(s, gpu=True))["cpu: the placed GPU through CDI"]

@@ -137,8 +137,12 @@ def main(argv=None) -> int:
     import vramfit
 
     attempt = vramfit.configure(micro_batch=8, grad_accum=1)
+    # What CDI gave this container: its GPU device nodes (or, on a machine
+    # without GPUs, the simulated GPU's variable).
+    devices = sorted(n for n in os.listdir("/dev") if n.startswith("nvidia"))
     event("start", model=args.model, attempt=attempt.attempt, micro=attempt.micro_batch,
-          accum=attempt.grad_accum, budgetBytes=attempt.budget_bytes, enforcement=attempt.enforcement)
+          accum=attempt.grad_accum, budgetBytes=attempt.budget_bytes, enforcement=attempt.enforcement,
+          devices=devices, simulatedGpu=os.environ.get("VRAMFIT_SIMULATED_GPU"))
     if args.model == "bypass":
         if attempt.attempt <= args.bypass_attempts:
             return bypass(args.bypass_bytes or 2 * (attempt.budget_bytes or 8 << 30), args.hold_seconds)
