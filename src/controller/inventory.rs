@@ -233,3 +233,7 @@ pub fn recorded_placement(job: &TrainingJob, placement: &PlacementStatus) -> Pla
         memory_bytes,
     }
 }
+
+#[cfg(test)]
+#[path = "inventory_tests.rs"]
+mod tests;
