@@ -1,11 +1,13 @@
-//! vramfit's node agent: probes of the GPU, the allocator's CUDA backend and
-//! the allocator benchmark. Everything that needs a GPU sits behind the
+//! vramfit's node agent: the daemon that reports a node's GPUs in its
+//! `GpuNode` status and enforces pod budgets, probes of the GPU, the
+//! allocator's CUDA backend and the allocator benchmark. Everything that needs a GPU sits behind the
 //! `cuda` feature; the rest (result types, verdict rules, the benchmark's
 //! size mix) is plain code that builds and tests anywhere.
 
 pub mod bench;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod node;
 pub mod probe;
 
 /// The agent's one error type.

@@ -1,0 +1,278 @@
+//! The budget watchdog's decision: which pods to stop.
+//!
+//! A pod is stopped when its processes on one GPU together use more than its
+//! budget (the `vramfit.dev/budget-bytes` annotation, per GPU like the budget
+//! itself) plus a tolerance, continuously for at least a grace period. Only
+//! processes mapped to a pod with a budget are ever considered, so a process
+//! of another pod or of no pod is never part of an order.
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+/// How strict the watchdog is.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct WatchdogConfig {
+    /// Share of the budget a pod may exceed it by (0.05: 5 %).
+    pub tolerance: f64,
+    /// How long a pod must stay over before it is stopped.
+    pub grace: Duration,
+}
+
+impl Default for WatchdogConfig {
+    fn default() -> Self {
+        Self {
+            tolerance: 0.05,
+            grace: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Which pod (or, in local mode, which watched process) a usage belongs to.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Owner {
+    /// Pod UID (local mode: `local-<pid>`).
+    pub uid: String,
+    /// Pod namespace (local mode: empty).
+    pub namespace: String,
+    /// Pod name (local mode: `pid-<pid>`).
+    pub name: String,
+}
+
+/// What one pod uses on one GPU.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PodGpuUsage {
+    /// The pod.
+    pub owner: Owner,
+    /// The GPU's UUID.
+    pub gpu: String,
+    /// The pod's budget per GPU, bytes; `None`: not watched.
+    pub budget_bytes: Option<u64>,
+    /// Bytes its processes use on this GPU together.
+    pub used_bytes: u64,
+    /// Host PIDs of its processes on this GPU.
+    pub pids: Vec<u32>,
+}
+
+/// An order to stop a pod.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StopOrder {
+    /// The pod.
+    pub owner: Owner,
+    /// The GPU it exceeded its budget on.
+    pub gpu: String,
+    /// Bytes used when the decision was made.
+    pub used_bytes: u64,
+    /// Its budget.
+    pub budget_bytes: u64,
+    /// Host PIDs to stop: the pod's processes on every GPU.
+    pub pids: Vec<u32>,
+    /// Why, in words (goes to the OOM report).
+    pub reason: String,
+}
+
+/// The watchdog's memory between two readings.
+#[derive(Debug)]
+pub struct Watchdog {
+    config: WatchdogConfig,
+    over_since: HashMap<(Owner, String), Instant>,
+    stopped: HashSet<String>,
+}
+
+impl Watchdog {
+    /// A watchdog with `config`.
+    pub fn new(config: WatchdogConfig) -> Self {
+        Self {
+            config,
+            over_since: HashMap::new(),
+            stopped: HashSet::new(),
+        }
+    }
+
+    /// The limit of a budget: budget plus tolerance.
+    pub fn limit(&self, budget: u64) -> u64 {
+        (budget as f64 * (1.0 + self.config.tolerance.max(0.0))).floor() as u64
+    }
+
+    /// Takes one reading and returns the pods to stop now. A pod is ordered
+    /// stopped once; a pod that falls back under its limit starts its grace
+    /// period again when it next exceeds it.
+    pub fn observe(&mut self, now: Instant, usage: &[PodGpuUsage]) -> Vec<StopOrder> {
+        let mut over_now = HashSet::new();
+        let mut orders: Vec<StopOrder> = Vec::new();
+        for entry in usage {
+            let Some(budget) = entry.budget_bytes else {
+                continue;
+            };
+            if self.stopped.contains(&entry.owner.uid) || entry.used_bytes <= self.limit(budget) {
+                continue;
+            }
+            let key = (entry.owner.clone(), entry.gpu.clone());
+            let since = *self.over_since.entry(key.clone()).or_insert(now);
+            over_now.insert(key);
+            let over_for = now.saturating_duration_since(since);
+            if over_for < self.config.grace || orders.iter().any(|o| o.owner == entry.owner) {
+                continue;
+            }
+            let mut pids: Vec<u32> = usage
+                .iter()
+                .filter(|u| u.owner == entry.owner)
+                .flat_map(|u| u.pids.iter().copied())
+                .collect();
+            pids.sort_unstable();
+            pids.dedup();
+            orders.push(StopOrder {
+                owner: entry.owner.clone(),
+                gpu: entry.gpu.clone(),
+                used_bytes: entry.used_bytes,
+                budget_bytes: budget,
+                pids,
+                reason: format!(
+                    "used {} on GPU {} for {:.1} s, over its budget of {} plus {:.0} % tolerance",
+                    human(entry.used_bytes),
+                    entry.gpu,
+                    over_for.as_secs_f64(),
+                    human(budget),
+                    self.config.tolerance * 100.0
+                ),
+            });
+        }
+        self.over_since.retain(|key, _| over_now.contains(key));
+        for order in &orders {
+            self.stopped.insert(order.owner.uid.clone());
+        }
+        orders
+    }
+
+    /// True when the pod was ordered stopped.
+    pub fn has_stopped(&self, uid: &str) -> bool {
+        self.stopped.contains(uid)
+    }
+
+    /// Forgets pods that no longer exist, so the set stays small.
+    pub fn retain_pods(&mut self, alive: impl Fn(&str) -> bool) {
+        self.stopped.retain(|uid| alive(uid));
+    }
+}
+
+fn human(bytes: u64) -> String {
+    format!("{:.2} GiB", bytes as f64 / (1u64 << 30) as f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GIB: u64 = 1 << 30;
+
+    fn owner(name: &str) -> Owner {
+        Owner {
+            uid: format!("uid-{name}"),
+            namespace: "ml".into(),
+            name: name.into(),
+        }
+    }
+
+    fn usage(name: &str, gpu: &str, budget: Option<u64>, used: u64, pids: &[u32]) -> PodGpuUsage {
+        PodGpuUsage {
+            owner: owner(name),
+            gpu: gpu.into(),
+            budget_bytes: budget,
+            used_bytes: used,
+            pids: pids.to_vec(),
+        }
+    }
+
+    fn watchdog() -> Watchdog {
+        Watchdog::new(WatchdogConfig {
+            tolerance: 0.05,
+            grace: Duration::from_secs(5),
+        })
+    }
+
+    #[test]
+    fn a_pod_over_budget_plus_tolerance_for_the_grace_period_is_stopped() {
+        let mut dog = watchdog();
+        let t0 = Instant::now();
+        let over = [usage("big", "GPU-0", Some(20 * GIB), 22 * GIB, &[101])];
+        // (seconds after t0, expect an order)
+        for (at, stop) in [(0, false), (2, false), (4, false), (5, true), (6, false)] {
+            let orders = dog.observe(t0 + Duration::from_secs(at), &over);
+            assert_eq!(orders.len(), usize::from(stop), "at {at} s: {orders:?}");
+        }
+        assert!(dog.has_stopped("uid-big"));
+    }
+
+    #[test]
+    fn usage_within_tolerance_or_a_short_spike_is_not_stopped() {
+        let mut dog = watchdog();
+        let t0 = Instant::now();
+        let budget = 20 * GIB;
+        let readings = [
+            (0, 21 * GIB), // within 5 %
+            (3, 23 * GIB), // over: grace starts
+            (6, 20 * GIB), // back under: grace resets
+            (7, 23 * GIB), // over again
+            (11, 23 * GIB),
+        ];
+        for (at, used) in readings {
+            let orders = dog.observe(
+                t0 + Duration::from_secs(at),
+                &[usage("p", "GPU-0", Some(budget), used, &[7])],
+            );
+            assert!(orders.is_empty(), "at {at} s");
+        }
+        let orders = dog.observe(
+            t0 + Duration::from_secs(12),
+            &[usage("p", "GPU-0", Some(budget), 23 * GIB, &[7])],
+        );
+        assert_eq!(orders.len(), 1, "5 s after it exceeded again");
+    }
+
+    #[test]
+    fn only_the_offending_pods_processes_are_ordered_stopped() {
+        let mut dog = watchdog();
+        let t0 = Instant::now();
+        let readings = [
+            // The offender, with a process on a second GPU too.
+            usage("big", "GPU-0", Some(10 * GIB), 15 * GIB, &[101, 102]),
+            usage("big", "GPU-1", Some(10 * GIB), 2 * GIB, &[103]),
+            // A neighbour on the same GPU within its budget.
+            usage("small", "GPU-0", Some(10 * GIB), 9 * GIB, &[201]),
+            // A pod without a budget annotation: never watched.
+            usage("free", "GPU-0", None, 100 * GIB, &[301]),
+        ];
+        dog.observe(t0, &readings);
+        let orders = dog.observe(t0 + Duration::from_secs(5), &readings);
+        assert_eq!(orders.len(), 1, "{orders:?}");
+        let order = &orders[0];
+        assert_eq!(order.owner, owner("big"));
+        assert_eq!(order.pids, vec![101, 102, 103]);
+        assert_eq!((order.used_bytes, order.budget_bytes), (15 * GIB, 10 * GIB));
+        assert!(order.reason.contains("GPU-0"), "{}", order.reason);
+    }
+
+    #[test]
+    fn the_budget_is_per_gpu_not_summed_over_gpus() {
+        let mut dog = watchdog();
+        let t0 = Instant::now();
+        let readings = [
+            usage("ddp", "GPU-0", Some(10 * GIB), 9 * GIB, &[1]),
+            usage("ddp", "GPU-1", Some(10 * GIB), 9 * GIB, &[2]),
+        ];
+        dog.observe(t0, &readings);
+        assert!(
+            dog.observe(t0 + Duration::from_secs(60), &readings)
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn zero_tolerance_limit_is_the_budget() {
+        let dog = Watchdog::new(WatchdogConfig {
+            tolerance: 0.0,
+            grace: Duration::ZERO,
+        });
+        assert_eq!(dog.limit(10 * GIB), 10 * GIB);
+        assert_eq!(watchdog().limit(100), 105);
+    }
+}

@@ -1,0 +1,648 @@
+#!/usr/bin/env python3
+"""Measure the memory of real library models trained the way their docs show.
+
+Hugging Face transformers models (GPT-2, LLaMA, Mistral, Qwen2, BERT), built from
+configs with random weights (nothing is downloaded), trained with `labels=` as the
+transformers docs' PyTorch loop does (the `outputs` of a step stay alive until the
+next forward returns), with the library's `gradient_checkpointing_enable()` and
+attention implementations `sdpa` and `eager`; torchvision classifiers (ResNet,
+ConvNeXt, EfficientNet, MobileNet, DenseNet, ViT) trained with cross-entropy the
+way torchvision's classification reference loop does. Precisions fp32, amp-bf16,
+amp-fp16 and pure bf16; optimizers SGD, SGD with momentum, Adam, AdamW, Adagrad.
+
+Every case runs in a fresh Python process (`--child`), so its CUDA context and its
+NVML per-process figure are its own. Several cases run at once (`--parallel`):
+NVML reports memory per process and PyTorch's caching allocator of one process
+does not see another's, so the per-process peaks are not changed by running side
+by side (a few cases are run again alone at the end to check this: split
+`repeat`). A new case starts only while the device has `--min-free-gib` free.
+
+The parent samples NVML's per-process used memory of every child every few ms and
+reads it again, after a pause, at each stage the child reports (context, built,
+end); the child waits for the parent's reading before going on. The caching
+allocator never returns memory during training (no `empty_cache`), so a process's
+usage only grows and the end reading is its peak; `nvmlPeakBytes` is the larger
+of that and the sampled maximum. The child also reports PyTorch's allocated and
+reserved peaks per phase (forward, backward, optimizer step) of every step.
+
+The held-out split is fixed by a hash of the case name (`split_of`), chosen
+before any fitting and never changed: about one case in four is `holdout`.
+
+Usage:
+    python3 scripts/gpu/calibrate_libraries.py --out DIR [--parallel 6] [--deadline 170]
+    python3 scripts/gpu/calibrate_libraries.py --dry-run     # list the cases, no GPU
+    python3 scripts/gpu/calibrate_libraries.py --child CASE_JSON --fd N   # internal
+
+Output:
+    DIR/libraries.jsonl  one line per case: name, split, library, case (everything
+        that describes the run), spec (TrainingJob spec form: gpus, batch, model),
+        measured {...} or error, versions.
+    DIR/profiles.jsonl   for the cases marked `snapshot`: the run's allocation
+        sequence as a vramfit.profile/v1 object (scripts/snapshot_to_profile.py).
+"""
+
+import argparse
+import hashlib
+import json
+import os
+import select
+import subprocess
+import sys
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SPLIT_SALT = "vramfit-libraries-v1"
+
+
+def split_of(name):
+    """`holdout` for about one case in four, fixed by the name alone."""
+    h = hashlib.sha256(f"{SPLIT_SALT}:{name}".encode()).digest()
+    return "holdout" if h[0] % 4 == 0 else "fit"
+
+
+# ------------------------------------------------------------------ the cases
+
+# Hugging Face configs: the keyword arguments given to the family's config class
+# (everything else keeps the library's defaults: dropout, activation, use_cache).
+GPT2_124M = dict(n_layer=12, n_embd=768, n_head=12, n_positions=1024, vocab_size=50257)
+GPT2_355M = dict(n_layer=24, n_embd=1024, n_head=16, n_positions=1024, vocab_size=50257)
+LLAMA_T = dict(num_hidden_layers=8, hidden_size=1024, num_attention_heads=16,
+               num_key_value_heads=16, intermediate_size=2816, vocab_size=32000,
+               max_position_embeddings=4096)
+LLAMA_T_GQA = dict(LLAMA_T, num_key_value_heads=4)
+LLAMA_1B = dict(num_hidden_layers=16, hidden_size=2048, num_attention_heads=32,
+                num_key_value_heads=8, intermediate_size=5632, vocab_size=32000,
+                max_position_embeddings=4096)
+MISTRAL_T = dict(num_hidden_layers=8, hidden_size=1024, num_attention_heads=16,
+                 num_key_value_heads=4, intermediate_size=3584, vocab_size=32000,
+                 max_position_embeddings=4096)
+QWEN2_T = dict(num_hidden_layers=8, hidden_size=896, num_attention_heads=14,
+               num_key_value_heads=2, intermediate_size=4864, vocab_size=151936,
+               max_position_embeddings=4096, tie_word_embeddings=True)
+BERT_B = dict(num_hidden_layers=12, hidden_size=768, num_attention_heads=12,
+              intermediate_size=3072, vocab_size=30522)
+BERT_L = dict(num_hidden_layers=24, hidden_size=1024, num_attention_heads=16,
+              intermediate_size=4096, vocab_size=30522)
+
+PREC_TAG = {"fp32": "fp32", "amp-bf16": "ampbf16", "amp-fp16": "ampfp16", "bf16": "bf16"}
+OPT_TAG = {"sgd": "sgd", "sgd-momentum": "sgdm", "adam": "adam", "adamw": "adamw",
+           "adagrad": "adagrad"}
+
+
+def hf(tag, model_type, config, seq, micro, precision, optimizer, attention="sdpa",
+       ckpt=False, accum=1, snapshot=False):
+    name = (f"hf-{tag}-s{seq}-b{micro}-{PREC_TAG[precision]}-{OPT_TAG[optimizer]}"
+            f"-{attention}" + ("-ckpt" if ckpt else "") + (f"-accum{accum}" if accum > 1 else ""))
+    return dict(name=name, library="transformers", model_type=model_type, config=config,
+                seq=seq, micro=micro, accum=accum, precision=precision, optimizer=optimizer,
+                attention=attention, ckpt=ckpt, snapshot=snapshot)
+
+
+def tv(model, micro, precision, optimizer, image=224, snapshot=False):
+    name = f"tv-{model}-i{image}-b{micro}-{PREC_TAG[precision]}-{OPT_TAG[optimizer]}"
+    return dict(name=name, library="torchvision", model=model, image=image, classes=1000,
+                micro=micro, accum=1, precision=precision, optimizer=optimizer,
+                attention="sdpa", ckpt=False, snapshot=snapshot)
+
+
+# Ordered so that the deadline, if reached, cuts the least useful cases.
+CASES = [
+    # GPT-2 (gelu_new, dropout 0.1, tied head)
+    hf("gpt2", "gpt2", GPT2_124M, 1024, 8, "amp-bf16", "adamw", snapshot=True),
+    hf("gpt2", "gpt2", GPT2_124M, 1024, 8, "fp32", "adamw"),
+    hf("gpt2", "gpt2", GPT2_124M, 1024, 8, "amp-fp16", "adamw"),
+    hf("gpt2", "gpt2", GPT2_124M, 1024, 8, "bf16", "adamw"),
+    hf("gpt2", "gpt2", GPT2_124M, 1024, 4, "fp32", "adamw", "eager"),
+    hf("gpt2", "gpt2", GPT2_124M, 1024, 8, "amp-bf16", "adamw", "eager"),
+    hf("gpt2", "gpt2", GPT2_124M, 1024, 16, "amp-bf16", "adamw", ckpt=True),
+    hf("gpt2", "gpt2", GPT2_124M, 512, 16, "fp32", "sgd"),
+    hf("gpt2", "gpt2", GPT2_124M, 1024, 8, "amp-bf16", "sgd-momentum"),
+    hf("gpt2", "gpt2", GPT2_124M, 1024, 8, "amp-bf16", "adagrad"),
+    hf("gpt2", "gpt2", GPT2_124M, 1024, 4, "amp-fp16", "adam", "eager", ckpt=True),
+    hf("gpt2", "gpt2", GPT2_124M, 1024, 8, "amp-bf16", "adamw", accum=2),
+    hf("gpt2m", "gpt2", GPT2_355M, 1024, 4, "amp-bf16", "adamw"),
+    hf("gpt2m", "gpt2", GPT2_355M, 1024, 8, "bf16", "adamw", ckpt=True),
+    # LLaMA (RMSNorm upcasts, rotary, SiLU gate)
+    hf("llama", "llama", LLAMA_T, 2048, 4, "amp-bf16", "adamw", snapshot=True),
+    hf("llama", "llama", LLAMA_T, 2048, 4, "bf16", "adamw"),
+    hf("llamagqa", "llama", LLAMA_T_GQA, 2048, 4, "fp32", "adamw"),
+    hf("llamagqa", "llama", LLAMA_T_GQA, 1024, 4, "amp-bf16", "adamw", "eager"),
+    hf("llama", "llama", LLAMA_T, 2048, 8, "amp-fp16", "adam"),
+    hf("llama", "llama", LLAMA_T, 1024, 8, "fp32", "adagrad", "eager", ckpt=True),
+    hf("llama", "llama", LLAMA_T, 2048, 4, "amp-bf16", "sgd-momentum", ckpt=True),
+    hf("llama", "llama", LLAMA_T, 2048, 8, "bf16", "adamw", ckpt=True),
+    hf("llamagqa", "llama", LLAMA_T_GQA, 2048, 4, "bf16", "sgd", "eager"),
+    hf("llama", "llama", LLAMA_T, 1024, 4, "amp-bf16", "adamw", accum=4),
+    hf("llama1b", "llama", LLAMA_1B, 2048, 4, "bf16", "adamw", ckpt=True),
+    hf("llama1b", "llama", LLAMA_1B, 2048, 2, "bf16", "sgd-momentum"),
+    # Mistral (GQA, sliding window)
+    hf("mistral", "mistral", MISTRAL_T, 2048, 4, "amp-bf16", "adamw"),
+    hf("mistral", "mistral", MISTRAL_T, 1024, 4, "bf16", "adamw", "eager"),
+    hf("mistral", "mistral", MISTRAL_T, 2048, 4, "amp-fp16", "adamw", ckpt=True),
+    hf("mistral", "mistral", MISTRAL_T, 2048, 2, "fp32", "sgd-momentum"),
+    # Qwen2 (qkv biases, 152k vocabulary, tied)
+    hf("qwen2", "qwen2", QWEN2_T, 1024, 2, "amp-bf16", "adamw"),
+    hf("qwen2", "qwen2", QWEN2_T, 2048, 2, "bf16", "adamw", ckpt=True),
+    hf("qwen2", "qwen2", QWEN2_T, 1024, 2, "fp32", "adagrad", "eager"),
+    hf("qwen2", "qwen2", QWEN2_T, 1024, 4, "amp-fp16", "sgd"),
+    # BERT masked LM (post-norm, dropout 0.1)
+    hf("bert", "bert", BERT_B, 512, 16, "fp32", "adamw", snapshot=True),
+    hf("bert", "bert", BERT_B, 512, 32, "amp-bf16", "adamw"),
+    hf("bert", "bert", BERT_B, 512, 16, "amp-fp16", "adamw", "eager"),
+    hf("bert", "bert", BERT_B, 128, 64, "bf16", "sgd-momentum"),
+    hf("bert", "bert", BERT_B, 512, 16, "amp-bf16", "adam", ckpt=True),
+    hf("bertl", "bert", BERT_L, 512, 8, "amp-bf16", "adamw", ckpt=True),
+    hf("bertl", "bert", BERT_L, 256, 16, "fp32", "adagrad", "eager"),
+    hf("bert", "bert", BERT_B, 512, 16, "bf16", "adamw", "eager", ckpt=True),
+    # torchvision classifiers (1000 classes, cross-entropy)
+    tv("resnet50", 64, "fp32", "sgd-momentum", snapshot=True),
+    tv("resnet50", 128, "amp-bf16", "sgd-momentum"),
+    tv("resnet50", 128, "amp-fp16", "sgd-momentum"),
+    tv("resnet50", 64, "bf16", "adamw"),
+    tv("resnet50", 64, "fp32", "adagrad"),
+    tv("resnet18", 256, "amp-bf16", "sgd-momentum"),
+    tv("resnet18", 128, "fp32", "adam"),
+    tv("resnet101", 64, "amp-fp16", "sgd"),
+    tv("convnext_tiny", 64, "amp-bf16", "adamw", snapshot=True),
+    tv("convnext_tiny", 32, "fp32", "adamw"),
+    tv("convnext_tiny", 64, "bf16", "sgd-momentum"),
+    tv("convnext_tiny", 64, "amp-fp16", "adagrad"),
+    tv("convnext_small", 32, "amp-bf16", "adamw"),
+    tv("efficientnet_b0", 128, "amp-bf16", "sgd-momentum", snapshot=True),
+    tv("efficientnet_b0", 64, "fp32", "adam"),
+    tv("efficientnet_b0", 128, "amp-fp16", "adamw"),
+    tv("efficientnet_b0", 64, "bf16", "sgd"),
+    tv("efficientnet_b3", 32, "amp-bf16", "sgd-momentum", image=300),
+    tv("mobilenet_v2", 128, "fp32", "sgd-momentum", snapshot=True),
+    tv("mobilenet_v2", 256, "amp-bf16", "sgd-momentum"),
+    tv("mobilenet_v3_large", 128, "amp-fp16", "adam"),
+    tv("mobilenet_v3_large", 256, "bf16", "adagrad"),
+    tv("densenet121", 64, "fp32", "sgd-momentum", snapshot=True),
+    tv("densenet121", 64, "amp-bf16", "adamw"),
+    tv("densenet121", 64, "amp-fp16", "sgd"),
+    tv("vit_b_16", 64, "amp-bf16", "adamw", snapshot=True),
+    tv("vit_b_16", 32, "fp32", "adamw"),
+    tv("vit_b_16", 64, "bf16", "sgd-momentum"),
+    tv("vit_b_16", 64, "amp-fp16", "adagrad"),
+]
+
+# Run again alone at the end, to check that running side by side changes nothing.
+REPEATS = ["hf-gpt2-s1024-b8-ampbf16-adamw-sdpa", "tv-resnet50-i224-b128-ampbf16-sgdm",
+           "hf-llama-s2048-b4-bf16-adamw-sdpa"]
+
+
+def job_spec(c, hf_config=None):
+    """The TrainingJob spec (gpus, batch, model) of case `c`, as JSON. `hf_config`
+    is the full config.json of the model that ran (the child's), else the
+    keyword arguments with `model_type`."""
+    model = {"precision": c["precision"], "optimizer": c["optimizer"],
+             "gradientCheckpointing": c["ckpt"], "attention": c["attention"], "zeroStage": 0}
+    if c["library"] == "transformers":
+        cfg = hf_config if hf_config is not None else dict(c["config"], model_type=c["model_type"])
+        model["huggingFace"] = {"config": cfg, "seqLen": c["seq"]}
+    else:
+        model["torchvision"] = {"name": c["model"], "imageSize": c["image"],
+                                "numClasses": c["classes"]}
+    return {"gpus": 1,
+            "batch": {"global": c["micro"] * c["accum"], "micro": c["micro"], "minMicro": 1},
+            "model": model}
+
+
+# ------------------------------------------------------------------- the child
+
+OPT_KWARGS = {"sgd": dict(lr=0.1), "sgd-momentum": dict(lr=0.1, momentum=0.9),
+              "adam": dict(lr=1e-4), "adamw": dict(lr=1e-4), "adagrad": dict(lr=1e-2)}
+
+
+def child(c, fd):
+    """Trains case `c`; reports stages on fd `fd` and waits for the parent's
+    NVML reading (one byte on stdin) after each."""
+    import torch
+
+    torch.set_num_threads(2)
+
+    def stage(name, **kw):
+        os.write(fd, (json.dumps(dict(stage=name, **kw)) + "\n").encode())
+        sys.stdin.buffer.read(1)
+
+    dev = torch.device("cuda")
+    torch.cuda.init()
+    torch.zeros(1, device=dev)
+    torch.cuda.synchronize()
+    stage("context", reserved=torch.cuda.memory_reserved())
+    if c["snapshot"]:
+        torch.cuda.memory._record_memory_history(enabled="all", context=None,
+                                                 stacks="python", max_entries=3_000_000)
+    prec = c["precision"]
+    pure = {"bf16": torch.bfloat16}.get(prec)
+    amp = {"amp-bf16": torch.bfloat16, "amp-fp16": torch.float16}.get(prec)
+    info = {}
+    g = torch.Generator().manual_seed(0)
+    B = c["micro"]
+
+    if c["library"] == "transformers":
+        import transformers
+
+        cfg = transformers.AutoConfig.for_model(c["model_type"], **c["config"])
+        auto = (transformers.AutoModelForMaskedLM if c["model_type"] == "bert"
+                else transformers.AutoModelForCausalLM)
+        try:
+            model = auto.from_config(cfg, attn_implementation=c["attention"])
+        except TypeError:
+            cfg._attn_implementation = c["attention"]
+            model = auto.from_config(cfg)
+        model = model.float()
+        info["attnImplementation"] = getattr(model.config, "_attn_implementation", None)
+        info["hfConfig"] = json.loads(model.config.to_json_string(use_diff=False))
+        info["modelClass"] = type(model).__name__
+        V, S = model.config.vocab_size, c["seq"]
+
+        def batch():  # what a tokenizer + collator hands the loop, on the CPU
+            ids = torch.randint(0, V, (B, S), generator=g)
+            b = {"input_ids": ids, "attention_mask": torch.ones(B, S, dtype=torch.long)}
+            if c["model_type"] == "bert":
+                labels = ids.clone()
+                labels[torch.rand(B, S, generator=g) >= 0.15] = -100
+                b["token_type_ids"] = torch.zeros(B, S, dtype=torch.long)
+                b["labels"] = labels
+            else:
+                b["labels"] = ids.clone()
+            return b
+
+        def forward(b):
+            out = model(**b)
+            return out.loss, out
+    else:
+        import torchvision
+
+        model = torchvision.models.get_model(c["model"], weights=None,
+                                             num_classes=c["classes"])
+        info["modelClass"] = type(model).__name__
+        criterion = torch.nn.CrossEntropyLoss()
+        H = c["image"]
+
+        def batch():
+            return {"image": torch.randn(B, 3, H, H, generator=g),
+                    "target": torch.randint(0, c["classes"], (B,), generator=g)}
+
+        def forward(b):
+            output = model(b["image"])
+            return criterion(output, b["target"]), output
+
+    if pure is not None:
+        model = model.to(device=dev, dtype=pure)
+    else:
+        model = model.to(dev)
+    if c["ckpt"]:
+        model.gradient_checkpointing_enable()
+        info["checkpointing"] = bool(getattr(model, "is_gradient_checkpointing", True))
+    model.train()
+    nparams = sum(p.numel() for p in model.parameters())
+    nbuf = sum(b.numel() * b.element_size() for b in model.buffers())
+    info["paramDtype"] = str(next(model.parameters()).dtype)
+    opt_cls = {"sgd": torch.optim.SGD, "sgd-momentum": torch.optim.SGD,
+               "adam": torch.optim.Adam, "adamw": torch.optim.AdamW,
+               "adagrad": torch.optim.Adagrad}[c["optimizer"]]
+    opt = opt_cls(model.parameters(), **OPT_KWARGS[c["optimizer"]])
+    scaler = torch.amp.GradScaler("cuda") if prec == "amp-fp16" else None
+    torch.cuda.synchronize()
+    stage("built", reserved=torch.cuda.memory_reserved(),
+          allocated=torch.cuda.memory_allocated(), params=nparams, bufferBytes=nbuf, **info)
+
+    phases = []
+    max_res = torch.cuda.max_memory_reserved()
+    max_alloc = torch.cuda.max_memory_allocated()
+
+    def mark(rec, key):
+        nonlocal max_res, max_alloc
+        rec[key] = [torch.cuda.max_memory_allocated(), torch.cuda.memory_allocated()]
+        max_res = max(max_res, torch.cuda.max_memory_reserved())
+        max_alloc = max(max_alloc, rec[key][0])
+        torch.cuda.reset_peak_memory_stats()
+
+    torch.cuda.reset_peak_memory_stats()
+    t0 = time.time()
+    steps = 3
+    outputs = loss = b = None  # the loop's variables live across iterations, as in the docs
+    for step in range(steps):
+        for micro in range(c["accum"]):
+            rec = {"step": step, "micro": micro}
+            b = {k: v.to(dev) for k, v in batch().items()}
+            if pure is not None and "image" in b:
+                b["image"] = b["image"].to(pure)
+            mark(rec, "input")
+            with torch.autocast("cuda", dtype=amp or torch.bfloat16, enabled=amp is not None):
+                loss, outputs = forward(b)
+            if c["accum"] > 1:
+                loss = loss / c["accum"]
+            mark(rec, "forward")
+            if c["library"] == "torchvision" and micro == 0:
+                opt.zero_grad()  # where torchvision's reference loop clears gradients
+                mark(rec, "zeroGrad")
+            if scaler is not None:
+                scaler.scale(loss).backward()
+            else:
+                loss.backward()
+            mark(rec, "backward")
+            phases.append(rec)
+        if scaler is not None:
+            scaler.step(opt)
+            scaler.update()
+        else:
+            opt.step()
+        if c["library"] == "transformers":
+            opt.zero_grad()  # where the transformers docs' loop clears gradients
+        mark(phases[-1], "optimizer")
+    torch.cuda.synchronize()
+    secs = time.time() - t0
+    if c["snapshot"]:
+        torch.cuda.memory._dump_snapshot(os.path.join(SNAPDIR, c["name"] + ".pickle"))
+        torch.cuda.memory._record_memory_history(enabled=None)
+    st = torch.cuda.memory_stats()
+    stage("end", reserved=torch.cuda.memory_reserved(), maxReserved=max_res,
+          maxAllocated=max_alloc, seconds=secs, phases=phases,
+          allocRetries=st.get("num_alloc_retries", 0), ooms=st.get("num_ooms", 0),
+          loss=float(loss.detach().float()))
+
+
+SNAPDIR = "/tmp/vramfit-library-snapshots"
+
+
+# ------------------------------------------------------------------ the parent
+
+
+class Nvml:
+    """Per-process used memory through NVML, sampled by one thread for all
+    children."""
+
+    def __init__(self):
+        import pynvml
+        pynvml.nvmlInit()
+        self.nv = pynvml
+        self.h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        self.name = pynvml.nvmlDeviceGetName(self.h)
+        if isinstance(self.name, bytes):
+            self.name = self.name.decode()
+        self.total = pynvml.nvmlDeviceGetMemoryInfo(self.h).total
+        self.driver = pynvml.nvmlSystemGetDriverVersion()
+        self.lock = threading.Lock()
+        self.peaks = {}
+        self.stop = False
+
+    def procs(self):
+        with self.lock:
+            try:
+                ps = self.nv.nvmlDeviceGetComputeRunningProcesses(self.h)
+            except Exception:  # noqa: BLE001
+                return {}
+        return {p.pid: (p.usedGpuMemory or 0) for p in ps}
+
+    def proc(self, pid):
+        return self.procs().get(pid, 0)
+
+    def free(self):
+        with self.lock:
+            return self.nv.nvmlDeviceGetMemoryInfo(self.h).free
+
+    def sample_forever(self):
+        while not self.stop:
+            for pid, used in self.procs().items():
+                if used > self.peaks.get(pid, 0):
+                    self.peaks[pid] = used
+            time.sleep(0.003)
+
+
+def run_case(c, nvml, timeout):
+    """Runs one case in a fresh process; returns (stages, sampled peak, stderr tail)."""
+    r, w = os.pipe()
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+               TRANSFORMERS_VERBOSITY="error", TOKENIZERS_PARALLELISM="false",
+               OMP_NUM_THREADS="2", PYTHONWARNINGS="ignore")
+    errpath = os.path.join(SNAPDIR, c["name"] + ".stderr")
+    with open(errpath, "wb") as err:
+        p = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--child",
+                              json.dumps(c), "--fd", str(w)], pass_fds=(w,),
+                             stdin=subprocess.PIPE, stdout=err, stderr=err, env=env)
+    os.close(w)
+    stages, buf, t0 = {}, b"", time.time()
+    while True:
+        ready, _, _ = select.select([r], [], [], 0.5)
+        if ready:
+            chunk = os.read(r, 1 << 20)
+            if not chunk:
+                break
+            buf += chunk
+            while b"\n" in buf:
+                line, buf = buf.split(b"\n", 1)
+                msg = json.loads(line)
+                time.sleep(0.05)
+                msg["nvmlProc"] = max(nvml.proc(p.pid) for _ in range(3))
+                stages[msg["stage"]] = msg
+                try:
+                    p.stdin.write(b"x")
+                    p.stdin.flush()
+                except OSError:
+                    pass
+        if time.time() - t0 > timeout:
+            p.kill()
+            stages["error"] = f"timeout after {timeout:.0f}s"
+            break
+    p.wait()
+    os.close(r)
+    sampled = nvml.peaks.pop(p.pid, 0)
+    with open(errpath, "rb") as f:
+        tail = f.read()[-3000:].decode(errors="replace")
+    if p.returncode and "error" not in stages:
+        stages["error"] = f"exit status {p.returncode}"
+    return stages, sampled, tail
+
+
+def measured(stages, sampled):
+    ctx, built, end = stages["context"], stages["built"], stages["end"]
+    return {
+        "nvmlPeakBytes": max(sampled, end["nvmlProc"]),
+        "nvmlEndBytes": end["nvmlProc"],
+        "nvmlSampledMaxBytes": sampled,
+        "maxReservedBytes": end["maxReserved"],
+        "maxAllocatedBytes": end["maxAllocated"],
+        "reservedEndBytes": end["reserved"],
+        "contextBytes": ctx["nvmlProc"] - ctx["reserved"],
+        "nonAllocatorBytes": end["nvmlProc"] - end["reserved"],
+        "builtAllocatedBytes": built["allocated"],
+        "builtNvmlBytes": built["nvmlProc"],
+        "parameters": built["params"],
+        "bufferBytes": built["bufferBytes"],
+        "stepSeconds": end["seconds"] / 3,
+        "allocRetries": end["allocRetries"],
+        "ooms": end["ooms"],
+        "phases": end["phases"],
+    }
+
+
+def describe(c):
+    keys = ("library", "model_type", "config", "seq", "model", "image", "classes", "micro",
+            "accum", "precision", "optimizer", "attention", "ckpt")
+    d = {k: c[k] for k in keys if k in c}
+    d["optimizerKwargs"] = OPT_KWARGS[c["optimizer"]]
+    return d
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="out")
+    ap.add_argument("--parallel", type=int, default=6)
+    ap.add_argument("--min-free-gib", type=float, default=32.0)
+    ap.add_argument("--deadline", type=float, default=170.0,
+                    help="seconds after which no new case starts")
+    ap.add_argument("--timeout", type=float, default=120.0, help="per case")
+    ap.add_argument("--only", default="", help="comma-separated case names")
+    ap.add_argument("--no-repeats", action="store_true")
+    ap.add_argument("--dry-run", action="store_true", help="list the cases without a GPU")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--fd", type=int, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        child(json.loads(args.child), args.fd)
+        return
+    names = [c["name"] for c in CASES]
+    assert len(names) == len(set(names)), "duplicate case names"
+    assert all(r in names for r in REPEATS), "a repeat names no case"
+    cases = [c for c in CASES if not args.only or c["name"] in args.only.split(",")]
+    if args.dry_run:
+        for c in cases:
+            print(json.dumps({"name": c["name"], "split": split_of(c["name"]),
+                              "spec": job_spec(c)}))
+        hold = [c for c in cases if split_of(c["name"]) == "holdout"]
+        print(f"{len(cases)} cases, {len(hold)} held out "
+              f"({sum(c['library'] == 'torchvision' for c in hold)} torchvision)", file=sys.stderr)
+        return
+
+    os.makedirs(args.out, exist_ok=True)
+    os.makedirs(SNAPDIR, exist_ok=True)
+    nvml = Nvml()
+    versions = {"gpu": nvml.name, "driver": nvml.driver}
+    vs = subprocess.run([sys.executable, "-c",
+                         "import json,torch,torchvision,transformers;print(json.dumps("
+                         "{'torch':torch.__version__,'torchvision':torchvision.__version__,"
+                         "'transformers':transformers.__version__,"
+                         "'cudnn':torch.backends.cudnn.version()}))"],
+                        capture_output=True, text=True)
+    try:
+        versions.update(json.loads(vs.stdout.strip().splitlines()[-1]))
+    except (ValueError, IndexError):
+        print("could not read library versions:", vs.stderr[-500:], flush=True)
+    print(f"{versions} total {nvml.total / 2**30:.1f} GiB, {len(cases)} cases, "
+          f"parallel {args.parallel}", flush=True)
+    sampler = threading.Thread(target=nvml.sample_forever, daemon=True)
+    sampler.start()
+
+    out_path = os.path.join(args.out, "libraries.jsonl")
+    prof_path = os.path.join(args.out, "profiles.jsonl")
+    lock = threading.Lock()
+    results = {}
+    t_start = time.time()
+    f = open(out_path, "w")
+    pf = open(prof_path, "w")
+
+    def one(c, split, concurrent):
+        t0 = time.time()
+        stages, sampled, tail = run_case(c, nvml, args.timeout)
+        hf_cfg = stages.get("built", {}).get("hfConfig")
+        line = {"name": c["name"] + ("-solo" if split == "repeat" else ""), "split": split,
+                "library": c["library"], "case": describe(c), "spec": job_spec(c, hf_cfg),
+                "versions": versions, "concurrentAtStart": concurrent}
+        if "built" in stages:
+            line["build"] = {k: stages["built"].get(k) for k in
+                             ("modelClass", "attnImplementation", "checkpointing", "paramDtype")}
+        ok = "end" in stages and "error" not in stages
+        if ok:
+            line["measured"] = measured(stages, sampled)
+        else:
+            line["error"] = str(stages.get("error", "no end stage")) + "\n" + tail[-1500:]
+        prof = None
+        pk = os.path.join(SNAPDIR, c["name"] + ".pickle")
+        if ok and c["snapshot"] and split != "repeat" and os.path.exists(pk):
+            try:
+                sys.path.insert(0, os.path.join(HERE, ".."))
+                import snapshot_to_profile
+                prof = snapshot_to_profile.convert_file(pk, micro_batch=c["micro"],
+                                                        grad_accum=c["accum"], source=c["name"])
+                prof["measured"] = {k: line["measured"][k] for k in
+                                    ("nvmlPeakBytes", "maxReservedBytes", "maxAllocatedBytes",
+                                     "nonAllocatorBytes")}
+                prof["spec"] = line["spec"]
+                prof["name"] = c["name"]
+            except Exception as e:  # noqa: BLE001
+                print(f"  {c['name']}: snapshot conversion failed: {e}", flush=True)
+        with lock:
+            f.write(json.dumps(line) + "\n")
+            f.flush()
+            if prof is not None:
+                pf.write(json.dumps(prof, separators=(",", ":")) + "\n")
+                pf.flush()
+            results[line["name"]] = line
+            el = time.time() - t_start
+            if ok:
+                m = line["measured"]
+                print(f"[{el:5.0f}s] {line['name']} ({split}): nvml {m['nvmlPeakBytes'] / 2**30:.3f} "
+                      f"GiB reserved {m['maxReservedBytes'] / 2**30:.3f} allocated "
+                      f"{m['maxAllocatedBytes'] / 2**30:.3f} nonalloc "
+                      f"{m['nonAllocatorBytes'] / 2**20:.0f} MiB retries {m['allocRetries']} "
+                      f"({time.time() - t0:.1f}s)", flush=True)
+            else:
+                print(f"[{el:5.0f}s] {line['name']}: FAILED {line['error'][:400]}", flush=True)
+
+    running = []
+    skipped = []
+    for c in cases:
+        if time.time() - t_start > args.deadline:
+            skipped.append(c["name"])
+            continue
+        while True:
+            running = [t for t in running if t.is_alive()]
+            if len(running) < args.parallel and nvml.free() > args.min_free_gib * 2**30:
+                break
+            time.sleep(0.05)
+        t = threading.Thread(target=one, args=(c, split_of(c["name"]), len(running)))
+        t.start()
+        running.append(t)
+        time.sleep(0.3)  # stagger the imports
+    for t in running:
+        t.join()
+    if not args.no_repeats and not args.only:
+        for name in REPEATS:
+            c = next(x for x in CASES if x["name"] == name)
+            if time.time() - t_start > args.deadline + 30:
+                skipped.append(name + "-solo")
+                continue
+            one(c, "repeat", 0)
+    nvml.stop = True
+    f.close()
+    pf.close()
+
+    ok = [r for r in results.values() if "measured" in r]
+    failed = [r["name"] for r in results.values() if "measured" not in r]
+    print(f"\n== {len(ok)} measured, {len(failed)} failed, {len(skipped)} skipped, "
+          f"{time.time() - t_start:.0f}s -> {out_path}", flush=True)
+    if failed:
+        print("failed:", ", ".join(failed), flush=True)
+    if skipped:
+        print("skipped:", ", ".join(skipped), flush=True)
+    for name in REPEATS:
+        a, b = results.get(name), results.get(name + "-solo")
+        if a and b and "measured" in a and "measured" in b:
+            pa, pb = a["measured"]["nvmlPeakBytes"], b["measured"]["nvmlPeakBytes"]
+            print(f"repeat {name}: side by side {pa / 2**30:.3f} GiB, alone {pb / 2**30:.3f} GiB "
+                  f"({100 * (pa - pb) / pb:+.2f}%)", flush=True)
+    retries = [r["name"] for r in ok if r["measured"]["allocRetries"] or r["measured"]["ooms"]]
+    if retries:
+        print("allocator retries (peaks may be distorted):", ", ".join(retries), flush=True)
+    for split in ("fit", "holdout"):
+        n = sum(r["split"] == split for r in ok)
+        print(f"{split}: {n} measured", flush=True)
+    sys.exit(0 if ok and len(failed) <= len(results) // 4 else 1)
+
+
+if __name__ == "__main__":
+    main()
