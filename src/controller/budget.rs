@@ -42,7 +42,7 @@ pub fn attempt_budget(
     };
     let request = spec.memory.as_ref().and_then(|m| m.request.as_deref());
     if let Some(request) = request {
-        let bytes = parse_quantity(request, 1.0)
+        let bytes = parse_quantity(request, 1)
             .filter(|b| *b > 0)
             .ok_or_else(|| format!("spec.memory.request {request:?} is not a positive quantity"))?;
         // The prediction is informative only; a request overrides it.
