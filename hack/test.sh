@@ -23,6 +23,9 @@ step "generated CRDs are current"
 cargo run --quiet --locked -- crdgen --out crds
 git diff --exit-code -- crds/ || { echo "crds/ is stale: commit the regenerated files" >&2; exit 1; }
 
+step "Helm chart: lint, schema, dry-run against the API server, RBAC (kubectl auth can-i)"
+hack/chart-test.sh
+
 step "tests (unit + integration against the local control plane)"
 cargo test --workspace --locked
 

@@ -26,11 +26,16 @@ enum Command {
     /// Caching-allocator tools.
     #[command(subcommand)]
     Alloc(cli::alloc::AllocCommand),
+    /// The cluster at a glance: GPUs, budgets, measured memory, waiting jobs, OOM retries.
+    Status(cli::status::StatusArgs),
     /// Write the CRD manifests.
     Crdgen {
         /// Output folder.
         #[arg(long, default_value = "crds")]
         out: PathBuf,
+        /// The Helm chart's copy, written too when the chart folder exists.
+        #[arg(long, default_value = "charts/vramfit/crds")]
+        chart_out: PathBuf,
     },
 }
 
@@ -38,11 +43,18 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let output = match cli.command {
         Command::Controller(args) => return run_controller(args),
+        Command::Status(args) => {
+            let runtime = tokio::runtime::Runtime::new()?;
+            return runtime.block_on(cli::status::run(&args));
+        }
         Command::Predict(args) => cli::predict::run(&args)?,
         Command::Bench(command) => cli::bench::run(&command)?,
         Command::Alloc(command) => cli::alloc::run(&command)?,
-        Command::Crdgen { out } => {
+        Command::Crdgen { out, chart_out } => {
             vramfit::crdgen::write_crds(&out)?;
+            if chart_out.parent().is_some_and(|chart| chart.is_dir()) {
+                vramfit::crdgen::write_crds(&chart_out)?;
+            }
             return Ok(());
         }
     };
