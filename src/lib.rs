@@ -8,6 +8,7 @@ pub mod controller;
 pub mod crdgen;
 pub mod place;
 pub mod predict;
+pub mod status;
 
 /// Errors of the vramfit crate.
 #[derive(Debug, thiserror::Error)]

@@ -29,11 +29,16 @@ enum Command {
     /// Caching-allocator tools.
     #[command(subcommand)]
     Alloc(cli::alloc::AllocCommand),
+    /// The cluster at a glance: GPUs, budgets, measured memory, waiting jobs, OOM retries.
+    Status(cli::status::StatusArgs),
     /// Write the CRD manifests.
     Crdgen {
         /// Output folder.
         #[arg(long, default_value = "crds")]
         out: PathBuf,
+        /// The Helm chart's copy, written too when the chart folder exists.
+        #[arg(long, default_value = "charts/vramfit/crds")]
+        chart_out: PathBuf,
     },
 }
 
@@ -42,11 +47,20 @@ fn main() -> anyhow::Result<std::process::ExitCode> {
     let output = match cli.command {
         Command::Controller(args) => return run_controller(args).map(|()| Default::default()),
         Command::Run(args) => return cli::run::main(&args),
+        Command::Status(args) => {
+            let runtime = tokio::runtime::Runtime::new()?;
+            return runtime
+                .block_on(cli::status::run(&args))
+                .map(|()| Default::default());
+        }
         Command::Predict(args) => cli::predict::run(&args)?,
         Command::Bench(command) => cli::bench::run(&command)?,
         Command::Alloc(command) => cli::alloc::run(&command)?,
-        Command::Crdgen { out } => {
+        Command::Crdgen { out, chart_out } => {
             vramfit::crdgen::write_crds(&out)?;
+            if chart_out.parent().is_some_and(|chart| chart.is_dir()) {
+                vramfit::crdgen::write_crds(&chart_out)?;
+            }
             return Ok(Default::default());
         }
     };

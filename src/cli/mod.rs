@@ -6,6 +6,7 @@ pub mod bench;
 pub mod controller;
 pub mod predict;
 pub mod run;
+pub mod status;
 
 use std::io::Read;
 use std::path::Path;

@@ -1,0 +1,71 @@
+{{/* Chart name, truncated to the 63 characters a label allows. */}}
+{{- define "vramfit.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Release-qualified name of the objects. */}}
+{{- define "vramfit.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "vramfit.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+app.kubernetes.io/name: {{ include "vramfit.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: vramfit
+{{- end }}
+
+{{/* Selector labels of one component: pass (dict "ctx" $ "component" "controller"). */}}
+{{- define "vramfit.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "vramfit.name" .ctx }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{- define "vramfit.controller.serviceAccountName" -}}
+{{- default (printf "%s-controller" (include "vramfit.fullname" .)) .Values.serviceAccount.controller.name }}
+{{- end }}
+
+{{- define "vramfit.agent.serviceAccountName" -}}
+{{- default (printf "%s-agent" (include "vramfit.fullname" .)) .Values.serviceAccount.agent.name }}
+{{- end }}
+
+{{/* image reference: pass (dict "image" .Values.controller.image "ctx" $). */}}
+{{- define "vramfit.image" -}}
+{{- printf "%s:%s" .image.repository (default .ctx.Chart.AppVersion .image.tag) }}
+{{- end }}
+
+{{/* The stats root without a trailing slash. */}}
+{{- define "vramfit.statsRoot" -}}
+{{- .Values.statsRoot | trimSuffix "/" }}
+{{- end }}
+
+{{/* The controller's rules on namespaced objects (a ClusterRole, or a Role in controller.watchNamespace). */}}
+{{- define "vramfit.controller.namespacedRules" }}
+- apiGroups: ["vramfit.dev"]
+  resources: ["trainingjobs"]
+  verbs: ["list", "watch", "patch"]
+- apiGroups: ["vramfit.dev"]
+  resources: ["trainingjobs/status"]
+  verbs: ["patch"]
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["list", "watch", "create", "delete"]
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["get"]
+- apiGroups: ["events.k8s.io"]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+{{- end }}
