@@ -123,8 +123,31 @@ def main() -> int:
             logs.append(f"==== {name}.log (last 60 lines)\n" + "\n".join(path.read_text().splitlines()[-60:]))
     (out_dir / "recovery.log").write_text("\n".join(logs) + "\n")
 
-    print("\n== summary")
-    print(json.dumps({k: v for k, v in summary.items()}, indent=1)[:6000])
+    print("\n== summary (details in recovery.json)")
+    for name in ("restart", "inproc"):
+        e = summary.get(name, {})
+        shapes = " -> ".join(
+            f"{a.get('microBatch')}x{a.get('gradAccum')} {a.get('outcome')}"
+            + (f" (absorbed, ended {a.get('finalShape')})" if a.get("absorbedOoms") else "")
+            + (f" peak {a['measuredPeakBytes'] / 2**30:.2f} GiB" if a.get("measuredPeakBytes") else " peak n/a")
+            for a in e.get("attempts", [])
+        )
+        print(f"{name}: {shapes}")
+        params = e.get("params", {})
+        print(
+            f"  held-out loss {e.get('evalLoss')} vs reference {summary.get('reference', {}).get('evalLoss')}"
+            f" (rel diff {e.get('evalLossRelDiff')}); params rel diff {params.get('relative')} max abs {params.get('maxAbs')}"
+        )
+        if name == "restart":
+            print(
+                f"  OOM -> next attempt ready {e.get('oomToNextReadySeconds')} s,"
+                f" -> end of its first step {e.get('oomToFirstStepEndSeconds')} s (median step {e.get('stepSeconds')} s)"
+            )
+        else:
+            print(
+                f"  OOM -> end of the re-run step {e.get('recoveryStepSeconds')} s (median step {e.get('stepSeconds')} s),"
+                f" peak reserved {e.get('peakReservedBytes')}"
+            )
     for f in failures:
         print(f"FAIL: {f}")
     print("OK" if not failures else f"{len(failures)} failure(s)")
