@@ -292,7 +292,7 @@ pub fn cluster_status(
     retries.truncate(RECENT_RETRIES);
     orphans.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
     ClusterStatus {
-        time: now.to_string(),
+        time: now.strftime("%Y-%m-%dT%H:%M:%SZ").to_string(),
         nodes,
         orphans,
         waiting,

@@ -5,3 +5,4 @@ mod api_validation;
 mod controller;
 mod controlplane;
 mod driver;
+mod ui;
