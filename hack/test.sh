@@ -30,6 +30,8 @@ step "tests (unit + integration against the local control plane)"
 cargo test --workspace --locked
 
 if [[ -d python ]]; then
-  step "python helper tests"
-  python3 -m pytest -q python
+  step "python helper tests (against the debug build of libvramfit_alloc.so)"
+  cargo build --quiet --locked -p vramfit-alloc
+  VRAMFIT_ALLOCATOR_LIB="$CARGO_TARGET_DIR/debug/libvramfit_alloc.so" VRAMFIT_REQUIRE_ALLOCATOR_LIB=1 \
+    python3 -m pytest -q python
 fi

@@ -7,6 +7,8 @@
 pub mod bench;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod daemon;
+pub mod gpu;
 pub mod node;
 pub mod probe;
 

@@ -1,4 +1,6 @@
-//! `vramfit-agent`: probe a GPU, benchmark the allocator.
+//! `vramfit-agent`: the node agent daemon, probe a GPU, benchmark the allocator.
+
+mod run;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand, ValueEnum};
@@ -20,6 +22,9 @@ enum Output {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run the node agent: report the node's GPUs in its GpuNode status and
+    /// stop pods over their budget (docs/agent.md).
+    Run(Box<run::RunArgs>),
     /// Fill the free GPU memory with a pattern, read it back and time copies.
     Probe {
         /// Device ordinal.
@@ -77,6 +82,7 @@ struct BenchReport {
 
 fn main() -> Result<()> {
     match Cli::parse().command {
+        Command::Run(args) => run::run(*args)?,
         Command::Probe {
             device,
             margin_gib,

@@ -29,7 +29,8 @@ The held-out split is fixed by a hash of the case name (`split_of`), chosen
 before any fitting and never changed: about one case in four is `holdout`.
 
 Usage:
-    python3 scripts/gpu/calibrate_libraries.py --out DIR [--parallel 6] [--deadline 170]
+    python3 scripts/gpu/calibrate_libraries.py --out DIR [--parallel 6] [--deadline 140]
+    python3 scripts/gpu/calibrate_libraries.py --smoke NAME[,NAME]  # code paths on the CPU, small
     python3 scripts/gpu/calibrate_libraries.py --dry-run     # list the cases, no GPU
     python3 scripts/gpu/calibrate_libraries.py --child CASE_JSON --fd N   # internal
 
@@ -223,15 +224,28 @@ def child(c, fd):
     torch.set_num_threads(2)
 
     def stage(name, **kw):
-        os.write(fd, (json.dumps(dict(stage=name, **kw)) + "\n").encode())
+        msg = json.dumps(dict(stage=name, **kw))
+        if fd is None:  # --smoke: no parent
+            print(msg[:300], flush=True)
+            return
+        os.write(fd, (msg + "\n").encode())
         sys.stdin.buffer.read(1)
 
-    dev = torch.device("cuda")
-    torch.cuda.init()
+    smoke = c.get("device") == "cpu"
+    if smoke:  # the code paths on the CPU, without memory figures
+        class NoCuda:
+            memory_reserved = memory_allocated = staticmethod(lambda: 0)
+            max_memory_reserved = max_memory_allocated = staticmethod(lambda: 0)
+            reset_peak_memory_stats = synchronize = staticmethod(lambda: None)
+            memory_stats = staticmethod(dict)
+        cuda, dev = NoCuda, torch.device("cpu")
+    else:
+        cuda, dev = torch.cuda, torch.device("cuda")
+        torch.cuda.init()
     torch.zeros(1, device=dev)
-    torch.cuda.synchronize()
-    stage("context", reserved=torch.cuda.memory_reserved())
-    if c["snapshot"]:
+    cuda.synchronize()
+    stage("context", reserved=cuda.memory_reserved())
+    if c["snapshot"] and not smoke:
         torch.cuda.memory._record_memory_history(enabled="all", context=None,
                                                  stacks="python", max_entries=3_000_000)
     prec = c["precision"]
@@ -305,23 +319,23 @@ def child(c, fd):
                "adam": torch.optim.Adam, "adamw": torch.optim.AdamW,
                "adagrad": torch.optim.Adagrad}[c["optimizer"]]
     opt = opt_cls(model.parameters(), **OPT_KWARGS[c["optimizer"]])
-    scaler = torch.amp.GradScaler("cuda") if prec == "amp-fp16" else None
-    torch.cuda.synchronize()
-    stage("built", reserved=torch.cuda.memory_reserved(),
-          allocated=torch.cuda.memory_allocated(), params=nparams, bufferBytes=nbuf, **info)
+    scaler = torch.amp.GradScaler(dev.type) if prec == "amp-fp16" else None
+    cuda.synchronize()
+    stage("built", reserved=cuda.memory_reserved(),
+          allocated=cuda.memory_allocated(), params=nparams, bufferBytes=nbuf, **info)
 
     phases = []
-    max_res = torch.cuda.max_memory_reserved()
-    max_alloc = torch.cuda.max_memory_allocated()
+    max_res = cuda.max_memory_reserved()
+    max_alloc = cuda.max_memory_allocated()
 
     def mark(rec, key):
         nonlocal max_res, max_alloc
-        rec[key] = [torch.cuda.max_memory_allocated(), torch.cuda.memory_allocated()]
-        max_res = max(max_res, torch.cuda.max_memory_reserved())
+        rec[key] = [cuda.max_memory_allocated(), cuda.memory_allocated()]
+        max_res = max(max_res, cuda.max_memory_reserved())
         max_alloc = max(max_alloc, rec[key][0])
-        torch.cuda.reset_peak_memory_stats()
+        cuda.reset_peak_memory_stats()
 
-    torch.cuda.reset_peak_memory_stats()
+    cuda.reset_peak_memory_stats()
     t0 = time.time()
     steps = 3
     outputs = loss = b = None  # the loop's variables live across iterations, as in the docs
@@ -332,7 +346,7 @@ def child(c, fd):
             if pure is not None and "image" in b:
                 b["image"] = b["image"].to(pure)
             mark(rec, "input")
-            with torch.autocast("cuda", dtype=amp or torch.bfloat16, enabled=amp is not None):
+            with torch.autocast(dev.type, dtype=amp or torch.bfloat16, enabled=amp is not None):
                 loss, outputs = forward(b)
             if c["accum"] > 1:
                 loss = loss / c["accum"]
@@ -354,13 +368,13 @@ def child(c, fd):
         if c["library"] == "transformers":
             opt.zero_grad()  # where the transformers docs' loop clears gradients
         mark(phases[-1], "optimizer")
-    torch.cuda.synchronize()
+    cuda.synchronize()
     secs = time.time() - t0
-    if c["snapshot"]:
+    if c["snapshot"] and not smoke:
         torch.cuda.memory._dump_snapshot(os.path.join(SNAPDIR, c["name"] + ".pickle"))
         torch.cuda.memory._record_memory_history(enabled=None)
-    st = torch.cuda.memory_stats()
-    stage("end", reserved=torch.cuda.memory_reserved(), maxReserved=max_res,
+    st = cuda.memory_stats()
+    stage("end", reserved=cuda.memory_reserved(), maxReserved=max_res,
           maxAllocated=max_alloc, seconds=secs, phases=phases,
           allocRetries=st.get("num_alloc_retries", 0), ooms=st.get("num_ooms", 0),
           loss=float(loss.detach().float()))
@@ -488,22 +502,43 @@ def describe(c):
     return d
 
 
+def small(c):
+    """Case `c` shrunk to run on the CPU (smoke tests of the code paths)."""
+    c = dict(c, device="cpu", micro=2)
+    if c["library"] == "transformers":
+        c["seq"] = 32
+        c["config"] = dict(c["config"], vocab_size=1000)
+        for k in ("n_layer", "num_hidden_layers"):
+            if k in c["config"]:
+                c["config"][k] = 2
+    elif not c["model"].startswith("vit"):
+        c["image"] = 64
+    return c
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="out")
     ap.add_argument("--parallel", type=int, default=6)
     ap.add_argument("--min-free-gib", type=float, default=32.0)
-    ap.add_argument("--deadline", type=float, default=170.0,
+    ap.add_argument("--deadline", type=float, default=140.0,
                     help="seconds after which no new case starts")
-    ap.add_argument("--timeout", type=float, default=120.0, help="per case")
+    ap.add_argument("--timeout", type=float, default=60.0, help="per case")
     ap.add_argument("--only", default="", help="comma-separated case names")
     ap.add_argument("--no-repeats", action="store_true")
     ap.add_argument("--dry-run", action="store_true", help="list the cases without a GPU")
+    ap.add_argument("--smoke", help="run these cases' code on the CPU, small (no figures)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--fd", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        child(json.loads(args.child), args.fd)
+        c = json.loads(args.child)
+        child(small(c) if os.environ.get("VRAMFIT_CALIBRATE_SMOKE") else c, args.fd)
+        return
+    if args.smoke:
+        for name in args.smoke.split(","):
+            print(name, flush=True)
+            child(small(next(x for x in CASES if x["name"] == name)), None)
         return
     names = [c["name"] for c in CASES]
     assert len(names) == len(set(names)), "duplicate case names"
@@ -613,7 +648,7 @@ def main():
     if not args.no_repeats and not args.only:
         for name in REPEATS:
             c = next(x for x in CASES if x["name"] == name)
-            if time.time() - t_start > args.deadline + 30:
+            if time.time() - t_start > args.deadline + 15:
                 skipped.append(name + "-solo")
                 continue
             one(c, "repeat", 0)

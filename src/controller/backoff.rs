@@ -77,72 +77,46 @@ mod tests {
         BatchShape { micro, accum }
     }
 
+    /// The table shared with the Python helper (`python/vramfit/backoff.py`),
+    /// so the in-process back-off and the controller's cannot drift apart.
+    const SHARED_CASES: &str = include_str!("../../tests/data/backoff-cases.json");
+
     #[test]
     fn oom_halves_micro_batch_and_keeps_global_batch() {
-        let cases = [
-            // (global, gpus, current, min_micro, used, max, expected)
-            (
-                64,
-                1,
-                shape(8, 8),
-                1,
-                0,
-                4,
-                OomDecision::Retry(shape(4, 16)),
-            ),
-            (64, 2, shape(8, 4), 1, 0, 4, OomDecision::Retry(shape(4, 8))),
-            (
-                48,
-                1,
-                shape(12, 4),
-                1,
-                0,
-                4,
-                OomDecision::Retry(shape(6, 8)),
-            ),
-            (
-                48,
-                1,
-                shape(6, 8),
-                1,
-                1,
-                4,
-                OomDecision::Retry(shape(3, 16)),
-            ),
-            (
-                48,
-                1,
-                shape(3, 16),
-                1,
-                2,
-                4,
-                OomDecision::Retry(shape(1, 48)),
-            ),
-            // 10 -> 5 would not divide 40 over 4 GPUs * 5 = 20 -> yes it does: 40/20 = 2.
-            (
-                40,
-                4,
-                shape(10, 1),
-                1,
-                0,
-                4,
-                OomDecision::Retry(shape(5, 2)),
-            ),
-            // 9 -> 4: 36 / 4 = 9 accumulation steps.
-            (36, 1, shape(9, 4), 1, 0, 4, OomDecision::Retry(shape(4, 9))),
-        ];
-        for (global, gpus, current, min_micro, used, max, expected) in cases {
-            let got = after_oom(global, gpus, current, min_micro, used, max);
-            assert_eq!(
-                got, expected,
-                "global {global} gpus {gpus} from {current:?}"
+        let table: serde_json::Value = serde_json::from_str(SHARED_CASES).unwrap();
+        let cases = table["cases"].as_array().unwrap();
+        assert!(cases.len() >= 10, "the shared table lost its cases");
+        let num = |case: &serde_json::Value, key: &str| case[key].as_u64().unwrap() as u32;
+        let pair = |value: &serde_json::Value| {
+            let v = value.as_array().unwrap();
+            shape(v[0].as_u64().unwrap() as u32, v[1].as_u64().unwrap() as u32)
+        };
+        for case in cases {
+            let (global, gpus) = (num(case, "global"), num(case, "gpus"));
+            let got = after_oom(
+                global,
+                gpus,
+                pair(&case["current"]),
+                num(case, "minMicro"),
+                num(case, "used"),
+                num(case, "max"),
             );
-            if let OomDecision::Retry(next) = got {
-                assert_eq!(
-                    next.micro * next.accum * gpus,
-                    global,
-                    "global batch changed"
-                );
+            match (&got, case.get("retry")) {
+                (OomDecision::Retry(next), Some(want)) => {
+                    assert_eq!(*next, pair(want), "{case}");
+                    assert_eq!(
+                        next.micro * next.accum * gpus,
+                        global,
+                        "global batch changed"
+                    );
+                }
+                (OomDecision::Fail(message), None) => {
+                    for words in case["fail"].as_array().unwrap() {
+                        let words = words.as_str().unwrap();
+                        assert!(message.contains(words), "{case}: {message}");
+                    }
+                }
+                _ => panic!("{case}: got {got:?}"),
             }
         }
     }

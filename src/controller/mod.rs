@@ -68,6 +68,8 @@ pub struct ControllerOptions {
     pub metrics_addr: Option<SocketAddr>,
     /// Lease used for leader election (none: run without election).
     pub lease: Option<LeaseOptions>,
+    /// Node folder of the pods' stats folders (docs/node-protocol.md).
+    pub stats_root: String,
 }
 
 /// The Lease two replicas compete for.
@@ -91,6 +93,7 @@ impl Default for ControllerOptions {
             cycle_interval: Duration::from_secs(5),
             metrics_addr: None,
             lease: None,
+            stats_root: pod::DEFAULT_STATS_ROOT.into(),
         }
     }
 }
@@ -109,6 +112,8 @@ pub struct Context {
     gpu_nodes: Store<GpuNode>,
     pods: Store<Pod>,
     wake: Notify,
+    /// Node folder of the pods' stats folders.
+    pub stats_root: String,
 }
 
 impl Context {
@@ -220,6 +225,7 @@ pub async fn run(client: Client, options: ControllerOptions) -> Result<()> {
         gpu_nodes: gpu_nodes.clone(),
         pods: pods.clone(),
         wake: Notify::new(),
+        stats_root: options.stats_root.clone(),
     });
     let (trigger, triggers) = futures::channel::mpsc::unbounded::<ObjectRef<TrainingJob>>();
 

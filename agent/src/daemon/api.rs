@@ -1,0 +1,107 @@
+//! The agent's writes to the API server: its `GpuNode` (created on first
+//! contact, status by server-side apply under the field manager
+//! `vramfit-agent`) and the clearing of a probe request.
+
+use std::collections::BTreeMap;
+
+use kube::api::{Api, Patch, PatchParams};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+use vramfit::api::{GpuNode, GpuNodeStatus, OomReport};
+
+/// The agent's field manager.
+pub const FIELD_MANAGER: &str = "vramfit-agent";
+
+/// Annotation that asks the agent to probe its GPUs again; the agent removes
+/// it once the probe ran.
+pub const PROBE_ANNOTATION: &str = "vramfit.dev/probe-requested";
+
+/// Writes one node's `GpuNode`.
+pub struct GpuNodeWriter {
+    api: Api<GpuNode>,
+    name: String,
+    labels: BTreeMap<String, String>,
+    exists: bool,
+}
+
+impl GpuNodeWriter {
+    /// A writer of the `GpuNode` named `name`, carrying `labels`.
+    pub fn new(client: Client, name: &str, labels: BTreeMap<String, String>) -> Self {
+        Self {
+            api: Api::all(client),
+            name: name.into(),
+            labels,
+            exists: false,
+        }
+    }
+
+    fn params() -> PatchParams {
+        // The agent is the only writer of the status: it takes the fields
+        // even from a manager that wrote them before (a test driver, an older
+        // agent).
+        PatchParams::apply(FIELD_MANAGER).force()
+    }
+
+    /// Creates the object (or updates the agent's labels on it).
+    pub async fn ensure(&mut self) -> kube::Result<GpuNode> {
+        let object = json!({
+            "apiVersion": "vramfit.dev/v1alpha1", "kind": "GpuNode",
+            "metadata": {"name": self.name, "labels": self.labels},
+        });
+        let node = self
+            .api
+            .patch(&self.name, &Self::params(), &Patch::Apply(&object))
+            .await?;
+        self.exists = true;
+        Ok(node)
+    }
+
+    /// The OOM reports an earlier agent on this node left, so a restart
+    /// keeps them.
+    pub async fn previous_oom_reports(&self) -> kube::Result<Vec<OomReport>> {
+        Ok(self
+            .api
+            .get_opt(&self.name)
+            .await?
+            .and_then(|n| n.status)
+            .map(|s| s.oom_reports)
+            .unwrap_or_default())
+    }
+
+    /// Writes the status; returns the object as the API server now has it.
+    pub async fn write(&mut self, status: &GpuNodeStatus) -> kube::Result<GpuNode> {
+        if !self.exists {
+            self.ensure().await?;
+        }
+        let patch = json!({
+            "apiVersion": "vramfit.dev/v1alpha1", "kind": "GpuNode",
+            "status": status,
+        });
+        match self
+            .api
+            .patch_status(&self.name, &Self::params(), &Patch::Apply(&patch))
+            .await
+        {
+            Err(kube::Error::Api(e)) if e.code == 404 => {
+                // Deleted under us: create it again on the next write.
+                self.exists = false;
+                Err(kube::Error::Api(e))
+            }
+            other => other,
+        }
+    }
+
+    /// Removes the probe request once the probe ran.
+    pub async fn clear_probe_request(&self) -> kube::Result<()> {
+        let patch = json!({"metadata": {"annotations": {PROBE_ANNOTATION: null}}});
+        self.api
+            .patch(&self.name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+        Ok(())
+    }
+}
+
+/// True when the object asks for a probe.
+pub fn probe_requested(node: &GpuNode) -> bool {
+    node.annotations().contains_key(PROBE_ANNOTATION)
+}

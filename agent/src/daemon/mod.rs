@@ -1,0 +1,350 @@
+//! `vramfit-agent run`: the node agent's loop. Each interval it reads the
+//! GPUs, maps their processes to owners, builds the `GpuNode` status, lets
+//! the watchdog decide, and writes the status when it changed or the
+//! heartbeat is due.
+//!
+//! Where the readings come from is a [`NodeBackend`]: NVML and `/proc` on a
+//! real node ([`RealNode`]), or the simulated node of `crate::sim`. Where the
+//! status goes is the API server or, standalone, stdout and a file.
+
+pub mod api;
+pub mod local;
+pub mod pods;
+mod setup;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
+use kube::Client;
+use kube::api::Api;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use vramfit::api::{GpuNodeStatus, ProbeStatus};
+
+use crate::gpu::nvml::SystemNvml;
+use crate::gpu::{Backoff, GpuMonitor, Reading};
+use crate::node::procfs::ProcFs;
+use crate::node::publish::{PublishPolicy, publish_reason};
+use crate::node::report::{OwnerLookup, ProcessOwner, StatusBuilder};
+use crate::node::watchdog::{StopOrder, Watchdog, WatchdogConfig};
+use api::{GpuNodeWriter, probe_requested};
+use local::{LocalOwners, kill_processes};
+use pods::PodOwners;
+
+/// How the agent runs.
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    /// The node (and `GpuNode`) name.
+    pub node: String,
+    /// Time between readings.
+    pub interval: Duration,
+    /// When to write the status.
+    pub publish: PublishPolicy,
+    /// The watchdog's tolerance and grace period.
+    pub watchdog: WatchdogConfig,
+    /// Where pods' stats folders are (`<root>/<namespace>_<pod>`).
+    pub stats_root: PathBuf,
+    /// The `/proc` to read (the host's, through hostPID).
+    pub proc_root: PathBuf,
+    /// Labels of the `GpuNode`.
+    pub labels: BTreeMap<String, String>,
+    /// Plain local processes to watch (PID -> budget bytes).
+    pub local_budgets: BTreeMap<u32, u64>,
+    /// Probe at start.
+    pub probe_at_start: bool,
+    /// Most bytes a probe writes per GPU (it must leave training jobs room).
+    pub probe_bytes: u64,
+    /// Print the status (JSON, one line per write) on stdout.
+    pub print: bool,
+    /// Also write each status to this file (replaced atomically).
+    pub status_file: Option<PathBuf>,
+    /// One reading, printed, then exit.
+    pub once: bool,
+}
+
+impl RunOptions {
+    /// Defaults for `node`.
+    pub fn new(node: &str) -> Self {
+        Self {
+            node: node.into(),
+            interval: Duration::from_secs(1),
+            publish: PublishPolicy::default(),
+            watchdog: WatchdogConfig::default(),
+            stats_root: PathBuf::from("/var/run/vramfit/pods"),
+            proc_root: PathBuf::from("/proc"),
+            labels: BTreeMap::new(),
+            local_budgets: BTreeMap::new(),
+            probe_at_start: true,
+            probe_bytes: 2 << 30,
+            print: false,
+            status_file: None,
+            once: false,
+        }
+    }
+}
+
+/// Where the agent's readings come from and how it stops a pod.
+pub trait NodeBackend: Send {
+    /// `nvml` or `simulated` (goes to `status.agent.mode`).
+    fn mode(&self) -> &'static str;
+    /// One pass over the GPUs.
+    fn read(&mut self, now: Instant) -> Reading;
+    /// Who the processes of the last reading belong to.
+    fn owners(&self) -> Box<dyn OwnerLookup + '_>;
+    /// Carries out a stop order.
+    fn stop(&mut self, order: &StopOrder);
+    /// Bytes a bare CUDA context takes per GPU UUID, measured once at start.
+    fn context_overhead(&mut self, reading: &Reading) -> HashMap<String, u64>;
+    /// Probes the GPUs; results per GPU UUID.
+    fn probe(&mut self, reading: &Reading) -> HashMap<String, ProbeStatus>;
+}
+
+/// A real node: NVML for the GPUs, `/proc` and the pod watch for owners.
+pub struct RealNode {
+    monitor: GpuMonitor,
+    proc: ProcFs,
+    stats_root: PathBuf,
+    pods: Option<Store<Pod>>,
+    local: BTreeMap<u32, u64>,
+    probe_bytes: u64,
+}
+
+impl RealNode {
+    /// NVML of the system, owners from `pods` or `options.local_budgets`.
+    pub fn new(options: &RunOptions, pods: Option<Store<Pod>>) -> Self {
+        Self {
+            monitor: GpuMonitor::new(Box::new(SystemNvml)),
+            proc: ProcFs::new(&options.proc_root),
+            stats_root: options.stats_root.clone(),
+            pods,
+            local: options.local_budgets.clone(),
+            probe_bytes: options.probe_bytes,
+        }
+    }
+}
+
+/// Owners when nothing is watched: every process belongs to no one.
+struct NoOwners(ProcFs);
+
+impl OwnerLookup for NoOwners {
+    fn owner_of(&self, _: u32) -> Option<ProcessOwner> {
+        None
+    }
+    fn is_running(&self, pid: u32) -> bool {
+        self.0.is_running(pid)
+    }
+}
+
+impl NodeBackend for RealNode {
+    fn mode(&self) -> &'static str {
+        "nvml"
+    }
+
+    fn read(&mut self, now: Instant) -> Reading {
+        let mut reading = self.monitor.read(now);
+        // The agent's own context (while it measures the overhead or probes)
+        // is not a workload.
+        let me = std::process::id();
+        for gpu in &mut reading.gpus {
+            gpu.processes.retain(|p| p.pid != me);
+        }
+        reading
+    }
+
+    fn owners(&self) -> Box<dyn OwnerLookup + '_> {
+        if !self.local.is_empty() {
+            Box::new(LocalOwners::new(self.proc.clone(), self.local.clone()))
+        } else if let Some(pods) = &self.pods {
+            Box::new(PodOwners::snapshot(&self.proc, &self.stats_root, pods))
+        } else {
+            Box::new(NoOwners(self.proc.clone()))
+        }
+    }
+
+    fn stop(&mut self, order: &StopOrder) {
+        for (pid, result) in kill_processes(order) {
+            match result {
+                Ok(()) => {
+                    tracing::warn!(pid, pod = %order.owner.name, "sent SIGKILL: {}", order.reason)
+                }
+                Err(e) => {
+                    tracing::error!(pid, pod = %order.owner.name, "cannot stop the process: {e}")
+                }
+            }
+        }
+    }
+
+    fn context_overhead(&mut self, reading: &Reading) -> HashMap<String, u64> {
+        setup::context_overhead(&self.monitor, reading)
+    }
+
+    fn probe(&mut self, reading: &Reading) -> HashMap<String, ProbeStatus> {
+        setup::probe(reading, self.probe_bytes)
+    }
+}
+
+/// Starts a watch of the pods bound to `node`; the returned store fills as
+/// events arrive (the watch retries with back-off while the API server is
+/// away).
+pub fn watch_node_pods(client: Client, node: &str) -> Store<Pod> {
+    let (reader, writer) = reflector::store::<Pod>();
+    let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
+    let stream = watcher(Api::<Pod>::all(client), config)
+        .default_backoff()
+        .modify(|pod| pod.metadata.managed_fields = None)
+        .reflect(writer)
+        .applied_objects();
+    let node = node.to_string();
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        while let Some(event) = futures::StreamExt::next(&mut stream).await {
+            if let Err(error) = event {
+                tracing::warn!(%node, "pod watch: {error}; retrying");
+            }
+        }
+    });
+    reader
+}
+
+fn now_ms() -> i64 {
+    Timestamp::now().as_millisecond()
+}
+
+/// Runs the agent's loop until `shutdown` resolves (or after one reading
+/// with `options.once`). `client` is `None` standalone: the status then goes
+/// only to stdout and the status file.
+pub async fn run_loop(
+    options: RunOptions,
+    mut backend: Box<dyn NodeBackend>,
+    client: Option<Client>,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let mut shutdown = std::pin::pin!(shutdown);
+    let mut builder = StatusBuilder::new(backend.mode());
+    let mut watchdog = Watchdog::new(options.watchdog);
+    let mut writer = client
+        .clone()
+        .map(|c| GpuNodeWriter::new(c, &options.node, options.labels.clone()));
+
+    let first = backend.read(Instant::now());
+    builder.context_overhead = backend.context_overhead(&first);
+    if options.probe_at_start {
+        builder.probes = backend.probe(&first);
+    }
+    if let Some(writer) = &writer {
+        match writer.previous_oom_reports().await {
+            Ok(reports) => builder.oom_reports = reports,
+            Err(e) => tracing::warn!("cannot read the earlier OOM reports: {e}"),
+        }
+    }
+
+    let mut last: Option<(GpuNodeStatus, Instant)> = None;
+    let mut write_backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
+    let mut write_retry_at: Option<Instant> = None;
+    let mut probe_pending = false;
+    let mut ticker = tokio::time::interval(options.interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut reading = Some(first);
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => {}
+            _ = &mut shutdown => return Ok(()),
+        }
+        let now = Instant::now();
+        let current = match reading.take() {
+            Some(r) => r,
+            None => backend.read(now),
+        };
+        if probe_pending {
+            tracing::info!("probe requested through the GpuNode annotation");
+            builder.probes = tokio::task::block_in_place(|| backend.probe(&current));
+            if let Some(w) = &writer
+                && let Err(e) = w.clear_probe_request().await
+            {
+                tracing::warn!("cannot clear the probe request: {e}");
+            }
+            probe_pending = false;
+        }
+        let (mut status, usage) = {
+            let owners = backend.owners();
+            builder.build(
+                &current,
+                owners.as_ref(),
+                now_ms(),
+                Timestamp::now().to_string(),
+            )
+        };
+        let orders = watchdog.observe(now, &usage);
+        for order in &orders {
+            builder.record_stop(order, Timestamp::now().to_string());
+        }
+        if !orders.is_empty() {
+            status.oom_reports = builder.oom_reports.clone();
+            // The report goes out before the kill, so the controller knows
+            // the exit that follows is an OOM (docs/agent.md).
+            if let Some(w) = writer.as_mut()
+                && let Err(e) = w.write(&status).await
+            {
+                tracing::error!("cannot write the OOM report before stopping: {e}");
+            }
+        }
+        for order in &orders {
+            backend.stop(order);
+        }
+        if options.once {
+            emit(&options, &status)?;
+            if let Some(w) = writer.as_mut() {
+                w.write(&status).await?;
+            }
+            return Ok(());
+        }
+        let due = publish_reason(
+            &options.publish,
+            last.as_ref().map(|(s, at)| (s, *at)),
+            &status,
+            now,
+        )
+        .is_some()
+            || !orders.is_empty();
+        if !due || write_retry_at.is_some_and(|at| now < at) {
+            continue;
+        }
+        emit(&options, &status)?;
+        match writer.as_mut() {
+            None => last = Some((status, now)),
+            Some(w) => match w.write(&status).await {
+                Ok(node) => {
+                    if write_retry_at.take().is_some() {
+                        tracing::info!("GpuNode status written again");
+                    }
+                    write_backoff.reset();
+                    probe_pending = probe_requested(&node);
+                    last = Some((status, now));
+                }
+                Err(e) => {
+                    let delay = write_backoff.next_delay();
+                    write_retry_at = Some(now + delay);
+                    tracing::warn!(
+                        retry_in_s = delay.as_secs_f64(),
+                        "cannot write the GpuNode status: {e}"
+                    );
+                }
+            },
+        }
+    }
+}
+
+fn emit(options: &RunOptions, status: &GpuNodeStatus) -> anyhow::Result<()> {
+    if options.print {
+        println!("{}", serde_json::to_string(status)?);
+    }
+    if let Some(path) = &options.status_file {
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, serde_json::to_vec_pretty(status)?)?;
+        std::fs::rename(&tmp, path)?;
+    }
+    Ok(())
+}

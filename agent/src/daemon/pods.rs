@@ -1,0 +1,162 @@
+//! GPU processes mapped to the pods on this node: `/proc/<pid>/cgroup` gives
+//! the pod UID and container ID, the pod watch (field selector
+//! `spec.nodeName=<node>`) gives the pod.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
+use kube::runtime::reflector::Store;
+
+use crate::node::procfs::{ProcFs, strip_runtime_prefix};
+use crate::node::report::{OwnerLookup, ProcessOwner};
+use crate::node::watchdog::Owner;
+use vramfit::controller::pod::{BUDGET_ANNOTATION, JOB_LABEL};
+
+/// The stats folder of a pod: `<stats root>/<namespace>_<pod>`
+/// (docs/node-protocol.md).
+pub fn stats_dir(stats_root: &Path, namespace: &str, pod: &str) -> PathBuf {
+    stats_root.join(format!("{namespace}_{pod}"))
+}
+
+/// The owner facts of a process in `pod`, in container `container_id` when
+/// known.
+pub fn owner_from_pod(pod: &Pod, container_id: Option<&str>, stats_root: &Path) -> ProcessOwner {
+    let namespace = pod.namespace().unwrap_or_default();
+    let name = pod.name_any();
+    let container = container_id.and_then(|id| {
+        let status = pod.status.as_ref()?;
+        status
+            .container_statuses
+            .iter()
+            .flatten()
+            .chain(status.init_container_statuses.iter().flatten())
+            .find(|c| c.container_id.as_deref().map(strip_runtime_prefix) == Some(id))
+            .map(|c| c.name.clone())
+    });
+    ProcessOwner {
+        owner: Owner {
+            uid: pod.uid().unwrap_or_default(),
+            namespace: namespace.clone(),
+            name: name.clone(),
+        },
+        training_job: pod.labels().get(JOB_LABEL).cloned(),
+        container,
+        budget_bytes: pod
+            .annotations()
+            .get(BUDGET_ANNOTATION)
+            .and_then(|b| b.trim().parse().ok()),
+        stats_dir: Some(stats_dir(stats_root, &namespace, &name)),
+        namespace_pid: None,
+    }
+}
+
+/// Owners from the pod cache, as of one reading.
+pub struct PodOwners {
+    proc: ProcFs,
+    stats_root: PathBuf,
+    by_uid: HashMap<String, Arc<Pod>>,
+}
+
+impl PodOwners {
+    /// A snapshot of `pods`.
+    pub fn snapshot(proc: &ProcFs, stats_root: &Path, pods: &Store<Pod>) -> Self {
+        Self::from_pods(proc, stats_root, pods.state())
+    }
+
+    /// A snapshot of the given pods.
+    pub fn from_pods(proc: &ProcFs, stats_root: &Path, pods: Vec<Arc<Pod>>) -> Self {
+        Self {
+            proc: proc.clone(),
+            stats_root: stats_root.into(),
+            by_uid: pods
+                .into_iter()
+                .filter_map(|p| Some((p.uid()?, p)))
+                .collect(),
+        }
+    }
+
+    /// True when a pod of this UID is on the node.
+    pub fn has_pod(&self, uid: &str) -> bool {
+        self.by_uid.contains_key(uid)
+    }
+}
+
+impl OwnerLookup for PodOwners {
+    fn owner_of(&self, pid: u32) -> Option<ProcessOwner> {
+        let found = self.proc.pod_of(pid)?;
+        // A process in a pod the watch does not know (deleted meanwhile, or
+        // not yet seen) is reported without a pod and never stopped.
+        let pod = self.by_uid.get(&found.pod_uid)?;
+        let mut owner = owner_from_pod(pod, found.container_id.as_deref(), &self.stats_root);
+        owner.namespace_pid = self.proc.namespace_pid(pid);
+        Some(owner)
+    }
+
+    fn is_running(&self, pid: u32) -> bool {
+        self.proc.is_running(pid)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::runtime::reflector::store;
+    use kube::runtime::watcher::Event;
+    use serde_json::json;
+
+    const UID: &str = "0f1c2d3e-4a5b-6c7d-8e9f-a0b1c2d3e4f5";
+    const ID: &str = "3f4a5b6c7d8e9f00112233445566778899aabbccddeeff00112233445566778a";
+
+    fn pod() -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": "gpt2-a1", "namespace": "ml", "uid": UID,
+                         "labels": {JOB_LABEL: "gpt2"},
+                         "annotations": {BUDGET_ANNOTATION: "21474836480"}},
+            "status": {"containerStatuses": [
+                {"name": "sidecar", "image": "s", "imageID": "", "ready": true, "restartCount": 0,
+                 "containerID": "containerd://aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"},
+                {"name": "train", "image": "t", "imageID": "", "ready": true, "restartCount": 0,
+                 "containerID": format!("containerd://{ID}")}]}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_process_maps_to_its_pod_container_budget_and_stats_folder() {
+        let dir = tempfile::tempdir().unwrap();
+        let proc_dir = dir.path().join("4242");
+        std::fs::create_dir(&proc_dir).unwrap();
+        let systemd_uid = UID.replace('-', "_");
+        std::fs::write(
+            proc_dir.join("cgroup"),
+            format!("0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{systemd_uid}.slice/cri-containerd-{ID}.scope\n"),
+        )
+        .unwrap();
+        std::fs::write(proc_dir.join("status"), "NSpid:\t4242\t1\n").unwrap();
+        let (reader, mut writer) = store::<Pod>();
+        writer.apply_watcher_event(&Event::Apply(pod()));
+        let owners = PodOwners::snapshot(
+            &ProcFs::new(dir.path()),
+            Path::new("/var/run/vramfit/pods"),
+            &reader,
+        );
+        let owner = owners.owner_of(4242).unwrap();
+        assert_eq!(owner.owner.name, "gpt2-a1");
+        assert_eq!(owner.owner.uid, UID);
+        assert_eq!(owner.container.as_deref(), Some("train"));
+        assert_eq!(owner.training_job.as_deref(), Some("gpt2"));
+        assert_eq!(owner.budget_bytes, Some(20 << 30));
+        assert_eq!(owner.namespace_pid, Some(1));
+        assert_eq!(
+            owner.stats_dir.unwrap(),
+            PathBuf::from("/var/run/vramfit/pods/ml_gpt2-a1")
+        );
+        // Once the pod is deleted from the watch, the process has no owner.
+        writer.apply_watcher_event(&Event::Delete(pod()));
+        let owners = PodOwners::snapshot(&ProcFs::new(dir.path()), Path::new("/x"), &reader);
+        assert_eq!(owners.owner_of(4242), None);
+    }
+}

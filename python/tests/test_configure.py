@@ -1,0 +1,111 @@
+"""configure(): budget enforcement choice, the shape file, no-op outside vramfit."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import types
+from pathlib import Path
+from typing import List
+
+import pytest
+
+import vramfit
+from vramfit import state
+
+MANAGED = {
+    "VRAMFIT_MICRO_BATCH": "16",
+    "VRAMFIT_GRAD_ACCUM": "4",
+    "VRAMFIT_GLOBAL_BATCH": "64",
+    "VRAMFIT_BUDGET_BYTES": str(10 * 2**30),
+    "VRAMFIT_MEMORY_FRACTION": "0.070000",
+    "VRAMFIT_ATTEMPT": "2",
+}
+
+
+def fake_allocator(monkeypatch: pytest.MonkeyPatch, available: bool) -> List[int]:
+    calls: List[int] = []
+    module = types.ModuleType("vramfit.allocator")
+
+    def install(budget_bytes: int) -> bool:
+        calls.append(budget_bytes)
+        return available
+
+    module.install = install  # type: ignore[attr-defined]
+    module.is_budget_oom = lambda exc: False  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "vramfit.allocator", module)
+    monkeypatch.setattr(vramfit, "allocator", module, raising=False)
+    return calls
+
+
+def test_outside_vramfit_configure_changes_nothing(tmp_path: Path) -> None:
+    attempt = vramfit.configure(micro_batch=8, grad_accum=2, env={})
+    assert not attempt.managed
+    assert (attempt.micro_batch, attempt.grad_accum, attempt.global_batch) == (8, 2, 16)
+    assert attempt.enforcement == "none"
+    assert state.shape_reporter() is None
+    assert vramfit.current() == attempt
+
+
+def test_the_allocator_enforces_the_budget_when_present(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = fake_allocator(monkeypatch, available=True)
+    attempt = vramfit.configure(micro_batch=128, env=MANAGED)
+    assert calls == [10 * 2**30]
+    assert attempt.enforcement == "allocator"
+    assert (attempt.micro_batch, attempt.grad_accum) == (16, 4)
+
+
+def test_native_opts_out_of_the_allocator(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = fake_allocator(monkeypatch, available=True)
+    attempt = vramfit.configure(env=dict(MANAGED, VRAMFIT_ALLOCATOR="native"))
+    assert calls == []
+    assert attempt.enforcement != "allocator"
+
+
+def test_an_unavailable_allocator_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = fake_allocator(monkeypatch, available=False)
+    attempt = vramfit.configure(env=MANAGED)
+    assert calls == [10 * 2**30]
+    # Without a GPU there is nothing to limit; on one, the memory fraction applies.
+    try:
+        import torch
+
+        gpu = torch.cuda.is_available()
+    except ImportError:
+        gpu = False
+    assert attempt.enforcement == ("fraction" if gpu else "none")
+
+
+def test_the_shape_file_is_published_atomically(tmp_path: Path) -> None:
+    env = dict(MANAGED, VRAMFIT_STATS_DIR=str(tmp_path), VRAMFIT_ALLOCATOR="native")
+    vramfit.configure(env=env)
+    path = tmp_path / f"shape-{os.getpid()}.json"
+    doc = json.loads(path.read_text())
+    assert doc["version"] == 1 and doc["pid"] == os.getpid()
+    assert (doc["microBatch"], doc["gradAccum"], doc["globalBatch"], doc["attempt"]) == (16, 4, 64, 2)
+    assert doc["absorbedOoms"] == []
+    reporter = state.shape_reporter()
+    assert reporter is not None
+    reporter.record_absorbed(16, 4, 8, 8)
+    doc = json.loads(path.read_text())
+    assert (doc["microBatch"], doc["gradAccum"]) == (8, 8)
+    assert doc["absorbedOoms"][0]["fromMicro"] == 16 and doc["absorbedOoms"][0]["toAccum"] == 8
+    assert [p.name for p in tmp_path.iterdir()] == [path.name], "temporary files left behind"
+
+
+def test_the_shape_file_is_refreshed_for_the_agent(tmp_path: Path) -> None:
+    from vramfit.shape import ShapeReporter
+
+    reporter = ShapeReporter(
+        str(tmp_path), micro_batch=4, grad_accum=2, global_batch=8, attempt=1, refresh_seconds=0.05
+    )
+    try:
+        first = json.loads(Path(reporter.path).read_text())["updatedUnixMs"]
+        import time
+
+        time.sleep(0.3)
+        later = json.loads(Path(reporter.path).read_text())["updatedUnixMs"]
+        assert later > first
+    finally:
+        reporter.stop()
