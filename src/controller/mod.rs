@@ -175,6 +175,7 @@ pub async fn run(client: Client, options: ControllerOptions) -> Result<()> {
         let ui = UiSource {
             client: client.clone(),
             namespace: options.namespace.clone(),
+            node_selector: options.node_selector.clone(),
             heartbeat_ttl: options.heartbeat_ttl,
         };
         tokio::spawn(serve_metrics(addr, metrics.clone(), ui));
@@ -471,6 +472,7 @@ fn update_gauges(
 struct UiSource {
     client: Client,
     namespace: Option<String>,
+    node_selector: Option<String>,
     heartbeat_ttl: Duration,
 }
 
@@ -479,9 +481,13 @@ const UI_REFRESH_SECONDS: u32 = 5;
 
 impl UiSource {
     async fn view(&self) -> std::result::Result<crate::status::ClusterStatus, String> {
-        let (jobs, gpu_nodes) = crate::status::fetch(&self.client, self.namespace.as_deref())
-            .await
-            .map_err(|e| format!("listing TrainingJobs and GpuNodes: {e}"))?;
+        let (jobs, gpu_nodes) = crate::status::fetch(
+            &self.client,
+            self.namespace.as_deref(),
+            self.node_selector.as_deref(),
+        )
+        .await
+        .map_err(|e| format!("listing TrainingJobs and GpuNodes: {e}"))?;
         let ttl =
             SignedDuration::try_from(self.heartbeat_ttl).unwrap_or(SignedDuration::from_secs(120));
         Ok(crate::status::cluster_status(

@@ -225,6 +225,9 @@ async fn the_ui_page_shows_gpus_jobs_waiting_queue_and_retries_in_chromium() {
     let view: serde_json::Value = loop {
         if let Some((200, body)) = http_get(port, "/ui/status.json") {
             let view: serde_json::Value = serde_json::from_str(&body).expect("status JSON");
+            // The page shows the controller's nodes only (its --node-selector).
+            assert_eq!(view["nodes"].as_array().unwrap().len(), 1, "{view}");
+            assert_eq!(view["nodes"][0]["name"], node.as_str());
             let measured = view["nodes"][0]["gpus"][gpu as usize]["measuredBytes"].as_u64();
             if measured == Some(42 * GIB) && !view["retries"].as_array().unwrap().is_empty() {
                 break view;
