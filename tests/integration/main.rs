@@ -6,3 +6,4 @@ mod controller;
 mod controlplane;
 mod driver;
 mod run_local;
+mod ui;
