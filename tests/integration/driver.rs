@@ -289,6 +289,62 @@ impl TestCluster {
         self.agent_report(node, status).await;
     }
 
+    /// Reports a process of `pod` that runs at `micro` x `accum` after the OOMs
+    /// it absorbed itself (`(from_micro, to_micro, from_accum, to_accum)`), as
+    /// the node agent copies the helper's shape file.
+    pub async fn agent_reports_shape(
+        &self,
+        node: &str,
+        gpu: usize,
+        pod: &str,
+        (micro, accum): (u32, u32),
+        absorbed: &[(u32, u32, u32, u32)],
+    ) {
+        let gpu_nodes: Api<GpuNode> = Api::all(self.client.clone());
+        let current = gpu_nodes.get_status(node).await.expect("GpuNode");
+        let mut status = serde_json::to_value(current.status.expect("GpuNode status")).unwrap();
+        let ooms: Vec<Value> = absorbed
+            .iter()
+            .enumerate()
+            .map(|(i, (fm, tm, fa, ta))| {
+                json!({"fromMicro": fm, "toMicro": tm, "fromAccum": fa, "toAccum": ta,
+                       "time": format!("2026-01-01T00:00:0{i}Z")})
+            })
+            .collect();
+        status["gpus"][gpu]["processes"] = json!([{
+            "pid": 4243, "usedBytes": GIB, "peakBytes": GIB,
+            "podNamespace": self.namespace, "podName": pod,
+            "shape": {"microBatch": micro, "gradAccum": accum, "absorbedOoms": ooms},
+        }]);
+        self.agent_report(node, status).await;
+    }
+
+    /// The notes of the events about `job` with `reason`, oldest first.
+    pub async fn event_notes(&self, job: &str, reason: &str) -> Vec<String> {
+        let events: Api<k8s_openapi::api::events::v1::Event> =
+            Api::namespaced(self.client.clone(), &self.namespace);
+        let mut notes: Vec<(String, String)> = events
+            .list(&Default::default())
+            .await
+            .expect("events")
+            .items
+            .into_iter()
+            .filter(|e| e.reason.as_deref() == Some(reason))
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(job))
+            .map(|e| {
+                (
+                    e.metadata
+                        .creation_timestamp
+                        .map(|t| t.0.to_string())
+                        .unwrap_or_default(),
+                    e.note.unwrap_or_default(),
+                )
+            })
+            .collect();
+        notes.sort();
+        notes.into_iter().map(|(_, n)| n).collect()
+    }
+
     /// Starts `vramfit controller` for this test's namespace and nodes.
     pub fn start_controller(&self) -> ControllerProcess {
         self.spawn_controller(&["--no-leader-election"])
