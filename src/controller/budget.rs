@@ -42,7 +42,7 @@ pub fn attempt_budget(
     };
     let request = spec.memory.as_ref().and_then(|m| m.request.as_deref());
     if let Some(request) = request {
-        let bytes = parse_quantity(request, 1.0)
+        let bytes = parse_quantity(request, 1)
             .filter(|b| *b > 0)
             .ok_or_else(|| format!("spec.memory.request {request:?} is not a positive quantity"))?;
         // The prediction is informative only; a request overrides it.
@@ -78,4 +78,105 @@ pub fn attempt_budget(
             "model"
         },
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const GIB: u64 = 1 << 30;
+
+    fn job(memory: serde_json::Value) -> TrainingJob {
+        let mut spec = json!({
+            "batch": {"global": 64, "micro": 8},
+            "model": {"mlp": {"layers": 4, "hidden": 1024}},
+            "template": {}
+        });
+        if !memory.is_null() {
+            spec["memory"] = memory;
+        }
+        serde_json::from_value(json!({
+            "apiVersion": "vramfit.dev/v1alpha1", "kind": "TrainingJob",
+            "metadata": {"name": "j", "namespace": "ml"}, "spec": spec
+        }))
+        .unwrap()
+    }
+
+    fn model_peak(job: &TrainingJob, micro: u32) -> u64 {
+        let shape = JobShape {
+            gpus: job.spec.gpus,
+            global_batch: job.spec.batch.global,
+            micro_batch: micro,
+        };
+        predict_model(&job.spec.model, &shape, default_gpu())
+            .unwrap()
+            .peak_bytes
+    }
+
+    #[test]
+    fn a_prediction_gets_the_headroom_on_top() {
+        for (memory, headroom) in [
+            (serde_json::Value::Null, 0.05),
+            (json!({"headroom": 0.5}), 0.5),
+            (json!({"headroom": 0.0}), 0.0),
+        ] {
+            let job = job(memory);
+            let peak = model_peak(&job, 8);
+            let budget = attempt_budget(&job, 8, None, None).unwrap();
+            assert_eq!(budget.source, "model");
+            assert_eq!(budget.predicted, peak);
+            assert_eq!(
+                budget.budget,
+                (peak as f64 * (1.0 + headroom)).ceil() as u64,
+                "headroom {headroom}"
+            );
+            assert!(budget.breakdown.is_some());
+        }
+    }
+
+    #[test]
+    fn the_micro_batch_of_the_attempt_is_predicted() {
+        let mut job = job(serde_json::Value::Null);
+        job.spec.model = serde_json::from_value(json!({"transformer": {
+            "layers": 12, "hidden": 768, "heads": 12, "vocab": 50257, "seqLen": 1024}}))
+        .unwrap();
+        let eight = attempt_budget(&job, 8, None, None).unwrap();
+        let four = attempt_budget(&job, 4, None, None).unwrap();
+        assert_eq!(four.predicted, model_peak(&job, 4));
+        assert!(four.predicted < eight.predicted);
+    }
+
+    #[test]
+    fn a_measurement_replaces_the_prediction_and_gets_the_headroom() {
+        let job = job(json!({"headroom": 0.1}));
+        let budget = attempt_budget(&job, 8, None, Some(10 * GIB)).unwrap();
+        assert_eq!(budget.source, "measured");
+        assert_eq!(budget.predicted, 10 * GIB);
+        assert_eq!(budget.budget, (10.0 * GIB as f64 * 1.1).ceil() as u64);
+    }
+
+    #[test]
+    fn a_request_is_the_budget_without_headroom_and_beats_a_measurement() {
+        let job = job(json!({"request": "20Gi", "headroom": 0.5}));
+        let budget = attempt_budget(&job, 8, None, Some(10 * GIB)).unwrap();
+        assert_eq!(budget.source, "request");
+        assert_eq!(budget.budget, 20 * GIB);
+        assert_eq!(budget.predicted, model_peak(&job, 8), "informative");
+        for bad in ["0", "lots"] {
+            let job = self::job(json!({"request": bad}));
+            let error = attempt_budget(&job, 8, None, None).unwrap_err();
+            assert!(error.contains("spec.memory.request"), "{error}");
+        }
+    }
+
+    #[test]
+    fn a_profile_job_needs_its_profile_text() {
+        let mut job = job(serde_json::Value::Null);
+        job.spec.model =
+            serde_json::from_value(json!({"profile": {"configMapRef": {"name": "p", "key": "k"}}}))
+                .unwrap();
+        let error = attempt_budget(&job, 8, None, None).unwrap_err();
+        assert!(error.contains("spec.model.profile"), "{error}");
+    }
 }

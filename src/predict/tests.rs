@@ -96,6 +96,39 @@ fn a_profile_cannot_predict_a_larger_micro_batch() {
 }
 
 #[test]
+fn a_captured_profile_gets_the_gpus_cublas_workspaces_where_it_says() {
+    // 1 MiB alive, freed; the workspaces are allocated before event 1 and at
+    // the end, and never freed.
+    let base = r#"{"format":"vramfit.profile/v1","microBatch":1,"sizes":[1048576],"events":[0,-1]"#;
+    let without = predict_from_profile(&format!("{base}}}"), &one_gpu(1), default_gpu()).unwrap();
+    let with = predict_from_profile(
+        &format!(r#"{base},"cublasWorkspaceAt":[1,2]}}"#),
+        &one_gpu(1),
+        default_gpu(),
+    )
+    .unwrap();
+    let ws = default_gpu().cublas_workspace_bytes;
+    assert_eq!(without.allocated_bytes, 1 << 20);
+    assert_eq!(with.allocated_bytes, 2 * ws);
+    assert_eq!(with.breakdown.workspace, 2 * ws);
+    let other = gpu_profile("A100-80GB").unwrap();
+    let a100 = predict_from_profile(
+        &format!(r#"{base},"cublasWorkspaceAt":[1,2]}}"#),
+        &one_gpu(1),
+        other,
+    )
+    .unwrap();
+    assert_eq!(a100.breakdown.workspace, 2 * other.cublas_workspace_bytes);
+    let err = predict_from_profile(
+        &format!(r#"{base},"cublasWorkspaceAt":[3]}}"#),
+        &one_gpu(1),
+        default_gpu(),
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("position 3"), "{err}");
+}
+
+#[test]
 fn malformed_profiles_are_rejected_with_the_reason() {
     let cases = [
         (
@@ -431,15 +464,27 @@ fn a_training_job_yaml_predicts_with_its_micro_batch_and_accumulation() {
     ] {
         assert!(json.get(key).is_some(), "{key}");
     }
+    // Each part against what it must be on its own, not against the total
+    // it is derived from: fp32 gradients (4 bytes per parameter), AdamW's two
+    // fp32 moments (8), fp32 master weights plus bf16 copies (4 to 6).
     let b = &p.breakdown;
-    let sum = b.parameters
-        + b.gradients
-        + b.optimizer
-        + b.activations
-        + b.workspace
-        + b.context
-        + b.allocator_overhead;
-    assert_eq!(sum, p.peak_bytes);
+    let params = p.parameters;
+    assert!(params > 120_000_000 && params < 130_000_000, "{params}");
+    assert_eq!(b.gradients, 4 * params);
+    assert_eq!(b.optimizer, 8 * params);
+    assert!(b.parameters > 4 * params && b.parameters <= 6 * params);
+    assert_eq!(b.context, gpu_profile("h200").unwrap().context_bytes);
+    assert!(b.allocator_overhead < p.peak_bytes / 5, "{b:?}");
+    // Activations follow the micro-batch; the model's state does not.
+    let half = predict_job(
+        &parse_job(&yaml.replace("micro: 8", "micro: 4")).unwrap(),
+        gpu_profile("h200").unwrap(),
+        None,
+    )
+    .unwrap();
+    let ratio = half.breakdown.activations as f64 / b.activations as f64;
+    assert!((0.4..0.6).contains(&ratio), "activations x{ratio}");
+    assert_eq!(half.breakdown.optimizer, b.optimizer);
     assert!(output::prediction_table(&p).contains("allocator overhead"));
 }
 

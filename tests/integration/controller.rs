@@ -442,3 +442,45 @@ async fn an_invalid_job_starts_over_once_its_spec_is_fixed() {
     );
     cluster.wait_pod("fixme-a1").await;
 }
+
+#[tokio::test]
+async fn an_oom_the_agent_reports_backs_the_job_off_like_an_exit_42() {
+    let cluster = TestCluster::new("agentoom").await;
+    let node = cluster.add_gpu_node("n1", &[("H100-80GB", 80 * GIB)]).await;
+    let _controller = cluster.start_controller();
+    cluster.apply_job(mlp_job("over", 64, 8, 1, None)).await;
+    let first = cluster.wait_phase("over", Phase::Placed).await;
+    let budget = first.status.unwrap().budget_bytes.unwrap();
+    cluster.wait_pod("over-a1").await;
+    cluster.kubelet_running("over-a1").await;
+    cluster.wait_phase("over", Phase::Running).await;
+    // The agent stopped the pod for exceeding its budget; the pod itself
+    // still shows Running when the report lands.
+    cluster
+        .agent_report(
+            &node,
+            json!({"oomReports": [{
+                "podNamespace": cluster.namespace, "podName": "over-a1",
+                "usedBytes": budget + GIB, "budgetBytes": budget,
+                "time": k8s_openapi::jiff::Timestamp::now().to_string(),
+            }]}),
+        )
+        .await;
+    let job = cluster
+        .wait_job("over", "attempt 2", |j| {
+            j.status.as_ref().is_some_and(|s| s.attempt == 2)
+        })
+        .await;
+    let status = job.status.unwrap();
+    assert_eq!((status.micro_batch, status.grad_accum), (Some(4), Some(16)));
+    assert_eq!(status.history[0].outcome, "OutOfMemory");
+    assert!(
+        status.history[0]
+            .message
+            .as_deref()
+            .is_some_and(|m| m.contains("node agent")),
+        "{:?}",
+        status.history[0]
+    );
+    cluster.wait_pod("over-a2").await;
+}
