@@ -16,7 +16,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
-use vramfit::api::{GpuNode, GpuNodeStatus, GpuProcess, Phase, TrainingJob};
+use vramfit::api::{GpuNode, GpuNodeStatus, GpuProcess, OomReport, Phase, TrainingJob};
 use vramfit_agent::daemon::api::GpuNodeWriter;
 use vramfit_agent::sim::cluster::{NodeResources, register_node};
 use vramfit_agent::sim::kubelet::{exit_status, patch_pod_status, running_status};
@@ -258,6 +258,23 @@ impl TestCluster {
             shape: None,
         }];
         status.gpus[gpu].used_bytes = used;
+        self.agent_report(node, status).await;
+    }
+
+    /// Reports that the node agent stopped `pod` for exceeding its budget.
+    pub async fn agent_reports_oom(&self, node: &str, pod: &str, used: u64, budget: u64) {
+        let gpu_nodes: Api<GpuNode> = Api::all(self.client.clone());
+        let current = gpu_nodes.get_status(node).await.expect("GpuNode");
+        let mut status = current.status.expect("GpuNode status");
+        status.oom_reports.push(OomReport {
+            pod_namespace: self.namespace.clone(),
+            pod_name: pod.to_string(),
+            used_bytes: used,
+            budget_bytes: budget,
+            time: Timestamp::now().to_string(),
+            pod_uid: None,
+            reason: None,
+        });
         self.agent_report(node, status).await;
     }
 

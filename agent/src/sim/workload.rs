@@ -50,11 +50,11 @@ impl Exit {
 pub fn peak_from_annotation(annotation: &str, micro: u32) -> Option<u64> {
     match annotation.split_once('+') {
         Some((fixed, per_sample)) => {
-            let fixed = parse_quantity(fixed.trim(), 1.0)?;
-            let per_sample = parse_quantity(per_sample.trim(), 1.0)?;
+            let fixed = parse_quantity(fixed.trim(), 1)?;
+            let per_sample = parse_quantity(per_sample.trim(), 1)?;
             Some(fixed + per_sample * u64::from(micro))
         }
-        None => parse_quantity(annotation.trim(), 1.0),
+        None => parse_quantity(annotation.trim(), 1),
     }
 }
 
