@@ -16,7 +16,9 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
-use vramfit::api::{GpuNode, GpuNodeStatus, GpuProcess, OomReport, Phase, TrainingJob};
+use vramfit::api::{
+    AbsorbedOom, GpuNode, GpuNodeStatus, GpuProcess, ObservedShape, OomReport, Phase, TrainingJob,
+};
 use vramfit_agent::daemon::api::GpuNodeWriter;
 use vramfit_agent::sim::cluster::{NodeResources, register_node};
 use vramfit_agent::sim::kubelet::{exit_status, patch_pod_status, running_status};
@@ -291,20 +293,36 @@ impl TestCluster {
     ) {
         let gpu_nodes: Api<GpuNode> = Api::all(self.client.clone());
         let current = gpu_nodes.get_status(node).await.expect("GpuNode");
-        let mut status = serde_json::to_value(current.status.expect("GpuNode status")).unwrap();
-        let ooms: Vec<Value> = absorbed
+        let mut status = current.status.expect("GpuNode status");
+        let absorbed_ooms = absorbed
             .iter()
             .enumerate()
-            .map(|(i, (fm, tm, fa, ta))| {
-                json!({"fromMicro": fm, "toMicro": tm, "fromAccum": fa, "toAccum": ta,
-                       "time": format!("2026-01-01T00:00:0{i}Z")})
-            })
+            .map(
+                |(i, &(from_micro, to_micro, from_accum, to_accum))| AbsorbedOom {
+                    from_micro,
+                    to_micro,
+                    from_accum,
+                    to_accum,
+                    time: format!("2026-01-01T00:00:0{i}Z"),
+                },
+            )
             .collect();
-        status["gpus"][gpu]["processes"] = json!([{
-            "pid": 4243, "usedBytes": GIB, "peakBytes": GIB,
-            "podNamespace": self.namespace, "podName": pod,
-            "shape": {"microBatch": micro, "gradAccum": accum, "absorbedOoms": ooms},
-        }]);
+        status.gpus[gpu].processes = vec![GpuProcess {
+            pid: 4243,
+            used_bytes: GIB,
+            peak_bytes: GIB,
+            pod_namespace: Some(self.namespace.clone()),
+            pod_name: Some(pod.to_string()),
+            training_job: None,
+            pod_uid: None,
+            container: None,
+            allocator: None,
+            shape: Some(ObservedShape {
+                micro_batch: micro,
+                grad_accum: accum,
+                absorbed_ooms,
+            }),
+        }];
         self.agent_report(node, status).await;
     }
 
