@@ -436,7 +436,7 @@ class Runner:
         self.lib = lib
         self.log = log
         self.stats_dir = tempfile.mkdtemp(prefix="vramfit-stats-")
-        self.deadline = time.time() + 330
+        self.deadline = time.time() + 300
 
     def env(self, extra=None):
         env = dict(os.environ)
@@ -518,29 +518,19 @@ def orchestrate(args):
         for name, c in (r.get("checks") or {}).items():
             add(f"correctness[{policy}] {name}", c.get("ok"), c.get("error", ""))
 
-    # 2. bench
-    if args.agent and os.path.exists(args.agent):
-        try:
-            out = subprocess.run([args.agent, "bench", "alloc", "-o", "json"], capture_output=True, text=True, timeout=120)
-            bench = json.loads(out.stdout) if out.returncode == 0 else {"rc": out.returncode, "stderr": out.stderr[-2000:]}
-        except Exception as exc:
-            bench = {"error": str(exc)}
-        cases["bench"] = bench
-        rows = {row["name"]: row for row in bench.get("rows", [])}
-        add("bench alloc ran", bool(rows), json.dumps(bench)[:300] if not rows else "")
-
     # 3. training runs
     models = ["gpt2", "llama", "bert", "resnet50", "vit"]
     if args.quick:
         models = ["gpt2"]
     train = {}
-    for model in models:
+
+    def train_model(model):
         native = runner.run(train_args(model, "native"), f"train-{model}-native", 150)
         train[(model, "native")] = native
         cases[f"train-{model}-native"] = native
         if native.get("rc") != 0 or "maxReserved" not in native:
             add(f"train[{model}] native ran", False, native.get("error", "") + native.get("stderrTail", "")[-300:])
-            continue
+            return
         budget = round_up(int(native["maxReserved"] * 1.15) + 256 * MIB)
         for policy in ("pytorch", "vramfit"):
             r = runner.run(train_args(model, policy, budget), f"train-{model}-{policy}", 150)
@@ -549,6 +539,8 @@ def orchestrate(args):
             cases[f"train-{model}-{policy}"] = r
             add(f"train[{model}] {policy} ran", r.get("rc") == 0, r.get("error", "") + r.get("stderrTail", "")[-300:])
 
+    # gpt2 first: the budget and pair cases below build on its runs.
+    train_model("gpt2")
     # 4. budget below the need
     for policy in ("pytorch", "vramfit"):
         native = train.get(("gpt2", "native"), {})
@@ -583,6 +575,20 @@ def orchestrate(args):
         add("pair: the other one finishes", ra.get("rc") == 0, ra.get("error", ""))
         add("pair: its losses equal the solo run's", same, f"max abs diff {diff}")
         results["pairLossDiff"] = diff
+
+    for model in models[1:]:
+        train_model(model)
+
+    # 2. bench
+    if args.agent and os.path.exists(args.agent):
+        try:
+            out = subprocess.run([args.agent, "bench", "alloc", "-o", "json"], capture_output=True, text=True, timeout=120)
+            bench = json.loads(out.stdout) if out.returncode == 0 else {"rc": out.returncode, "stderr": out.stderr[-2000:]}
+        except Exception as exc:
+            bench = {"error": str(exc)}
+        cases["bench"] = bench
+        rows = {row["name"]: row for row in bench.get("rows", [])}
+        add("bench alloc ran", bool(rows), json.dumps(bench)[:300] if not rows else "")
 
     sampler.stop()
     results["elapsedSeconds"] = time.time() - t0
