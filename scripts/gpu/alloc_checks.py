@@ -162,7 +162,7 @@ def worker_train(args):
     model, opt, make, loss_of = build_model(args.model, torch)
     barrier(args.barrier, args.parties, args.name)
     kept = []
-    times, losses = [], []
+    times, losses, device_calls = [], [], []
     for step in range(args.steps):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
@@ -193,6 +193,9 @@ def worker_train(args):
             return 43
         times.append((time.perf_counter() - t0) * 1e3)
         losses.append(value)
+        if args.alloc != "native":
+            stats = torch.cuda.memory_stats()
+            device_calls.append(stats.get("num_device_alloc", 0) + stats.get("num_device_free", 0))
     timed = times[args.warmup:] or times
     result.update(
         stepMsMedian=statistics.median(timed),
@@ -209,6 +212,8 @@ def worker_train(args):
         own = va.memory_stats()
         result["vramfit"] = {k: v for k, v in own.items() if k.startswith("vramfit.")}
         result["numDeviceAlloc"] = own.get("num_device_alloc")
+        # Driver calls (segment or page maps and unmaps) made in each step.
+        result["deviceCallsPerStep"] = [b - a for a, b in zip([0] + device_calls, device_calls)]
     emit(result)
     return 0
 
@@ -604,7 +609,8 @@ def orchestrate(args):
                 smi_vs = (r["smiPeakMib"] / n["smiPeakMib"] - 1) * 100
             row[policy] = {"stepMs": r["stepMsMedian"], "overheadPct": overhead, "maxReserved": r["maxReserved"],
                            "reservedVsNativePct": reserved_vs, "smiPeakMib": r.get("smiPeakMib"),
-                           "smiVsNativePct": smi_vs, "budget": r["budgetBytes"], "numDeviceAlloc": r.get("numDeviceAlloc")}
+                           "smiVsNativePct": smi_vs, "budget": r["budgetBytes"], "numDeviceAlloc": r.get("numDeviceAlloc"),
+                           "deviceCallsPerStep": r.get("deviceCallsPerStep")}
             limit = r["budgetBytes"] + context + 64 * MIB
             if r.get("smiPeakMib") is not None:
                 add(f"train[{model}] {policy}: nvidia-smi peak <= budget + context",
@@ -635,7 +641,8 @@ def orchestrate(args):
             if p:
                 smi_vs = f"{p['smiVsNativePct']:+.1f}%" if p["smiVsNativePct"] is not None else "-"
                 print(f"{'':<10} {policy:<7} {p['stepMs']:>9.2f} {p['overheadPct']:>+8.2f}% {p['maxReserved'] / MIB:>12.0f}"
-                      f" {p['reservedVsNativePct']:>+9.1f}% {p['smiPeakMib'] or 0:>10} {smi_vs:>9}")
+                      f" {p['reservedVsNativePct']:>+9.1f}% {p['smiPeakMib'] or 0:>10} {smi_vs:>9}"
+                      f"  driver calls/step {p['deviceCallsPerStep']}")
     bench = cases.get("bench") or {}
     for row in bench.get("rows", []):
         print(f"bench {row['name']:<26} alloc p50 {row['allocP50Us']:.2f} us p99 {row['allocP99Us']:.2f} us"
