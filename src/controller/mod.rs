@@ -185,6 +185,19 @@ impl Context {
             .max()
     }
 
+    /// The GPU models of the cluster's nodes, each with the largest capacity
+    /// a GPU of that model reports, in name order.
+    pub fn gpu_models(&self) -> Vec<(String, u64)> {
+        let mut models = std::collections::BTreeMap::<String, u64>::new();
+        for node in self.gpu_nodes.state() {
+            for gpu in node.status.iter().flat_map(|s| s.gpus.iter()) {
+                let entry = models.entry(gpu.model.clone()).or_default();
+                *entry = (*entry).max(gpu.total_bytes);
+            }
+        }
+        models.into_iter().collect()
+    }
+
     /// True when the node's agent reported the pod for exceeding its budget.
     pub fn agent_reported_oom(&self, node: &str, namespace: &str, pod: &str) -> bool {
         self.gpu_nodes

@@ -14,7 +14,7 @@ use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 
 use super::absorbed::{absorbed_message, newly_absorbed};
 use super::backoff::{BatchShape, OomDecision, after_oom};
-use super::budget::attempt_budget;
+use super::budget::{attempt_budget, gpu_model_budgets};
 use super::exit::{PodOutcome, pod_outcome};
 use super::pod::{pod_name, training_pod};
 use super::quantity::human_bytes;
@@ -138,6 +138,18 @@ async fn predict(
         (Err(message), _) => return fail_invalid(job, api, ctx, status, &message).await,
         (Ok(_), None) => unreachable!("a budget is only computed for a valid batch shape"),
     };
+    // The budget for each GPU model the job could land on; the cycle gives it
+    // the one of the model it places it on.
+    let auto = job.spec.batch.auto_micro && attempt == 1;
+    let per_model = gpu_model_budgets(
+        job,
+        micro,
+        auto,
+        &ctx.gpu_models(),
+        profile.as_deref(),
+        &|m| ctx.measured_peak_for(&model_signature(&job.spec, m)),
+    );
+    status.gpu_model_budgets = per_model;
     status.attempt = attempt;
     status.phase = if attempt > 1 {
         Phase::Retrying
@@ -278,6 +290,28 @@ async fn record_placement(
         human_bytes(placement.budget_bytes),
         placement.memory_fraction
     );
+    // A placement on a GPU model with its own prediction takes that model's
+    // micro-batch and budget.
+    let chosen = placement.gpu_model.as_ref().and_then(|model| {
+        status
+            .gpu_model_budgets
+            .iter()
+            .find(|b| &b.gpu_model == model)
+            .cloned()
+    });
+    if let Some(chosen) = chosen {
+        if let Some(shape) =
+            BatchShape::for_micro(job.spec.batch.global, chosen.micro_batch, job.spec.gpus)
+        {
+            status.micro_batch = Some(shape.micro);
+            status.grad_accum = Some(shape.accum);
+            status.batch_shape = Some(shape.display());
+            status.model_signature = Some(model_signature(&job.spec, shape.micro));
+        }
+        status.predicted_bytes = Some(chosen.predicted_bytes);
+        status.predicted = Some(human_bytes(chosen.predicted_bytes));
+        status.budget_bytes = Some(chosen.budget_bytes);
+    }
     status.phase = Phase::Placed;
     status.gpu = Some(gpus.join(","));
     status.pod_name = Some(pod_name(&job.name_any(), placement.attempt));

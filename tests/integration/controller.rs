@@ -542,3 +542,78 @@ async fn an_oom_the_agent_reports_backs_the_job_off_like_an_exit_42() {
     );
     cluster.wait_pod("over-a2").await;
 }
+
+/// A GPT-2-small-shaped job whose micro-batch the controller chooses.
+fn auto_micro_job(name: &str, global: u32, micro: u32, min_micro: u32) -> serde_json::Value {
+    json!({
+        "apiVersion": "vramfit.dev/v1alpha1", "kind": "TrainingJob",
+        "metadata": {"name": name},
+        "spec": {
+            "batch": {"global": global, "micro": micro, "minMicro": min_micro, "autoMicro": true},
+            "model": {"transformer": {"layers": 12, "hidden": 768, "heads": 12, "vocab": 50257,
+                                      "seqLen": 1024}, "precision": "amp-bf16", "optimizer": "adamw"},
+            "template": {"spec": {"containers": [{"name": "train", "image": "trainer",
+                "resources": {"requests": {"cpu": "2", "memory": "8Gi"}}}]}}
+        }
+    })
+}
+
+#[tokio::test]
+async fn auto_micro_and_the_budget_follow_the_gpu_model_the_job_lands_on() {
+    let cluster = TestCluster::new("permodel").await;
+    let big = cluster.add_gpu_node("big", &[("H200", 141 * GIB)]).await;
+    let small = cluster.add_gpu_node("small", &[("L4", 24 * GIB)]).await;
+    let _controller = cluster.start_controller();
+
+    // Fits the L4 at a smaller micro-batch: it goes there, with the L4's choice.
+    cluster
+        .apply_job(auto_micro_job("fits-l4", 64, 32, 1))
+        .await;
+    let job = cluster.wait_phase("fits-l4", Phase::Placed).await;
+    let status = job.status.unwrap();
+    let by_model = |model: &str| {
+        status
+            .gpu_model_budgets
+            .iter()
+            .find(|b| b.gpu_model == model)
+            .unwrap_or_else(|| panic!("no {model} budget: {:?}", status.gpu_model_budgets))
+            .clone()
+    };
+    let (h200, l4) = (by_model("H200"), by_model("L4"));
+    assert!(l4.micro_batch < h200.micro_batch, "{l4:?} {h200:?}");
+    assert!(l4.budget_bytes <= 24 * GIB);
+    let placement = status.placement.clone().unwrap();
+    assert_eq!(placement.node, small);
+    assert_eq!(placement.gpu_model.as_deref(), Some("L4"));
+    assert_eq!(placement.budget_bytes, l4.budget_bytes);
+    assert_eq!(status.budget_bytes, Some(l4.budget_bytes));
+    assert_eq!(status.micro_batch, Some(l4.micro_batch));
+    let pod = cluster.wait_pod("fits-l4-a1").await;
+    let env = env_of(&pod);
+    assert_eq!(env["VRAMFIT_MICRO_BATCH"], l4.micro_batch.to_string());
+    assert_eq!(env["VRAMFIT_GRAD_ACCUM"], (64 / l4.micro_batch).to_string());
+
+    // Needs micro-batch 32 at least: only the H200 holds it, with the H200's budget.
+    cluster
+        .apply_job(auto_micro_job("needs-h200", 64, 32, 32))
+        .await;
+    let job = cluster.wait_phase("needs-h200", Phase::Placed).await;
+    let status = job.status.unwrap();
+    let placement = status.placement.clone().unwrap();
+    assert_eq!(placement.node, big);
+    assert_eq!(placement.gpu_model.as_deref(), Some("H200"));
+    let h200 = status
+        .gpu_model_budgets
+        .iter()
+        .find(|b| b.gpu_model == "H200")
+        .unwrap();
+    assert_eq!(
+        status.gpu_model_budgets.len(),
+        1,
+        "no micro-batch fits the L4"
+    );
+    assert_eq!(
+        (placement.budget_bytes, status.micro_batch),
+        (h200.budget_bytes, Some(32))
+    );
+}
