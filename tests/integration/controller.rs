@@ -457,14 +457,7 @@ async fn an_oom_the_agent_reports_backs_the_job_off_like_an_exit_42() {
     // The agent stopped the pod for exceeding its budget; the pod itself
     // still shows Running when the report lands.
     cluster
-        .agent_report(
-            &node,
-            json!({"oomReports": [{
-                "podNamespace": cluster.namespace, "podName": "over-a1",
-                "usedBytes": budget + GIB, "budgetBytes": budget,
-                "time": k8s_openapi::jiff::Timestamp::now().to_string(),
-            }]}),
-        )
+        .agent_reports_oom(&node, "over-a1", budget + GIB, budget)
         .await;
     let job = cluster
         .wait_job("over", "attempt 2", |j| {
