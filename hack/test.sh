@@ -26,13 +26,17 @@ python3 -m pytest -q -p no:cacheprovider hack/node
 
 step "generated CRDs are current"
 cargo run --quiet --locked -- crdgen --out crds
-git diff --exit-code -- crds/ || { echo "crds/ is stale: commit the regenerated files" >&2; exit 1; }
+git diff --exit-code -- crds/ charts/vramfit/crds/ || { echo "crds/ is stale: commit the regenerated files" >&2; exit 1; }
 
 step "Helm chart: lint, schema, dry-run against the API server, RBAC (kubectl auth can-i)"
 hack/chart-test.sh
 
 step "tests (unit + integration against the local control plane)"
 cargo test --workspace --locked
+
+step "container images without a registry (hack/images.sh, dev profile): build, unpack, run --version"
+hack/images.sh build --profile dev --out "$HOME/.cache/vramfit/images-ci"
+hack/images.sh check --out "$HOME/.cache/vramfit/images-ci"
 
 if [[ -d python ]]; then
   step "python helper tests (against the debug build of libvramfit_alloc.so)"

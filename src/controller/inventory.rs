@@ -64,7 +64,7 @@ pub fn cluster_view(
             continue;
         }
         let allocatable = node.status.as_ref().and_then(|s| s.allocatable.as_ref());
-        let quantity = |key: &str, scale: f64| {
+        let quantity = |key: &str, scale: u64| {
             allocatable
                 .and_then(|a| a.get(key))
                 .and_then(|q| parse_quantity(&q.0, scale))
@@ -96,8 +96,8 @@ pub fn cluster_view(
         }
         view.inventory.nodes.push(NodeSpec {
             name,
-            cpu_milli: quantity("cpu", 1000.0),
-            memory_bytes: quantity("memory", 1.0),
+            cpu_milli: quantity("cpu", 1000),
+            memory_bytes: quantity("memory", 1),
             taints: node_taints(node),
             gpus: gpus
                 .iter()
@@ -166,11 +166,11 @@ pub fn pod_requests(spec: Option<&PodSpec>) -> (u64, u64) {
         if let Some(requests) = requests {
             cpu += requests
                 .get("cpu")
-                .and_then(|q| parse_quantity(&q.0, 1000.0))
+                .and_then(|q| parse_quantity(&q.0, 1000))
                 .unwrap_or(0);
             memory += requests
                 .get("memory")
-                .and_then(|q| parse_quantity(&q.0, 1.0))
+                .and_then(|q| parse_quantity(&q.0, 1))
                 .unwrap_or(0);
         }
     }
@@ -233,3 +233,7 @@ pub fn recorded_placement(job: &TrainingJob, placement: &PlacementStatus) -> Pla
         memory_bytes,
     }
 }
+
+#[cfg(test)]
+#[path = "inventory_tests.rs"]
+mod tests;

@@ -4,6 +4,7 @@
 //! [`scheduler::plan_cycle`]; this module wires them to the API server. See
 //! docs/controller.md.
 
+pub mod absorbed;
 pub mod backoff;
 pub mod budget;
 pub mod exit;
@@ -68,6 +69,8 @@ pub struct ControllerOptions {
     pub metrics_addr: Option<SocketAddr>,
     /// Lease used for leader election (none: run without election).
     pub lease: Option<LeaseOptions>,
+    /// Node folder of the pods' stats folders (docs/node-protocol.md).
+    pub stats_root: String,
 }
 
 /// The Lease two replicas compete for.
@@ -91,6 +94,7 @@ impl Default for ControllerOptions {
             cycle_interval: Duration::from_secs(5),
             metrics_addr: None,
             lease: None,
+            stats_root: pod::DEFAULT_STATS_ROOT.into(),
         }
     }
 }
@@ -109,6 +113,8 @@ pub struct Context {
     gpu_nodes: Store<GpuNode>,
     pods: Store<Pod>,
     wake: Notify,
+    /// Node folder of the pods' stats folders.
+    pub stats_root: String,
 }
 
 impl Context {
@@ -135,6 +141,35 @@ impl Context {
             .max()
     }
 
+    /// The micro-batch a new job of this spec should start at, learned from
+    /// jobs of the same model whose processes absorbed OOMs, with the name of
+    /// the job it was learned from.
+    pub fn learned_start_micro(&self, spec: &crate::api::TrainingJobSpec) -> Option<(u32, String)> {
+        let jobs = self.jobs.state();
+        absorbed::learned_start_micro(spec, jobs.iter().map(|j| j.as_ref()))
+    }
+
+    /// The batch shape a pod's process reports (through the node agent), when
+    /// it reports one; the one with the most absorbed OOMs when there are several.
+    pub fn observed_shape_for_pod(
+        &self,
+        node: &str,
+        namespace: &str,
+        pod: &str,
+    ) -> Option<crate::api::ObservedShape> {
+        let gpu_node = self.gpu_nodes.get(&ObjectRef::new(node))?;
+        let status = gpu_node.status.as_ref()?;
+        status
+            .gpus
+            .iter()
+            .flat_map(|g| g.processes.iter())
+            .filter(|p| {
+                p.pod_namespace.as_deref() == Some(namespace) && p.pod_name.as_deref() == Some(pod)
+            })
+            .filter_map(|p| p.shape.clone())
+            .max_by_key(|s| s.absorbed_ooms.len())
+    }
+
     /// Peak the node's agent measured for a pod's processes.
     pub fn measured_for_pod(&self, node: &str, namespace: &str, pod: &str) -> Option<u64> {
         let gpu_node = self.gpu_nodes.get(&ObjectRef::new(node))?;
@@ -148,6 +183,19 @@ impl Context {
             })
             .map(|p| p.peak_bytes.max(p.used_bytes))
             .max()
+    }
+
+    /// The GPU models of the cluster's nodes, each with the largest capacity
+    /// a GPU of that model reports, in name order.
+    pub fn gpu_models(&self) -> Vec<(String, u64)> {
+        let mut models = std::collections::BTreeMap::<String, u64>::new();
+        for node in self.gpu_nodes.state() {
+            for gpu in node.status.iter().flat_map(|s| s.gpus.iter()) {
+                let entry = models.entry(gpu.model.clone()).or_default();
+                *entry = (*entry).max(gpu.total_bytes);
+            }
+        }
+        models.into_iter().collect()
     }
 
     /// True when the node's agent reported the pod for exceeding its budget.
@@ -167,7 +215,13 @@ impl Context {
 pub async fn run(client: Client, options: ControllerOptions) -> Result<()> {
     let metrics = Arc::new(Metrics::default());
     if let Some(addr) = options.metrics_addr {
-        tokio::spawn(serve_metrics(addr, metrics.clone()));
+        let ui = UiSource {
+            client: client.clone(),
+            namespace: options.namespace.clone(),
+            node_selector: options.node_selector.clone(),
+            heartbeat_ttl: options.heartbeat_ttl,
+        };
+        tokio::spawn(serve_metrics(addr, metrics.clone(), ui));
     }
     let _leadership = match &options.lease {
         Some(lease) => Some(acquire_leadership(client.clone(), lease).await?),
@@ -215,6 +269,7 @@ pub async fn run(client: Client, options: ControllerOptions) -> Result<()> {
         gpu_nodes: gpu_nodes.clone(),
         pods: pods.clone(),
         wake: Notify::new(),
+        stats_root: options.stats_root.clone(),
     });
     let (trigger, triggers) = futures::channel::mpsc::unbounded::<ObjectRef<TrainingJob>>();
 
@@ -443,7 +498,6 @@ fn update_gauges(
         .sum();
     let committed: u64 = ledger
         .iter()
-        .filter(|p| !p.job_id.starts_with("faulty-gpu/"))
         .map(|p| p.gpu_budget * p.gpu_indices.len() as u64)
         .sum();
     metrics
@@ -454,8 +508,44 @@ fn update_gauges(
         .set(i64::try_from(committed).unwrap_or(i64::MAX));
 }
 
-async fn serve_metrics(addr: SocketAddr, metrics: Arc<Metrics>) {
+/// What the `/ui` page reads: the same objects as `vramfit status`, listed
+/// on each request (a standby replica serves the page too).
+#[derive(Clone)]
+struct UiSource {
+    client: Client,
+    namespace: Option<String>,
+    node_selector: Option<String>,
+    heartbeat_ttl: Duration,
+}
+
+/// Seconds between the page's reloads.
+const UI_REFRESH_SECONDS: u32 = 5;
+
+impl UiSource {
+    async fn view(&self) -> std::result::Result<crate::status::ClusterStatus, String> {
+        let (jobs, gpu_nodes) = crate::status::fetch(
+            &self.client,
+            self.namespace.as_deref(),
+            self.node_selector.as_deref(),
+        )
+        .await
+        .map_err(|e| format!("listing TrainingJobs and GpuNodes: {e}"))?;
+        let ttl =
+            SignedDuration::try_from(self.heartbeat_ttl).unwrap_or(SignedDuration::from_secs(120));
+        Ok(crate::status::cluster_status(
+            &jobs,
+            &gpu_nodes,
+            Timestamp::now(),
+            ttl,
+        ))
+    }
+}
+
+async fn serve_metrics(addr: SocketAddr, metrics: Arc<Metrics>, ui: UiSource) {
+    use axum::http::{StatusCode, header};
+    use axum::response::{IntoResponse, Redirect};
     use axum::{Router, routing::get};
+    let page_source = ui.clone();
     let app = Router::new()
         .route(
             "/metrics",
@@ -464,7 +554,42 @@ async fn serve_metrics(addr: SocketAddr, metrics: Arc<Metrics>) {
                 async move { m.encode() }
             }),
         )
-        .route("/healthz", get(|| async { "ok" }));
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/", get(|| async { Redirect::temporary("/ui") }))
+        .route(
+            "/ui",
+            get(move || {
+                let source = page_source.clone();
+                async move {
+                    match source.view().await {
+                        Ok(view) => (
+                            StatusCode::OK,
+                            [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+                            crate::status::html::render(&view, UI_REFRESH_SECONDS),
+                        )
+                            .into_response(),
+                        Err(message) => (
+                            StatusCode::BAD_GATEWAY,
+                            [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+                            crate::status::html::error_page(&message, UI_REFRESH_SECONDS),
+                        )
+                            .into_response(),
+                    }
+                }
+            }),
+        )
+        .route(
+            "/ui/status.json",
+            get(move || {
+                let source = ui.clone();
+                async move {
+                    match source.view().await {
+                        Ok(view) => axum::Json(view).into_response(),
+                        Err(message) => (StatusCode::BAD_GATEWAY, message).into_response(),
+                    }
+                }
+            }),
+        );
     match tokio::net::TcpListener::bind(addr).await {
         Ok(listener) => {
             if let Err(error) = axum::serve(listener, app).await {
@@ -506,4 +631,109 @@ async fn acquire_leadership(
             }
         }
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::TrainingJobStatus;
+    use crate::place::{GpuSpec, Inventory, NodeSpec, Placement};
+
+    const GIB: u64 = 1 << 30;
+
+    fn job(phase: Option<Phase>) -> TrainingJob {
+        let mut job: TrainingJob = serde_json::from_value(serde_json::json!({
+            "apiVersion": "vramfit.dev/v1alpha1", "kind": "TrainingJob",
+            "metadata": {"name": "j", "namespace": "ml"},
+            "spec": {"batch": {"global": 8, "micro": 8},
+                     "model": {"mlp": {"layers": 2, "hidden": 64}}, "template": {}}
+        }))
+        .unwrap();
+        job.status = phase.map(|phase| TrainingJobStatus {
+            phase,
+            ..Default::default()
+        });
+        job
+    }
+
+    fn gauge(text: &str, series: &str) -> Option<i64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+    }
+
+    #[test]
+    fn gauges_count_jobs_by_phase_and_gpu_memory_committed_and_total() {
+        let jobs = [
+            job(None),
+            job(Some(Phase::Pending)),
+            job(Some(Phase::Running)),
+            job(Some(Phase::Running)),
+            job(Some(Phase::Failed)),
+        ];
+        let refs: Vec<&TrainingJob> = jobs.iter().collect();
+        let node = |name: &str, gpus: &[u64]| NodeSpec {
+            name: name.into(),
+            cpu_milli: 1000,
+            memory_bytes: GIB,
+            taints: vec![],
+            gpus: gpus
+                .iter()
+                .map(|&capacity| GpuSpec {
+                    model: "H200".into(),
+                    capacity,
+                })
+                .collect(),
+        };
+        let view = ClusterView {
+            inventory: Inventory {
+                nodes: vec![node("a", &[80 * GIB, 80 * GIB]), node("b", &[24 * GIB])],
+            },
+            ..ClusterView::default()
+        };
+        let placement = |gpus: Vec<u32>, budget: u64| Placement {
+            job_id: "ml/j".into(),
+            node: "a".into(),
+            gpu_indices: gpus,
+            gpu_budget: budget,
+            cpu_milli: 0,
+            memory_bytes: 0,
+        };
+        let ledger = [placement(vec![0, 1], 10 * GIB), placement(vec![0], 3 * GIB)];
+        let metrics = Metrics::default();
+        update_gauges(&metrics, &refs, &view, &ledger);
+        let text = metrics.encode();
+        for (phase, count) in [
+            ("Pending", 2),
+            ("Placed", 0),
+            ("Running", 2),
+            ("Retrying", 0),
+            ("Succeeded", 0),
+            ("Failed", 1),
+        ] {
+            let series = format!("vramfit_trainingjobs{{phase=\"{phase}\"}}");
+            assert_eq!(gauge(&text, &series), Some(count), "{series} in\n{text}");
+        }
+        assert_eq!(
+            gauge(&text, "vramfit_gpu_memory_total_bytes"),
+            Some((184 * GIB) as i64)
+        );
+        assert_eq!(
+            gauge(&text, "vramfit_gpu_memory_committed_bytes"),
+            Some((23 * GIB) as i64),
+            "a two-GPU job holds its budget twice"
+        );
+
+        // A later cycle overwrites the gauges instead of adding to them.
+        update_gauges(&metrics, &refs[..1], &ClusterView::default(), &[]);
+        let text = metrics.encode();
+        assert_eq!(
+            gauge(&text, "vramfit_trainingjobs{phase=\"Running\"}"),
+            Some(0)
+        );
+        assert_eq!(
+            gauge(&text, "vramfit_trainingjobs{phase=\"Pending\"}"),
+            Some(1)
+        );
+        assert_eq!(gauge(&text, "vramfit_gpu_memory_total_bytes"), Some(0));
+    }
 }

@@ -1,34 +1,55 @@
 //! Kubernetes quantities (`20Gi`, `500m`, `1.5`) as plain numbers.
 
 /// Parses a quantity into its value times `scale` (1 for bytes, 1000 for
-/// millicores), rounded up. `None` for text that is not a quantity.
-pub fn parse_quantity(text: &str, scale: f64) -> Option<u64> {
+/// millicores), rounded up as the API server's `MilliValue` and `Value` do.
+/// The arithmetic is exact: `2.007` CPUs are 2007 millicores. `None` for text
+/// that is not a quantity, for a negative one, and for one too large for `u64`.
+pub fn parse_quantity(text: &str, scale: u64) -> Option<u64> {
     let text = text.trim();
     let split = text
         .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '+' || c == '-'))
         .unwrap_or(text.len());
     let (number, suffix) = text.split_at(split);
-    let number: f64 = number.parse().ok()?;
-    let factor = match suffix {
-        "" => 1.0,
-        "m" => 1e-3,
-        "k" => 1e3,
-        "M" => 1e6,
-        "G" => 1e9,
-        "T" => 1e12,
-        "P" => 1e15,
-        "E" => 1e18,
-        "Ki" => 1024.0,
-        "Mi" => 1024.0 * 1024.0,
-        "Gi" => 1024.0 * 1024.0 * 1024.0,
-        "Ti" => 1024.0f64.powi(4),
-        "Pi" => 1024.0f64.powi(5),
-        "Ei" => 1024.0f64.powi(6),
-        s if s.starts_with(['e', 'E']) => 10f64.powi(s[1..].parse().ok()?),
+    let number = number.strip_prefix('+').unwrap_or(number);
+    let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
+    let digits_ok = |d: &str| d.bytes().all(|b| b.is_ascii_digit());
+    if whole.is_empty() && fraction.is_empty() || !digits_ok(whole) || !digits_ok(fraction) {
+        return None;
+    }
+    // value = mantissa * 10^exp10 * 2^exp2, kept as integers.
+    let mantissa: u128 = format!("{whole}{fraction}").parse().ok()?;
+    let mut exp10 = -i32::try_from(fraction.len()).ok()?;
+    let mut exp2 = 0u32;
+    match suffix {
+        "" => {}
+        "n" => exp10 -= 9,
+        "u" => exp10 -= 6,
+        "m" => exp10 -= 3,
+        "k" => exp10 += 3,
+        "M" => exp10 += 6,
+        "G" => exp10 += 9,
+        "T" => exp10 += 12,
+        "P" => exp10 += 15,
+        "E" => exp10 += 18,
+        "Ki" => exp2 = 10,
+        "Mi" => exp2 = 20,
+        "Gi" => exp2 = 30,
+        "Ti" => exp2 = 40,
+        "Pi" => exp2 = 50,
+        "Ei" => exp2 = 60,
+        s if s.starts_with(['e', 'E']) => exp10 += s[1..].parse::<i32>().ok()?,
         _ => return None,
-    };
-    let value = number * factor * scale;
-    (value.is_finite() && value >= 0.0).then(|| value.ceil() as u64)
+    }
+    let mut numerator = mantissa
+        .checked_mul(u128::from(scale))?
+        .checked_mul(1u128.checked_shl(exp2)?)?;
+    let mut denominator: u128 = 1;
+    if exp10 >= 0 {
+        numerator = numerator.checked_mul(10u128.checked_pow(exp10.unsigned_abs())?)?;
+    } else {
+        denominator = 10u128.checked_pow(exp10.unsigned_abs())?;
+    }
+    u64::try_from(numerator.div_ceil(denominator)).ok()
 }
 
 /// Bytes as people read them: `31.2 GiB`.
@@ -54,17 +75,45 @@ mod tests {
     #[test]
     fn quantities_parse_with_binary_and_decimal_suffixes() {
         let cases = [
-            ("20Gi", 1.0, Some(20 * 1024 * 1024 * 1024)),
-            ("500m", 1000.0, Some(500)),
-            ("4", 1000.0, Some(4000)),
-            ("1.5", 1000.0, Some(1500)),
-            ("128974848", 1.0, Some(128_974_848)),
-            ("129e6", 1.0, Some(129_000_000)),
-            ("123Mi", 1.0, Some(128_974_848)),
-            ("1k", 1.0, Some(1000)),
-            ("20 gigs", 1.0, None),
-            ("Gi", 1.0, None),
-            ("-1Gi", 1.0, None),
+            ("20Gi", 1, Some(20 * 1024 * 1024 * 1024)),
+            ("500m", 1000, Some(500)),
+            ("4", 1000, Some(4000)),
+            ("1.5", 1000, Some(1500)),
+            // Exact, not through a float: 2.007 * 1000 is 2007.
+            ("2.007", 1000, Some(2007)),
+            ("0.1", 1000, Some(100)),
+            ("4.1", 1000, Some(4100)),
+            ("1.1Gi", 1, Some(1_181_116_007)),
+            ("0.3", 10, Some(3)),
+            // Rounded up, as the API server rounds a MilliValue.
+            ("0.0001", 1000, Some(1)),
+            ("1500u", 1000, Some(2)),
+            ("250000000n", 1000, Some(250)),
+            ("2.5m", 1000, Some(3)),
+            ("128974848", 1, Some(128_974_848)),
+            ("129e6", 1, Some(129_000_000)),
+            ("1E3", 1, Some(1000)),
+            ("5e-1", 1000, Some(500)),
+            ("+3", 1, Some(3)),
+            (".5", 1000, Some(500)),
+            ("123Mi", 1, Some(128_974_848)),
+            ("1k", 1, Some(1000)),
+            ("2M", 1, Some(2_000_000)),
+            ("1G", 1, Some(1_000_000_000)),
+            ("1T", 1, Some(1_000_000_000_000)),
+            ("1P", 1, Some(1_000_000_000_000_000)),
+            ("1E", 1, Some(1_000_000_000_000_000_000)),
+            ("1Ki", 1, Some(1024)),
+            ("1Ti", 1, Some(1 << 40)),
+            ("1Pi", 1, Some(1 << 50)),
+            ("1Ei", 1, Some(1 << 60)),
+            ("16Ei", 1, None),
+            ("20 gigs", 1, None),
+            ("Gi", 1, None),
+            (".", 1, None),
+            ("1.2.3", 1, None),
+            ("-1Gi", 1, None),
+            ("1-2", 1, None),
         ];
         for (text, scale, expected) in cases {
             assert_eq!(parse_quantity(text, scale), expected, "{text}");

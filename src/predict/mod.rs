@@ -253,6 +253,7 @@ fn assemble(
         workspace: live.workspace,
         context,
         allocator_overhead: o.reserved_peak.saturating_sub(live.total()),
+        persistent: live.persistent,
     };
     Prediction {
         peak_bytes: o.reserved_peak + context,
@@ -275,7 +276,7 @@ pub fn predict_from_profile(
 ) -> Result<Prediction, PredictError> {
     let grad_accum = job.grad_accum()?;
     let prof = profile::parse_profile(profile_text)?;
-    let events = profile::profile_events(&prof, job.micro_batch)?;
+    let events = profile::profile_events(&prof, job.micro_batch, gpu.cublas_workspace_bytes)?;
     let outcome = CachingAllocatorModel::PYTORCH.replay(&events)?;
     Ok(assemble(outcome, gpu, job, grad_accum))
 }
