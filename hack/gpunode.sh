@@ -222,12 +222,19 @@ wait_for() {
   return 1
 }
 
+gpunode_has_gpus() {
+  [[ -n $(kubectl get gpunode "$1" -o jsonpath='{.status.gpus[0].uuid}' 2>/dev/null) ]]
+}
+
 simulated_gpunode() {
   local node=$1
   printf 'apiVersion: vramfit.dev/v1alpha1\nkind: GpuNode\nmetadata: {name: %s}\nspec: {}\n' "$node" | kubectl apply -f -
   while :; do
-    kubectl patch gpunode "$node" --subresource=status --type=merge \
-      -p "$(sed "s/NOW/$(date -u +%FT%TZ)/" "$repo/examples/demo/gpu-node-status.json")" >/dev/null
+    kubectl patch gpunode "$node" --subresource=status --type=merge -p "$(python3 -c '
+import json, sys, time
+now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+gpus = [{"index": i, "uuid": f"GPU-sim-{i}", "model": "H200", "totalBytes": 150754820096, "health": "Healthy"} for i in (0, 1)]
+print(json.dumps({"status": {"heartbeat": now, "gpuCount": 2, "model": "H200", "gpus": gpus}}))')" >/dev/null
     sleep 20
   done
 }
@@ -307,17 +314,23 @@ up() {
   local vb
   vb=$(find_vramfit_bins)
   echo "$vb" >"$dir/vramfit-bin"
+  export RUST_LOG=${RUST_LOG:-info,kube=warn}
   if [[ -e /dev/nvidiactl ]]; then
+    # NVRTC for the agent's probe kernels: the toolkit's, or the one PyTorch ships.
+    local nvrtc
+    nvrtc=$(find /usr/local/cuda*/lib64 /usr/local/cuda*/targets /opt /usr/lib -name 'libnvrtc.so*' 2>/dev/null | head -1)
+    [[ -n $nvrtc ]] && export LD_LIBRARY_PATH="$(dirname "$nvrtc"):${LD_LIBRARY_PATH:-}"
     start_bg agent "$vb/vramfit-agent" run --node "$node"
   else
-    # No GPU: keep a GpuNode with the demo's two simulated H200s alive (what
-    # hack/demo.sh does), so the controller places. Not `vramfit-agent run
+    # No GPU: keep a GpuNode with two simulated H200s alive, so the
+    # controller places. Not `vramfit-agent run
     # --simulate`: it also plays the kubelet, and here the kubelet is real.
     log "no GPU: a simulated GpuNode (no measurements) stands in for the agent"
     start_bg agent simulated_gpunode "$node"
   fi
   start_bg controller "$vb/vramfit" controller --no-leader-election --metrics-addr "127.0.0.1:$(free_port)"
-  wait_for 60 "GpuNode $node" kubectl get "gpunode/$node" || { tail -20 "$dir/agent.log" >&2; return 1; }
+  # The agent has reported (after its probe): the GpuNode lists GPUs.
+  wait_for 90 "GpuNode $node" gpunode_has_gpus "$node" || { tail -20 "$dir/agent.log" >&2; return 1; }
   log "up in $(( ($(now_ms) - t0) ))ms; KUBECONFIG=$kubeconfig"
   echo "$kubeconfig"
 }
@@ -365,6 +378,21 @@ down() {
   "$here/controlplane.sh" down --dir "$dir/controlplane"
 }
 
+# The end of every process's log, after the demo's own output (demo.log), so
+# a failed run on the GPU machine still explains itself.
+collect_logs() {
+  local f
+  {
+    echo
+    echo "== node logs (last 25 lines each)"
+    for f in "$dir"/controlplane/apiserver.log "$dir"/containerd.log "$dir"/kubelet.log "$dir"/agent.log "$dir"/controller.log; do
+      [[ -f $f ]] || continue
+      echo "-- $f"
+      tail -25 "$f"
+    done
+  } >>"$out/demo.log" 2>&1
+}
+
 # --- command line --------------------------------------------------------------------
 
 cmd=${1:-}
@@ -392,8 +420,10 @@ case $cmd in
   demo) source "$here/node/demo.sh"; demo ;;
   down) down ;;
   all)
+    out=${out:-$dir/demo-out}
+    mkdir -p "$out"
     down >/dev/null 2>&1 || true
-    trap 'down >/dev/null 2>&1 || true' EXIT
+    trap 'collect_logs; down >/dev/null 2>&1 || true' EXIT
     up >/dev/null
     source "$here/node/demo.sh"
     demo
