@@ -127,7 +127,7 @@ bundle() {
   cp "${bundle_files[@]/#/$nodebin/}" "$tmp/"
   # The control plane's certificates travel too: the GPU machine may lack openssl.
   "$here/controlplane.sh" pki --dir "$tmp/controlplane" >/dev/null
-  tar -C "$tmp" -cf - "${bundle_files[@]}" controlplane/pki | nice -n 10 xz -9e -T2 >"$dest/vramfit-node.tar.xz.tmp"
+  tar -C "$tmp" -cf - "${bundle_files[@]}" controlplane/pki | nice -n 10 xz -9 -T2 >"$dest/vramfit-node.tar.xz.tmp"
   mv "$dest/vramfit-node.tar.xz.tmp" "$dest/vramfit-node.tar.xz"
   sizes "$tmp" "${bundle_files[@]}"
   printf '%-24s %11d %11d\n' "vramfit-node.tar.xz" "$(du -cb "${bundle_files[@]/#/$tmp/}" | tail -1 | cut -f1)" \
