@@ -310,6 +310,11 @@ pub struct TrainingJobStatus {
     /// Finished attempts, oldest first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub history: Vec<AttemptRecord>,
+    /// OOMs the training process absorbed itself (it halved its micro-batch
+    /// inside the process and went on), oldest first; `microBatch` and
+    /// `gradAccum` show the shape it runs with since.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub absorbed_ooms: Vec<crate::api::AbsorbedOom>,
     /// Standard conditions (`Placed`, `Invalid`, ...), each with observedGeneration.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,

@@ -4,6 +4,7 @@
 //! [`scheduler::plan_cycle`]; this module wires them to the API server. See
 //! docs/controller.md.
 
+pub mod absorbed;
 pub mod backoff;
 pub mod budget;
 pub mod exit;
@@ -138,6 +139,35 @@ impl Context {
             })
             .filter_map(|s| s.measured_peak_bytes)
             .max()
+    }
+
+    /// The micro-batch a new job of this spec should start at, learned from
+    /// jobs of the same model whose processes absorbed OOMs, with the name of
+    /// the job it was learned from.
+    pub fn learned_start_micro(&self, spec: &crate::api::TrainingJobSpec) -> Option<(u32, String)> {
+        let jobs = self.jobs.state();
+        absorbed::learned_start_micro(spec, jobs.iter().map(|j| j.as_ref()))
+    }
+
+    /// The batch shape a pod's process reports (through the node agent), when
+    /// it reports one; the one with the most absorbed OOMs when there are several.
+    pub fn observed_shape_for_pod(
+        &self,
+        node: &str,
+        namespace: &str,
+        pod: &str,
+    ) -> Option<crate::api::ObservedShape> {
+        let gpu_node = self.gpu_nodes.get(&ObjectRef::new(node))?;
+        let status = gpu_node.status.as_ref()?;
+        status
+            .gpus
+            .iter()
+            .flat_map(|g| g.processes.iter())
+            .filter(|p| {
+                p.pod_namespace.as_deref() == Some(namespace) && p.pod_name.as_deref() == Some(pod)
+            })
+            .filter_map(|p| p.shape.clone())
+            .max_by_key(|s| s.absorbed_ooms.len())
     }
 
     /// Peak the node's agent measured for a pod's processes.

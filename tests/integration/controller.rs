@@ -354,6 +354,71 @@ async fn measured_peak_reaches_status_and_corrects_the_next_prediction_of_the_sa
 }
 
 #[tokio::test]
+async fn an_oom_absorbed_in_process_reaches_status_and_starts_the_next_job_of_the_model_smaller() {
+    let cluster = TestCluster::new("absorb").await;
+    let node = cluster.add_gpu_node("n1", &[("H100-80GB", 80 * GIB)]).await;
+    let _controller = cluster.start_controller();
+    cluster.apply_job(mlp_job("first", 64, 16, 1, None)).await;
+    cluster.wait_phase("first", Phase::Placed).await;
+    cluster.wait_pod("first-a1").await;
+    cluster.kubelet_running("first-a1").await;
+    cluster
+        .agent_reports_shape(&node, 0, "first-a1", (8, 8), &[(16, 8, 4, 8)])
+        .await;
+    let job = cluster
+        .wait_job("first", "the absorbed shape", |j| {
+            j.status.as_ref().and_then(|s| s.micro_batch) == Some(8)
+        })
+        .await;
+    let status = job.status.unwrap();
+    assert_eq!(status.grad_accum, Some(8));
+    assert_eq!(status.batch_shape.as_deref(), Some("8x8"));
+    assert_eq!(status.attempt, 1, "no restart: the same attempt goes on");
+    assert_eq!(status.absorbed_ooms.len(), 1);
+    assert_eq!(status.absorbed_ooms[0].from_micro, 16);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let notes = loop {
+        let notes = cluster.event_notes("first", "OomAbsorbed").await;
+        if !notes.is_empty() || std::time::Instant::now() > deadline {
+            break notes;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    };
+    assert_eq!(
+        notes,
+        ["OOM absorbed in-process: micro 16 -> 8, accumulation 4 -> 8"]
+    );
+    cluster.kubelet_exit("first-a1", 0, "").await;
+    let done = cluster.wait_phase("first", Phase::Succeeded).await;
+    assert_eq!(
+        done.status.unwrap().absorbed_ooms.len(),
+        1,
+        "the record stays"
+    );
+
+    // The next job of the same model starts at the shape the first one found.
+    cluster.apply_job(mlp_job("second", 64, 16, 1, None)).await;
+    let second = cluster.wait_phase("second", Phase::Placed).await;
+    let status = second.status.unwrap();
+    assert_eq!(status.micro_batch, Some(8));
+    assert_eq!(status.grad_accum, Some(8));
+    cluster.wait_pod("second-a1").await;
+    let pod = cluster.pods().get("second-a1").await.unwrap();
+    let env = pod.spec.unwrap().containers[0].env.clone().unwrap();
+    let micro = env
+        .iter()
+        .find(|e| e.name == "VRAMFIT_MICRO_BATCH")
+        .unwrap();
+    assert_eq!(micro.value.as_deref(), Some("8"));
+    // Another model is not affected.
+    let mut other = mlp_job("third", 64, 16, 1, None);
+    other["spec"]["model"]["mlp"]["layers"] = serde_json::json!(6);
+    cluster.apply_job(other).await;
+    let third = cluster.wait_phase("third", Phase::Placed).await;
+    assert_eq!(third.status.unwrap().micro_batch, Some(16));
+}
+
+#[tokio::test]
 async fn two_replicas_elect_one_leader_and_the_other_takes_over_when_it_dies() {
     let cluster = TestCluster::new("leader").await;
     cluster.add_gpu_node("n1", &[("H100-80GB", 80 * GIB)]).await;
