@@ -90,6 +90,30 @@ fn recorded_profiles_replay_within_five_percent_of_the_measured_peak() {
 }
 
 #[test]
+fn a_profile_books_what_outlives_its_step_apart_from_the_steps_transients() {
+    // Two allocations: 64 MiB kept to the end, 32 MiB freed within the step.
+    let text = r#"{"format":"vramfit.profile/v1","microBatch":1,
+        "sizes":[67108864,33554432],"events":[0,1,-2]}"#;
+    let p = predict_from_profile(text, &one_gpu(1), default_gpu()).unwrap();
+    assert_eq!(p.breakdown.persistent, 64 << 20);
+    assert_eq!(p.breakdown.activations, 32 << 20);
+    assert_eq!(p.breakdown.parameters, 0);
+    let table = crate::predict::output::prediction_table(&p);
+    assert!(table.contains("persistent state"), "{table}");
+    assert!(!table.contains("parameters"), "{table}");
+
+    // GPT-2 small (124 M parameters) with AdamW: the fp32 weights and both
+    // moments outlive the step; the peak's transients are the activations.
+    let p = predict_from_profile(GPT2_PROFILE, &one_gpu(8), default_gpu()).unwrap();
+    assert!(
+        p.breakdown.persistent >= 124_000_000 * 4 * 3,
+        "{:?}",
+        p.breakdown
+    );
+    assert!(p.breakdown.activations > 0, "{:?}", p.breakdown);
+}
+
+#[test]
 fn a_profile_cannot_predict_a_larger_micro_batch() {
     let err = predict_from_profile(GPT2_PROFILE, &one_gpu(16), default_gpu()).unwrap_err();
     assert!(err.to_string().contains("micro-batch 8"), "{err}");
