@@ -62,6 +62,10 @@ pub struct PredictBenchArgs {
     /// GPU profile to predict for (default: each line's own GPU, else H200).
     #[arg(long)]
     pub gpu: Option<String>,
+    /// Folder of captured profiles, `NAME.profile.json` per measured line
+    /// (`python -m vramfit.profile`), for the lines without an analytic model.
+    #[arg(long)]
+    pub profiles: Option<PathBuf>,
     /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value = "table")]
     pub output: OutputFormat,
@@ -139,7 +143,16 @@ pub fn run(command: &BenchCommand) -> anyhow::Result<String> {
                     Some(gpu_profile(name).ok_or_else(|| anyhow::anyhow!("unknown GPU {name:?}"))?)
                 }
             };
-            let report = predict_bench::bench_predict(&read_text(&args.measured)?, gpu)?;
+            let dir = args.profiles.clone();
+            let profile_for = move |name: &str| -> Option<String> {
+                let path = dir.as_ref()?.join(format!("{name}.profile.json"));
+                std::fs::read_to_string(path).ok()
+            };
+            let report = predict_bench::bench_predict_with_profiles(
+                &read_text(&args.measured)?,
+                gpu,
+                &profile_for,
+            )?;
             Ok(match args.output {
                 OutputFormat::Json => {
                     serde_json::to_string_pretty(&predict_bench::bench_json(&report))?
