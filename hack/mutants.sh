@@ -35,4 +35,4 @@ for f in "${files[@]}"; do args+=(--file "$f"); done
 # --in-place: mutate this tree rather than a copy, so the existing target
 # directory's incremental build is reused (run it in a tree nobody edits).
 exec nice -n 15 cargo mutants --in-place --no-shuffle -p vramfit "${args[@]}" \
-  --timeout 120 --build-timeout 900 -- --lib -- controller::
+  --timeout 120 --build-timeout 900 --cargo-arg=--lib -- -- controller::
