@@ -80,8 +80,8 @@ render() { "$helm" template "$release" "$chart" --kube-version "$kube_version" -
 
 log "the controller and the agent get the same stats root"
 out=$(render --set statsRoot=/srv/vramfit/stats/)
-[[ $(grep -A1 'name: VRAMFIT_STATS_ROOT' <<<"$out" | grep -c 'value: "/srv/vramfit/stats"') == 2 ]] ||
-  fail "VRAMFIT_STATS_ROOT is not /srv/vramfit/stats in both the controller and the agent"
+[[ $(grep -c -- '- --stats-root=/srv/vramfit/stats$' <<<"$out") == 2 ]] ||
+  fail "--stats-root is not /srv/vramfit/stats for both the controller and the agent"
 grep -q 'path: /srv/vramfit/stats$' <<<"$out" || fail "the agent's hostPath is not the stats root"
 passed=$((passed + 1))
 
@@ -156,14 +156,16 @@ mustnt controller delete trainingjobs.vramfit.dev -n ml
 mustnt controller create deployments.apps -n ml
 mustnt controller '*' '*'
 
-for verb in get list watch create patch; do must agent "$verb" gpunodes.vramfit.dev; done
+for verb in get patch; do must agent "$verb" gpunodes.vramfit.dev; done
 must agent patch gpunodes.vramfit.dev --subresource=status
-for verb in list watch delete; do must agent "$verb" pods -n ml; done
+for verb in list watch; do must agent "$verb" pods -n ml; done
+mustnt agent delete pods -n ml
 mustnt agent patch pods -n ml --subresource=status
+mustnt agent create nodes
 mustnt agent get secrets -n ml
 mustnt agent create pods -n ml --subresource=exec
 mustnt agent create pods -n ml
-mustnt agent patch trainingjobs.vramfit.dev -n ml
+mustnt agent get trainingjobs.vramfit.dev -n ml
 mustnt agent list configmaps -n ml
 mustnt agent delete gpunodes.vramfit.dev
 mustnt agent get leases.coordination.k8s.io -n "$ns"
@@ -181,7 +183,14 @@ mustnt controller list trainingjobs.vramfit.dev --all-namespaces
 mustnt controller get configmaps -n other
 mustnt controller create events.events.k8s.io -n other
 must controller list gpunodes.vramfit.dev
+# The simulated agent plays the node and its kubelet.
 must agent patch pods -n ml --subresource=status
+must agent delete pods -n ml
+must agent create nodes
+must agent patch nodes --subresource=status
+must agent get trainingjobs.vramfit.dev -n ml
+mustnt agent get secrets -n ml
+mustnt agent create pods -n ml --subresource=exec
 render --set controller.watchNamespace=ml --set agent.simulate=2xH200 | k delete -f - --ignore-not-found >/dev/null
 passed=$((passed + 1))
 

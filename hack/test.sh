@@ -21,7 +21,7 @@ hack/controlplane.sh build
 
 step "generated CRDs are current"
 cargo run --quiet --locked -- crdgen --out crds
-git diff --exit-code -- crds/ || { echo "crds/ is stale: commit the regenerated files" >&2; exit 1; }
+git diff --exit-code -- crds/ charts/vramfit/crds/ || { echo "crds/ is stale: commit the regenerated files" >&2; exit 1; }
 
 step "Helm chart: lint, schema, dry-run against the API server, RBAC (kubectl auth can-i)"
 hack/chart-test.sh
@@ -29,7 +29,13 @@ hack/chart-test.sh
 step "tests (unit + integration against the local control plane)"
 cargo test --workspace --locked
 
+step "container images without a registry (hack/images.sh, dev profile): build, unpack, run --version"
+hack/images.sh build --profile dev --out "$HOME/.cache/vramfit/images-ci"
+hack/images.sh check --out "$HOME/.cache/vramfit/images-ci"
+
 if [[ -d python ]]; then
-  step "python helper tests"
-  python3 -m pytest -q python
+  step "python helper tests (against the debug build of libvramfit_alloc.so)"
+  cargo build --quiet --locked -p vramfit-alloc
+  VRAMFIT_ALLOCATOR_LIB="$CARGO_TARGET_DIR/debug/libvramfit_alloc.so" VRAMFIT_REQUIRE_ALLOCATOR_LIB=1 \
+    python3 -m pytest -q python
 fi

@@ -23,6 +23,9 @@ enum Command {
     /// Benchmarks (placement, prediction).
     #[command(subcommand)]
     Bench(cli::bench::BenchCommand),
+    /// Run a TrainingJob on this machine (`run --local JOB.yaml -- python train.py`),
+    /// with the controller's OOM back-off.
+    Run(cli::run::RunArgs),
     /// Caching-allocator tools.
     #[command(subcommand)]
     Alloc(cli::alloc::AllocCommand),
@@ -39,13 +42,16 @@ enum Command {
     },
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<std::process::ExitCode> {
     let cli = Cli::parse();
     let output = match cli.command {
-        Command::Controller(args) => return run_controller(args),
+        Command::Controller(args) => return run_controller(args).map(|()| Default::default()),
+        Command::Run(args) => return cli::run::main(&args),
         Command::Status(args) => {
             let runtime = tokio::runtime::Runtime::new()?;
-            return runtime.block_on(cli::status::run(&args));
+            return runtime
+                .block_on(cli::status::run(&args))
+                .map(|()| Default::default());
         }
         Command::Predict(args) => cli::predict::run(&args)?,
         Command::Bench(command) => cli::bench::run(&command)?,
@@ -55,11 +61,11 @@ fn main() -> anyhow::Result<()> {
             if chart_out.parent().is_some_and(|chart| chart.is_dir()) {
                 vramfit::crdgen::write_crds(&chart_out)?;
             }
-            return Ok(());
+            return Ok(Default::default());
         }
     };
     println!("{}", output.trim_end());
-    Ok(())
+    Ok(Default::default())
 }
 
 fn run_controller(args: cli::controller::ControllerArgs) -> anyhow::Result<()> {

@@ -26,7 +26,14 @@ def _install_allocator(budget_bytes: int, env: Mapping[str, str]) -> bool:
     return bool(allocator.install(budget_bytes))
 
 
+def _nvidia_driver_present() -> bool:
+    # Importing torch takes seconds; without a driver there is nothing to limit.
+    return os.path.exists("/proc/driver/nvidia/version") or os.path.exists("/dev/nvidiactl")
+
+
 def _apply_fraction(attempt: Attempt, device: Optional[int]) -> bool:
+    if "torch" not in sys.modules and not _nvidia_driver_present():
+        return False
     try:
         import torch
     except ImportError:

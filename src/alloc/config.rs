@@ -90,6 +90,10 @@ pub struct AllocatorConfig {
     /// `torch.cuda.set_per_process_memory_fraction`: the share (0..1] of the
     /// device's total memory this process may reserve.
     pub memory_fraction: Option<f64>,
+    /// A hard ceiling on reserved bytes (vramfit's per-job budget): like the
+    /// memory fraction, but in bytes and named as a budget in the
+    /// out-of-memory message. The lower of both limits applies.
+    pub budget_bytes: Option<u64>,
     /// Index of the device, used in messages only.
     pub device_index: u32,
 }
@@ -97,8 +101,22 @@ pub struct AllocatorConfig {
 impl AllocatorConfig {
     /// The reserve ceiling in bytes for a device of `total` bytes.
     pub fn allowed_bytes(&self, total: u64) -> Option<u64> {
-        self.memory_fraction
-            .map(|fraction| (fraction.clamp(0.0, 1.0) * total as f64) as u64)
+        let by_fraction = self
+            .memory_fraction
+            .map(|fraction| (fraction.clamp(0.0, 1.0) * total as f64) as u64);
+        match (by_fraction, self.budget_bytes) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Whether the budget (not the memory fraction) is the binding limit on
+    /// a device of `total` bytes.
+    pub fn budget_binds(&self, total: u64) -> bool {
+        match self.budget_bytes {
+            Some(budget) => self.allowed_bytes(total) == Some(budget),
+            None => false,
+        }
     }
 }
 
@@ -133,6 +151,22 @@ mod tests {
         ] {
             assert_eq!(segment_bytes_for(rounded), segment, "rounded {rounded}");
         }
+    }
+
+    #[test]
+    fn the_lower_of_budget_and_fraction_applies() {
+        let gib = 1u64 << 30;
+        let mut config = AllocatorConfig {
+            budget_bytes: Some(4 * gib),
+            ..Default::default()
+        };
+        assert_eq!(config.allowed_bytes(80 * gib), Some(4 * gib));
+        assert!(config.budget_binds(80 * gib));
+        config.memory_fraction = Some(0.025);
+        assert_eq!(config.allowed_bytes(80 * gib), Some(2 * gib));
+        assert!(!config.budget_binds(80 * gib));
+        config.budget_bytes = None;
+        assert_eq!(config.allowed_bytes(80 * gib), Some(2 * gib));
     }
 
     #[test]

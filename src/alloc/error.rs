@@ -21,6 +21,11 @@ pub enum AllocError {
         allocated: u64,
         /// Bytes reserved from the device at the time.
         reserved: u64,
+        /// The largest free (cached) block at the time.
+        largest_free: u64,
+        /// The process's budget ([`AllocatorConfig::budget_bytes`]) refused
+        /// the request, not the device.
+        budget_exceeded: bool,
     },
     /// `free` of a pointer this allocator did not hand out (or freed twice).
     #[error("free of {0:#x}, which is not an allocated block")]
@@ -67,19 +72,33 @@ pub(crate) struct OomFacts {
     pub allowed: Option<u64>,
     pub allocated: u64,
     pub reserved: u64,
+    pub budget: Option<u64>,
+    pub largest_free: u64,
+    pub budget_exceeded: bool,
 }
 
 impl OomFacts {
     /// Counts the out-of-memory event in `stats` and gathers what the message
     /// reports about the device, the limit and the allocator.
+    ///
+    /// `largest_free` is the policy's largest free block; `needed` the bytes
+    /// the policy had to take from the device for the request (a segment or
+    /// pages), which tells whether the budget refused it.
     pub(crate) fn record<D: DeviceMemory>(
         stats: &mut MemoryStats,
         device: &D,
         config: &AllocatorConfig,
         requested: u64,
+        needed: u64,
+        largest_free: u64,
     ) -> Self {
         stats.num_ooms += 1;
         let info = device.mem_info();
+        let reserved = stats.reserved_bytes.current;
+        let budget_exceeded = config.budget_binds(info.total)
+            && config
+                .budget_bytes
+                .is_some_and(|budget| reserved + needed > budget);
         Self {
             device_index: config.device_index,
             requested,
@@ -87,13 +106,19 @@ impl OomFacts {
             device_free: info.free,
             allowed: config.allowed_bytes(info.total),
             allocated: stats.allocated_bytes.current,
-            reserved: stats.reserved_bytes.current,
+            reserved,
+            budget: config.budget_bytes,
+            largest_free,
+            budget_exceeded,
         }
     }
 
     /// The error, worded as PyTorch words it so that people and tools that
     /// know PyTorch's message read ours without surprise.
     pub(crate) fn into_error(self) -> AllocError {
+        if self.budget_exceeded {
+            return self.into_budget_error();
+        }
         let in_use = self.device_total.saturating_sub(self.device_free);
         let allowed = self
             .allowed
@@ -118,6 +143,45 @@ impl OomFacts {
             requested: self.requested,
             allocated: self.allocated,
             reserved: self.reserved,
+            largest_free: self.largest_free,
+            budget_exceeded: false,
+        }
+    }
+
+    /// The budget's own message: what was asked, what the budget is, where
+    /// the bytes went, and what would help. It starts like PyTorch's, so
+    /// tools that look for "CUDA out of memory" recognise it.
+    fn into_budget_error(self) -> AllocError {
+        let budget = self.budget.unwrap_or_default();
+        let message = format!(
+            "CUDA out of memory: vramfit budget exceeded on GPU {}. Tried to allocate {} with a budget of {}: \
+             {} is allocated by PyTorch and {} is reserved (after releasing every cached block that could be \
+             released), and the largest free block is {}. GPU {} has a total capacity of {} of which {} is free. \
+             [budget={} allocated={} reserved={} requested={} largest_free={}] Lower the micro-batch or raise \
+             the job's memory budget; when reserved is much larger than allocated, the vramfit policy \
+             (VRAMFIT_ALLOC_POLICY=vramfit) fragments less.",
+            self.device_index,
+            format_size(self.requested),
+            format_size(budget),
+            format_size(self.allocated),
+            format_size(self.reserved),
+            format_size(self.largest_free),
+            self.device_index,
+            format_size(self.device_total),
+            format_size(self.device_free),
+            budget,
+            self.allocated,
+            self.reserved,
+            self.requested,
+            self.largest_free,
+        );
+        AllocError::OutOfMemory {
+            message,
+            requested: self.requested,
+            allocated: self.allocated,
+            reserved: self.reserved,
+            largest_free: self.largest_free,
+            budget_exceeded: true,
         }
     }
 }
@@ -149,6 +213,9 @@ mod tests {
             allowed: Some(40 << 30),
             allocated: 39 << 30,
             reserved: 40 << 30,
+            budget: None,
+            largest_free: 0,
+            budget_exceeded: false,
         }
         .into_error();
         let text = err.to_string();
@@ -158,6 +225,42 @@ mod tests {
             "40.00 GiB allowed;",
             "39.00 GiB is allocated by PyTorch",
             "1024.00 MiB is reserved by PyTorch but unallocated",
+        ] {
+            assert!(text.contains(part), "{part:?} missing from {text}");
+        }
+    }
+
+    #[test]
+    fn budget_message_names_budget_allocated_reserved_requested_and_largest_free() {
+        let err = OomFacts {
+            device_index: 1,
+            requested: 20 << 20,
+            device_total: 80 << 30,
+            device_free: 60 << 30,
+            allowed: Some(4 << 30),
+            allocated: 3 << 30,
+            reserved: (4 << 30) - (8 << 20),
+            budget: Some(4 << 30),
+            largest_free: 12 << 20,
+            budget_exceeded: true,
+        }
+        .into_error();
+        assert!(matches!(
+            err,
+            AllocError::OutOfMemory {
+                budget_exceeded: true,
+                ..
+            }
+        ));
+        let text = err.to_string();
+        for part in [
+            "CUDA out of memory: vramfit budget exceeded on GPU 1",
+            "Tried to allocate 20.00 MiB with a budget of 4.00 GiB",
+            "3.00 GiB is allocated by PyTorch",
+            "3.99 GiB is reserved",
+            "the largest free block is 12.00 MiB",
+            "of which 60.00 GiB is free",
+            "[budget=4294967296 allocated=3221225472 reserved=4286578688 requested=20971520 largest_free=12582912]",
         ] {
             assert!(text.contains(part), "{part:?} missing from {text}");
         }

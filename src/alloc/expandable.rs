@@ -321,8 +321,26 @@ impl<D: DeviceMemory> ExpandableAllocator<D> {
         }
     }
 
-    fn out_of_memory(&mut self, size: u64) -> AllocError {
-        OomFacts::record(&mut self.stats, &self.device, &self.config, size).into_error()
+    /// The largest free piece of any range.
+    fn largest_free(&self) -> u64 {
+        self.ranges
+            .iter()
+            .filter_map(|range| range.free.last().map(|&(size, _)| size))
+            .max()
+            .unwrap_or(0)
+    }
+
+    fn out_of_memory(&mut self, size: u64, needed: u64) -> AllocError {
+        let largest = self.largest_free();
+        OomFacts::record(
+            &mut self.stats,
+            &self.device,
+            &self.config,
+            size,
+            needed,
+            largest,
+        )
+        .into_error()
     }
 }
 
@@ -331,11 +349,12 @@ impl<D: DeviceMemory> GpuAllocator for ExpandableAllocator<D> {
         let size = round_request(bytes);
         let r = self.range_for(stream, size <= SMALL_REQUEST_BYTES)?;
         let Some(offset) = self.carve(r, size) else {
-            return Err(self.out_of_memory(size));
+            return Err(self.out_of_memory(size, size));
         };
         if !self.back_with_pages(r, offset, size)? {
+            let needed = self.missing_pages(r, offset, size) * self.page;
             self.release_piece(r, offset);
-            return Err(self.out_of_memory(size));
+            return Err(self.out_of_memory(size, needed));
         }
         let range = &mut self.ranges[r];
         let piece = range.pieces.get_mut(&offset).expect("carved piece exists");
@@ -374,6 +393,14 @@ impl<D: DeviceMemory> GpuAllocator for ExpandableAllocator<D> {
 
     fn reset_peak_stats(&mut self) {
         self.stats.reset_peaks();
+    }
+
+    fn config_mut(&mut self) -> &mut AllocatorConfig {
+        &mut self.config
+    }
+
+    fn config(&self) -> &AllocatorConfig {
+        &self.config
     }
 }
 

@@ -101,3 +101,33 @@ fn empty_cache_unmaps_every_free_page() {
     assert_eq!(a.stats().reserved_bytes.current, 4 * MIB);
     a.free(kept).unwrap();
 }
+
+#[test]
+fn budget_unmaps_free_pages_then_refuses_with_its_own_message() {
+    let config = AllocatorConfig {
+        budget_bytes: Some(64 * MIB),
+        ..Default::default()
+    };
+    let mut a = ExpandableAllocator::new(SimulatedDevice::new(1 << 40), config);
+    let live = a.allocate(20 * MIB, 0).unwrap();
+    let freed = a.allocate(30 * MIB, 0).unwrap();
+    a.free(freed).unwrap();
+    // A 40 MiB block of another stream needs 40 MiB of new pages: 50 + 40 >
+    // 64, so free pages go back first and the block fits.
+    let big = a.allocate(40 * MIB, 1).unwrap();
+    assert!(a.stats().reserved_bytes.current <= 64 * MIB);
+    let err = a.allocate(10 * MIB, 2).unwrap_err();
+    let AllocError::OutOfMemory {
+        budget_exceeded,
+        largest_free,
+        ..
+    } = &err
+    else {
+        panic!("{err:?}");
+    };
+    assert!(*budget_exceeded, "{err}");
+    assert!(*largest_free > 0, "the freed block's range is still free");
+    assert!(err.to_string().contains("with a budget of 64.00 MiB"));
+    a.free(big).unwrap();
+    a.free(live).unwrap();
+}

@@ -55,6 +55,11 @@ pub trait GpuAllocator {
     fn stats(&self) -> &MemoryStats;
     /// Clears the peaks so that a new phase can be measured on its own.
     fn reset_peak_stats(&mut self);
+    /// The knobs, for callers that change them while running (a memory
+    /// fraction set by `torch.cuda.set_per_process_memory_fraction`).
+    fn config_mut(&mut self) -> &mut AllocatorConfig;
+    /// The knobs in force.
+    fn config(&self) -> &AllocatorConfig;
     /// Releases the cached segment starting at `ptr` if it is whole and
     /// unused; a policy without such segments empties its whole cache.
     /// Replays use it to mirror `torch.cuda.empty_cache()` calls.

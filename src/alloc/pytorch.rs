@@ -305,8 +305,28 @@ impl<D: DeviceMemory> PytorchAllocator<D> {
         }
     }
 
+    /// The largest cached block of either pool.
+    fn largest_free(&self) -> u64 {
+        self.small
+            .free
+            .iter()
+            .chain(self.large.free.iter())
+            .map(|&(_, size, _)| size)
+            .max()
+            .unwrap_or(0)
+    }
+
     fn out_of_memory(&mut self, size: u64) -> AllocError {
-        OomFacts::record(&mut self.stats, &self.device, &self.config, size).into_error()
+        let largest = self.largest_free();
+        OomFacts::record(
+            &mut self.stats,
+            &self.device,
+            &self.config,
+            size,
+            segment_bytes_for(size),
+            largest,
+        )
+        .into_error()
     }
 }
 
@@ -410,6 +430,14 @@ impl<D: DeviceMemory> GpuAllocator for PytorchAllocator<D> {
 
     fn reset_peak_stats(&mut self) {
         self.stats.reset_peaks();
+    }
+
+    fn config_mut(&mut self) -> &mut AllocatorConfig {
+        &mut self.config
+    }
+
+    fn config(&self) -> &AllocatorConfig {
+        &self.config
     }
 
     fn release_cached_segment(&mut self, ptr: DevicePtr) -> Result<bool, AllocError> {

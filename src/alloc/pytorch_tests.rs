@@ -202,3 +202,54 @@ fn freeing_an_unknown_pointer_is_an_error() {
     a.free(ptr).unwrap();
     assert!(matches!(a.free(ptr), Err(AllocError::UnknownPointer(p)) if p == ptr));
 }
+
+#[test]
+fn budget_releases_the_cache_then_refuses_with_its_own_message() {
+    let config = AllocatorConfig {
+        budget_bytes: Some(64 * MIB),
+        ..Default::default()
+    };
+    let mut a = allocator(1 << 40, config);
+    let cached = a.allocate(30 * MIB, 0).unwrap();
+    let live = a.allocate(20 * MIB, 0).unwrap();
+    a.free(cached).unwrap();
+    // 40 MiB does not fit the cached 30 MiB segment and 50 + 40 > 64: the
+    // cached segment goes back and the request fits.
+    let big = a.allocate(40 * MIB, 0).unwrap();
+    assert_eq!(a.stats().reserved_bytes.current, 60 * MIB);
+    assert_eq!(a.stats().num_alloc_retries, 1);
+    let err = a.allocate(10 * MIB, 0).unwrap_err();
+    let AllocError::OutOfMemory {
+        budget_exceeded,
+        largest_free,
+        ..
+    } = &err
+    else {
+        panic!("{err:?}");
+    };
+    assert!(*budget_exceeded);
+    assert_eq!(*largest_free, 0);
+    let text = err.to_string();
+    assert!(text.contains("vramfit budget exceeded"), "{text}");
+    assert!(text.contains("with a budget of 64.00 MiB"), "{text}");
+    a.free(big).unwrap();
+    a.free(live).unwrap();
+}
+
+#[test]
+fn device_refusal_under_the_budget_is_not_a_budget_error() {
+    let config = AllocatorConfig {
+        budget_bytes: Some(1 << 30),
+        ..Default::default()
+    };
+    let mut a = allocator(64 * MIB, config);
+    a.allocate(40 * MIB, 0).unwrap();
+    let err = a.allocate(30 * MIB, 0).unwrap_err();
+    assert!(matches!(
+        err,
+        AllocError::OutOfMemory {
+            budget_exceeded: false,
+            ..
+        }
+    ));
+}

@@ -38,6 +38,11 @@ pub struct ControllerArgs {
     /// Name of the leader-election Lease.
     #[arg(long, default_value = "vramfit-controller")]
     pub lease_name: String,
+    /// Node folder of the training pods' stats folders (a hostPath
+    /// `<root>/<namespace>_<pod>` mounted at /run/vramfit); must match the
+    /// node agent's `--stats-root`.
+    #[arg(long, default_value = crate::controller::pod::DEFAULT_STATS_ROOT)]
+    pub stats_root: String,
 }
 
 impl ControllerArgs {
@@ -57,6 +62,7 @@ impl ControllerArgs {
                 name: self.lease_name.clone(),
                 identity,
             }),
+            stats_root: self.stats_root.clone(),
         }
     }
 }

@@ -5,6 +5,7 @@ pub mod alloc;
 pub mod bench;
 pub mod controller;
 pub mod predict;
+pub mod run;
 pub mod status;
 
 use std::io::Read;

@@ -39,6 +39,9 @@ pub struct StatusArgs {
     /// TrainingJobs of this namespace only (default: all namespaces).
     #[arg(short = 'n', long)]
     pub namespace: Option<String>,
+    /// GpuNodes with these labels only (the controller's `--node-selector`).
+    #[arg(short = 'l', long = "selector")]
+    pub node_selector: Option<String>,
     /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value_t)]
     pub output: StatusFormat,
@@ -70,9 +73,13 @@ pub async fn run(args: &StatusArgs) -> anyhow::Result<()> {
     };
     let ttl = SignedDuration::from_secs(i64::try_from(args.heartbeat_ttl_seconds).unwrap_or(120));
     loop {
-        let (jobs, gpu_nodes) = fetch(&client, args.namespace.as_deref())
-            .await
-            .context("listing TrainingJobs and GpuNodes")?;
+        let (jobs, gpu_nodes) = fetch(
+            &client,
+            args.namespace.as_deref(),
+            args.node_selector.as_deref(),
+        )
+        .await
+        .context("listing TrainingJobs and GpuNodes")?;
         let view = cluster_status(&jobs, &gpu_nodes, Timestamp::now(), ttl);
         let out = match args.output {
             StatusFormat::Json if args.watch => serde_json::to_string(&view)? + "\n",

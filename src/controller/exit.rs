@@ -57,7 +57,7 @@ fn failed_outcome(pod: &Pod) -> PodOutcome {
             continue;
         };
         let message = terminated.message.clone().unwrap_or_default();
-        if terminated.exit_code == OOM_EXIT_CODE && message.contains(OOM_MESSAGE_MARK) {
+        if is_oom_exit(terminated.exit_code, &message) {
             return PodOutcome::OutOfMemory(first_line(&message));
         }
         if terminated.exit_code != 0 {
@@ -80,7 +80,15 @@ fn failed_outcome(pod: &Pod) -> PodOutcome {
     PodOutcome::Failed(reasons.join("; "))
 }
 
-fn first_line(text: &str) -> String {
+/// True when a process's exit code and termination message follow the OOM
+/// protocol (the controller's pods and `vramfit run --local` alike).
+pub fn is_oom_exit(exit_code: i32, message: &str) -> bool {
+    exit_code == OOM_EXIT_CODE && message.contains(OOM_MESSAGE_MARK)
+}
+
+/// The line of a termination message worth showing: the OOM line when there
+/// is one, else the start of the text.
+pub fn first_line(text: &str) -> String {
     let line = text
         .lines()
         .find(|l| l.contains(OOM_MESSAGE_MARK))

@@ -68,6 +68,8 @@ pub struct ControllerOptions {
     pub metrics_addr: Option<SocketAddr>,
     /// Lease used for leader election (none: run without election).
     pub lease: Option<LeaseOptions>,
+    /// Node folder of the pods' stats folders (docs/node-protocol.md).
+    pub stats_root: String,
 }
 
 /// The Lease two replicas compete for.
@@ -91,6 +93,7 @@ impl Default for ControllerOptions {
             cycle_interval: Duration::from_secs(5),
             metrics_addr: None,
             lease: None,
+            stats_root: pod::DEFAULT_STATS_ROOT.into(),
         }
     }
 }
@@ -109,6 +112,8 @@ pub struct Context {
     gpu_nodes: Store<GpuNode>,
     pods: Store<Pod>,
     wake: Notify,
+    /// Node folder of the pods' stats folders.
+    pub stats_root: String,
 }
 
 impl Context {
@@ -167,7 +172,13 @@ impl Context {
 pub async fn run(client: Client, options: ControllerOptions) -> Result<()> {
     let metrics = Arc::new(Metrics::default());
     if let Some(addr) = options.metrics_addr {
-        tokio::spawn(serve_metrics(addr, metrics.clone()));
+        let ui = UiSource {
+            client: client.clone(),
+            namespace: options.namespace.clone(),
+            node_selector: options.node_selector.clone(),
+            heartbeat_ttl: options.heartbeat_ttl,
+        };
+        tokio::spawn(serve_metrics(addr, metrics.clone(), ui));
     }
     let _leadership = match &options.lease {
         Some(lease) => Some(acquire_leadership(client.clone(), lease).await?),
@@ -215,6 +226,7 @@ pub async fn run(client: Client, options: ControllerOptions) -> Result<()> {
         gpu_nodes: gpu_nodes.clone(),
         pods: pods.clone(),
         wake: Notify::new(),
+        stats_root: options.stats_root.clone(),
     });
     let (trigger, triggers) = futures::channel::mpsc::unbounded::<ObjectRef<TrainingJob>>();
 
@@ -453,8 +465,44 @@ fn update_gauges(
         .set(i64::try_from(committed).unwrap_or(i64::MAX));
 }
 
-async fn serve_metrics(addr: SocketAddr, metrics: Arc<Metrics>) {
+/// What the `/ui` page reads: the same objects as `vramfit status`, listed
+/// on each request (a standby replica serves the page too).
+#[derive(Clone)]
+struct UiSource {
+    client: Client,
+    namespace: Option<String>,
+    node_selector: Option<String>,
+    heartbeat_ttl: Duration,
+}
+
+/// Seconds between the page's reloads.
+const UI_REFRESH_SECONDS: u32 = 5;
+
+impl UiSource {
+    async fn view(&self) -> std::result::Result<crate::status::ClusterStatus, String> {
+        let (jobs, gpu_nodes) = crate::status::fetch(
+            &self.client,
+            self.namespace.as_deref(),
+            self.node_selector.as_deref(),
+        )
+        .await
+        .map_err(|e| format!("listing TrainingJobs and GpuNodes: {e}"))?;
+        let ttl =
+            SignedDuration::try_from(self.heartbeat_ttl).unwrap_or(SignedDuration::from_secs(120));
+        Ok(crate::status::cluster_status(
+            &jobs,
+            &gpu_nodes,
+            Timestamp::now(),
+            ttl,
+        ))
+    }
+}
+
+async fn serve_metrics(addr: SocketAddr, metrics: Arc<Metrics>, ui: UiSource) {
+    use axum::http::{StatusCode, header};
+    use axum::response::{IntoResponse, Redirect};
     use axum::{Router, routing::get};
+    let page_source = ui.clone();
     let app = Router::new()
         .route(
             "/metrics",
@@ -463,7 +511,42 @@ async fn serve_metrics(addr: SocketAddr, metrics: Arc<Metrics>) {
                 async move { m.encode() }
             }),
         )
-        .route("/healthz", get(|| async { "ok" }));
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/", get(|| async { Redirect::temporary("/ui") }))
+        .route(
+            "/ui",
+            get(move || {
+                let source = page_source.clone();
+                async move {
+                    match source.view().await {
+                        Ok(view) => (
+                            StatusCode::OK,
+                            [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+                            crate::status::html::render(&view, UI_REFRESH_SECONDS),
+                        )
+                            .into_response(),
+                        Err(message) => (
+                            StatusCode::BAD_GATEWAY,
+                            [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+                            crate::status::html::error_page(&message, UI_REFRESH_SECONDS),
+                        )
+                            .into_response(),
+                    }
+                }
+            }),
+        )
+        .route(
+            "/ui/status.json",
+            get(move || {
+                let source = ui.clone();
+                async move {
+                    match source.view().await {
+                        Ok(view) => axum::Json(view).into_response(),
+                        Err(message) => (StatusCode::BAD_GATEWAY, message).into_response(),
+                    }
+                }
+            }),
+        );
     match tokio::net::TcpListener::bind(addr).await {
         Ok(listener) => {
             if let Err(error) = axum::serve(listener, app).await {

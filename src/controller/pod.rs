@@ -2,7 +2,10 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{EnvVar, Pod, PodSpec};
+use k8s_openapi::api::core::v1::{
+    EnvVar, EnvVarSource, HostPathVolumeSource, ObjectFieldSelector, Pod, PodSpec, Volume,
+    VolumeMount,
+};
 use kube::Resource;
 use kube::api::ObjectMeta;
 
@@ -16,6 +19,19 @@ pub const JOB_LABEL: &str = "vramfit.dev/training-job";
 pub const ATTEMPT_LABEL: &str = "vramfit.dev/attempt";
 /// Annotation carrying the budget in bytes (read by the node agent).
 pub const BUDGET_ANNOTATION: &str = "vramfit.dev/budget-bytes";
+/// Where the training process finds its stats folder (docs/node-protocol.md).
+pub const STATS_DIR: &str = "/run/vramfit";
+/// The pod volume of the stats folder.
+pub const STATS_VOLUME: &str = "vramfit-stats";
+/// The node folder that holds the pods' stats folders unless the controller's
+/// `--stats-root` says otherwise; the agent's `--stats-root` must agree.
+pub const DEFAULT_STATS_ROOT: &str = "/var/run/vramfit/pods";
+
+/// The stats folder of pod `name` in `namespace` on its node:
+/// `<stats_root>/<namespace>_<name>`.
+pub fn stats_host_path(stats_root: &str, namespace: &str, name: &str) -> String {
+    format!("{}/{namespace}_{name}", stats_root.trim_end_matches('/'))
+}
 
 /// Name of the pod of `attempt`: one name per attempt, so a restarted
 /// controller that creates it again gets `AlreadyExists`, never a second pod.
@@ -27,15 +43,19 @@ pub fn pod_name(job_name: &str, attempt: u32) -> String {
 }
 
 /// Builds the pod of an attempt: the user's template, bound to the placed node,
-/// with the GPUs given through the NVIDIA container runtime and the `VRAMFIT_*`
-/// variables the training helper reads.
+/// with the GPUs given through the NVIDIA container runtime, the `VRAMFIT_*`
+/// variables the training helper reads and the stats folder under
+/// `stats_root` on the node (docs/node-protocol.md).
 pub fn training_pod(
     job: &TrainingJob,
     placement: &PlacementStatus,
     shape: BatchShape,
     attempt: u32,
+    stats_root: &str,
 ) -> Result<Pod, String> {
     let name = job.metadata.name.clone().ok_or("job has no name")?;
+    let namespace = job.metadata.namespace.clone().unwrap_or_default();
+    let pod = pod_name(&name, attempt);
     let owner = job.controller_owner_ref(&()).ok_or("job has no uid yet")?;
     let template = job.spec.pod_template()?;
     let mut spec: PodSpec = template.spec.unwrap_or_default();
@@ -55,17 +75,57 @@ pub fn training_pod(
         ("VRAMFIT_MICRO_BATCH", shape.micro.to_string()),
         ("VRAMFIT_GRAD_ACCUM", shape.accum.to_string()),
         ("VRAMFIT_GLOBAL_BATCH", job.spec.batch.global.to_string()),
+        (
+            "VRAMFIT_MIN_MICRO_BATCH",
+            job.spec.batch.min_micro.to_string(),
+        ),
         ("VRAMFIT_ATTEMPT", attempt.to_string()),
         ("VRAMFIT_OOM_EXIT_CODE", OOM_EXIT_CODE.to_string()),
+        ("VRAMFIT_STATS_DIR", STATS_DIR.to_string()),
     ];
+    let downward = [
+        ("VRAMFIT_POD_NAME", "metadata.name"),
+        ("VRAMFIT_POD_NAMESPACE", "metadata.namespace"),
+        ("VRAMFIT_POD_UID", "metadata.uid"),
+    ];
+    let volumes = spec.volumes.get_or_insert_with(Vec::new);
+    volumes.retain(|v| v.name != STATS_VOLUME);
+    volumes.push(Volume {
+        name: STATS_VOLUME.into(),
+        host_path: Some(HostPathVolumeSource {
+            path: stats_host_path(stats_root, &namespace, &pod),
+            type_: Some("DirectoryOrCreate".into()),
+        }),
+        ..Volume::default()
+    });
     for container in &mut spec.containers {
         let vars = container.env.get_or_insert_with(Vec::new);
-        vars.retain(|v| !env.iter().any(|(k, _)| *k == v.name));
+        vars.retain(|v| {
+            !env.iter().any(|(k, _)| *k == v.name) && !downward.iter().any(|(k, _)| *k == v.name)
+        });
         vars.extend(env.iter().map(|(k, v)| EnvVar {
             name: (*k).into(),
             value: Some(v.clone()),
             ..EnvVar::default()
         }));
+        vars.extend(downward.iter().map(|(k, field)| EnvVar {
+            name: (*k).into(),
+            value_from: Some(EnvVarSource {
+                field_ref: Some(ObjectFieldSelector {
+                    field_path: (*field).into(),
+                    ..ObjectFieldSelector::default()
+                }),
+                ..EnvVarSource::default()
+            }),
+            ..EnvVar::default()
+        }));
+        let mounts = container.volume_mounts.get_or_insert_with(Vec::new);
+        mounts.retain(|m| m.name != STATS_VOLUME && m.mount_path != STATS_DIR);
+        mounts.push(VolumeMount {
+            name: STATS_VOLUME.into(),
+            mount_path: STATS_DIR.into(),
+            ..VolumeMount::default()
+        });
         // The OOM text reaches the termination message even when the process
         // could not write /dev/termination-log itself.
         if container.termination_message_policy.is_none() {
@@ -80,7 +140,7 @@ pub fn training_pod(
     annotations.insert(BUDGET_ANNOTATION.into(), placement.budget_bytes.to_string());
     Ok(Pod {
         metadata: ObjectMeta {
-            name: Some(pod_name(&name, attempt)),
+            name: Some(pod),
             namespace: job.metadata.namespace.clone(),
             labels: Some(labels),
             annotations: Some(annotations),
@@ -147,6 +207,7 @@ mod tests {
                 accum: 16,
             },
             2,
+            DEFAULT_STATS_ROOT,
         )
         .unwrap();
         assert_eq!(pod.metadata.name.as_deref(), Some("gpt2-a2"));
@@ -175,6 +236,72 @@ mod tests {
             (owner.kind.as_str(), owner.uid.as_str(), owner.controller),
             ("TrainingJob", "u-1", Some(true))
         );
+    }
+
+    #[test]
+    fn pod_gets_the_node_protocol_variables_and_its_stats_folder() {
+        let shape = BatchShape { micro: 8, accum: 8 };
+        let mut job = job();
+        job.spec.batch.min_micro = 2;
+        let pod = training_pod(&job, &placement(), shape, 1, "/data/vramfit/").unwrap();
+        let env = env_of(&pod);
+        assert_eq!(env["VRAMFIT_MIN_MICRO_BATCH"], "2");
+        assert_eq!(env["VRAMFIT_STATS_DIR"], "/run/vramfit");
+        let container = &pod.spec.as_ref().unwrap().containers[0];
+        for (var, field) in [
+            ("VRAMFIT_POD_NAME", "metadata.name"),
+            ("VRAMFIT_POD_NAMESPACE", "metadata.namespace"),
+            ("VRAMFIT_POD_UID", "metadata.uid"),
+        ] {
+            let found = container
+                .env
+                .as_ref()
+                .unwrap()
+                .iter()
+                .find(|v| v.name == var);
+            let path = found
+                .and_then(|v| v.value_from.as_ref())
+                .and_then(|s| s.field_ref.as_ref())
+                .map(|f| f.field_path.as_str());
+            assert_eq!(path, Some(field), "{var}");
+        }
+        let volumes = pod.spec.as_ref().unwrap().volumes.as_ref().unwrap();
+        let stats = volumes.iter().find(|v| v.name == STATS_VOLUME).unwrap();
+        let host = stats.host_path.as_ref().unwrap();
+        assert_eq!(host.path, "/data/vramfit/ml_gpt2-a1");
+        assert_eq!(host.type_.as_deref(), Some("DirectoryOrCreate"));
+        let mount = container
+            .volume_mounts
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find(|m| m.name == STATS_VOLUME)
+            .unwrap();
+        assert_eq!(mount.mount_path, "/run/vramfit");
+    }
+
+    #[test]
+    fn a_template_volume_of_the_same_name_is_replaced_not_doubled() {
+        let mut job = job();
+        job.spec.template = serde_json::from_value(json!({"spec": {
+            "volumes": [{"name": STATS_VOLUME, "emptyDir": {}}, {"name": "data", "emptyDir": {}}],
+            "containers": [{"name": "train", "image": "img",
+                            "volumeMounts": [{"name": STATS_VOLUME, "mountPath": "/elsewhere"}]}]}}))
+        .unwrap();
+        let shape = BatchShape { micro: 8, accum: 8 };
+        let pod = training_pod(&job, &placement(), shape, 1, DEFAULT_STATS_ROOT).unwrap();
+        let spec = pod.spec.unwrap();
+        let names: Vec<&str> = spec
+            .volumes
+            .as_ref()
+            .unwrap()
+            .iter()
+            .map(|v| v.name.as_str())
+            .collect();
+        assert_eq!(names, vec!["data", STATS_VOLUME]);
+        let mounts = spec.containers[0].volume_mounts.as_ref().unwrap();
+        assert_eq!(mounts.len(), 1);
+        assert_eq!(mounts[0].mount_path, STATS_DIR);
     }
 
     #[test]

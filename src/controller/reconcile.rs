@@ -362,7 +362,7 @@ async fn follow_pod(
             micro: status.micro_batch.unwrap_or(job.spec.batch.micro),
             accum: status.grad_accum.unwrap_or(1),
         };
-        let pod = match training_pod(job, placement, shape, placement.attempt) {
+        let pod = match training_pod(job, placement, shape, placement.attempt, &ctx.stats_root) {
             Ok(pod) => pod,
             Err(message) => return fail_invalid(job, api, ctx, status, &message).await,
         };

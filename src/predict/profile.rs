@@ -29,6 +29,12 @@ pub struct Profile {
     /// Free-form note on where the profile came from.
     #[serde(default)]
     pub source: Option<String>,
+    /// Positions in `events` before which a cuBLAS workspace of the GPU's size
+    /// is allocated (kept to the end). Written by captures that could not see
+    /// the workspaces (`python -m vramfit.profile`); absent in profiles
+    /// converted from a CUDA snapshot, whose events hold them.
+    #[serde(default)]
+    pub cublas_workspace_at: Vec<usize>,
 }
 
 fn one() -> u32 {
@@ -59,17 +65,46 @@ pub fn parse_profile(text: &str) -> Result<Profile, PredictError> {
 /// The profile's events, checked: every size index exists, every free names a
 /// live allocation. A profile recorded at micro-batch m bounds any smaller
 /// micro-batch from above, so it is used as is for those; a larger one cannot
-/// be derived from it and is refused.
-pub fn profile_events(p: &Profile, micro_batch: u32) -> Result<Vec<TensorEvent>, PredictError> {
+/// be derived from it and is refused. `cublas_workspace` bytes are allocated
+/// at each of the profile's `cublasWorkspaceAt` positions.
+pub fn profile_events(
+    p: &Profile,
+    micro_batch: u32,
+    cublas_workspace: u64,
+) -> Result<Vec<TensorEvent>, PredictError> {
     if micro_batch > p.micro_batch {
         return Err(PredictError::Unsupported(format!(
             "profile was recorded at micro-batch {} and cannot predict the larger micro-batch {micro_batch}",
             p.micro_batch
         )));
     }
-    let mut out = Vec::with_capacity(p.events.len());
+    if let Some(bad) = p
+        .cublas_workspace_at
+        .iter()
+        .find(|&&at| at > p.events.len())
+    {
+        return Err(PredictError::Invalid(format!(
+            "profile.cublasWorkspaceAt names position {bad}, but events has {}",
+            p.events.len()
+        )));
+    }
+    let mut out = Vec::with_capacity(p.events.len() + p.cublas_workspace_at.len());
     let mut live = Vec::<bool>::new();
+    // Workspace ids come after every id of the profile.
+    let mut next_ws = p.events.iter().filter(|&&e| e >= 0).count() as u32;
+    let workspaces_before = |pos: usize, out: &mut Vec<TensorEvent>, next_ws: &mut u32| {
+        for _ in p.cublas_workspace_at.iter().filter(|&&at| at == pos) {
+            out.push(TensorEvent::Alloc {
+                id: *next_ws,
+                bytes: cublas_workspace,
+                category: Category::Workspace,
+                stream: Stream::Default,
+            });
+            *next_ws += 1;
+        }
+    };
     for (pos, &e) in p.events.iter().enumerate() {
+        workspaces_before(pos, &mut out, &mut next_ws);
         if e >= 0 {
             let bytes = *p.sizes.get(e as usize).ok_or_else(|| {
                 PredictError::Invalid(format!(
@@ -98,5 +133,6 @@ pub fn profile_events(p: &Profile, micro_batch: u32) -> Result<Vec<TensorEvent>,
             out.push(TensorEvent::Free { id: id as u32 });
         }
     }
+    workspaces_before(p.events.len(), &mut out, &mut next_ws);
     Ok(out)
 }

@@ -96,6 +96,39 @@ fn a_profile_cannot_predict_a_larger_micro_batch() {
 }
 
 #[test]
+fn a_captured_profile_gets_the_gpus_cublas_workspaces_where_it_says() {
+    // 1 MiB alive, freed; the workspaces are allocated before event 1 and at
+    // the end, and never freed.
+    let base = r#"{"format":"vramfit.profile/v1","microBatch":1,"sizes":[1048576],"events":[0,-1]"#;
+    let without = predict_from_profile(&format!("{base}}}"), &one_gpu(1), default_gpu()).unwrap();
+    let with = predict_from_profile(
+        &format!(r#"{base},"cublasWorkspaceAt":[1,2]}}"#),
+        &one_gpu(1),
+        default_gpu(),
+    )
+    .unwrap();
+    let ws = default_gpu().cublas_workspace_bytes;
+    assert_eq!(without.allocated_bytes, 1 << 20);
+    assert_eq!(with.allocated_bytes, 2 * ws);
+    assert_eq!(with.breakdown.workspace, 2 * ws);
+    let other = gpu_profile("A100-80GB").unwrap();
+    let a100 = predict_from_profile(
+        &format!(r#"{base},"cublasWorkspaceAt":[1,2]}}"#),
+        &one_gpu(1),
+        other,
+    )
+    .unwrap();
+    assert_eq!(a100.breakdown.workspace, 2 * other.cublas_workspace_bytes);
+    let err = predict_from_profile(
+        &format!(r#"{base},"cublasWorkspaceAt":[3]}}"#),
+        &one_gpu(1),
+        default_gpu(),
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("position 3"), "{err}");
+}
+
+#[test]
 fn malformed_profiles_are_rejected_with_the_reason() {
     let cases = [
         (

@@ -38,7 +38,8 @@ h1{font-size:1.4rem;margin:0 0 .3rem}h2{font-size:1.1rem;margin:1.6rem 0 .5rem}
 .legend{font-size:.85rem;color:#57606a}
 table{border-collapse:collapse;font-size:.9rem;margin:.3rem 0}
 th,td{text-align:left;padding:.2rem .8rem .2rem 0;border-bottom:1px solid #eaeef2}
-th{color:#57606a;font-weight:500}
+th{color:#57606a;font-weight:500}td:first-child{white-space:nowrap}
+.key{display:inline-block;width:.8rem;height:.8rem;border-radius:2px;vertical-align:middle;margin:0 .25rem 0 .6rem}
 .Healthy{color:#1a7f37}.Degraded{color:#9a6700}.Faulty{color:#cf222e}
 .none{color:#57606a}
 ";
@@ -145,7 +146,7 @@ pub fn render(status: &ClusterStatus, refresh_seconds: u32) -> String {
         ),
         time = escape(&status.time),
     );
-    out.push_str("<h2>GPUs</h2>");
+    out.push_str("<h2>GPUs</h2><div class=\"legend\">bars:<span class=\"key\" style=\"background:#54aeff\"></span>committed (budgets of the jobs placed)<span class=\"key\" style=\"background:#1a7f37\"></span>measured (in use, from the node agent)<span class=\"key\" style=\"background:#cf222e\"></span>measured above committed</div>");
     if status.nodes.is_empty() {
         out.push_str("<p class=\"none\">No GpuNodes: no node agent has reported.</p>");
     }
@@ -225,4 +226,15 @@ pub fn render(status: &ClusterStatus, refresh_seconds: u32) -> String {
     }
     out.push_str("</div></body></html>\n");
     out
+}
+
+/// The page shown when the API server cannot be read; it keeps reloading.
+pub fn error_page(message: &str, refresh_seconds: u32) -> String {
+    format!(
+        "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">\
+<meta http-equiv=\"refresh\" content=\"{refresh_seconds}\"><title>vramfit status</title>\
+<style>{STYLE}</style></head><body><h1>vramfit status</h1>\
+<p class=\"stale\" id=\"error\">{}</p></body></html>\n",
+        escape(message)
+    )
 }

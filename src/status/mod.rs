@@ -292,7 +292,7 @@ pub fn cluster_status(
     retries.truncate(RECENT_RETRIES);
     orphans.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
     ClusterStatus {
-        time: now.to_string(),
+        time: now.strftime("%Y-%m-%dT%H:%M:%SZ").to_string(),
         nodes,
         orphans,
         waiting,
@@ -427,10 +427,12 @@ pub fn fraction(part: u64, whole: u64) -> f64 {
     }
 }
 
-/// Reads the TrainingJobs (of `namespace`, or all) and the GpuNodes.
+/// Reads the TrainingJobs (of `namespace`, or all) and the GpuNodes (those
+/// matching the label selector `node_selector`, or all).
 pub async fn fetch(
     client: &kube::Client,
     namespace: Option<&str>,
+    node_selector: Option<&str>,
 ) -> Result<(Vec<TrainingJob>, Vec<GpuNode>), kube::Error> {
     use kube::api::{Api, ListParams};
     let jobs: Api<TrainingJob> = match namespace {
@@ -438,8 +440,12 @@ pub async fn fetch(
         None => Api::all(client.clone()),
     };
     let gpu_nodes: Api<GpuNode> = Api::all(client.clone());
-    let params = ListParams::default();
-    let (jobs, gpu_nodes) = futures::try_join!(jobs.list(&params), gpu_nodes.list(&params))?;
+    let all = ListParams::default();
+    let selected = match node_selector {
+        Some(selector) => ListParams::default().labels(selector),
+        None => ListParams::default(),
+    };
+    let (jobs, gpu_nodes) = futures::try_join!(jobs.list(&all), gpu_nodes.list(&selected))?;
     Ok((jobs.items, gpu_nodes.items))
 }
 

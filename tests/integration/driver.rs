@@ -299,7 +299,16 @@ impl TestCluster {
         self.spawn_controller(&["--lease-namespace", &self.namespace, "--lease-name", lease])
     }
 
+    /// Starts `vramfit controller` with its metrics (and `/ui`) on `metrics_addr`.
+    pub fn start_controller_at(&self, metrics_addr: &str) -> ControllerProcess {
+        self.spawn_controller_at(&["--no-leader-election"], metrics_addr)
+    }
+
     fn spawn_controller(&self, extra: &[&str]) -> ControllerProcess {
+        self.spawn_controller_at(extra, "127.0.0.1:0")
+    }
+
+    fn spawn_controller_at(&self, extra: &[&str], metrics_addr: &str) -> ControllerProcess {
         let child = Command::new(env!("CARGO_BIN_EXE_vramfit"))
             .args(["controller", "--cycle-seconds", "1"])
             .args(extra)
@@ -308,7 +317,7 @@ impl TestCluster {
                 "--node-selector",
                 &format!("vramfit.dev/pool={}", self.pool),
             ])
-            .args(["--metrics-addr", "127.0.0.1:0"])
+            .args(["--metrics-addr", metrics_addr])
             .env("KUBECONFIG", controlplane::kubeconfig())
             .env("RUST_LOG", "warn,vramfit=info")
             .stdout(Stdio::null())

@@ -5,3 +5,5 @@ mod api_validation;
 mod controller;
 mod controlplane;
 mod driver;
+mod run_local;
+mod ui;

@@ -1,0 +1,34 @@
+# syntax=docker/dockerfile:1
+# The vramfit images where a registry is reachable:
+#   docker build --target vramfit       -t vramfit:0.1.0 .
+#   docker build --target vramfit-agent -t vramfit-agent:0.1.0 .
+# hack/images.sh builds the same two images without pulling any base image
+# (OCI tarballs for `ctr images import`).
+
+# --- build: both binaries, the agent with the cuda feature (cudarc and NVML are
+# loaded at run time, so no CUDA toolkit is needed to build).
+FROM rust:1.95-bookworm AS build
+WORKDIR /src
+COPY . .
+RUN --mount=type=cache,target=/usr/local/cargo/registry \
+    --mount=type=cache,target=/src/target \
+    cargo build --release --locked --bin vramfit \
+ && cargo build --release --locked -p vramfit-agent --features cuda --bin vramfit-agent \
+ && install -D -m 0755 target/release/vramfit /out/vramfit \
+ && install -D -m 0755 target/release/vramfit-agent /out/vramfit-agent \
+ && strip --strip-debug /out/vramfit /out/vramfit-agent
+
+# --- the controller and CLI: glibc and libgcc only, non-root.
+FROM gcr.io/distroless/cc-debian12:nonroot AS vramfit
+COPY --from=build /out/vramfit /usr/local/bin/vramfit
+USER 65532:65532
+ENTRYPOINT ["/usr/local/bin/vramfit"]
+CMD ["controller"]
+
+# --- the node agent: root (it reads /proc of every process through hostPID and
+# signals a process over its budget; the chart drops every capability but KILL).
+FROM gcr.io/distroless/cc-debian12 AS vramfit-agent
+COPY --from=build /out/vramfit-agent /usr/local/bin/vramfit-agent
+USER 0:0
+ENTRYPOINT ["/usr/local/bin/vramfit-agent"]
+CMD ["run"]

@@ -1,0 +1,189 @@
+#!/usr/bin/env bash
+# The vramfit images without a registry and without a base image: the binaries
+# (glibc, with the few shared libraries they link copied beside them) in an
+# OCI image assembled locally by crane (hack/tools.sh crane), written as OCI
+# tarballs that `ctr -n k8s.io images import` accepts. The Dockerfile builds the
+# same images where a registry is reachable.
+#
+#   hack/images.sh build [--profile release|dev] [--out DIR]   build both images
+#   hack/images.sh check [--out DIR]     unpack each tarball and run its binary (--version)
+#
+#   images: vramfit:<version>        the controller and CLI, user 65532 (non-root)
+#           vramfit-agent:<version>  the node agent (cuda feature), user 0 (the
+#                                    chart drops every capability but KILL)
+#
+# Output: DIR (default ~/.cache/vramfit/images)/vramfit-<version>.oci.tar and
+# vramfit-agent-<version>.oci.tar. Import on a node with
+#   ctr -n k8s.io images import ~/.cache/vramfit/images/vramfit-0.1.0.oci.tar
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/vramfit/target}
+
+log() { printf 'images: %s\n' "$*" >&2; }
+
+# What to stop and remove however the script ends.
+cleanup_pids=()
+cleanup_dirs=()
+cleanup() {
+  local pid
+  for pid in "${cleanup_pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  rm -rf "${cleanup_dirs[@]}"
+}
+trap cleanup EXIT
+die() { printf 'images: %s\n' "$*" >&2; exit 1; }
+
+cmd=${1:-}
+shift || true
+profile=release
+out=$HOME/.cache/vramfit/images
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --profile) profile=$2; shift 2 ;;
+    --out) out=$2; shift 2 ;;
+    *) die "unknown argument $1" ;;
+  esac
+done
+case $profile in
+  release) profile_dir=release ;;
+  dev) profile_dir=debug ;;
+  *) die "--profile is release or dev, not $profile" ;;
+esac
+version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
+[[ -n $version ]] || die "no version in Cargo.toml"
+
+# Copies the binary and every shared library it links (as ldd resolves them
+# here) into the root filesystem, at the same paths; stripped.
+add_binary() {
+  local rootfs=$1 binary=$2 name lib
+  name=$(basename "$binary")
+  install -D -m 0755 "$binary" "$rootfs/usr/local/bin/$name"
+  strip --strip-debug "$rootfs/usr/local/bin/$name"
+  if ldd "$binary" 2>&1 | grep -q 'not a dynamic executable'; then
+    return 0
+  fi
+  while read -r lib; do
+    [[ -n $lib ]] || continue
+    [[ -f $rootfs$lib ]] && continue
+    install -D -m 0755 "$(readlink -f "$lib")" "$rootfs$lib"
+  done < <(ldd "$binary" | awk '/=>/ && $3 ~ /^\// {print $3} /^[ \t]*\/[^ ]+ \(/ {print $1}')
+}
+
+# A minimal /etc: root and the non-root user 65532, and nsswitch for files only.
+add_etc() {
+  local rootfs=$1
+  mkdir -p "$rootfs/etc" "$rootfs/tmp"
+  chmod 1777 "$rootfs/tmp"
+  printf 'root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n' >"$rootfs/etc/passwd"
+  printf 'root:x:0:\nnonroot:x:65532:\n' >"$rootfs/etc/group"
+  printf 'passwd: files\ngroup: files\nhosts: files dns\n' >"$rootfs/etc/nsswitch.conf"
+  # So that the NVIDIA runtime's ldconfig hook can register the driver libraries.
+  mkdir -p "$rootfs/etc/ld.so.conf.d"
+  printf '/usr/local/nvidia/lib64\n/usr/lib/x86_64-linux-gnu\n' >"$rootfs/etc/ld.so.conf.d/vramfit.conf"
+}
+
+# image NAME BINARY USER CMD: assembles NAME:version through a registry crane serves
+# on loopback (nothing leaves the machine), then saves it as an OCI tarball.
+image() {
+  local name=$1 binary=$2 user=$3 cmd=$4 work rootfs port pid ref
+  work=$(mktemp -d /tmp/vramfit-image.XXXXXX)
+  cleanup_dirs+=("$work")
+  rootfs=$work/rootfs
+  add_binary "$rootfs" "$binary"
+  add_etc "$rootfs"
+  # Reproducible layer: sorted, owned by root, one fixed time.
+  tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -C "$rootfs" -cf "$work/layer.tar" .
+  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+  "$crane" registry serve --address "127.0.0.1:$port" >"$work/registry.log" 2>&1 &
+  pid=$!
+  cleanup_pids+=("$pid")
+  for _ in $(seq 1 50); do
+    curl -sf "http://127.0.0.1:$port/v2/" >/dev/null 2>&1 && break
+    sleep 0.1
+  done
+  ref=127.0.0.1:$port/$name:$version
+  "$crane" append --insecure --oci-empty-base --platform linux/amd64 -f "$work/layer.tar" -t "$ref" \
+    >>"$work/crane.log" 2>&1 || { cat "$work/crane.log" >&2; die "crane append failed"; }
+  "$crane" mutate --insecure "$ref" --set-platform linux/amd64 \
+    --entrypoint "/usr/local/bin/$(basename "$binary")" --cmd "$cmd" --user "$user" --workdir / \
+    --env PATH=/usr/local/bin --env RUST_LOG=info \
+    -l "org.opencontainers.image.title=$name" -l "org.opencontainers.image.version=$version" \
+    -l "org.opencontainers.image.licenses=Apache-2.0" -t "$ref" \
+    >>"$work/crane.log" 2>&1 || { cat "$work/crane.log" >&2; die "crane mutate failed"; }
+  "$crane" pull --insecure --format oci "$ref" "$work/oci" \
+    >>"$work/crane.log" 2>&1 || { cat "$work/crane.log" >&2; die "crane pull failed"; }
+  # containerd names an imported image after io.containerd.image.name.
+  python3 - "$work/oci/index.json" "docker.io/library/$name:$version" "$version" <<'EOF'
+import json, sys
+path, name, tag = sys.argv[1:]
+index = json.load(open(path))
+assert len(index["manifests"]) == 1, index
+index["manifests"][0].setdefault("annotations", {}).update(
+    {"io.containerd.image.name": name, "org.opencontainers.image.ref.name": tag})
+json.dump(index, open(path, "w"))
+EOF
+  mkdir -p "$out"
+  tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -C "$work/oci" \
+    -cf "$out/$name-$version.oci.tar.tmp" oci-layout index.json blobs
+  mv "$out/$name-$version.oci.tar.tmp" "$out/$name-$version.oci.tar"
+  kill "$pid" 2>/dev/null || true
+  log "$out/$name-$version.oci.tar ($(du -h "$out/$name-$version.oci.tar" | cut -f1), docker.io/library/$name:$version)"
+}
+
+build() {
+  crane=$(hack/tools.sh crane)
+  local flag=(--release)
+  [[ $profile == dev ]] && flag=()
+  log "building vramfit and vramfit-agent (cuda feature), profile $profile"
+  cargo build --locked "${flag[@]}" --bin vramfit
+  cargo build --locked "${flag[@]}" -p vramfit-agent --features cuda --bin vramfit-agent
+  image vramfit "$CARGO_TARGET_DIR/$profile_dir/vramfit" 65532:65532 controller
+  image vramfit-agent "$CARGO_TARGET_DIR/$profile_dir/vramfit-agent" 0:0 run
+}
+
+# Unpacks each tarball as containerd would (index -> manifest -> config and
+# layers), checks the config, and runs the binary in a chroot of the unpacked
+# layers, so nothing of this machine's libraries is used.
+check() {
+  local name user tarball dir
+  for pair in vramfit:65532:65532 vramfit-agent:0:0; do
+    name=${pair%%:*}
+    user=${pair#*:}
+    tarball=$out/$name-$version.oci.tar
+    [[ -f $tarball ]] || die "$tarball is missing: run hack/images.sh build"
+    dir=$(mktemp -d /tmp/vramfit-image-check.XXXXXX)
+    cleanup_dirs+=("$dir")
+    python3 - "$tarball" "$dir/rootfs" "$name" "$version" "$user" <<'EOF'
+import io, json, sys, tarfile
+tarball, rootfs, name, version, user = sys.argv[1:]
+with tarfile.open(tarball) as outer:
+    def blob(digest):
+        return outer.extractfile("blobs/" + digest.replace(":", "/")).read()
+    layout = json.loads(outer.extractfile("oci-layout").read())
+    assert layout["imageLayoutVersion"] == "1.0.0", layout
+    index = json.loads(outer.extractfile("index.json").read())
+    [desc] = index["manifests"]
+    assert desc["annotations"]["io.containerd.image.name"] == f"docker.io/library/{name}:{version}", desc
+    manifest = json.loads(blob(desc["digest"]))
+    assert manifest["mediaType"] == "application/vnd.oci.image.manifest.v1+json", manifest["mediaType"]
+    config = json.loads(blob(manifest["config"]["digest"]))
+    assert config["os"] == "linux" and config["architecture"] == "amd64", config
+    assert config["config"]["User"] == user, config["config"]
+    assert config["config"]["Entrypoint"] == [f"/usr/local/bin/{name}"], config["config"]
+    for layer in manifest["layers"]:
+        with tarfile.open(fileobj=io.BytesIO(blob(layer["digest"]))) as t:
+            t.extractall(rootfs, filter="tar")
+EOF
+    local entry="/usr/local/bin/$name" got
+    got=$(chroot --userspec="$user" "$dir/rootfs" "$entry" --version) ||
+      die "$name: $entry --version failed inside the image"
+    [[ $got == "$name $version" ]] || die "$name: --version printed '$got', not '$name $version'"
+    log "$name-$version.oci.tar: user $user, $entry --version -> $got"
+  done
+  echo "images: 2 passed, 0 failed"
+}
+
+case $cmd in
+  build) build ;;
+  check) check ;;
+  *) sed -n '2,17p' "$0"; exit 2 ;;
+esac

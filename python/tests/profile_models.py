@@ -1,0 +1,41 @@
+"""Small models for the capture tests (importable as MODULE:CALLABLE)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def mlp(width: int = 256, depth: int = 2, dropout: float = 0.0, classes: int = 10) -> nn.Module:
+    layers: list = []
+    for _ in range(depth):
+        layers += [nn.Linear(width, width), nn.ReLU()]
+        if dropout:
+            layers.append(nn.Dropout(dropout))
+    layers.append(nn.Linear(width, classes))
+    return nn.Sequential(nn.Flatten(), *layers)
+
+
+def cnn(classes: int = 10) -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(inplace=True),
+        nn.MaxPool2d(2), nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(inplace=True),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, classes))
+
+
+class Attn(nn.Module):
+    def __init__(self, width: int = 64, heads: int = 4) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(width, 3 * width)
+        self.out = nn.Linear(width, 10)
+        self.heads = heads
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, w = x.shape
+        q, k, v = self.qkv(x).view(b, s, 3, self.heads, w // self.heads).permute(2, 0, 3, 1, 4)
+        y = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.out(y.transpose(1, 2).reshape(b, s, w).mean(1))
+
+
+def attn() -> nn.Module:
+    return Attn()

@@ -1,0 +1,676 @@
+"""GPU checks of libvramfit_alloc.so (vramfit's allocator inside PyTorch).
+
+Usage: python3 alloc_checks.py OUT_DIR --lib PATH [--agent PATH] [--quick]
+       python3 alloc_checks.py worker-train ... / worker-correctness ...  (internal)
+
+Every case runs in its own subprocess with a timeout, so a broken library
+costs one case, not the machine. The orchestrator samples nvidia-smi's
+per-process memory while cases run, writes OUT_DIR/results.json (everything)
+and prints a summary with PASS/FAIL per check.
+
+Cases:
+  correctness (per policy): torch.cuda memory statistics under the library,
+    empty_cache, record_stream on a busy side stream, budget OOM as
+    torch.OutOfMemoryError (also from backward), the published stats file,
+    CUDA graph capture refused, fork.
+  bench: vramfit-agent bench alloc.
+  train (5 models x native / pytorch policy / vramfit policy): median step
+    time, reserved peak, nvidia-smi per-process peak vs budget + context.
+  budget_oom (per policy): a budget below the need fails in step 0 with
+    the budget message.
+  pair: two processes with budgets on the GPU; the one over budget (it keeps
+    memory each step) fails alone; the other's losses equal its solo run.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+MIB = 1 << 20
+GIB = 1 << 30
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+
+# ----------------------------------------------------------------- workers
+
+
+def emit(result):
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+def install_allocator(alloc, budget):
+    """Installs the library unless `alloc` is native; returns an error text or None."""
+    if alloc == "native":
+        return None
+    from vramfit import allocator
+
+    if not allocator.install(budget, policy=alloc):
+        return f"install failed: {allocator.last_error()}"
+    return None
+
+
+def smi_used_mib(pid):
+    """nvidia-smi's used MiB for `pid` (0 when not listed)."""
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+            capture_output=True, text=True, timeout=10,
+        ).stdout
+    except Exception:
+        return 0
+    for line in out.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 2 and parts[0] == str(pid):
+            try:
+                return int(parts[1])
+            except ValueError:
+                return 0
+    return 0
+
+
+def build_model(name, torch):
+    """Model, optimizer, batch maker and loss; random weights, synthetic data."""
+    if name in ("gpt2", "llama", "bert"):
+        import transformers
+
+        if name == "gpt2":
+            config = transformers.GPT2Config(n_positions=1024, n_embd=768, n_layer=12, n_head=12)
+            model = transformers.GPT2LMHeadModel(config)
+            batch, seq, vocab = 8, 1024, config.vocab_size
+        elif name == "llama":
+            config = transformers.LlamaConfig(
+                vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=12,
+                num_attention_heads=16, num_key_value_heads=4, max_position_embeddings=2048,
+            )
+            model = transformers.LlamaForCausalLM(config)
+            batch, seq, vocab = 4, 2048, 32000
+        else:
+            config = transformers.BertConfig()
+            model = transformers.BertForMaskedLM(config)
+            batch, seq, vocab = 32, 512, config.vocab_size
+        model = model.cuda()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+        def make(step):
+            g = torch.Generator(device="cuda").manual_seed(1000 + step)
+            ids = torch.randint(0, vocab, (batch, seq), device="cuda", generator=g)
+            return ids
+
+        def loss_of(ids):
+            return model(input_ids=ids, labels=ids).loss
+
+        return model, opt, make, loss_of
+    import torchvision
+
+    if name == "resnet50":
+        model = torchvision.models.resnet50()
+        batch = 128
+        opt_factory = lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9)  # noqa: E731
+    elif name == "vit":
+        model = torchvision.models.vit_b_16()
+        batch = 64
+        opt_factory = lambda p: torch.optim.AdamW(p, lr=1e-4)  # noqa: E731
+    else:
+        raise SystemExit(f"unknown model {name}")
+    model = model.cuda()
+    opt = opt_factory(model.parameters())
+
+    def make(step):
+        g = torch.Generator(device="cuda").manual_seed(1000 + step)
+        x = torch.randn(batch, 3, 224, 224, device="cuda", generator=g)
+        y = torch.randint(0, 1000, (batch,), device="cuda", generator=g)
+        return (x, y)
+
+    def loss_of(xy):
+        x, y = xy
+        return torch.nn.functional.cross_entropy(model(x), y)
+
+    return model, opt, make, loss_of
+
+
+def barrier(directory, parties, name):
+    if not directory:
+        return
+    open(os.path.join(directory, f"ready-{name}"), "w").close()
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        if len([f for f in os.listdir(directory) if f.startswith("ready-")]) >= parties:
+            return
+        time.sleep(0.05)
+
+
+def worker_train(args):
+    result = {"model": args.model, "alloc": args.alloc, "budget": args.budget, "pid": os.getpid()}
+    err = install_allocator(args.alloc, args.budget)
+    if err:
+        result["error"] = err
+        emit(result)
+        return 3
+    import torch
+
+    from vramfit import allocator as va
+
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.deterministic = True
+    model, opt, make, loss_of = build_model(args.model, torch)
+    barrier(args.barrier, args.parties, args.name)
+    kept = []
+    times, losses = [], []
+    for step in range(args.steps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        try:
+            batch = make(step)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = loss_of(batch)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            if args.keep_mib:
+                kept.append(torch.empty(args.keep_mib * MIB, dtype=torch.uint8, device="cuda"))
+            value = loss.item()
+            torch.cuda.synchronize()
+        except torch.OutOfMemoryError as exc:
+            result.update(
+                oom={"step": step, "type": type(exc).__name__, "budget": va.is_budget_oom(exc),
+                     "message": str(exc)[:1500]},
+                losses=losses,
+                summaryLines=len(torch.cuda.memory_summary().splitlines()),
+                numOoms=torch.cuda.memory_stats().get("num_ooms"),
+            )
+            emit(result)
+            return 42
+        except Exception as exc:  # a wrong exception type is itself a finding
+            result.update(error=f"{type(exc).__name__}: {str(exc)[:1500]}", step=step, losses=losses)
+            emit(result)
+            return 43
+        times.append((time.perf_counter() - t0) * 1e3)
+        losses.append(value)
+    timed = times[args.warmup:] or times
+    result.update(
+        stepMsMedian=statistics.median(timed),
+        stepMs=[round(t, 3) for t in times],
+        losses=losses,
+        maxReserved=torch.cuda.max_memory_reserved(),
+        maxAllocated=torch.cuda.max_memory_allocated(),
+        reservedEnd=torch.cuda.memory_reserved(),
+        allocatedEnd=torch.cuda.memory_allocated(),
+        numAllocRetries=torch.cuda.memory_stats().get("num_alloc_retries"),
+        smiEndMib=smi_used_mib(os.getpid()),
+    )
+    if args.alloc != "native":
+        own = va.memory_stats()
+        result["vramfit"] = {k: v for k, v in own.items() if k.startswith("vramfit.")}
+        result["numDeviceAlloc"] = own.get("num_device_alloc")
+    emit(result)
+    return 0
+
+
+def worker_correctness(args):
+    checks = {}
+    result = {"alloc": args.alloc, "budget": args.budget, "checks": checks}
+    err = install_allocator(args.alloc, args.budget)
+    if err:
+        result["error"] = err
+        emit(result)
+        return 3
+    import torch
+
+    from vramfit import allocator as va
+
+    def check(name, fn):
+        try:
+            value = fn()
+            checks[name] = {"ok": bool(value), "value": value if isinstance(value, (int, float, str, bool)) else None}
+        except Exception as exc:
+            checks[name] = {"ok": False, "error": f"{type(exc).__name__}: {str(exc)[:600]}"}
+
+    x = torch.empty(64 * MIB, dtype=torch.uint8, device="cuda")
+    check("memory_allocated counts a 64 MiB tensor", lambda: torch.cuda.memory_allocated() >= 64 * MIB)
+    base = torch.cuda.memory_allocated()
+
+    def alloc_free():
+        y = torch.empty(3 * MIB, dtype=torch.uint8, device="cuda")
+        during = torch.cuda.memory_allocated()
+        del y
+        return during == base + 3 * MIB and torch.cuda.memory_allocated() == base
+
+    check("memory_allocated follows alloc and free exactly", alloc_free)
+    check("max_memory_allocated >= current", lambda: torch.cuda.max_memory_allocated() >= base + 3 * MIB)
+
+    def reset_peak():
+        torch.cuda.reset_peak_memory_stats()
+        return torch.cuda.max_memory_allocated() == torch.cuda.memory_allocated()
+
+    check("reset_peak_memory_stats resets max_memory_allocated", reset_peak)
+    check("memory_reserved >= memory_allocated", lambda: torch.cuda.memory_reserved() >= torch.cuda.memory_allocated())
+    check("max_memory_reserved >= memory_reserved", lambda: torch.cuda.max_memory_reserved() >= torch.cuda.memory_reserved())
+    check("memory_summary renders", lambda: "memory summary" in torch.cuda.memory_summary())
+    check("memory_stats has allocated_bytes.all.current", lambda: "allocated_bytes.all.current" in torch.cuda.memory_stats())
+    check("reset_accumulated_memory_stats works", lambda: torch.cuda.reset_accumulated_memory_stats() is None)
+    check("set_per_process_memory_fraction accepted", lambda: torch.cuda.set_per_process_memory_fraction(1.0) is None)
+
+    def empty_cache():
+        z = torch.empty(256 * MIB, dtype=torch.uint8, device="cuda")
+        del z
+        before = torch.cuda.memory_reserved()
+        torch.cuda.empty_cache()
+        after = torch.cuda.memory_reserved()
+        return before - after >= 256 * MIB
+
+    check("empty_cache gives a freed 256 MiB block back", empty_cache)
+
+    def record_stream():
+        side = torch.cuda.Stream()
+        n = 64 * MIB // 4
+        src = torch.ones(n, device="cuda")
+        ptr = src.data_ptr()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(400_000_000)  # keep the side stream busy
+            out = src * 2
+        src.record_stream(side)
+        del src
+        reused = torch.empty(n, device="cuda")
+        early = reused.data_ptr() == ptr
+        reused.fill_(-7.0)
+        side.synchronize()
+        correct = bool((out == 2).all().item())
+        return (not early) and correct
+
+    check("record_stream: a block in use on a busy stream is not reused early", record_stream)
+
+    def pending_collected():
+        torch.cuda.synchronize()
+        t = torch.empty(1024, device="cuda")
+        del t
+        return va.memory_stats().get("vramfit.pendingFrees") == 0
+
+    check("held-back blocks return once the stream is done", pending_collected)
+
+    def side_stream_alloc():
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            a = torch.randn(1 << 20, device="cuda")
+            s = float(a.sum().item())
+            del a
+        side.synchronize()
+        return s == s
+
+    check("allocation on a side stream", side_stream_alloc)
+
+    def budget_oom():
+        try:
+            torch.empty(args.budget + GIB, dtype=torch.uint8, device="cuda")
+        except torch.OutOfMemoryError as exc:
+            text = str(exc)
+            result["oomMessage"] = text[:1500]
+            return va.is_budget_oom(exc) and "budget=" in text and "largest_free=" in text
+        return False
+
+    check("over-budget allocation raises torch.OutOfMemoryError with the budget message", budget_oom)
+    check("num_ooms counts it", lambda: torch.cuda.memory_stats()["num_ooms"] == 1)
+    check("allocation works after the OOM", lambda: torch.empty(16 * MIB, dtype=torch.uint8, device="cuda").numel() > 0)
+
+    def stats_file():
+        path = os.path.join(os.environ["VRAMFIT_STATS_DIR"], f"alloc-{os.getpid()}-0.json")
+        with open(path) as f:
+            data = json.load(f)
+        result["statsFile"] = data
+        return data["numOoms"] == 1 and data["budgetBytes"] == args.budget and data["policy"] == args.alloc
+
+    check("stats file written at once after the OOM", stats_file)
+
+    def backward_oom():
+        class Big(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, t):
+                return t * 1
+
+            @staticmethod
+            def backward(ctx, g):
+                return g + torch.empty(args.budget + GIB, dtype=torch.uint8, device="cuda").float().sum()
+
+        t = torch.ones(16, device="cuda", requires_grad=True)
+        try:
+            Big.apply(t).sum().backward()
+        except torch.OutOfMemoryError as exc:
+            return va.is_budget_oom(exc)
+        return False
+
+    check("budget OOM inside backward (autograd thread) is torch.OutOfMemoryError", backward_oom)
+
+    def graph_refused():
+        g = torch.cuda.CUDAGraph()
+        s = torch.cuda.Stream()
+        try:
+            with torch.cuda.stream(s), torch.cuda.graph(g):
+                torch.ones(4, device="cuda")
+        except RuntimeError as exc:
+            return "not supported" in str(exc)
+        return False
+
+    check("CUDA graph capture refused clearly (Python)", graph_refused)
+
+    def pool_refused():
+        try:
+            torch._C._cuda_beginAllocateToPool(0, (0, 1))
+        except RuntimeError as exc:
+            return "not supported" in str(exc)
+        return False
+
+    check("private pool refused clearly (library hook)", pool_refused)
+
+    def fork():
+        pid = os.fork()
+        if pid == 0:
+            ok = torch.cuda.memory_stats() == {} and va.memory_stats() == {}
+            os._exit(0 if ok else 1)
+        _, status = os.waitpid(pid, 0)
+        return status == 0
+
+    check("forked child sees no counters and does not hang", fork)
+    check("still working after all that", lambda: float(torch.ones(1024, device="cuda").sum().item()) == 1024.0)
+    if torch.cuda.device_count() > 1:
+        def second_device():
+            a = torch.ones(1024, device="cuda:1")
+            return torch.cuda.memory_allocated(1) >= 4096 and float(a.sum().item()) == 1024.0
+
+        check("second device", second_device)
+    result["memoryStats"] = {k: v for k, v in va.memory_stats().items() if k.startswith("vramfit.") or ".all." in k}
+    emit(result)
+    return 0
+
+
+# ------------------------------------------------------------- orchestrator
+
+
+class SmiSampler:
+    """Peak nvidia-smi used MiB per PID while cases run."""
+
+    def __init__(self, period=0.15):
+        self.period = period
+        self.peaks = {}
+        self.stop_flag = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def run(self):
+        while not self.stop_flag.is_set():
+            try:
+                out = subprocess.run(
+                    ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                    capture_output=True, text=True, timeout=10,
+                ).stdout
+                for line in out.splitlines():
+                    parts = [p.strip() for p in line.split(",")]
+                    if len(parts) == 2 and parts[1].isdigit():
+                        pid = int(parts[0])
+                        self.peaks[pid] = max(self.peaks.get(pid, 0), int(parts[1]))
+            except Exception:
+                pass
+            self.stop_flag.wait(self.period)
+
+    def start(self):
+        self.thread.start()
+
+    def stop(self):
+        self.stop_flag.set()
+        self.thread.join(timeout=15)
+
+
+class Runner:
+    def __init__(self, out_dir, lib, log):
+        self.out_dir = out_dir
+        self.lib = lib
+        self.log = log
+        self.stats_dir = tempfile.mkdtemp(prefix="vramfit-stats-")
+        self.deadline = time.time() + 330
+
+    def env(self, extra=None):
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.path.join(REPO, "python") + os.pathsep + env.get("PYTHONPATH", "")
+        env["VRAMFIT_ALLOCATOR_LIB"] = self.lib
+        env["VRAMFIT_STATS_DIR"] = self.stats_dir
+        env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
+        env["PYTHONUNBUFFERED"] = "1"
+        env.pop("VRAMFIT_BUDGET_BYTES", None)
+        env.update(extra or {})
+        return env
+
+    def start(self, argv, extra=None):
+        return subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__)] + argv,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=self.env(extra),
+        )
+
+    def finish(self, proc, label, timeout):
+        try:
+            out, err = proc.communicate(timeout=timeout)
+            rc = proc.returncode
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+            rc = "timeout"
+        result = None
+        for line in out.splitlines():
+            if line.startswith("RESULT "):
+                result = json.loads(line[len("RESULT "):])
+        result = result or {}
+        result["rc"] = rc
+        result.setdefault("pid", proc.pid)
+        if rc not in (0, 42) or "error" in result:
+            tail = (err or "")[-3000:]
+            result["stderrTail"] = tail
+        self.log.write(f"## {label}: rc={rc}\n{(err or '')[-4000:]}\n")
+        self.log.flush()
+        return result
+
+    def run(self, argv, label, timeout=120, extra=None):
+        left = self.deadline - time.time()
+        if left < 20:
+            self.log.write(f"## {label}: skipped, out of time\n")
+            return {"rc": "skipped", "error": "skipped: the script's time budget is spent"}
+        return self.finish(self.start(argv, extra), label, min(timeout, left))
+
+
+def train_args(model, alloc, budget=0, steps=8, warmup=3, keep_mib=0, barrier_dir="", parties=1, name=""):
+    return ["worker-train", "--model", model, "--alloc", alloc, "--budget", str(budget), "--steps", str(steps),
+            "--warmup", str(warmup), "--keep-mib", str(keep_mib), "--barrier", barrier_dir,
+            "--parties", str(parties), "--name", name or f"{model}-{alloc}"]
+
+
+def round_up(n, to=2 * MIB):
+    return (n + to - 1) // to * to
+
+
+def orchestrate(args):
+    os.makedirs(args.out_dir, exist_ok=True)
+    log = open(os.path.join(args.out_dir, "log.txt"), "w")
+    runner = Runner(args.out_dir, os.path.abspath(args.lib), log)
+    sampler = SmiSampler()
+    sampler.start()
+    results = {"lib": args.lib, "started": time.time(), "cases": {}}
+    cases = results["cases"]
+    checks = []  # (name, ok, detail)
+
+    def add(name, ok, detail=""):
+        checks.append((name, bool(ok), detail))
+
+    t0 = time.time()
+    # 1. correctness, per policy
+    for policy in ("pytorch", "vramfit"):
+        r = runner.run(["worker-correctness", "--alloc", policy, "--budget", str(2 * GIB)], f"correctness-{policy}", 150)
+        cases[f"correctness-{policy}"] = r
+        if "checks" not in r or r.get("rc") != 0:
+            add(f"correctness[{policy}] ran", False, f"rc={r.get('rc')} {r.get('error', '')} {r.get('stderrTail', '')[-300:]}")
+        for name, c in (r.get("checks") or {}).items():
+            add(f"correctness[{policy}] {name}", c.get("ok"), c.get("error", ""))
+
+    # 2. bench
+    if args.agent and os.path.exists(args.agent):
+        try:
+            out = subprocess.run([args.agent, "bench", "alloc", "-o", "json"], capture_output=True, text=True, timeout=120)
+            bench = json.loads(out.stdout) if out.returncode == 0 else {"rc": out.returncode, "stderr": out.stderr[-2000:]}
+        except Exception as exc:
+            bench = {"error": str(exc)}
+        cases["bench"] = bench
+        rows = {row["name"]: row for row in bench.get("rows", [])}
+        add("bench alloc ran", bool(rows), json.dumps(bench)[:300] if not rows else "")
+
+    # 3. training runs
+    models = ["gpt2", "llama", "bert", "resnet50", "vit"]
+    if args.quick:
+        models = ["gpt2"]
+    train = {}
+    for model in models:
+        native = runner.run(train_args(model, "native"), f"train-{model}-native", 150)
+        train[(model, "native")] = native
+        cases[f"train-{model}-native"] = native
+        if native.get("rc") != 0 or "maxReserved" not in native:
+            add(f"train[{model}] native ran", False, native.get("error", "") + native.get("stderrTail", "")[-300:])
+            continue
+        budget = round_up(int(native["maxReserved"] * 1.15) + 256 * MIB)
+        for policy in ("pytorch", "vramfit"):
+            r = runner.run(train_args(model, policy, budget), f"train-{model}-{policy}", 150)
+            r["budgetBytes"] = budget
+            train[(model, policy)] = r
+            cases[f"train-{model}-{policy}"] = r
+            add(f"train[{model}] {policy} ran", r.get("rc") == 0, r.get("error", "") + r.get("stderrTail", "")[-300:])
+
+    # 4. budget below the need
+    for policy in ("pytorch", "vramfit"):
+        native = train.get(("gpt2", "native"), {})
+        need = native.get("maxReserved", 8 * GIB)
+        budget = round_up(int(need * 0.4))
+        r = runner.run(train_args("gpt2", policy, budget, steps=2, warmup=0), f"budget-oom-{policy}", 150)
+        cases[f"budget-oom-{policy}"] = r
+        oom = r.get("oom") or {}
+        add(f"budget below need[{policy}] fails in step 0 with the budget OOM",
+            r.get("rc") == 42 and oom.get("step") == 0 and oom.get("budget") and oom.get("type") == "OutOfMemoryError",
+            (oom.get("message") or r.get("error") or "")[:300])
+
+    # 5. two processes on the GPU
+    solo = train.get(("gpt2", "vramfit"))
+    native = train.get(("gpt2", "native"), {})
+    if solo and solo.get("rc") == 0:
+        bdir = tempfile.mkdtemp(prefix="vramfit-barrier-")
+        budget_a = solo["budgetBytes"]
+        budget_b = round_up(native.get("maxReserved", 8 * GIB) + 2 * GIB)
+        a = runner.start(train_args("gpt2", "vramfit", budget_a, barrier_dir=bdir, parties=2, name="a"))
+        b = runner.start(train_args("gpt2", "vramfit", budget_b, steps=30, keep_mib=768, barrier_dir=bdir, parties=2, name="b"))
+        ra = runner.finish(a, "pair-a", 180)
+        rb = runner.finish(b, "pair-b", 180)
+        ra["budgetBytes"], rb["budgetBytes"] = budget_a, budget_b
+        cases["pair-a"], cases["pair-b"] = ra, rb
+        same = ra.get("losses") == solo.get("losses")
+        diff = None
+        if ra.get("losses") and solo.get("losses") and len(ra["losses"]) == len(solo["losses"]):
+            diff = max(abs(x - y) for x, y in zip(ra["losses"], solo["losses"]))
+        add("pair: the process over its budget fails with the budget OOM",
+            rb.get("rc") == 42 and (rb.get("oom") or {}).get("budget"), (rb.get("oom") or {}).get("message", "")[:200])
+        add("pair: the other one finishes", ra.get("rc") == 0, ra.get("error", ""))
+        add("pair: its losses equal the solo run's", same, f"max abs diff {diff}")
+        results["pairLossDiff"] = diff
+
+    sampler.stop()
+    results["elapsedSeconds"] = time.time() - t0
+    # NVML (nvidia-smi) figures
+    for key, r in cases.items():
+        if isinstance(r, dict) and r.get("pid"):
+            r["smiPeakMib"] = sampler.peaks.get(r["pid"])
+    table = []
+    for model in models:
+        n = train.get((model, "native"))
+        if not n or n.get("rc") != 0:
+            continue
+        context = max(0, n.get("smiEndMib", 0) * MIB - n.get("reservedEnd", 0))
+        row = {"model": model, "nativeStepMs": n["stepMsMedian"], "nativeMaxReserved": n["maxReserved"],
+               "nativeSmiPeakMib": n.get("smiPeakMib"), "contextBytes": context}
+        for policy in ("pytorch", "vramfit"):
+            r = train.get((model, policy))
+            if not r or r.get("rc") != 0:
+                continue
+            overhead = (r["stepMsMedian"] / n["stepMsMedian"] - 1) * 100
+            reserved_vs = (r["maxReserved"] / n["maxReserved"] - 1) * 100
+            smi_vs = None
+            if r.get("smiPeakMib") and n.get("smiPeakMib"):
+                smi_vs = (r["smiPeakMib"] / n["smiPeakMib"] - 1) * 100
+            row[policy] = {"stepMs": r["stepMsMedian"], "overheadPct": overhead, "maxReserved": r["maxReserved"],
+                           "reservedVsNativePct": reserved_vs, "smiPeakMib": r.get("smiPeakMib"),
+                           "smiVsNativePct": smi_vs, "budget": r["budgetBytes"], "numDeviceAlloc": r.get("numDeviceAlloc")}
+            limit = r["budgetBytes"] + context + 64 * MIB
+            if r.get("smiPeakMib") is not None:
+                add(f"train[{model}] {policy}: nvidia-smi peak <= budget + context",
+                    r["smiPeakMib"] * MIB <= limit, f"{r['smiPeakMib']} MiB vs {limit / MIB:.0f} MiB")
+            if policy == "pytorch":
+                add(f"train[{model}] pytorch policy reserves what native does (within 2%)", abs(reserved_vs) <= 2,
+                    f"{reserved_vs:+.1f}%")
+            add(f"train[{model}] {policy}: step time within 1% of native", overhead <= 1.0, f"{overhead:+.2f}%")
+            if policy == "vramfit" and model in ("gpt2", "llama", "bert"):
+                add(f"train[{model}] vramfit policy reserved peak >= 10% below native", reserved_vs <= -10,
+                    f"{reserved_vs:+.1f}%")
+        table.append(row)
+    results["table"] = table
+    results["checks"] = [{"name": n, "ok": ok, "detail": d} for n, ok, d in checks]
+    with open(os.path.join(args.out_dir, "results.json"), "w") as f:
+        json.dump(results, f, indent=1, default=str)
+    log.close()
+
+    print("\n== alloc_checks summary")
+    for name, ok, detail in checks:
+        print(f"{'PASS' if ok else 'FAIL'}  {name}" + (f"  [{detail}]" if detail and not ok else ""))
+    print("\nmodel      alloc     step ms  overhead  maxReserved MiB  vs native  smi peak MiB  vs native")
+    for row in table:
+        print(f"{row['model']:<10} native  {row['nativeStepMs']:>9.2f}            {row['nativeMaxReserved'] / MIB:>12.0f}"
+              f"            {row.get('nativeSmiPeakMib') or 0:>10}")
+        for policy in ("pytorch", "vramfit"):
+            p = row.get(policy)
+            if p:
+                smi_vs = f"{p['smiVsNativePct']:+.1f}%" if p["smiVsNativePct"] is not None else "-"
+                print(f"{'':<10} {policy:<7} {p['stepMs']:>9.2f} {p['overheadPct']:>+8.2f}% {p['maxReserved'] / MIB:>12.0f}"
+                      f" {p['reservedVsNativePct']:>+9.1f}% {p['smiPeakMib'] or 0:>10} {smi_vs:>9}")
+    bench = cases.get("bench") or {}
+    for row in bench.get("rows", []):
+        print(f"bench {row['name']:<26} alloc p50 {row['allocP50Us']:.2f} us p99 {row['allocP99Us']:.2f} us"
+              f"  {row['opsPerSecond']:.0f} ops/s  peak {row['peakReservedBytes'] / MIB:.0f} MiB")
+    failed = sum(1 for _, ok, _ in checks if not ok)
+    print(f"\n{len(checks) - failed}/{len(checks)} checks passed in {results['elapsedSeconds']:.0f} s")
+    return 0 if failed == 0 else 1
+
+
+def main():
+    if len(sys.argv) > 1 and sys.argv[1].startswith("worker-"):
+        mode = sys.argv[1]
+        p = argparse.ArgumentParser()
+        p.add_argument("mode")
+        p.add_argument("--alloc", default="native")
+        p.add_argument("--budget", type=int, default=0)
+        p.add_argument("--model", default="gpt2")
+        p.add_argument("--steps", type=int, default=10)
+        p.add_argument("--warmup", type=int, default=3)
+        p.add_argument("--keep-mib", type=int, default=0)
+        p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--barrier", default="")
+        p.add_argument("--parties", type=int, default=1)
+        p.add_argument("--name", default="")
+        args = p.parse_args()
+        if mode == "worker-train":
+            sys.exit(worker_train(args))
+        sys.exit(worker_correctness(args))
+    p = argparse.ArgumentParser()
+    p.add_argument("out_dir")
+    p.add_argument("--lib", required=True)
+    p.add_argument("--agent")
+    p.add_argument("--quick", action="store_true")
+    sys.exit(orchestrate(p.parse_args()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# libvramfit_alloc.so on the GPU machine, in one go (about 4 minutes):
+# correctness under PyTorch (statistics, empty_cache, streams, budget OOM,
+# graphs, fork), `vramfit-agent bench alloc`, five short training runs under
+# PyTorch's allocator and ours (both policies), a budget below the need, and
+# two budgeted processes sharing the GPU. Every case runs in its own
+# subprocess with a timeout. Writes $OUT/alloc/{results.json,log.txt}.
+#
+# Usage (repo root): scripts/gpu/alloc_checks.sh [--quick]
+# Needs .dev-bin/libvramfit_alloc.so and .dev-bin/vramfit-agent (release builds).
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+out="${OUT:-/tmp/out}/alloc"
+mkdir -p "$out"
+lib=.dev-bin/libvramfit_alloc.so
+agent=.dev-bin/vramfit-agent
+if [[ ! -f $lib ]]; then
+  echo "FAIL: $lib is missing (build with: cargo build --release -p vramfit-alloc)" | tee "$out/log.txt"
+  exit 1
+fi
+{
+  echo "## nvidia-smi"
+  nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv
+  python3 -c 'import torch, transformers, torchvision; print("torch", torch.__version__, "transformers", transformers.__version__, "torchvision", torchvision.__version__)'
+  echo "## exported symbols"
+  nm -D --defined-only "$lib" | grep ' T vramfit_' | awk '{print $3}' | tr '\n' ' '
+  echo
+} 2>&1
+timeout 420 python3 scripts/gpu/alloc_checks.py "$out" --lib "$lib" --agent "$agent" "$@"
+rc=$?
+[[ $rc == 124 ]] && echo "FAIL: alloc_checks.py ran past 420 s"
+exit $rc

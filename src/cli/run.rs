@@ -1,0 +1,730 @@
+//! `vramfit run --local JOB.yaml -- COMMAND...`: a TrainingJob as local processes,
+//! with the controller's loop: predict -> budget -> environment -> start -> on an
+//! OOM (exit 42 and PyTorch's text) half the micro-batch, twice the accumulation,
+//! start again -> stop at `batch.minMicro` or `maxOOMRetries`.
+//!
+//! The back-off is the controller's own [`after_oom`]; the budget is the
+//! controller's [`attempt_budget`]; the exit protocol is [`is_oom_exit`].
+
+mod gpu;
+
+use std::fs;
+use std::os::unix::process::ExitStatusExt as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context as _, bail};
+use clap::Args;
+use serde::Serialize;
+
+use super::{OutputFormat, read_text};
+use crate::api::{AbsorbedOom, TrainingJob};
+use crate::controller::backoff::{BatchShape, OomDecision, after_oom};
+use crate::controller::budget::attempt_budget;
+use crate::controller::exit::{OOM_EXIT_CODE, first_line, is_oom_exit};
+use crate::controller::quantity::human_bytes;
+
+pub use gpu::{LocalGpu, PeakSource};
+
+/// Arguments of `vramfit run`.
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// Run the job on this machine (the only mode: on a cluster, apply the job).
+    #[arg(long, required = true)]
+    pub local: bool,
+    /// The TrainingJob manifest (YAML or JSON).
+    pub job: PathBuf,
+    /// The allocation profile of a profile-based job (the ConfigMap's value).
+    #[arg(long)]
+    pub profile: Option<PathBuf>,
+    /// GPU indices to run on (default: the first `spec.gpus` GPUs).
+    #[arg(long, value_delimiter = ',')]
+    pub devices: Vec<u32>,
+    /// Folder for each attempt's termination log and stats (default: a new
+    /// folder under the system's temporary folder).
+    #[arg(long)]
+    pub workdir: Option<PathBuf>,
+    /// Milliseconds between two samples of the GPU memory.
+    #[arg(long, default_value_t = 500)]
+    pub sample_ms: u64,
+    /// Output format of the summary (with `json`, the training's standard
+    /// output goes to standard error so that standard output is one JSON object).
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Table)]
+    pub output: OutputFormat,
+    /// The training command, after `--`.
+    #[arg(last = true, required = true)]
+    pub command: Vec<String>,
+}
+
+/// One attempt as `run --local` reports it.
+#[derive(Serialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct AttemptReport {
+    /// Attempt number, from 1.
+    pub attempt: u32,
+    /// Micro-batch per GPU the attempt started with.
+    pub micro_batch: u32,
+    /// Accumulation steps the attempt started with.
+    pub grad_accum: u32,
+    /// Budget per GPU, bytes.
+    pub budget_bytes: u64,
+    /// `request`, `model` or `profile`.
+    pub budget_source: String,
+    /// Predicted peak per GPU, bytes.
+    pub predicted_bytes: u64,
+    /// Budget over the GPU's memory, when there is a GPU.
+    pub memory_fraction: Option<f64>,
+    /// Highest memory measured for the attempt (NVML), when there is a GPU.
+    pub measured_peak_bytes: Option<u64>,
+    /// `nvml-process` or `nvml-device`, with a measured peak.
+    pub peak_source: Option<String>,
+    /// `Succeeded`, `OutOfMemory` or `Failed`.
+    pub outcome: String,
+    /// The process's exit code (None when a signal ended it).
+    pub exit_code: Option<i32>,
+    /// The termination message's OOM line, or why it failed.
+    pub message: Option<String>,
+    /// OOMs the process absorbed itself (its shape file).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub absorbed_ooms: Vec<AbsorbedOom>,
+    /// The shape the process ended with, when it reported one.
+    pub final_shape: Option<String>,
+    /// When the attempt started, Unix milliseconds.
+    pub started_unix_ms: u64,
+    /// Wall-clock seconds of the attempt.
+    pub seconds: f64,
+}
+
+/// The whole run.
+#[derive(Serialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct RunReport {
+    /// The job's name.
+    pub job: String,
+    /// The training command.
+    pub command: Vec<String>,
+    /// GPU indices used (empty without a GPU).
+    pub devices: Vec<u32>,
+    /// Global batch (never changes).
+    pub global_batch: u32,
+    /// Where the attempts' files are.
+    pub workdir: String,
+    /// Every attempt, in order.
+    pub attempts: Vec<AttemptReport>,
+    /// `Succeeded` or `Failed`.
+    pub outcome: String,
+    /// Why the run failed, in words.
+    pub message: Option<String>,
+}
+
+/// How one attempt's process ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ProcessOutcome {
+    /// Exit 0.
+    Succeeded,
+    /// The OOM protocol: the message's OOM line.
+    OutOfMemory(String),
+    /// Anything else, in words.
+    Failed(String),
+}
+
+impl ProcessOutcome {
+    fn name(&self) -> &'static str {
+        match self {
+            ProcessOutcome::Succeeded => "Succeeded",
+            ProcessOutcome::OutOfMemory(_) => "OutOfMemory",
+            ProcessOutcome::Failed(_) => "Failed",
+        }
+    }
+}
+
+/// Classifies an exit the way the controller classifies a pod.
+pub fn classify_exit(status: ExitStatus, termination_message: &str) -> ProcessOutcome {
+    match (status.code(), status.signal()) {
+        (Some(0), _) => ProcessOutcome::Succeeded,
+        (Some(code), _) if is_oom_exit(code, termination_message) => {
+            ProcessOutcome::OutOfMemory(first_line(termination_message))
+        }
+        (Some(code), _) => {
+            let detail = if termination_message.trim().is_empty() {
+                String::new()
+            } else {
+                format!(": {}", first_line(termination_message))
+            };
+            let hint = if code == OOM_EXIT_CODE {
+                " (exit code of the OOM protocol, but the termination log lacks \"CUDA out of memory\")"
+            } else {
+                ""
+            };
+            ProcessOutcome::Failed(format!("exited with code {code}{hint}{detail}"))
+        }
+        (None, Some(signal)) => ProcessOutcome::Failed(format!("killed by signal {signal}")),
+        (None, None) => ProcessOutcome::Failed("ended without an exit code".into()),
+    }
+}
+
+/// Everything an attempt's process gets in its environment.
+#[derive(Clone, Debug)]
+pub struct AttemptPlan<'a> {
+    /// The job.
+    pub job: &'a TrainingJob,
+    /// The attempt's shape.
+    pub shape: BatchShape,
+    /// Attempt number.
+    pub attempt: u32,
+    /// Budget per GPU, bytes.
+    pub budget_bytes: u64,
+    /// The GPUs (empty without one).
+    pub gpus: &'a [LocalGpu],
+    /// The attempt's folder.
+    pub dir: &'a Path,
+}
+
+impl AttemptPlan<'_> {
+    /// Budget over the smallest chosen GPU's memory.
+    pub fn memory_fraction(&self) -> Option<f64> {
+        let total = self.gpus.iter().map(|g| g.total_bytes).min()?;
+        Some((self.budget_bytes as f64 / total as f64).min(1.0))
+    }
+
+    /// The variables of `docs/node-protocol.md`, as the controller sets them,
+    /// plus `CUDA_VISIBLE_DEVICES` and the per-attempt termination log.
+    pub fn environment(&self) -> Vec<(String, String)> {
+        let spec = &self.job.spec;
+        let mut env = vec![
+            ("VRAMFIT_BUDGET_BYTES", self.budget_bytes.to_string()),
+            ("VRAMFIT_MICRO_BATCH", self.shape.micro.to_string()),
+            ("VRAMFIT_GRAD_ACCUM", self.shape.accum.to_string()),
+            ("VRAMFIT_GLOBAL_BATCH", spec.batch.global.to_string()),
+            ("VRAMFIT_MIN_MICRO_BATCH", spec.batch.min_micro.to_string()),
+            ("VRAMFIT_ATTEMPT", self.attempt.to_string()),
+            ("VRAMFIT_OOM_EXIT_CODE", OOM_EXIT_CODE.to_string()),
+            (
+                "VRAMFIT_STATS_DIR",
+                self.dir.join("stats").display().to_string(),
+            ),
+            (
+                "VRAMFIT_TERMINATION_LOG",
+                self.termination_log().display().to_string(),
+            ),
+            (
+                "VRAMFIT_POD_NAME",
+                format!("{}-local-{}", job_name(self.job), self.attempt),
+            ),
+        ];
+        if let Some(fraction) = self.memory_fraction() {
+            env.push(("VRAMFIT_MEMORY_FRACTION", format!("{fraction:.6}")));
+            let indices: Vec<String> = self.gpus.iter().map(|g| g.index.to_string()).collect();
+            env.push(("CUDA_VISIBLE_DEVICES", indices.join(",")));
+            let uuids: Vec<&str> = self.gpus.iter().map(|g| g.uuid.as_str()).collect();
+            env.push(("NVIDIA_VISIBLE_DEVICES", uuids.join(",")));
+        }
+        env.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
+    }
+
+    /// Where the process writes its OOM message.
+    pub fn termination_log(&self) -> PathBuf {
+        self.dir.join("termination-log")
+    }
+}
+
+/// What follows an attempt: the controller's decision, over a local process.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NextAttempt {
+    /// Run again with this shape.
+    Retry(BatchShape),
+    /// Stop: the job succeeded.
+    Done,
+    /// Stop: the job failed, with the reason.
+    Fail(String),
+}
+
+/// Decides what follows an attempt that ended with `outcome` at `shape` (the
+/// shape the process ended with, after any OOM it absorbed itself).
+pub fn next_attempt(
+    job: &TrainingJob,
+    shape: BatchShape,
+    outcome: &ProcessOutcome,
+    oom_retries_used: u32,
+) -> NextAttempt {
+    let spec = &job.spec;
+    match outcome {
+        ProcessOutcome::Succeeded => NextAttempt::Done,
+        ProcessOutcome::Failed(reason) => NextAttempt::Fail(reason.clone()),
+        ProcessOutcome::OutOfMemory(_) => match after_oom(
+            spec.batch.global,
+            spec.gpus,
+            shape,
+            spec.batch.min_micro,
+            oom_retries_used,
+            spec.max_oom_retries,
+        ) {
+            OomDecision::Retry(next) => NextAttempt::Retry(next),
+            OomDecision::Fail(reason) => NextAttempt::Fail(reason),
+        },
+    }
+}
+
+fn job_name(job: &TrainingJob) -> String {
+    job.metadata
+        .name
+        .clone()
+        .unwrap_or_else(|| "training-job".into())
+}
+
+/// Parses a TrainingJob manifest.
+pub fn parse_training_job(text: &str) -> anyhow::Result<TrainingJob> {
+    let job: TrainingJob = serde_saphyr::from_str(text).context("not a TrainingJob")?;
+    let spec = &job.spec;
+    if spec.batch.min_micro > spec.batch.micro {
+        bail!(
+            "spec.batch.minMicro {} exceeds spec.batch.micro {}",
+            spec.batch.min_micro,
+            spec.batch.micro
+        );
+    }
+    Ok(job)
+}
+
+/// The shape file the process wrote last, if any: its shape and absorbed OOMs.
+pub fn read_shape_files(stats: &Path) -> Option<(BatchShape, Vec<AbsorbedOom>)> {
+    let mut newest: Option<(SystemTime, serde_json::Value)> = None;
+    for entry in fs::read_dir(stats).ok()?.flatten() {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if !(name.starts_with("shape-") && name.ends_with(".json")) {
+            continue;
+        }
+        let modified = entry.metadata().and_then(|m| m.modified()).ok()?;
+        let Ok(doc) = serde_json::from_str(&fs::read_to_string(entry.path()).ok()?) else {
+            continue;
+        };
+        if newest.as_ref().is_none_or(|(t, _)| modified > *t) {
+            newest = Some((modified, doc));
+        }
+    }
+    let (_, doc) = newest?;
+    shape_from_document(&doc)
+}
+
+/// Reads the protocol's `shape-<pid>.json` document.
+pub fn shape_from_document(doc: &serde_json::Value) -> Option<(BatchShape, Vec<AbsorbedOom>)> {
+    let num = |v: &serde_json::Value, k: &str| v.get(k)?.as_u64().map(|n| n as u32);
+    let shape = BatchShape {
+        micro: num(doc, "microBatch")?,
+        accum: num(doc, "gradAccum")?,
+    };
+    let absorbed = doc
+        .get("absorbedOoms")
+        .and_then(|a| a.as_array())
+        .map(|list| {
+            list.iter()
+                .filter_map(|o| {
+                    Some(AbsorbedOom {
+                        from_micro: num(o, "fromMicro")?,
+                        to_micro: num(o, "toMicro")?,
+                        from_accum: num(o, "fromAccum")?,
+                        to_accum: num(o, "toAccum")?,
+                        time: unix_ms_rfc3339(o.get("unixMs")?.as_u64()?),
+                    })
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    Some((shape, absorbed))
+}
+
+fn unix_ms_rfc3339(ms: u64) -> String {
+    chrono::DateTime::from_timestamp_millis(ms as i64)
+        .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
+        .unwrap_or_default()
+}
+
+fn unix_ms_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Runs `vramfit run --local`; returns the report and whether the job succeeded.
+pub fn run(args: &RunArgs) -> anyhow::Result<RunReport> {
+    let job = parse_training_job(&read_text(&args.job)?)?;
+    let profile = args.profile.as_deref().map(read_text).transpose()?;
+    if job.spec.model.profile.is_some() && profile.is_none() {
+        bail!("spec.model.profile: pass the profile file with --profile");
+    }
+    let spec = &job.spec;
+    let all_gpus = gpu::local_gpus();
+    let gpus = choose_gpus(&all_gpus, &args.devices, spec.gpus)?;
+    let workdir = match &args.workdir {
+        Some(dir) => dir.clone(),
+        None => std::env::temp_dir().join(format!(
+            "vramfit-run-{}-{}",
+            job_name(&job),
+            std::process::id()
+        )),
+    };
+    fs::create_dir_all(&workdir).with_context(|| format!("creating {}", workdir.display()))?;
+    let mut shape = BatchShape::for_micro(spec.batch.global, spec.batch.micro, spec.gpus)
+        .with_context(|| {
+            format!(
+                "batch.global {} is not divisible by batch.micro {} x gpus {}",
+                spec.batch.global, spec.batch.micro, spec.gpus
+            )
+        })?;
+    let mut report = RunReport {
+        job: job_name(&job),
+        command: args.command.clone(),
+        devices: gpus.iter().map(|g| g.index).collect(),
+        global_batch: spec.batch.global,
+        workdir: workdir.display().to_string(),
+        attempts: Vec::new(),
+        outcome: "Failed".into(),
+        message: None,
+    };
+    let mut oom_retries = 0;
+    for attempt in 1.. {
+        let budget = attempt_budget(&job, shape.micro, profile.as_deref(), None)
+            .map_err(anyhow::Error::msg)?;
+        if let Some(small) = gpus.iter().find(|g| g.total_bytes < budget.budget) {
+            bail!(
+                "the budget of {} at micro-batch {} does not fit GPU {} ({})",
+                human_bytes(budget.budget),
+                shape.micro,
+                small.index,
+                human_bytes(small.total_bytes)
+            );
+        }
+        let dir = workdir.join(format!("attempt-{attempt}"));
+        fs::create_dir_all(dir.join("stats"))?;
+        let plan = AttemptPlan {
+            job: &job,
+            shape,
+            attempt,
+            budget_bytes: budget.budget,
+            gpus: &gpus,
+            dir: &dir,
+        };
+        let (mut attempt_report, outcome, ended) = run_attempt(&plan, args)?;
+        attempt_report.budget_source = budget.source.to_string();
+        attempt_report.predicted_bytes = budget.predicted;
+        eprintln!("vramfit: {}", attempt_line(&attempt_report));
+        report.attempts.push(attempt_report);
+        match next_attempt(&job, ended, &outcome, oom_retries) {
+            NextAttempt::Done => {
+                report.outcome = "Succeeded".into();
+                break;
+            }
+            NextAttempt::Fail(reason) => {
+                report.message = Some(reason);
+                break;
+            }
+            NextAttempt::Retry(next) => {
+                eprintln!(
+                    "vramfit: out of memory at {}; next attempt {}",
+                    ended.display(),
+                    next.display()
+                );
+                shape = next;
+                oom_retries += 1;
+            }
+        }
+    }
+    Ok(report)
+}
+
+fn choose_gpus(all: &[LocalGpu], devices: &[u32], wanted: u32) -> anyhow::Result<Vec<LocalGpu>> {
+    if all.is_empty() {
+        if !devices.is_empty() {
+            bail!("--devices given, but nvidia-smi lists no GPU");
+        }
+        return Ok(Vec::new());
+    }
+    let chosen: Vec<LocalGpu> = if devices.is_empty() {
+        all.iter().take(wanted as usize).cloned().collect()
+    } else {
+        devices
+            .iter()
+            .map(|d| {
+                all.iter()
+                    .find(|g| g.index == *d)
+                    .cloned()
+                    .with_context(|| format!("no GPU with index {d}"))
+            })
+            .collect::<anyhow::Result<_>>()?
+    };
+    if chosen.len() != wanted as usize {
+        bail!(
+            "the job wants {wanted} GPU(s), {} chosen (this machine has {})",
+            chosen.len(),
+            all.len()
+        );
+    }
+    Ok(chosen)
+}
+
+fn run_attempt(
+    plan: &AttemptPlan<'_>,
+    args: &RunArgs,
+) -> anyhow::Result<(AttemptReport, ProcessOutcome, BatchShape)> {
+    let (program, rest) = args.command.split_first().context("no command after --")?;
+    let mut command = Command::new(program);
+    command.args(rest).envs(plan.environment());
+    if args.output == OutputFormat::Json {
+        use std::os::fd::AsFd as _;
+        command.stdout(Stdio::from(std::io::stderr().as_fd().try_clone_to_owned()?));
+    }
+    let _ = fs::remove_file(plan.termination_log());
+    let started_unix_ms = unix_ms_now();
+    let started = Instant::now();
+    let mut child = command
+        .spawn()
+        .with_context(|| format!("starting {program:?}"))?;
+    let mut sampler = (!plan.gpus.is_empty())
+        .then(|| gpu::PeakSampler::new(plan.gpus.iter().map(|g| g.index).collect()));
+    let interval = Duration::from_millis(args.sample_ms.max(50));
+    let mut next_sample = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break status;
+        }
+        if let Some(sampler) = sampler.as_mut()
+            && Instant::now() >= next_sample
+        {
+            sampler.sample(&gpu::process_tree(child.id()));
+            next_sample = Instant::now() + interval;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let seconds = started.elapsed().as_secs_f64();
+    let message = fs::read_to_string(plan.termination_log()).unwrap_or_default();
+    let outcome = classify_exit(status, &message);
+    let reported = read_shape_files(&plan.dir.join("stats"));
+    let ended = reported.as_ref().map_or(plan.shape, |(s, _)| *s);
+    let peak = sampler.as_ref().and_then(|s| s.peak());
+    let report = AttemptReport {
+        attempt: plan.attempt,
+        micro_batch: plan.shape.micro,
+        grad_accum: plan.shape.accum,
+        budget_bytes: plan.budget_bytes,
+        budget_source: String::new(),
+        predicted_bytes: 0,
+        memory_fraction: plan.memory_fraction(),
+        measured_peak_bytes: peak.map(|(b, _)| b),
+        peak_source: peak.map(|(_, s)| s.name().to_string()),
+        outcome: outcome.name().to_string(),
+        exit_code: status.code(),
+        message: match &outcome {
+            ProcessOutcome::Succeeded => None,
+            ProcessOutcome::OutOfMemory(m) | ProcessOutcome::Failed(m) => Some(m.clone()),
+        },
+        absorbed_ooms: reported.map(|(_, a)| a).unwrap_or_default(),
+        final_shape: Some(ended.display()),
+        started_unix_ms,
+        seconds,
+    };
+    Ok((report, outcome, ended))
+}
+
+fn peak_text(report: &AttemptReport) -> String {
+    match (report.measured_peak_bytes, &report.peak_source) {
+        (Some(bytes), Some(source)) => format!("{} ({source})", human_bytes(bytes)),
+        _ => "n/a".into(),
+    }
+}
+
+fn attempt_line(r: &AttemptReport) -> String {
+    let mut line = format!(
+        "attempt {} shape {}x{} budget {} peak {} {} in {:.1} s",
+        r.attempt,
+        r.micro_batch,
+        r.grad_accum,
+        human_bytes(r.budget_bytes),
+        peak_text(r),
+        r.outcome,
+        r.seconds
+    );
+    if !r.absorbed_ooms.is_empty() {
+        line.push_str(&format!(
+            " ({} OOM(s) absorbed in-process, ended at {})",
+            r.absorbed_ooms.len(),
+            r.final_shape.as_deref().unwrap_or("?")
+        ));
+    }
+    if let Some(message) = &r.message {
+        line.push_str(": ");
+        line.push_str(message);
+    }
+    line
+}
+
+/// The report as a table for people.
+pub fn report_table(report: &RunReport) -> String {
+    let mut out = format!(
+        "{:<8} {:<10} {:<11} {:<26} {:<12} {:>8}  {}\n",
+        "ATTEMPT", "SHAPE", "BUDGET", "PEAK", "OUTCOME", "TIME", "MESSAGE"
+    );
+    for r in &report.attempts {
+        let mut shape = format!("{}x{}", r.micro_batch, r.grad_accum);
+        if !r.absorbed_ooms.is_empty() {
+            shape = format!("{shape}->{}", r.final_shape.as_deref().unwrap_or("?"));
+        }
+        out.push_str(&format!(
+            "{:<8} {:<10} {:<11} {:<26} {:<12} {:>7.1}s  {}\n",
+            r.attempt,
+            shape,
+            human_bytes(r.budget_bytes),
+            peak_text(r),
+            r.outcome,
+            r.seconds,
+            r.message.as_deref().unwrap_or("")
+        ));
+    }
+    out.push_str(&format!("job {}: {}", report.job, report.outcome));
+    if let Some(message) = &report.message {
+        out.push_str(&format!(": {message}"));
+    }
+    out.push('\n');
+    out
+}
+
+/// Runs the command and prints the summary; the process's exit code follows
+/// the job's outcome (0 succeeded, 1 failed).
+pub fn main(args: &RunArgs) -> anyhow::Result<std::process::ExitCode> {
+    let report = run(args)?;
+    match args.output {
+        OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&report)?),
+        OutputFormat::Table => print!("{}", report_table(&report)),
+    }
+    Ok(if report.outcome == "Succeeded" {
+        std::process::ExitCode::SUCCESS
+    } else {
+        std::process::ExitCode::FAILURE
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(global: u32, micro: u32, min_micro: u32, gpus: u32, retries: u32) -> TrainingJob {
+        parse_training_job(&format!(
+            "apiVersion: vramfit.dev/v1alpha1\nkind: TrainingJob\nmetadata: {{name: t}}\n\
+             spec:\n  gpus: {gpus}\n  maxOOMRetries: {retries}\n  batch: {{global: {global}, micro: {micro}, minMicro: {min_micro}}}\n  \
+             model: {{mlp: {{layers: 2, hidden: 64}}, precision: fp32, optimizer: sgd}}\n  template: {{spec: {{containers: []}}}}\n"
+        ))
+        .expect("job parses")
+    }
+
+    fn exited(code: i32) -> ExitStatus {
+        ExitStatus::from_raw(code << 8)
+    }
+
+    const TORCH: &str =
+        "CUDA out of memory. Tried to allocate 2.00 GiB.\n\n|  PyTorch CUDA memory summary |";
+
+    #[test]
+    fn exits_are_classified_like_pods() {
+        assert_eq!(classify_exit(exited(0), ""), ProcessOutcome::Succeeded);
+        assert_eq!(
+            classify_exit(exited(42), TORCH),
+            ProcessOutcome::OutOfMemory("CUDA out of memory. Tried to allocate 2.00 GiB.".into())
+        );
+        match classify_exit(exited(42), "KeyError") {
+            ProcessOutcome::Failed(m) => assert!(m.contains("lacks \"CUDA out of memory\""), "{m}"),
+            other => panic!("{other:?}"),
+        }
+        match classify_exit(exited(1), TORCH) {
+            ProcessOutcome::Failed(m) => assert!(m.contains("code 1"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+        match classify_exit(ExitStatus::from_raw(9), "") {
+            ProcessOutcome::Failed(m) => assert!(m.contains("signal 9"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn oom_halves_micro_doubles_accumulation_and_stops_at_the_floor() {
+        let oom = ProcessOutcome::OutOfMemory("CUDA out of memory.".into());
+        let j = job(64, 32, 8, 1, 4);
+        let s = |micro, accum| BatchShape { micro, accum };
+        assert_eq!(
+            next_attempt(&j, s(32, 2), &oom, 0),
+            NextAttempt::Retry(s(16, 4))
+        );
+        assert_eq!(
+            next_attempt(&j, s(16, 4), &oom, 1),
+            NextAttempt::Retry(s(8, 8))
+        );
+        assert!(
+            matches!(next_attempt(&j, s(8, 8), &oom, 2), NextAttempt::Fail(m) if m.contains("minMicro 8"))
+        );
+        let few = job(64, 32, 1, 1, 1);
+        assert!(
+            matches!(next_attempt(&few, s(16, 4), &oom, 1), NextAttempt::Fail(m) if m.contains("maxOOMRetries 1"))
+        );
+        assert_eq!(
+            next_attempt(&j, s(32, 2), &ProcessOutcome::Succeeded, 0),
+            NextAttempt::Done
+        );
+        assert_eq!(
+            next_attempt(&j, s(32, 2), &ProcessOutcome::Failed("x".into()), 0),
+            NextAttempt::Fail("x".into())
+        );
+    }
+
+    #[test]
+    fn the_environment_is_the_node_protocols() {
+        let j = job(64, 16, 2, 1, 4);
+        let gpus = [LocalGpu {
+            index: 3,
+            uuid: "GPU-x".into(),
+            total_bytes: 100 << 30,
+        }];
+        let dir = Path::new("/tmp/w/attempt-2");
+        let plan = AttemptPlan {
+            job: &j,
+            shape: BatchShape { micro: 8, accum: 8 },
+            attempt: 2,
+            budget_bytes: 25 << 30,
+            gpus: &gpus,
+            dir,
+        };
+        let env: std::collections::HashMap<String, String> =
+            plan.environment().into_iter().collect();
+        assert_eq!(env["VRAMFIT_MICRO_BATCH"], "8");
+        assert_eq!(env["VRAMFIT_GRAD_ACCUM"], "8");
+        assert_eq!(env["VRAMFIT_GLOBAL_BATCH"], "64");
+        assert_eq!(env["VRAMFIT_MIN_MICRO_BATCH"], "2");
+        assert_eq!(env["VRAMFIT_ATTEMPT"], "2");
+        assert_eq!(env["VRAMFIT_BUDGET_BYTES"], (25u64 << 30).to_string());
+        assert_eq!(env["VRAMFIT_MEMORY_FRACTION"], "0.250000");
+        assert_eq!(env["CUDA_VISIBLE_DEVICES"], "3");
+        assert_eq!(
+            env["VRAMFIT_TERMINATION_LOG"],
+            "/tmp/w/attempt-2/termination-log"
+        );
+        assert_eq!(env["VRAMFIT_STATS_DIR"], "/tmp/w/attempt-2/stats");
+        let cpu = AttemptPlan { gpus: &[], ..plan };
+        let env: std::collections::HashMap<String, String> =
+            cpu.environment().into_iter().collect();
+        assert!(
+            !env.contains_key("VRAMFIT_MEMORY_FRACTION")
+                && !env.contains_key("CUDA_VISIBLE_DEVICES")
+        );
+    }
+
+    #[test]
+    fn the_shape_file_gives_the_shape_the_process_ended_with() {
+        let doc = serde_json::json!({"version": 1, "pid": 7, "microBatch": 8, "gradAccum": 8, "globalBatch": 64,
+            "attempt": 1, "absorbedOoms": [{"fromMicro": 16, "toMicro": 8, "fromAccum": 4, "toAccum": 8, "unixMs": 1_700_000_000_000u64}]});
+        let (shape, absorbed) = shape_from_document(&doc).unwrap();
+        assert_eq!(shape, BatchShape { micro: 8, accum: 8 });
+        assert_eq!(absorbed.len(), 1);
+        assert_eq!((absorbed[0].from_micro, absorbed[0].to_accum), (16, 8));
+        assert_eq!(absorbed[0].time, "2023-11-14T22:13:20.000Z");
+        assert!(shape_from_document(&serde_json::json!({"version": 1})).is_none());
+    }
+}
