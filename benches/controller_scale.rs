@@ -22,15 +22,18 @@ use clap::Parser;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Config, ResourceExt};
 use serde::Serialize;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use vramfit::api::{GpuNode, TrainingJob};
+use vramfit::api::{GpuNode, GpuNodeStatus, TrainingJob};
 use vramfit::place::bench::parse_vm_hwm_bytes;
+use vramfit_agent::daemon::api::GpuNodeWriter;
+use vramfit_agent::sim::cluster::{NodeResources, register_node};
+use vramfit_agent::sim::simulated_device;
 
 const GIB: u64 = 1 << 30;
 const POOL_LABEL: &str = "vramfit.dev/pool";
@@ -249,6 +252,7 @@ async fn run(args: Args) -> Result<()> {
     .await?;
     let heartbeats = tokio::spawn(heartbeat_loop(
         client.clone(),
+        tag.clone(),
         node_names.clone(),
         args.gpus,
         args.gpu_model.clone(),
@@ -485,80 +489,72 @@ fn install_crds(kubeconfig: &Path) -> Result<()> {
     Ok(())
 }
 
-/// A Node (untainted, with allocatable CPU and memory) and its GpuNode.
+fn pool_labels(pool: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([(POOL_LABEL.to_string(), pool.to_string())])
+}
+
+/// A Node (untainted, with allocatable CPU and memory) and its GpuNode, as
+/// the simulated node of `vramfit-agent` registers and reports them.
 async fn add_node(client: &Client, args: &Args, pool: &str, name: &str) -> Result<()> {
-    let nodes: Api<Node> = Api::all(client.clone());
-    let node: Node = serde_json::from_value(json!({
-        "metadata": {"name": name, "labels": {POOL_LABEL: pool}},
-    }))?;
-    nodes.create(&PostParams::default(), &node).await?;
-    // The API server taints new nodes not-ready; a kubelet's Ready lifts it.
-    nodes
-        .patch(
-            name,
-            &PatchParams::default(),
-            &Patch::Merge(&json!({"spec": {"taints": null}})),
-        )
-        .await?;
-    let resources = json!({"cpu": "224", "memory": "2Ti", "pods": "250"});
-    nodes
-        .patch_status(
-            name,
-            &PatchParams::default(),
-            &Patch::Merge(&json!({"status": {
-                "allocatable": resources, "capacity": resources,
-                "conditions": [{"type": "Ready", "status": "True"}],
-            }})),
-        )
-        .await?;
-    let gpu_nodes: Api<GpuNode> = Api::all(client.clone());
-    let gpu_node: GpuNode = serde_json::from_value(json!({
-        "apiVersion": "vramfit.dev/v1alpha1", "kind": "GpuNode",
-        "metadata": {"name": name, "labels": {POOL_LABEL: pool}},
-        "spec": {},
-    }))?;
-    gpu_nodes.create(&PostParams::default(), &gpu_node).await?;
-    report_gpus(client, name, args.gpus, &args.gpu_model, args.gpu_gib * GIB).await
+    let resources = NodeResources {
+        cpu: "224".into(),
+        memory: "2Ti".into(),
+        pods: "250".into(),
+    };
+    register_node(client, name, &pool_labels(pool), &resources).await?;
+    let writer = GpuNodeWriter::new(client.clone(), name, pool_labels(pool));
+    report_gpus(
+        &writer,
+        name,
+        args.gpus,
+        &args.gpu_model,
+        args.gpu_gib * GIB,
+    )
+    .await
 }
 
 /// GpuNode status as the node agent writes it, with a fresh heartbeat.
 async fn report_gpus(
-    client: &Client,
+    writer: &GpuNodeWriter,
     name: &str,
     gpus: usize,
     model: &str,
     bytes: u64,
 ) -> Result<()> {
-    let devices: Vec<Value> = (0..gpus)
-        .map(|index| {
-            json!({"index": index, "uuid": format!("GPU-{name}-{index}"), "model": model,
-                   "totalBytes": bytes, "usedBytes": 0, "health": "Healthy"})
-        })
-        .collect();
-    let status = json!({"status": {
-        "gpus": devices, "gpuCount": gpus, "model": model,
-        "heartbeat": Timestamp::now().to_string(),
-    }});
-    Api::<GpuNode>::all(client.clone())
-        .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
-        .await?;
+    let status = GpuNodeStatus {
+        gpus: (0..gpus as u32)
+            .map(|index| simulated_device(name, index, model, bytes))
+            .collect(),
+        gpu_count: gpus as u32,
+        model: Some(model.into()),
+        heartbeat: Some(Timestamp::now().to_string()),
+        ..GpuNodeStatus::default()
+    };
+    writer.write(&status).await?;
     Ok(())
 }
 
 async fn heartbeat_loop(
     client: Client,
+    pool: String,
     names: Vec<String>,
     gpus: usize,
     model: String,
     bytes: u64,
     every: Duration,
 ) {
+    let writers: Vec<(String, GpuNodeWriter)> = names
+        .into_iter()
+        .map(|name| {
+            let writer = GpuNodeWriter::new(client.clone(), &name, pool_labels(&pool));
+            (name, writer)
+        })
+        .collect();
     loop {
         tokio::time::sleep(every).await;
-        let reports = names.iter().cloned().map(|name| {
-            let client = client.clone();
+        let reports = writers.iter().cloned().map(|(name, writer)| {
             let model = model.clone();
-            async move { report_gpus(&client, &name, gpus, &model, bytes).await }
+            async move { report_gpus(&writer, &name, gpus, &model, bytes).await }
         });
         let _ = futures::stream::iter(reports)
             .buffer_unordered(8)

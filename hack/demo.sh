@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The demo in one command: the local control plane, the CRDs, the example jobs,
-# a simulated GPU node (a Node and its GpuNode with two H200s, as a node agent
-# would report them) and the controller, which predicts and places the jobs.
-# There is no kubelet, so the training pods stay Pending.
+# a simulated GPU node (`vramfit-agent run --simulate 2xH200`: it registers the
+# Node, reports its GpuNode and plays the kubelet, so the training pods run as
+# simulated processes) and the controller, which predicts, places and runs the
+# jobs.
 #
 #   hack/demo.sh        bring it up and show `kubectl get tj -n ml`
 #   hack/demo.sh down   stop the controller and the control plane
@@ -15,41 +16,45 @@ mkdir -p "$state"
 log() { printf 'demo: %s\n' "$*" >&2; }
 
 if [[ ${1:-} == down ]]; then
-  if [[ -f $state/controller.pid ]]; then
-    kill "$(cat "$state/controller.pid")" 2>/dev/null || true
-    rm -f "$state/controller.pid"
-  fi
+  for p in controller agent; do
+    if [[ -f $state/$p.pid ]]; then
+      kill "$(cat "$state/$p.pid")" 2>/dev/null || true
+      rm -f "$state/$p.pid"
+    fi
+  done
   hack/controlplane.sh down --dir "$state/controlplane"
   exit 0
 fi
 
-log "building vramfit"
-cargo build --release --quiet --bin vramfit
+log "building vramfit and vramfit-agent"
+cargo build --release --quiet --bin vramfit --bin vramfit-agent
 kubeconfig=$(hack/controlplane.sh up --dir "$state/controlplane")
 export KUBECONFIG=$kubeconfig
 hack/controlplane.sh crds --kubeconfig "$kubeconfig"
 
-log "adding the simulated GPU node demo-gpu-1"
-kubectl apply -f examples/demo/gpu-node.yaml >/dev/null
-# The API server taints new nodes not-ready until a kubelet reports Ready.
-kubectl taint node demo-gpu-1 node.kubernetes.io/not-ready- >/dev/null 2>&1 || true
-kubectl patch node demo-gpu-1 --subresource=status --type=merge \
-  -p '{"status":{"allocatable":{"cpu":"64","memory":"512Gi","pods":"110"}}}' >/dev/null
-kubectl patch gpunode demo-gpu-1 --subresource=status --type=merge \
-  -p "$(sed "s/NOW/$(date -u +%FT%TZ)/" examples/demo/gpu-node-status.json)" >/dev/null
+log "starting the simulated GPU node demo-gpu-1 (log: $state/agent.log)"
+if [[ -f $state/agent.pid ]]; then
+  kill "$(cat "$state/agent.pid")" 2>/dev/null || true
+fi
+"$CARGO_TARGET_DIR/release/vramfit-agent" run --simulate 2xH200 --node demo-gpu-1 \
+  --sim-run 60s >"$state/agent.log" 2>&1 &
+echo $! >"$state/agent.pid"
+for _ in $(seq 1 60); do
+  kubectl get gpunode demo-gpu-1 -o jsonpath='{.status.heartbeat}' 2>/dev/null | grep -q . && break
+  sleep 0.5
+done
 
 log "starting the controller (log: $state/controller.log, metrics: http://127.0.0.1:18080/metrics)"
 if [[ -f $state/controller.pid ]]; then
   kill "$(cat "$state/controller.pid")" 2>/dev/null || true
 fi
-# The demo's GpuNode gets no more heartbeats, so trust it for a day.
 "$CARGO_TARGET_DIR/release/vramfit" controller --no-leader-election \
-  --metrics-addr 127.0.0.1:18080 --heartbeat-ttl-seconds 86400 >"$state/controller.log" 2>&1 &
+  --metrics-addr 127.0.0.1:18080 >"$state/controller.log" 2>&1 &
 echo $! >"$state/controller.pid"
 
 kubectl apply -f examples/ >/dev/null
 for _ in $(seq 1 60); do
-  waiting=$(kubectl get tj -n ml -o jsonpath='{range .items[*]}{.status.phase}{"\n"}{end}' | grep -cvx Placed || true)
+  waiting=$(kubectl get tj -n ml -o jsonpath='{range .items[*]}{.status.phase}{"\n"}{end}' | grep -cvxE 'Running|Succeeded' || true)
   [[ $waiting == 0 ]] && break
   sleep 1
 done
@@ -60,6 +65,7 @@ The demo runs. Try:
   export KUBECONFIG=$kubeconfig
   kubectl get tj -n ml -o wide
   kubectl describe tj -n ml llama-1b
+  kubectl get gpunode demo-gpu-1 -o yaml     # what the simulated agent reports
   curl -s 127.0.0.1:18080/metrics | grep ^vramfit_
   hack/demo.sh down
 EOF

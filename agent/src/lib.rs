@@ -11,6 +11,7 @@ pub mod daemon;
 pub mod gpu;
 pub mod node;
 pub mod probe;
+pub mod sim;
 
 /// The agent's one error type.
 #[derive(Debug, thiserror::Error)]

@@ -7,9 +7,11 @@ use std::time::Duration;
 use anyhow::{Context as _, Result, bail};
 use clap::{Args, ValueEnum};
 use vramfit_agent::daemon::local::{parse_duration, parse_local_budget};
-use vramfit_agent::daemon::{RealNode, RunOptions, run_loop, watch_node_pods};
+use vramfit_agent::daemon::{RunOptions, run_real};
 use vramfit_agent::node::publish::PublishPolicy;
 use vramfit_agent::node::watchdog::WatchdogConfig;
+use vramfit_agent::sim::cluster::NodeResources;
+use vramfit_agent::sim::{SimSpec, parse_sim_spec, run_simulated};
 
 /// What `--once` prints.
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -68,8 +70,23 @@ pub struct RunArgs {
     /// Most GiB the probe writes per GPU (it runs beside training jobs).
     #[arg(long, default_value_t = 2.0)]
     probe_gib: f64,
-    /// Take one reading, print the status and exit (standalone unless
-    /// KUBECONFIG or in-cluster config is meant: add --write).
+    /// Simulate the node instead of reading NVML: COUNTxMODEL with a GPU
+    /// model the predictor knows (8xH200, 2xA100-80GB). With an API server the
+    /// agent also registers the Node and plays the kubelet for its pods.
+    #[arg(long, value_name = "COUNTxMODEL", value_parser = parse_sim_spec)]
+    simulate: Option<SimSpec>,
+    /// Simulated mode: how long a pod runs unless its annotation
+    /// vramfit.dev/simulated-run says otherwise.
+    #[arg(long, default_value = "20s", value_parser = parse_duration)]
+    sim_run: Duration,
+    /// Simulated mode: the Node's allocatable CPU.
+    #[arg(long, default_value = "64")]
+    sim_cpu: String,
+    /// Simulated mode: the Node's allocatable memory.
+    #[arg(long, default_value = "512Gi")]
+    sim_memory: String,
+    /// Take one reading, print the status and exit (without an API server
+    /// unless --write is given).
     #[arg(long)]
     once: bool,
     /// With --once, also write the status to the API server.
@@ -126,6 +143,13 @@ impl RunArgs {
     fn standalone(&self) -> bool {
         self.standalone || !self.local_budgets.is_empty() || (self.once && !self.write)
     }
+
+    fn check(&self) -> Result<()> {
+        if self.simulate.is_some() && !self.local_budgets.is_empty() {
+            bail!("--simulate and --local-budget do not go together");
+        }
+        Ok(())
+    }
 }
 
 /// Runs the agent.
@@ -137,6 +161,7 @@ pub fn run(args: RunArgs) -> Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
+    args.check()?;
     let options = args.options()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -152,10 +177,22 @@ pub fn run(args: RunArgs) -> Result<()> {
                     .context("no API server configuration (KUBECONFIG or in-cluster); use --standalone to run without one")?,
             )
         };
-        let pods = client.clone().map(|c| watch_node_pods(c, &options.node));
-        let backend = Box::new(RealNode::new(&options, pods));
-        tracing::info!(node = %options.node, mode = "nvml", standalone = client.is_none(), "agent starts");
-        run_loop(options, backend, client, shutdown_signal()).await
+        let standalone = client.is_none();
+        match args.simulate {
+            Some(spec) => {
+                tracing::info!(node = %options.node, gpus = spec.count, model = spec.profile.name, standalone, "simulated agent starts");
+                let resources = NodeResources {
+                    cpu: args.sim_cpu.clone(),
+                    memory: args.sim_memory.clone(),
+                    ..NodeResources::default()
+                };
+                run_simulated(options, spec, args.sim_run, resources, client, shutdown_signal()).await
+            }
+            None => {
+                tracing::info!(node = %options.node, mode = "nvml", standalone, "agent starts");
+                run_real(options, client, shutdown_signal()).await
+            }
+        }
     })
 }
 

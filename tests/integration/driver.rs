@@ -1,18 +1,28 @@
 //! A test driver that stands in for the parts of a cluster the local control
-//! plane lacks: it creates Node and GpuNode objects for simulated GPU nodes,
-//! fills GpuNode status as the node agent would, and moves pods through
-//! Running / Succeeded / Failed as a kubelet would. It also runs the real
-//! `vramfit controller` binary, scoped to the test's namespace and nodes.
+//! plane lacks, with the simulated node of `vramfit-agent` (its Node
+//! registration, its GpuNode writer and its kubelet's pod statuses): it
+//! creates Node and GpuNode objects for simulated GPU nodes, fills GpuNode
+//! status as the node agent would, and moves pods through Running /
+//! Succeeded / Failed as a kubelet would, step by step as a test says. It also
+//! runs the real `vramfit controller` binary, scoped to the test's namespace
+//! and nodes.
 
+use std::collections::BTreeMap;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
-use vramfit::api::{GpuNode, Phase, TrainingJob};
+use vramfit::api::{
+    AbsorbedOom, GpuNode, GpuNodeStatus, GpuProcess, ObservedShape, OomReport, Phase, TrainingJob,
+};
+use vramfit_agent::daemon::api::GpuNodeWriter;
+use vramfit_agent::sim::cluster::{NodeResources, register_node};
+use vramfit_agent::sim::kubelet::{exit_status, patch_pod_status, running_status};
+use vramfit_agent::sim::simulated_device;
 
 use crate::controlplane;
 
@@ -51,76 +61,47 @@ impl TestCluster {
     /// (model, bytes), as a Node (with allocatable CPU and memory) and a
     /// GpuNode whose status the "agent" fills with a fresh heartbeat.
     pub async fn add_gpu_node(&self, suffix: &str, gpus: &[(&str, u64)]) -> String {
-        let name = format!("{}-{suffix}", self.pool);
-        let nodes: Api<Node> = Api::all(self.client.clone());
-        let node: Node = serde_json::from_value(json!({
-            "metadata": {"name": name, "labels": {"vramfit.dev/pool": self.pool}},
-        }))
-        .unwrap();
-        match nodes.create(&PostParams::default(), &node).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(e)) if e.code == 409 => {}
-            Err(e) => panic!("creating node {name}: {e}"),
-        }
-        // The API server taints new nodes not-ready; the node lifecycle
-        // controller lifts the taint once the kubelet reports Ready.
-        nodes
-            .patch(
-                &name,
-                &PatchParams::default(),
-                &Patch::Merge(&json!({"spec": {"taints": null}})),
-            )
-            .await
-            .expect("node taint removal");
-        let status = json!({"status": {
-            "allocatable": {"cpu": "64", "memory": "512Gi", "pods": "110"},
-            "capacity": {"cpu": "64", "memory": "512Gi", "pods": "110"},
-            "conditions": [{"type": "Ready", "status": "True"}],
-        }});
-        nodes
-            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
-            .await
-            .expect("node status patch");
-        let gpu_nodes: Api<GpuNode> = Api::all(self.client.clone());
-        let gpu_node: GpuNode = serde_json::from_value(json!({
-            "apiVersion": "vramfit.dev/v1alpha1", "kind": "GpuNode",
-            "metadata": {"name": name, "labels": {"vramfit.dev/pool": self.pool}},
-            "spec": {},
-        }))
-        .unwrap();
-        match gpu_nodes.create(&PostParams::default(), &gpu_node).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(e)) if e.code == 409 => {}
-            Err(e) => panic!("creating GpuNode {name}: {e}"),
-        }
-        let devices: Vec<Value> = gpus
+        let name = self.node_name(suffix);
+        register_node(
+            &self.client,
+            &name,
+            &self.labels(),
+            &NodeResources::default(),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("registering node {name}: {e}"));
+        let devices = gpus
             .iter()
             .enumerate()
-            .map(|(index, (model, bytes))| {
-                json!({"index": index, "uuid": format!("GPU-{name}-{index}"), "model": model,
-                       "totalBytes": bytes, "usedBytes": 0, "health": "Healthy"})
-            })
+            .map(|(index, (model, bytes))| simulated_device(&name, index as u32, model, *bytes))
             .collect();
-        self.agent_report(
-            &name,
-            json!({"gpus": devices, "gpuCount": gpus.len(), "model": gpus[0].0}),
-        )
-        .await;
+        let status = GpuNodeStatus {
+            gpus: devices,
+            gpu_count: gpus.len() as u32,
+            model: Some(gpus[0].0.to_string()),
+            ..GpuNodeStatus::default()
+        };
+        self.agent_report(&name, status).await;
         name
     }
 
-    /// Writes GpuNode status fields as the node agent would, with a fresh heartbeat.
-    pub async fn agent_report(&self, node: &str, mut status: Value) {
-        status["heartbeat"] = json!(Timestamp::now().to_string());
-        let gpu_nodes: Api<GpuNode> = Api::all(self.client.clone());
-        gpu_nodes
-            .patch_status(
-                node,
-                &PatchParams::default(),
-                &Patch::Merge(&json!({"status": status})),
-            )
+    /// The name of the test's node `suffix`.
+    pub fn node_name(&self, suffix: &str) -> String {
+        format!("{}-{suffix}", self.pool)
+    }
+
+    /// The labels of the test's nodes (the controller's node selector).
+    pub fn labels(&self) -> BTreeMap<String, String> {
+        BTreeMap::from([("vramfit.dev/pool".to_string(), self.pool.clone())])
+    }
+
+    /// Writes the GpuNode status as the node agent does, with a fresh heartbeat.
+    pub async fn agent_report(&self, node: &str, mut status: GpuNodeStatus) {
+        status.heartbeat = Some(Timestamp::now().to_string());
+        GpuNodeWriter::new(self.client.clone(), node, self.labels())
+            .write(&status)
             .await
-            .expect("GpuNode status patch");
+            .expect("GpuNode status write");
     }
 
     /// Applies a TrainingJob given as JSON (server-side apply, strict).
@@ -238,35 +219,20 @@ impl TestCluster {
 
     /// Moves a pod to Running, as the kubelet would.
     pub async fn kubelet_running(&self, pod: &str) {
-        self.pod_status(pod, json!({"phase": "Running", "containerStatuses": [container("train", json!({"running": {"startedAt": Timestamp::now().to_string()}}))]})).await;
+        patch_pod_status(&self.pods(), pod, running_status(&["train".into()]))
+            .await
+            .unwrap_or_else(|e| panic!("pod {pod} status: {e}"));
     }
 
     /// Ends a pod with `exit_code` and a termination message, as the kubelet would.
     pub async fn kubelet_exit(&self, pod: &str, exit_code: i32, message: &str) {
-        let phase = if exit_code == 0 {
-            "Succeeded"
-        } else {
-            "Failed"
-        };
-        let reason = if exit_code == 0 { "Completed" } else { "Error" };
-        let state =
-            json!({"terminated": {"exitCode": exit_code, "reason": reason, "message": message}});
-        self.pod_status(
+        patch_pod_status(
+            &self.pods(),
             pod,
-            json!({"phase": phase, "containerStatuses": [container("train", state)]}),
+            exit_status(&["train".into()], exit_code, message),
         )
-        .await;
-    }
-
-    async fn pod_status(&self, pod: &str, status: Value) {
-        self.pods()
-            .patch_status(
-                pod,
-                &PatchParams::default(),
-                &Patch::Merge(&json!({"status": status})),
-            )
-            .await
-            .unwrap_or_else(|e| panic!("pod {pod} status: {e}"));
+        .await
+        .unwrap_or_else(|e| panic!("pod {pod} status: {e}"));
     }
 
     /// Reports a process of `pod` on GPU `gpu` of `node`, as the node agent would.
@@ -280,13 +246,110 @@ impl TestCluster {
     ) {
         let gpu_nodes: Api<GpuNode> = Api::all(self.client.clone());
         let current = gpu_nodes.get_status(node).await.expect("GpuNode");
-        let mut status = serde_json::to_value(current.status.expect("GpuNode status")).unwrap();
-        status["gpus"][gpu]["processes"] = json!([{
-            "pid": 4242, "usedBytes": used, "peakBytes": peak,
-            "podNamespace": self.namespace, "podName": pod,
-        }]);
-        status["gpus"][gpu]["usedBytes"] = json!(used);
+        let mut status = current.status.expect("GpuNode status");
+        status.gpus[gpu].processes = vec![GpuProcess {
+            pid: 4242,
+            used_bytes: used,
+            peak_bytes: peak,
+            pod_namespace: Some(self.namespace.clone()),
+            pod_name: Some(pod.to_string()),
+            training_job: None,
+            pod_uid: None,
+            container: None,
+            allocator: None,
+            shape: None,
+        }];
+        status.gpus[gpu].used_bytes = used;
         self.agent_report(node, status).await;
+    }
+
+    /// Reports that the node agent stopped `pod` for exceeding its budget.
+    pub async fn agent_reports_oom(&self, node: &str, pod: &str, used: u64, budget: u64) {
+        let gpu_nodes: Api<GpuNode> = Api::all(self.client.clone());
+        let current = gpu_nodes.get_status(node).await.expect("GpuNode");
+        let mut status = current.status.expect("GpuNode status");
+        status.oom_reports.push(OomReport {
+            pod_namespace: self.namespace.clone(),
+            pod_name: pod.to_string(),
+            used_bytes: used,
+            budget_bytes: budget,
+            time: Timestamp::now().to_string(),
+            pod_uid: None,
+            reason: None,
+        });
+        self.agent_report(node, status).await;
+    }
+
+    /// Reports a process of `pod` that runs at `micro` x `accum` after the OOMs
+    /// it absorbed itself (`(from_micro, to_micro, from_accum, to_accum)`), as
+    /// the node agent copies the helper's shape file.
+    pub async fn agent_reports_shape(
+        &self,
+        node: &str,
+        gpu: usize,
+        pod: &str,
+        (micro, accum): (u32, u32),
+        absorbed: &[(u32, u32, u32, u32)],
+    ) {
+        let gpu_nodes: Api<GpuNode> = Api::all(self.client.clone());
+        let current = gpu_nodes.get_status(node).await.expect("GpuNode");
+        let mut status = current.status.expect("GpuNode status");
+        let absorbed_ooms = absorbed
+            .iter()
+            .enumerate()
+            .map(
+                |(i, &(from_micro, to_micro, from_accum, to_accum))| AbsorbedOom {
+                    from_micro,
+                    to_micro,
+                    from_accum,
+                    to_accum,
+                    time: format!("2026-01-01T00:00:0{i}Z"),
+                },
+            )
+            .collect();
+        status.gpus[gpu].processes = vec![GpuProcess {
+            pid: 4243,
+            used_bytes: GIB,
+            peak_bytes: GIB,
+            pod_namespace: Some(self.namespace.clone()),
+            pod_name: Some(pod.to_string()),
+            training_job: None,
+            pod_uid: None,
+            container: None,
+            allocator: None,
+            shape: Some(ObservedShape {
+                micro_batch: micro,
+                grad_accum: accum,
+                absorbed_ooms,
+            }),
+        }];
+        self.agent_report(node, status).await;
+    }
+
+    /// The notes of the events about `job` with `reason`, oldest first.
+    pub async fn event_notes(&self, job: &str, reason: &str) -> Vec<String> {
+        let events: Api<k8s_openapi::api::events::v1::Event> =
+            Api::namespaced(self.client.clone(), &self.namespace);
+        let mut notes: Vec<(String, String)> = events
+            .list(&Default::default())
+            .await
+            .expect("events")
+            .items
+            .into_iter()
+            .filter(|e| e.reason.as_deref() == Some(reason))
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(job))
+            .map(|e| {
+                (
+                    e.metadata
+                        .creation_timestamp
+                        .map(|t| t.0.to_string())
+                        .unwrap_or_default(),
+                    e.note.unwrap_or_default(),
+                )
+            })
+            .collect();
+        notes.sort();
+        notes.into_iter().map(|(_, n)| n).collect()
     }
 
     /// Starts `vramfit controller` for this test's namespace and nodes.
@@ -326,10 +389,6 @@ impl TestCluster {
             .expect("vramfit controller starts");
         ControllerProcess { child }
     }
-}
-
-fn container(name: &str, state: Value) -> Value {
-    json!({"name": name, "image": "trainer", "imageID": "", "ready": false, "restartCount": 0, "state": state})
 }
 
 /// The controller process; killed (SIGKILL) when dropped.

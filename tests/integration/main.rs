@@ -1,6 +1,7 @@
 //! Integration tests against a real kube-apiserver + etcd started locally by
 //! `hack/controlplane.sh`.
 
+mod agent;
 mod api_validation;
 mod controller;
 mod controlplane;

@@ -3,6 +3,8 @@
 //! `vramfit-agent`) and the clearing of a probe request.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use kube::api::{Api, Patch, PatchParams};
 use kube::{Client, ResourceExt};
@@ -16,12 +18,13 @@ pub const FIELD_MANAGER: &str = "vramfit-agent";
 /// it once the probe ran.
 pub const PROBE_ANNOTATION: &str = "vramfit.dev/probe-requested";
 
-/// Writes one node's `GpuNode`.
+/// Writes one node's `GpuNode`. Clones share whether the object exists.
+#[derive(Clone)]
 pub struct GpuNodeWriter {
     api: Api<GpuNode>,
     name: String,
     labels: BTreeMap<String, String>,
-    exists: bool,
+    exists: Arc<AtomicBool>,
 }
 
 impl GpuNodeWriter {
@@ -31,7 +34,7 @@ impl GpuNodeWriter {
             api: Api::all(client),
             name: name.into(),
             labels,
-            exists: false,
+            exists: Arc::default(),
         }
     }
 
@@ -43,16 +46,19 @@ impl GpuNodeWriter {
     }
 
     /// Creates the object (or updates the agent's labels on it).
-    pub async fn ensure(&mut self) -> kube::Result<GpuNode> {
+    pub async fn ensure(&self) -> kube::Result<GpuNode> {
         let object = json!({
             "apiVersion": "vramfit.dev/v1alpha1", "kind": "GpuNode",
             "metadata": {"name": self.name, "labels": self.labels},
+            // Required by the schema; an empty object claims none of its
+            // fields (`cordoned` stays the admins').
+            "spec": {},
         });
         let node = self
             .api
             .patch(&self.name, &Self::params(), &Patch::Apply(&object))
             .await?;
-        self.exists = true;
+        self.exists.store(true, Ordering::Relaxed);
         Ok(node)
     }
 
@@ -69,8 +75,8 @@ impl GpuNodeWriter {
     }
 
     /// Writes the status; returns the object as the API server now has it.
-    pub async fn write(&mut self, status: &GpuNodeStatus) -> kube::Result<GpuNode> {
-        if !self.exists {
+    pub async fn write(&self, status: &GpuNodeStatus) -> kube::Result<GpuNode> {
+        if !self.exists.load(Ordering::Relaxed) {
             self.ensure().await?;
         }
         let patch = json!({
@@ -84,7 +90,7 @@ impl GpuNodeWriter {
         {
             Err(kube::Error::Api(e)) if e.code == 404 => {
                 // Deleted under us: create it again on the next write.
-                self.exists = false;
+                self.exists.store(false, Ordering::Relaxed);
                 Err(kube::Error::Api(e))
             }
             other => other,

@@ -5,11 +5,13 @@
 
 use std::collections::BTreeMap;
 
+use vramfit::controller::quantity::parse_quantity;
+
 use crate::node::procfs::ProcFs;
 use crate::node::report::{OwnerLookup, ProcessOwner};
 use crate::node::watchdog::{Owner, StopOrder};
 
-/// Parses `PID=BYTES` (bytes as an integer or with a binary suffix: `20Gi`).
+/// Parses `PID=BYTES` (bytes as a Kubernetes quantity: `21474836480`, `20Gi`).
 pub fn parse_local_budget(text: &str) -> Result<(u32, u64), String> {
     let (pid, bytes) = text
         .split_once('=')
@@ -18,19 +20,9 @@ pub fn parse_local_budget(text: &str) -> Result<(u32, u64), String> {
         .trim()
         .parse()
         .map_err(|_| format!("--local-budget {text:?}: {pid:?} is not a PID"))?;
-    let bytes = parse_bytes(bytes.trim())
+    let bytes = parse_quantity(bytes.trim(), 1)
         .ok_or_else(|| format!("--local-budget {text:?}: {bytes:?} is not a byte count"))?;
     Ok((pid, bytes))
-}
-
-/// Bytes as an integer or with `Ki`, `Mi`, `Gi`, `Ti`.
-pub fn parse_bytes(text: &str) -> Option<u64> {
-    let (digits, shift) = [("Ki", 10), ("Mi", 20), ("Gi", 30), ("Ti", 40)]
-        .iter()
-        .find_map(|(suffix, shift)| text.strip_suffix(suffix).map(|d| (d, *shift)))
-        .unwrap_or((text, 0));
-    let value: f64 = digits.parse().ok()?;
-    (value >= 0.0).then(|| (value * (1u64 << shift) as f64) as u64)
 }
 
 /// Owners of the watched local processes.

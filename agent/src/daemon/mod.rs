@@ -188,8 +188,8 @@ impl NodeBackend for RealNode {
 
 /// Starts a watch of the pods bound to `node`; the returned store fills as
 /// events arrive (the watch retries with back-off while the API server is
-/// away).
-pub fn watch_node_pods(client: Client, node: &str) -> Store<Pod> {
+/// away). The watch runs until its task is aborted.
+pub fn watch_node_pods(client: Client, node: &str) -> (Store<Pod>, tokio::task::JoinHandle<()>) {
     let (reader, writer) = reflector::store::<Pod>();
     let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
     let stream = watcher(Api::<Pod>::all(client), config)
@@ -198,7 +198,7 @@ pub fn watch_node_pods(client: Client, node: &str) -> Store<Pod> {
         .reflect(writer)
         .applied_objects();
     let node = node.to_string();
-    tokio::spawn(async move {
+    let task = tokio::spawn(async move {
         let mut stream = std::pin::pin!(stream);
         while let Some(event) = futures::StreamExt::next(&mut stream).await {
             if let Err(error) = event {
@@ -206,7 +206,23 @@ pub fn watch_node_pods(client: Client, node: &str) -> Store<Pod> {
             }
         }
     });
-    reader
+    (reader, task)
+}
+
+/// Runs the agent on a real node: NVML, `/proc` and, with a client, the pod
+/// watch.
+pub async fn run_real(
+    options: RunOptions,
+    client: Option<Client>,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let watch = client.clone().map(|c| watch_node_pods(c, &options.node));
+    let backend = Box::new(RealNode::new(&options, watch.as_ref().map(|w| w.0.clone())));
+    let result = run_loop(options, backend, client, shutdown).await;
+    if let Some((_, task)) = watch {
+        task.abort();
+    }
+    result
 }
 
 fn now_ms() -> i64 {
@@ -225,7 +241,7 @@ pub async fn run_loop(
     let mut shutdown = std::pin::pin!(shutdown);
     let mut builder = StatusBuilder::new(backend.mode());
     let mut watchdog = Watchdog::new(options.watchdog);
-    let mut writer = client
+    let writer = client
         .clone()
         .map(|c| GpuNodeWriter::new(c, &options.node, options.labels.clone()));
 
@@ -285,7 +301,7 @@ pub async fn run_loop(
             status.oom_reports = builder.oom_reports.clone();
             // The report goes out before the kill, so the controller knows
             // the exit that follows is an OOM (docs/agent.md).
-            if let Some(w) = writer.as_mut()
+            if let Some(w) = &writer
                 && let Err(e) = w.write(&status).await
             {
                 tracing::error!("cannot write the OOM report before stopping: {e}");
@@ -296,7 +312,7 @@ pub async fn run_loop(
         }
         if options.once {
             emit(&options, &status)?;
-            if let Some(w) = writer.as_mut() {
+            if let Some(w) = &writer {
                 w.write(&status).await?;
             }
             return Ok(());
@@ -313,7 +329,7 @@ pub async fn run_loop(
             continue;
         }
         emit(&options, &status)?;
-        match writer.as_mut() {
+        match &writer {
             None => last = Some((status, now)),
             Some(w) => match w.write(&status).await {
                 Ok(node) => {

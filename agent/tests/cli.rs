@@ -1,0 +1,118 @@
+//! `vramfit-agent run` as a process: the simulated `--once` status, the
+//! daemon without NVML, and bad flags.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn agent() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_vramfit-agent"));
+    // Never reach a cluster from these tests.
+    command
+        .env("KUBECONFIG", "/nonexistent/kubeconfig")
+        .env_remove("KUBERNETES_SERVICE_HOST");
+    command
+}
+
+#[test]
+fn simulate_once_prints_the_gpu_node_status_without_an_api_server() {
+    let output = agent()
+        .args([
+            "run",
+            "--simulate",
+            "2xH200",
+            "--node",
+            "demo",
+            "--once",
+            "-o",
+            "json",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let status: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(status["gpuCount"], 2);
+    assert_eq!(status["model"], "H200");
+    assert_eq!(status["gpus"][1]["uuid"], "GPU-demo-1");
+    assert_eq!(status["gpus"][0]["totalBytes"], 143_771u64 << 20);
+    assert_eq!(status["gpus"][0]["health"], "Healthy");
+    assert_eq!(status["agent"]["mode"], "simulated");
+    assert!(status["heartbeat"].is_string());
+}
+
+#[test]
+fn without_nvml_the_agent_runs_degraded_and_stops_cleanly_on_sigterm() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("status.json");
+    let mut child = agent()
+        .args([
+            "run",
+            "--node",
+            "n",
+            "--standalone",
+            "--no-probe",
+            "--interval",
+            "100ms",
+        ])
+        .arg("--status-file")
+        .arg(&file)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !file.exists() {
+        assert!(Instant::now() < deadline, "no status written");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the agent keeps running"
+    );
+    let status: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    if status["agent"]["health"] == "Healthy" {
+        // A machine with NVML (the GPU machine): the GPUs are there.
+        assert!(status["gpuCount"].as_u64().unwrap() > 0, "{status}");
+    } else {
+        assert_eq!(status["agent"]["health"], "Degraded", "{status}");
+        let message = status["agent"]["message"].as_str().unwrap();
+        assert!(message.contains("NVML unavailable"), "{message}");
+    }
+    // SAFETY: kill(2) with the child's PID and a signal number.
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let exit = loop {
+        if let Some(exit) = child.try_wait().unwrap() {
+            break exit;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the agent did not stop on SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(exit.success(), "{exit:?}");
+}
+
+#[test]
+fn bad_flags_are_refused_with_a_clear_message() {
+    for (args, says) in [
+        (vec!["--simulate", "4xB300"], "the predictor knows"),
+        (vec!["--local-budget", "x=1Gi"], "not a PID"),
+        (vec!["--interval", "10"], "give a unit"),
+        (vec!["--label", "novalue"], "KEY=VALUE"),
+    ] {
+        let output = agent()
+            .args(["run", "--node", "n", "--once"])
+            .args(&args)
+            .output()
+            .unwrap();
+        assert!(!output.status.success(), "{args:?}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+    }
+}
