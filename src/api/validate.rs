@@ -319,8 +319,11 @@ fn to_cel(value: &Value) -> Cel {
     }
 }
 
-/// Wraps a bare spec into a TrainingJob document.
-pub fn as_document(spec: Map<String, Value>) -> Value {
+/// Wraps a bare spec into a TrainingJob document. A bare spec describes the
+/// training only, so its pod template may be left out.
+pub fn as_document(mut spec: Map<String, Value>) -> Value {
+    spec.entry("template")
+        .or_insert_with(|| Value::Object(Map::new()));
     serde_json::json!({
         "apiVersion": "vramfit.dev/v1alpha1",
         "kind": "TrainingJob",

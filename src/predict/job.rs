@@ -2,8 +2,8 @@
 
 use serde::Deserialize;
 
-use crate::api::{DEFAULT_HEADROOM, MemorySpec, ModelSpec};
 use crate::api::validate::{as_document, validate_training_job};
+use crate::api::{DEFAULT_HEADROOM, MemorySpec, ModelSpec};
 
 use super::{GpuProfile, JobShape, PredictError, Prediction, predict_from_profile, predict_model};
 
