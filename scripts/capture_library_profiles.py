@@ -39,22 +39,29 @@ def main():
             continue
         c, m = row["case"], row["spec"]["model"]
         t0 = time.time()
-        if row["library"] == "torchvision":
-            p = profile.capture(f"torchvision.models:{c['model']}", {"num_classes": c["classes"]},
-                                c["micro"], c["precision"], c["optimizer"],
-                                input_shape=(3, c["image"], c["image"]), grad_accum=c["accum"])
-        else:
-            cfg = m["huggingFace"]["config"]
-            p = profile.capture(f"transformers:{HF_CLASS[c['model_type']]}", cfg, c["micro"],
-                                c["precision"], c["optimizer"], seq_len=c["seq"],
-                                grad_accum=c["accum"], checkpointing=c["ckpt"],
-                                attention=c["attention"])
+        try:
+            p = capture_row(profile, row, c, m)
+        except Exception as e:  # noqa: BLE001
+            print(f"{row['name']}: FAILED {type(e).__name__}: {str(e)[:200]}", flush=True)
+            continue
         p["name"] = row["name"]
         with open(out, "w") as f:
             json.dump(p, f, separators=(",", ":"))
         print(f"{row['name']}: {len(p['events'])} events, live peak "
               f"{p['capture']['peakLiveBytes'] / 2**30:.3f} GiB, {time.time() - t0:.1f}s",
               flush=True)
+
+
+def capture_row(profile, row, c, m):
+    if row["library"] == "torchvision":
+        return profile.capture(f"torchvision.models:{c['model']}", {"num_classes": c["classes"]},
+                               c["micro"], c["precision"], c["optimizer"],
+                               input_shape=(3, c["image"], c["image"]), grad_accum=c["accum"])
+    cfg = m["huggingFace"]["config"]
+    return profile.capture(f"transformers:{HF_CLASS[c['model_type']]}", cfg, c["micro"],
+                           c["precision"], c["optimizer"], seq_len=c["seq"],
+                           grad_accum=c["accum"], checkpointing=c["ckpt"],
+                           attention=c["attention"])
 
 
 if __name__ == "__main__":

@@ -39,3 +39,50 @@ class Attn(nn.Module):
 
 def attn() -> nn.Module:
     return Attn()
+
+
+class GqaAttn(nn.Module):
+    """Four query heads sharing two key/value heads."""
+
+    def __init__(self, width: int = 64) -> None:
+        super().__init__()
+        self.q = nn.Linear(width, width)
+        self.kv = nn.Linear(width, width)
+        self.out = nn.Linear(width, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, w = x.shape
+        q = self.q(x).view(b, s, 4, w // 4).transpose(1, 2)
+        k, v = self.kv(x).view(b, s, 2, 2, w // 4).permute(2, 0, 3, 1, 4)
+        y = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        return self.out(y.transpose(1, 2).reshape(b, s, w).mean(1))
+
+
+def gqa_attn() -> nn.Module:
+    return GqaAttn()
+
+
+class CheckpointedMlp(nn.Module):
+    """A block with dropout behind the transformers-style checkpointing switch."""
+
+    def __init__(self, width: int = 256) -> None:
+        super().__init__()
+        self.block = nn.Sequential(nn.Linear(width, width), nn.ReLU(), nn.Dropout(0.5),
+                                   nn.Linear(width, width))
+        self.head = nn.Linear(width, 10)
+        self.kwargs: dict = {}
+        self.enabled = False
+
+    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: dict) -> None:
+        self.enabled, self.kwargs = True, gradient_checkpointing_kwargs
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.enabled:
+            x = torch.utils.checkpoint.checkpoint(self.block, x, **self.kwargs)
+        else:
+            x = self.block(x)
+        return self.head(x)
+
+
+def checkpointed_mlp() -> nn.Module:
+    return CheckpointedMlp()

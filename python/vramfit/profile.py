@@ -36,6 +36,7 @@ predictor's GPU profile covers the context).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import sys
@@ -182,8 +183,13 @@ def _function_mode() -> Any:
                 if autocast:
                     dt = torch.get_autocast_dtype("cpu")
                     q, k, v = q.to(dt), k.to(dt), v.to(dt)
-                if kwargs.get("enable_gqa") and k.shape[-3] != q.shape[-3]:
-                    pass  # the fused kernels read the shared heads in place
+                if q.dtype == torch.float32 and k.shape[-3] != q.shape[-3]:
+                    # fp32 with grouped-query heads: no fused CUDA kernel runs
+                    # it, PyTorch takes the math path (scores materialised).
+                    kw = {n: kwargs[n] for n in ("attn_mask", "dropout_p", "is_causal", "scale")
+                          if n in kwargs}
+                    return torch.ops.aten._scaled_dot_product_attention_math(
+                        q, k, v, enable_gqa=True, **kw)[0]
                 return FusedSdpa.apply(q, k, v)
             if func is F.dropout:
                 x = args[0]
@@ -407,7 +413,12 @@ def capture(model_spec: str, config: Dict[str, Any], batch: int, precision: str,
         if checkpointing:
             if not hasattr(model, "gradient_checkpointing_enable"):
                 raise CaptureError("--checkpointing needs a model with gradient_checkpointing_enable()")
-            model.gradient_checkpointing_enable()
+            # The library's default (non-reentrant) checkpointing; the
+            # recomputation in backward runs outside the modes of the
+            # forward, so it gets its own CUDA-behaviour mode.
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={
+                "use_reentrant": False,
+                "context_fn": lambda: (contextlib.nullcontext(), _function_mode())})
         model.train()
         opt = make_optimizer(optimizer, model.parameters())
         scaler = _Scaler() if precision == "amp-fp16" else None

@@ -66,6 +66,10 @@ pub struct PredictBenchArgs {
     /// (`python -m vramfit.profile`), for the lines without an analytic model.
     #[arg(long)]
     pub profiles: Option<PathBuf>,
+    /// Predict every line that has a profile in `--profiles` from it, not
+    /// only the lines without an analytic model.
+    #[arg(long, requires = "profiles")]
+    pub prefer_profiles: bool,
     /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value = "table")]
     pub output: OutputFormat,
@@ -152,6 +156,7 @@ pub fn run(command: &BenchCommand) -> anyhow::Result<String> {
                 &read_text(&args.measured)?,
                 gpu,
                 &profile_for,
+                args.prefer_profiles,
             )?;
             Ok(match args.output {
                 OutputFormat::Json => {

@@ -80,15 +80,17 @@ pub fn bench_predict(
     text: &str,
     gpu: Option<&'static GpuProfile>,
 ) -> Result<BenchReport, PredictError> {
-    bench_predict_with_profiles(text, gpu, &|_| None)
+    bench_predict_with_profiles(text, gpu, &|_| None, false)
 }
 
 /// [`bench_predict`], predicting the lines without an analytic model from the
-/// profile `profile_for(name)` returns (its text).
+/// profile `profile_for(name)` returns (its text); with `prefer_profiles`,
+/// every line that has a profile is predicted from it.
 pub fn bench_predict_with_profiles(
     text: &str,
     gpu: Option<&'static GpuProfile>,
     profile_for: &dyn Fn(&str) -> Option<String>,
+    prefer_profiles: bool,
 ) -> Result<BenchReport, PredictError> {
     let mut rows = Vec::new();
     let mut skipped = Vec::new();
@@ -109,8 +111,13 @@ pub fn bench_predict_with_profiles(
         let profile = gpu
             .or_else(|| line.gpu.as_deref().and_then(gpu_profile))
             .unwrap_or_else(super::default_gpu);
-        let (p, source) = if library_model {
-            let Some(text) = profile_for(&line.name) else {
+        let profile_text = if library_model || prefer_profiles {
+            profile_for(&line.name)
+        } else {
+            None
+        };
+        let (p, source) = if library_model || profile_text.is_some() {
+            let Some(text) = profile_text else {
                 skipped.push(format!("{}: no profile given for this model", line.name));
                 continue;
             };

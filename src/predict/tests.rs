@@ -585,3 +585,27 @@ fn auto_micro_batch_is_the_largest_divisor_that_fits_with_headroom() {
     let p = job::auto_micro_batch(&profiled, gpu, u64::MAX, 0.05, Some(GPT2_PROFILE)).unwrap();
     assert_eq!(p.micro_batch, 8, "recorded at 8");
 }
+
+#[test]
+fn cpu_captured_profiles_predict_the_held_out_torchvision_runs_within_the_goal() {
+    let measured = include_str!("../../data/calibration/h200-libraries.jsonl");
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("data/profiles/libraries");
+    let profile_for =
+        |name: &str| std::fs::read_to_string(dir.join(format!("{name}.profile.json"))).ok();
+    let report =
+        super::bench::bench_predict_with_profiles(measured, None, &profile_for, false).unwrap();
+    let tv: Vec<BenchRow> = report
+        .rows
+        .iter()
+        .filter(|r| r.name.starts_with("tv-"))
+        .cloned()
+        .collect();
+    assert!(tv.len() >= 17 && tv.iter().all(|r| r.source == "profile"));
+    let held_out = error_stats(&tv, Some("holdout"));
+    assert!(held_out.count >= 6);
+    assert!(
+        held_out.median <= 0.03 && held_out.p90 <= 0.06,
+        "{held_out:?}"
+    );
+    assert!(held_out.under_predictions.is_empty(), "{held_out:?}");
+}
