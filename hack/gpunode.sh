@@ -9,6 +9,7 @@
 #   hack/gpunode.sh build [NAME...]       build the node binaries once (cached, rebuilt when pins change)
 #   hack/gpunode.sh bundle [OUT]          the node binaries as one xz tarball (default .node-bin/), sizes on stdout
 #   hack/gpunode.sh bundle-vramfit [OUT]  vramfit and vramfit-agent from .dev-bin/ as a second one
+#   hack/gpunode.sh update NAME...        node binaries rebuilt since the bundle, as a third
 #   hack/gpunode.sh up   [--bundle F] [--dir D] [--node N]   bring the node up (from a bundle where Go is absent)
 #   hack/gpunode.sh demo [--out D] [--steps N]               run the demo jobs, print and record what happened
 #   hack/gpunode.sh down [--dir D]        stop everything `up` started
@@ -154,6 +155,18 @@ bundle_vramfit() {
   rm -rf "$tmp"
 }
 
+# update NAME... [--out D]: those node binaries alone, as update-NAME.tar.xz beside the bundle.
+bundle_update() {
+  local dest=$1 tmp f
+  shift
+  build
+  tmp=$(mktemp -d)
+  for f in "$@"; do cp "$nodebin/$f" "$tmp/"; done
+  tar -C "$tmp" -cf - "$@" | nice -n 10 xz -9 -T2 >"$dest/update-$(IFS=-; echo "$*").tar.xz"
+  rm -rf "$tmp"
+  ls -l "$dest/update-$(IFS=-; echo "$*").tar.xz"
+}
+
 sizes() {
   # Per-file sizes (stripped, xz -9e alone) when VRAMFIT_BUNDLE_SIZES=1: slow.
   [[ ${VRAMFIT_BUNDLE_SIZES:-0} == 1 ]] || return 0
@@ -246,9 +259,15 @@ up() {
     log "unpacking $bundle into $dir/bin"
     rm -rf "$dir/bin"
     unpack "$bundle" "$dir/bin"
-    if [[ -f $(dirname "$bundle")/vramfit-bin.tar.xz ]]; then
-      unpack "$(dirname "$bundle")/vramfit-bin.tar.xz" "$dir/bin"
-    fi
+    # Then every other tarball beside it, in name order, each replacing what
+    # it holds: vramfit-bin.tar.xz (bundle-vramfit), or a binary rebuilt
+    # since the bundle (`update NAME`), which saves compressing it all again.
+    local extra
+    for extra in "$(dirname "$bundle")"/*.tar.xz; do
+      [[ $extra == "$bundle" ]] && continue
+      log "unpacking $extra"
+      unpack "$extra" "$dir/bin"
+    done
     nodebin=$dir/bin
   else
     build
@@ -407,7 +426,7 @@ while [[ $# -gt 0 ]]; do
     --steps) steps=$2; shift 2 ;;
     *)
       if [[ $cmd == bundle* && -z $out ]]; then out=$1; shift
-      elif [[ $cmd == build ]]; then components+=("$1"); shift
+      elif [[ $cmd == build || $cmd == update ]]; then components+=("$1"); shift
       else die "unknown argument $1"; fi ;;
   esac
 done
@@ -416,6 +435,7 @@ case $cmd in
   build) build "${components[@]}" ;;
   bundle) bundle "$out" ;;
   bundle-vramfit) bundle_vramfit "$out" ;;
+  update) bundle_update "${out:-$repo/.node-bin}" "${components[@]}" ;;
   up) down >/dev/null 2>&1 || true; up ;;
   demo) source "$here/node/demo.sh"; demo ;;
   down) down ;;
