@@ -105,6 +105,8 @@ pub struct CudaMemory {
     ctx: Context,
     page: u64,
     handles: HashMap<DevicePtr, sys::CUmemGenericAllocationHandle>,
+    /// Physical pages unmapped by `park_pages`, for the next map.
+    parked: Vec<sys::CUmemGenericAllocationHandle>,
 }
 
 // SAFETY: handles and the context are plain driver handles; the allocator
@@ -118,6 +120,7 @@ impl CudaMemory {
             ctx,
             page: PAGE_BYTES,
             handles: HashMap::new(),
+            parked: Vec::new(),
         };
         let mut granularity = 0usize;
         let prop = backend.prop();
@@ -210,8 +213,14 @@ impl DeviceMemory for CudaMemory {
         while mapped < bytes {
             let addr = at + mapped;
             let mut handle: sys::CUmemGenericAllocationHandle = 0;
-            // SAFETY: valid out-parameter and properties.
-            let created = unsafe { sys::cuMemCreate(&mut handle, self.page as usize, &prop, 0) };
+            let created = match self.parked.pop() {
+                Some(parked) => {
+                    handle = parked;
+                    cudaError_enum::CUDA_SUCCESS
+                }
+                // SAFETY: valid out-parameter and properties.
+                None => unsafe { sys::cuMemCreate(&mut handle, self.page as usize, &prop, 0) },
+            };
             let result = device_err(created, self.page, "cuMemCreate").and_then(|()| {
                 // SAFETY: `addr` is a page of a reserved range that is not mapped.
                 let code = unsafe { sys::cuMemMap(addr, self.page as usize, 0, handle, 0) };
@@ -259,6 +268,37 @@ impl DeviceMemory for CudaMemory {
                 device_err(unsafe { sys::cuMemRelease(handle) }, 0, "cuMemRelease")?;
             }
             done += self.page;
+        }
+        Ok(())
+    }
+
+    fn park_pages(&mut self, at: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
+        let _ctx = enter(&self.ctx)?;
+        let mut done = 0;
+        while done < bytes {
+            let addr = at + done;
+            // SAFETY: the page was mapped by `map_pages`; no live block uses it.
+            device_err(
+                unsafe { sys::cuMemUnmap(addr, self.page as usize) },
+                0,
+                "cuMemUnmap",
+            )?;
+            if let Some(handle) = self.handles.remove(&addr) {
+                self.parked.push(handle);
+            }
+            done += self.page;
+        }
+        Ok(())
+    }
+
+    fn release_parked(&mut self) -> Result<(), DeviceError> {
+        if self.parked.is_empty() {
+            return Ok(());
+        }
+        let _ctx = enter(&self.ctx)?;
+        for handle in std::mem::take(&mut self.parked) {
+            // SAFETY: a parked handle is mapped nowhere.
+            device_err(unsafe { sys::cuMemRelease(handle) }, 0, "cuMemRelease")?;
         }
         Ok(())
     }

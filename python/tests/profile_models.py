@@ -39,3 +39,24 @@ class Attn(nn.Module):
 
 def attn() -> nn.Module:
     return Attn()
+
+
+class GqaAttn(nn.Module):
+    """Four query heads sharing two key/value heads."""
+
+    def __init__(self, width: int = 64) -> None:
+        super().__init__()
+        self.q = nn.Linear(width, width)
+        self.kv = nn.Linear(width, width)
+        self.out = nn.Linear(width, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, w = x.shape
+        q = self.q(x).view(b, s, 4, w // 4).transpose(1, 2)
+        k, v = self.kv(x).view(b, s, 2, 2, w // 4).permute(2, 0, 3, 1, 4)
+        y = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        return self.out(y.transpose(1, 2).reshape(b, s, w).mean(1))
+
+
+def gqa_attn() -> nn.Module:
+    return GqaAttn()

@@ -118,3 +118,12 @@ def test_the_command_line_writes_the_file(tmp_path: Path) -> None:
     bad = subprocess.run([sys.executable, "-m", "vramfit.profile", "--model", "x", "--input", "3",
                           "--batch", "1"], capture_output=True, text=True, cwd=HERE.parent)
     assert bad.returncode == 2 and "MODULE:CALLABLE" in bad.stderr
+
+
+def test_fp32_grouped_query_attention_takes_the_math_path_as_on_cuda() -> None:
+    b, s, heads = 2, 128, 4
+    scores = b * heads * s * s * 4
+    fp32 = run("profile_models:gqa_attn", batch=b, input_shape=(s, 64), precision="fp32")
+    assert scores in fp32["sizes"]
+    bf16 = run("profile_models:gqa_attn", batch=b, input_shape=(s, 64), precision="bf16")
+    assert max(bf16["sizes"]) < scores // 2

@@ -182,8 +182,13 @@ def _function_mode() -> Any:
                 if autocast:
                     dt = torch.get_autocast_dtype("cpu")
                     q, k, v = q.to(dt), k.to(dt), v.to(dt)
-                if kwargs.get("enable_gqa") and k.shape[-3] != q.shape[-3]:
-                    pass  # the fused kernels read the shared heads in place
+                if q.dtype == torch.float32 and k.shape[-3] != q.shape[-3]:
+                    # fp32 with grouped-query heads: no fused CUDA kernel runs
+                    # it, PyTorch takes the math path (scores materialised).
+                    kw = {n: kwargs[n] for n in ("attn_mask", "dropout_p", "is_causal", "scale")
+                          if n in kwargs}
+                    return torch.ops.aten._scaled_dot_product_attention_math(
+                        q, k, v, enable_gqa=True, **kw)[0]
                 return FusedSdpa.apply(q, k, v)
             if func is F.dropout:
                 x = args[0]

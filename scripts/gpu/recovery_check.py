@@ -1,6 +1,6 @@
 """Checks and summarises scripts/gpu/recovery.sh: losses, parameters, recovery times.
 
-Tolerances (fp32, TF32 off, the same samples per optimizer step): the runs
+Tolerances (fp32, TF32 off, dropout off, the same samples per optimizer step): the runs
 differ only in the order of floating-point sums (cuBLAS picks other kernels for
 other micro-batch shapes, and the accumulation adds different partial sums),
 so bitwise equality is not expected but the drift after 5 AdamW steps is a few

@@ -66,6 +66,18 @@ pub trait DeviceMemory {
     fn unmap_pages(&mut self, _at: DevicePtr, _bytes: u64) -> Result<(), DeviceError> {
         Err(DeviceError::Unsupported("unmap_pages"))
     }
+    /// Unmaps `[at, at + bytes)` like [`DeviceMemory::unmap_pages`] but may
+    /// keep the physical pages for the next [`DeviceMemory::map_pages`]
+    /// (moving a page costs an unmap and a map instead of a release and a
+    /// create). The allocator parks only pages it maps again at once, and
+    /// calls [`DeviceMemory::release_parked`] after.
+    fn park_pages(&mut self, at: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
+        self.unmap_pages(at, bytes)
+    }
+    /// Gives back parked pages that were not mapped again.
+    fn release_parked(&mut self) -> Result<(), DeviceError> {
+        Ok(())
+    }
     /// Gives a reserved range back (all its pages must be unmapped).
     fn release_range(&mut self, _at: DevicePtr, _bytes: u64) -> Result<(), DeviceError> {
         Err(DeviceError::Unsupported("release_range"))

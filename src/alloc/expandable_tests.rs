@@ -1,5 +1,5 @@
 use super::*;
-use crate::alloc::{PAGE_BYTES, SimulatedDevice};
+use crate::alloc::{DeviceError, DeviceMemory, DevicePtr, PAGE_BYTES, SimulatedDevice};
 
 const MIB: u64 = 1 << 20;
 
@@ -130,4 +130,94 @@ fn budget_unmaps_free_pages_then_refuses_with_its_own_message() {
     assert!(err.to_string().contains("with a budget of 64.00 MiB"));
     a.free(big).unwrap();
     a.free(live).unwrap();
+}
+
+#[test]
+fn a_mapped_free_piece_wins_over_a_tighter_unmapped_one() {
+    let mut a = allocator(1 << 40);
+    let small = a.allocate(4 * MIB, 0).unwrap();
+    let _pin1 = a.allocate(2 * MIB, 0).unwrap();
+    let large = a.allocate(8 * MIB, 0).unwrap();
+    let _pin2 = a.allocate(2 * MIB, 0).unwrap();
+    a.free(small).unwrap();
+    a.free(large).unwrap();
+    a.empty_cache().unwrap();
+    // Map the 8 MiB piece again, leave the 4 MiB one unmapped.
+    let again = a.allocate(8 * MIB, 0).unwrap();
+    assert_eq!(again, large);
+    a.free(again).unwrap();
+    let maps = a.device().map_calls;
+    // Best fit alone would take the unmapped 4 MiB piece and map pages.
+    let placed = a.allocate(4 * MIB, 0).unwrap();
+    assert_eq!(placed, large);
+    assert_eq!(
+        a.device().map_calls,
+        maps,
+        "no driver call for mapped pages"
+    );
+}
+
+/// Counts parked and released pages around a simulated device.
+struct Recording {
+    inner: SimulatedDevice,
+    parked: u64,
+    unmapped: u64,
+    releases: u64,
+}
+
+impl DeviceMemory for Recording {
+    fn malloc(&mut self, bytes: u64) -> Result<DevicePtr, DeviceError> {
+        self.inner.malloc(bytes)
+    }
+    fn free(&mut self, ptr: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
+        self.inner.free(ptr, bytes)
+    }
+    fn mem_info(&self) -> crate::alloc::MemInfo {
+        self.inner.mem_info()
+    }
+    fn reserve_range(&mut self, bytes: u64) -> Result<DevicePtr, DeviceError> {
+        self.inner.reserve_range(bytes)
+    }
+    fn map_pages(&mut self, at: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
+        self.inner.map_pages(at, bytes)
+    }
+    fn unmap_pages(&mut self, at: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
+        self.unmapped += bytes;
+        self.inner.unmap_pages(at, bytes)
+    }
+    fn park_pages(&mut self, at: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
+        self.parked += bytes;
+        self.inner.unmap_pages(at, bytes)
+    }
+    fn release_parked(&mut self) -> Result<(), DeviceError> {
+        self.releases += 1;
+        Ok(())
+    }
+}
+
+#[test]
+fn pages_moved_to_a_new_block_are_parked_and_empty_cache_really_unmaps() {
+    let device = Recording {
+        inner: SimulatedDevice::new(1 << 40),
+        parked: 0,
+        unmapped: 0,
+        releases: 0,
+    };
+    let mut a = ExpandableAllocator::new(device, AllocatorConfig::default());
+    let first = a.allocate(30 * MIB, 0).unwrap();
+    a.free(first).unwrap();
+    // Another stream's block would lift the high-water mark: the free
+    // pages move to it, kept by the backend between unmap and map.
+    let second = a.allocate(30 * MIB, 1).unwrap();
+    assert_eq!(a.device().parked, 30 * MIB);
+    assert_eq!(a.device().unmapped, 0);
+    assert!(
+        a.device().releases >= 1,
+        "leftover parked pages are released"
+    );
+    assert_eq!(a.stats().reserved_bytes.peak, 30 * MIB);
+    a.free(second).unwrap();
+    a.empty_cache().unwrap();
+    assert_eq!(a.device().unmapped, 30 * MIB);
+    assert_eq!(a.device().parked, 30 * MIB);
 }

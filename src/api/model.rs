@@ -268,4 +268,14 @@ pub struct MemoryBreakdown {
     pub context: u64,
     /// Caching-allocator rounding and fragmentation.
     pub allocator_overhead: u64,
+    /// For a prediction from a captured allocation profile: the allocations
+    /// that outlive the profiled step (weights, gradients, optimizer state; a
+    /// profile does not record which is which). `activations` then holds the
+    /// step's transient allocations. Absent for model-based predictions.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub persistent: u64,
+}
+
+fn is_zero(bytes: &u64) -> bool {
+    *bytes == 0
 }

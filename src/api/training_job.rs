@@ -107,6 +107,12 @@ pub struct BatchSpec {
     #[serde(default = "default_min_micro")]
     #[schemars(range(min = 1, max = 1048576))]
     pub min_micro: u32,
+    /// Let the controller choose the micro-batch of the first attempt for the
+    /// GPU model it places the job on: the largest that divides
+    /// `global / gpus`, lies between `minMicro` and `micro`, and whose
+    /// prediction plus headroom fits that GPU. The OOM back-off still applies.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub auto_micro: bool,
 }
 
 fn default_min_micro() -> u32 {
@@ -200,6 +206,26 @@ pub struct PlacementStatus {
     pub memory_fraction: f64,
     /// The attempt this placement was made for.
     pub attempt: u32,
+    /// GPU model of the placement, when the budget was predicted per model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_model: Option<String>,
+    /// Micro-batch chosen for that GPU model (`batch.autoMicro`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub micro_batch: Option<u32>,
+}
+
+/// The prediction of the current attempt for one GPU model of the cluster.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuModelBudget {
+    /// GPU model (as `GpuNode`s name it).
+    pub gpu_model: String,
+    /// Micro-batch per GPU on that model.
+    pub micro_batch: u32,
+    /// Predicted peak per GPU in bytes.
+    pub predicted_bytes: u64,
+    /// Budget per GPU in bytes (prediction + headroom, or `memory.request`).
+    pub budget_bytes: u64,
 }
 
 /// The outcome of one finished attempt.
@@ -239,6 +265,10 @@ pub struct TrainingJobStatus {
     /// prediction plus headroom, or `memory.request`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget_bytes: Option<u64>,
+    /// The prediction for each GPU model the job could be placed on; the
+    /// scheduler gives the job the budget of the model it places it on.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpu_model_budgets: Vec<GpuModelBudget>,
     /// Where the budget came from: `model`, `profile`, `measured` (a finished
     /// job with the same model signature) or `request`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -280,6 +310,11 @@ pub struct TrainingJobStatus {
     /// Finished attempts, oldest first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub history: Vec<AttemptRecord>,
+    /// OOMs the training process absorbed itself (it halved its micro-batch
+    /// inside the process and went on), oldest first; `microBatch` and
+    /// `gradAccum` show the shape it runs with since.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub absorbed_ooms: Vec<crate::api::AbsorbedOom>,
     /// Standard conditions (`Placed`, `Invalid`, ...), each with observedGeneration.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,

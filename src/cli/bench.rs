@@ -7,8 +7,8 @@ use clap::{Args, Subcommand};
 use super::{OutputFormat, read_text};
 use crate::place::PolicyKind;
 use crate::place::bench::{
-    PackBenchOptions, ScaleOptions, parse_vm_hwm_bytes, run_pack_bench, run_pack_bench_seeds,
-    run_scale_bench,
+    PackBenchOptions, PackReport, ScaleOptions, ScaleReport, SeedSweepReport, parse_vm_hwm_bytes,
+    run_pack_bench, run_pack_bench_seeds, run_scale_bench,
 };
 use crate::predict::{bench as predict_bench, gpu_profile};
 
@@ -48,7 +48,7 @@ pub struct PackArgs {
     /// Jobs of the synthetic run.
     #[arg(long, default_value_t = 50_000)]
     pub jobs: usize,
-    /// Output format (json only).
+    /// Output format: json (the shape DESIGN.md fixes) or a table.
     #[arg(short = 'o', long = "output", value_enum, default_value_t)]
     pub output: OutputFormat,
 }
@@ -62,6 +62,14 @@ pub struct PredictBenchArgs {
     /// GPU profile to predict for (default: each line's own GPU, else H200).
     #[arg(long)]
     pub gpu: Option<String>,
+    /// Folder of captured profiles, `NAME.profile.json` per measured line
+    /// (`python -m vramfit.profile`), for the lines without an analytic model.
+    #[arg(long)]
+    pub profiles: Option<PathBuf>,
+    /// Predict every line that has a profile in `--profiles` from it, not
+    /// only the lines without an analytic model.
+    #[arg(long, requires = "profiles")]
+    pub prefer_profiles: bool,
     /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value = "table")]
     pub output: OutputFormat,
@@ -103,7 +111,10 @@ pub fn run(command: &BenchCommand) -> anyhow::Result<String> {
                 report.peak_rss_bytes = std::fs::read_to_string("/proc/self/status")
                     .ok()
                     .and_then(|status| parse_vm_hwm_bytes(&status));
-                return Ok(serde_json::to_string_pretty(&report)?);
+                return Ok(match args.output {
+                    OutputFormat::Json => serde_json::to_string_pretty(&report)?,
+                    OutputFormat::Table => scale_table(&report),
+                });
             }
             let (Some(nodes), Some(pods)) = (&args.nodes, &args.pods) else {
                 anyhow::bail!("--nodes and --pods are required without --synthetic");
@@ -115,14 +126,18 @@ pub fn run(command: &BenchCommand) -> anyhow::Result<String> {
                 seed: args.seed,
                 policy: args.policy,
             };
-            Ok(match args.seeds {
-                Some((first, last)) => serde_json::to_string_pretty(&run_pack_bench_seeds(
-                    &nodes,
-                    &pods,
-                    &opts,
-                    first..=last,
-                )?)?,
-                None => serde_json::to_string_pretty(&run_pack_bench(&nodes, &pods, &opts)?)?,
+            Ok(match (args.seeds, args.output) {
+                (Some((first, last)), output) => {
+                    let report = run_pack_bench_seeds(&nodes, &pods, &opts, first..=last)?;
+                    match output {
+                        OutputFormat::Json => serde_json::to_string_pretty(&report)?,
+                        OutputFormat::Table => seeds_table(&report),
+                    }
+                }
+                (None, OutputFormat::Json) => {
+                    serde_json::to_string_pretty(&run_pack_bench(&nodes, &pods, &opts)?)?
+                }
+                (None, OutputFormat::Table) => pack_table(&run_pack_bench(&nodes, &pods, &opts)?),
             })
         }
         BenchCommand::Predict(args) => {
@@ -132,13 +147,169 @@ pub fn run(command: &BenchCommand) -> anyhow::Result<String> {
                     Some(gpu_profile(name).ok_or_else(|| anyhow::anyhow!("unknown GPU {name:?}"))?)
                 }
             };
-            let report = predict_bench::bench_predict(&read_text(&args.measured)?, gpu)?;
+            let dir = args.profiles.clone();
+            let profile_for = move |name: &str| -> Option<String> {
+                let path = dir.as_ref()?.join(format!("{name}.profile.json"));
+                std::fs::read_to_string(path).ok()
+            };
+            let report = predict_bench::bench_predict_with_profiles(
+                &read_text(&args.measured)?,
+                gpu,
+                &profile_for,
+                args.prefer_profiles,
+            )?;
             Ok(match args.output {
                 OutputFormat::Json => {
                     serde_json::to_string_pretty(&predict_bench::bench_json(&report))?
                 }
                 OutputFormat::Table => predict_bench::bench_table(&report),
             })
+        }
+    }
+}
+
+/// One `vramfit bench pack` run as a table.
+pub fn pack_table(report: &PackReport) -> String {
+    let mut out = format!(
+        "policy {}, seed {}: {} pods on {} GPUs\n\n",
+        report.policy, report.seed, report.pods, report.total_gpus
+    );
+    out.push_str(&allocation_rows(&report.allocation_percent_at));
+    out.push_str(&format!(
+        "\nfailed pods          {}\nunallocated GPUs     {}\nplacements/second    {:.0}\n",
+        report.failed_pods, report.unallocated_gpus, report.placements_per_second
+    ));
+    out
+}
+
+/// A seed sweep as a table: the means, then one row per seed.
+pub fn seeds_table(report: &SeedSweepReport) -> String {
+    let (first, last) = (
+        report.seeds.first().copied().unwrap_or_default(),
+        report.seeds.last().copied().unwrap_or_default(),
+    );
+    let mut out = format!(
+        "policy {}, mean over seeds {first}..{last} ({} runs)\n\n",
+        report.policy,
+        report.seeds.len()
+    );
+    out.push_str(&allocation_rows(&report.allocation_percent_at));
+    out.push_str(&format!(
+        "\nfailed pods          {:.1}\nunallocated GPUs     {:.1}\nplacements/second    {:.0}\n",
+        report.failed_pods, report.unallocated_gpus, report.placements_per_second
+    ));
+    let points: Vec<&String> = report.allocation_percent_at.keys().collect();
+    out.push_str("\nSEED");
+    for point in &points {
+        out.push_str(&format!("  ALLOC@{point:<4}"));
+    }
+    out.push_str("  FAILED  UNALLOCATED\n");
+    for run in &report.per_seed {
+        out.push_str(&format!("{:<4}", run.seed));
+        for point in &points {
+            let value = run
+                .allocation_percent_at
+                .get(*point)
+                .copied()
+                .unwrap_or(f64::NAN);
+            out.push_str(&format!("  {value:>9.2}%"));
+        }
+        out.push_str(&format!(
+            "  {:>6}  {:>11}\n",
+            run.failed_pods, run.unallocated_gpus
+        ));
+    }
+    out
+}
+
+/// A synthetic scale run as a table.
+pub fn scale_table(report: &ScaleReport) -> String {
+    let rss = report.peak_rss_bytes.map_or_else(
+        || "-".into(),
+        |b| format!("{:.1} MiB", b as f64 / 1048576.0),
+    );
+    format!(
+        "policy {}: {} jobs on {} nodes ({} GPUs)\n\n\
+         allocation           {:.2}%\n\
+         failed jobs          {}\n\
+         seconds              {:.3}\n\
+         placements/second    {:.0}\n\
+         peak RSS             {rss}\n",
+        report.policy,
+        report.jobs,
+        report.nodes,
+        report.gpus,
+        report.allocation_percent,
+        report.failed_jobs,
+        report.seconds,
+        report.placements_per_second,
+    )
+}
+
+fn allocation_rows(points: &std::collections::BTreeMap<String, f64>) -> String {
+    let mut out = String::from("ARRIVED  ALLOCATED\n");
+    for (arrived, allocated) in points {
+        out.push_str(&format!("{:>6}%  {allocated:>8.2}%\n", arrived));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NODES: &str = "sn,cpu_milli,memory_mib,gpu,model\n\
+        n0,96000,786432,8,V100M32\n\
+        n1,96000,786432,2,T4\n";
+    const PODS: &str = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time\n\
+        p0,4000,16384,1,500,,BE,Running,0,0,0\n\
+        p1,8000,32768,2,1000,,LS,Running,0,0,0\n\
+        p2,2000,8192,0,0,,BE,Running,0,0,0\n\
+        p3,16000,65536,1,1000,V100M32,LS,Running,0,0,0\n";
+
+    fn write(name: &str, text: &str) -> PathBuf {
+        let path =
+            std::env::temp_dir().join(format!("vramfit-bench-{}-{name}", std::process::id()));
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    fn pack(output: OutputFormat, seeds: Option<(u64, u64)>) -> String {
+        let args = PackArgs {
+            nodes: Some(write("nodes.csv", NODES)),
+            pods: Some(write("pods.csv", PODS)),
+            tune: 1.3,
+            seed: 42,
+            seeds,
+            policy: PolicyKind::Vramfit,
+            synthetic: None,
+            jobs: 0,
+            output,
+        };
+        run(&BenchCommand::Pack(args)).unwrap()
+    }
+
+    #[test]
+    fn bench_pack_prints_a_table_when_asked() {
+        let table = pack(OutputFormat::Table, None);
+        assert!(table.starts_with("policy vramfit, seed 42:"), "{table}");
+        assert!(table.contains("ARRIVED  ALLOCATED"));
+        assert!(table.contains("   130%"));
+        assert!(serde_json::from_str::<serde_json::Value>(&table).is_err());
+        let json: serde_json::Value =
+            serde_json::from_str(&pack(OutputFormat::Json, None)).unwrap();
+        assert_eq!(json["seed"], 42);
+    }
+
+    #[test]
+    fn a_seed_sweep_table_has_one_row_per_seed() {
+        let table = pack(OutputFormat::Table, Some((42, 44)));
+        assert!(table.contains("mean over seeds 42..44 (3 runs)"), "{table}");
+        for seed in ["42  ", "43  ", "44  "] {
+            assert!(
+                table.lines().any(|l| l.starts_with(seed)),
+                "no row for {seed}: {table}"
+            );
         }
     }
 }

@@ -6,6 +6,7 @@ use anyhow::Context as _;
 use clap::Args;
 
 use super::{OutputFormat, read_text};
+use crate::controller::quantity::{human_bytes, parse_quantity};
 use crate::predict::{GPU_PROFILES, default_gpu, gpu_profile, job, output};
 
 /// Arguments of `vramfit predict`.
@@ -21,8 +22,13 @@ pub struct PredictArgs {
     #[arg(long)]
     pub profile: Option<PathBuf>,
     /// Predict for this micro-batch instead of `spec.batch.micro`.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "fit")]
     pub micro: Option<u32>,
+    /// Choose the largest micro-batch whose prediction plus the job's
+    /// headroom fits this much memory (for example `40Gi`), as the controller
+    /// does for `batch.autoMicro`, and print it with its prediction.
+    #[arg(long)]
+    pub fit: Option<String>,
     /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value_t)]
     pub output: OutputFormat,
@@ -45,8 +51,29 @@ pub fn run(args: &PredictArgs) -> anyhow::Result<String> {
             "spec.model.profile: pass the profile file with --profile (the CLI does not read ConfigMaps)"
         );
     }
-    let micro = args.micro.unwrap_or(job.batch.micro);
-    let prediction = job::predict_job_at(&job, micro, gpu, profile.as_deref())?;
+    let prediction = if let Some(fit) = &args.fit {
+        let capacity = parse_quantity(fit, 1)
+            .filter(|b| *b > 0)
+            .with_context(|| format!("--fit {fit:?} is not a positive quantity (e.g. 40Gi)"))?;
+        let p = job::auto_micro_batch(&job, gpu, capacity, job.headroom(), profile.as_deref())?;
+        if args.output == OutputFormat::Table {
+            // The choice first, then the usual table.
+            let budget = (p.peak_bytes as f64 * (1.0 + job.headroom())).ceil() as u64;
+            return Ok(format!(
+                "micro-batch {} (grad accum {}) fits {fit}: predicted {}, with {:.0}% headroom {}\n{}",
+                p.micro_batch,
+                p.grad_accum,
+                human_bytes(p.peak_bytes),
+                100.0 * job.headroom(),
+                human_bytes(budget),
+                output::prediction_table(&p)
+            ));
+        }
+        p
+    } else {
+        let micro = args.micro.unwrap_or(job.batch.micro);
+        job::predict_job_at(&job, micro, gpu, profile.as_deref())?
+    };
     Ok(match args.output {
         OutputFormat::Json => serde_json::to_string_pretty(&output::prediction_json(&prediction))?,
         OutputFormat::Table => output::prediction_table(&prediction),

@@ -1,8 +1,11 @@
 //! The memory budget of an attempt: an explicit request, a measurement of the
 //! same model, or the predictor's estimate, plus headroom.
 
-use crate::api::{MemoryBreakdown, TrainingJob};
-use crate::predict::{JobShape, default_gpu, predict_from_profile, predict_model};
+use crate::api::{GpuModelBudget, MemoryBreakdown, TrainingJob};
+use crate::predict::job::{BatchInput, JobInput, auto_micro_batch};
+use crate::predict::{
+    GpuProfile, JobShape, default_gpu, gpu_profile, predict_from_profile, predict_model,
+};
 
 use super::quantity::parse_quantity;
 
@@ -28,6 +31,17 @@ pub fn attempt_budget(
     profile_text: Option<&str>,
     measured: Option<u64>,
 ) -> Result<Budget, String> {
+    attempt_budget_on(job, micro, profile_text, measured, default_gpu())
+}
+
+/// [`attempt_budget`] for one GPU model.
+pub fn attempt_budget_on(
+    job: &TrainingJob,
+    micro: u32,
+    profile_text: Option<&str>,
+    measured: Option<u64>,
+    gpu: &'static GpuProfile,
+) -> Result<Budget, String> {
     let spec = &job.spec;
     let shape = JobShape {
         gpus: spec.gpus,
@@ -36,9 +50,9 @@ pub fn attempt_budget(
     };
     let predicted = if spec.model.profile.is_some() {
         let text = profile_text.ok_or("spec.model.profile: the profile was not loaded")?;
-        predict_from_profile(text, &shape, default_gpu())
+        predict_from_profile(text, &shape, gpu)
     } else {
-        predict_model(&spec.model, &shape, default_gpu())
+        predict_model(&spec.model, &shape, gpu)
     };
     let request = spec.memory.as_ref().and_then(|m| m.request.as_deref());
     if let Some(request) = request {
@@ -78,6 +92,72 @@ pub fn attempt_budget(
             "model"
         },
     })
+}
+
+/// The budget of the current attempt on each GPU model of the cluster
+/// (`models`: model name and the largest capacity of that model), for the
+/// models the job may use and the predictor knows. `micro` is the attempt's
+/// micro-batch; with `batch.autoMicro` on the first attempt (`auto`) each
+/// model gets the largest micro-batch that fits it instead, and a model that
+/// no micro-batch fits is left out. `measured` gives the measured peak of a
+/// micro-batch, if a finished job of the same model had one.
+pub fn gpu_model_budgets(
+    job: &TrainingJob,
+    micro: u32,
+    auto: bool,
+    models: &[(String, u64)],
+    profile_text: Option<&str>,
+    measured: &dyn Fn(u32) -> Option<u64>,
+) -> Vec<GpuModelBudget> {
+    let allowed = job.spec.gpu_models.as_deref().unwrap_or_default();
+    let mut out = Vec::new();
+    for (model, capacity) in models {
+        if !allowed.is_empty() && !allowed.contains(model) {
+            continue;
+        }
+        let Some(gpu) = gpu_profile(model) else {
+            continue;
+        };
+        let micro = if auto {
+            match auto_micro_batch(
+                &job_input(job),
+                gpu,
+                *capacity,
+                job.spec.headroom(),
+                profile_text,
+            ) {
+                Ok(p) => p.micro_batch,
+                Err(_) => continue,
+            }
+        } else {
+            micro
+        };
+        if let Ok(b) = attempt_budget_on(job, micro, profile_text, measured(micro), gpu) {
+            out.push(GpuModelBudget {
+                gpu_model: model.clone(),
+                micro_batch: micro,
+                predicted_bytes: b.predicted,
+                budget_bytes: b.budget,
+            });
+        }
+    }
+    out
+}
+
+/// The predictor's view of a TrainingJob spec.
+pub fn job_input(job: &TrainingJob) -> JobInput {
+    let spec = &job.spec;
+    JobInput {
+        gpus: spec.gpus,
+        batch: BatchInput {
+            global: spec.batch.global,
+            micro: spec.batch.micro,
+            min_micro: spec.batch.min_micro,
+            auto_micro: spec.batch.auto_micro,
+        },
+        model: spec.model.clone(),
+        memory: spec.memory.clone(),
+    }
 }
 
 #[cfg(test)]
@@ -178,5 +258,105 @@ mod tests {
                 .unwrap();
         let error = attempt_budget(&job, 8, None, None).unwrap_err();
         assert!(error.contains("spec.model.profile"), "{error}");
+    }
+}
+
+#[cfg(test)]
+mod per_model_tests {
+    use super::*;
+    use serde_json::json;
+
+    const GIB: u64 = 1 << 30;
+
+    fn gpt2_job(auto: bool, gpu_models: Option<Vec<&str>>) -> TrainingJob {
+        let mut spec = json!({
+            "batch": {"global": 64, "micro": 32, "autoMicro": auto},
+            "model": {"transformer": {"layers": 12, "hidden": 768, "heads": 12,
+                                       "vocab": 50257, "seqLen": 1024},
+                      "precision": "amp-bf16"},
+            "template": {}
+        });
+        if let Some(models) = gpu_models {
+            spec["gpuModels"] = json!(models);
+        }
+        serde_json::from_value(json!({
+            "apiVersion": "vramfit.dev/v1alpha1", "kind": "TrainingJob",
+            "metadata": {"name": "j", "namespace": "ml"}, "spec": spec
+        }))
+        .unwrap()
+    }
+
+    fn cluster() -> Vec<(String, u64)> {
+        vec![
+            ("H200".into(), 143_771 << 20),
+            ("L4".into(), 23_034 << 20),
+            ("Unknown-GPU".into(), 80 * GIB),
+        ]
+    }
+
+    #[test]
+    fn each_known_gpu_model_gets_its_own_prediction() {
+        let job = gpt2_job(false, None);
+        let budgets = gpu_model_budgets(&job, 8, false, &cluster(), None, &|_| None);
+        let models: Vec<&str> = budgets.iter().map(|b| b.gpu_model.as_str()).collect();
+        assert_eq!(
+            models,
+            ["H200", "L4"],
+            "unknown models are left to the default"
+        );
+        for b in &budgets {
+            let gpu = gpu_profile(&b.gpu_model).unwrap();
+            let direct = attempt_budget_on(&job, 8, None, None, gpu).unwrap();
+            assert_eq!((b.micro_batch, b.budget_bytes), (8, direct.budget));
+        }
+        // The L4's smaller context makes its prediction smaller.
+        assert!(budgets[1].predicted_bytes < budgets[0].predicted_bytes);
+        let only_l4 = gpu_model_budgets(
+            &gpt2_job(false, Some(vec!["L4"])),
+            8,
+            false,
+            &cluster(),
+            None,
+            &|_| None,
+        );
+        assert_eq!(only_l4.len(), 1);
+        assert_eq!(only_l4[0].gpu_model, "L4");
+        // A measurement of the micro-batch replaces the prediction.
+        let measured = gpu_model_budgets(&job, 8, false, &cluster(), None, &|m| {
+            (m == 8).then_some(5 * GIB)
+        });
+        assert_eq!(measured[0].predicted_bytes, 5 * GIB);
+    }
+
+    #[test]
+    fn auto_micro_picks_per_model_the_largest_micro_batch_that_fits() {
+        let job = gpt2_job(true, None);
+        let budgets = gpu_model_budgets(&job, 32, true, &cluster(), None, &|_| None);
+        let h200 = &budgets[0];
+        let l4 = &budgets[1];
+        assert!(l4.micro_batch < h200.micro_batch, "{budgets:?}");
+        for b in [h200, l4] {
+            let gpu = gpu_profile(&b.gpu_model).unwrap();
+            let cap = cluster()
+                .into_iter()
+                .find(|(m, _)| *m == b.gpu_model)
+                .unwrap()
+                .1;
+            assert!(b.budget_bytes <= cap);
+            assert!(64 % b.micro_batch == 0);
+            // the next larger divisor would not fit (or the cap is reached)
+            if b.micro_batch < 32 {
+                let next = attempt_budget_on(&job, b.micro_batch * 2, None, None, gpu).unwrap();
+                assert!(
+                    next.budget > cap,
+                    "{}: {} fits too",
+                    b.gpu_model,
+                    b.micro_batch * 2
+                );
+            }
+        }
+        // Without auto the spec's micro-batch is used everywhere.
+        let fixed = gpu_model_budgets(&job, 32, false, &cluster(), None, &|_| None);
+        assert!(fixed.iter().all(|b| b.micro_batch == 32));
     }
 }

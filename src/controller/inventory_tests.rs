@@ -329,6 +329,8 @@ fn a_recorded_placement_holds_its_budget_on_each_of_its_gpus() {
         budget_bytes: 5 * GIB,
         memory_fraction: 0.1,
         attempt: 1,
+        gpu_model: None,
+        micro_batch: None,
     };
     let p = recorded_placement(&job, &placement);
     assert_eq!(

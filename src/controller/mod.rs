@@ -4,6 +4,7 @@
 //! [`scheduler::plan_cycle`]; this module wires them to the API server. See
 //! docs/controller.md.
 
+pub mod absorbed;
 pub mod backoff;
 pub mod budget;
 pub mod exit;
@@ -140,6 +141,35 @@ impl Context {
             .max()
     }
 
+    /// The micro-batch a new job of this spec should start at, learned from
+    /// jobs of the same model whose processes absorbed OOMs, with the name of
+    /// the job it was learned from.
+    pub fn learned_start_micro(&self, spec: &crate::api::TrainingJobSpec) -> Option<(u32, String)> {
+        let jobs = self.jobs.state();
+        absorbed::learned_start_micro(spec, jobs.iter().map(|j| j.as_ref()))
+    }
+
+    /// The batch shape a pod's process reports (through the node agent), when
+    /// it reports one; the one with the most absorbed OOMs when there are several.
+    pub fn observed_shape_for_pod(
+        &self,
+        node: &str,
+        namespace: &str,
+        pod: &str,
+    ) -> Option<crate::api::ObservedShape> {
+        let gpu_node = self.gpu_nodes.get(&ObjectRef::new(node))?;
+        let status = gpu_node.status.as_ref()?;
+        status
+            .gpus
+            .iter()
+            .flat_map(|g| g.processes.iter())
+            .filter(|p| {
+                p.pod_namespace.as_deref() == Some(namespace) && p.pod_name.as_deref() == Some(pod)
+            })
+            .filter_map(|p| p.shape.clone())
+            .max_by_key(|s| s.absorbed_ooms.len())
+    }
+
     /// Peak the node's agent measured for a pod's processes.
     pub fn measured_for_pod(&self, node: &str, namespace: &str, pod: &str) -> Option<u64> {
         let gpu_node = self.gpu_nodes.get(&ObjectRef::new(node))?;
@@ -153,6 +183,19 @@ impl Context {
             })
             .map(|p| p.peak_bytes.max(p.used_bytes))
             .max()
+    }
+
+    /// The GPU models of the cluster's nodes, each with the largest capacity
+    /// a GPU of that model reports, in name order.
+    pub fn gpu_models(&self) -> Vec<(String, u64)> {
+        let mut models = std::collections::BTreeMap::<String, u64>::new();
+        for node in self.gpu_nodes.state() {
+            for gpu in node.status.iter().flat_map(|s| s.gpus.iter()) {
+                let entry = models.entry(gpu.model.clone()).or_default();
+                *entry = (*entry).max(gpu.total_bytes);
+            }
+        }
+        models.into_iter().collect()
     }
 
     /// True when the node's agent reported the pod for exceeding its budget.

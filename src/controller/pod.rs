@@ -184,6 +184,8 @@ mod tests {
             budget_bytes: 20 << 30,
             memory_fraction: 0.14,
             attempt: 2,
+            gpu_model: None,
+            micro_batch: None,
         }
     }
 

@@ -12,8 +12,9 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 
+use super::absorbed::{absorbed_message, newly_absorbed};
 use super::backoff::{BatchShape, OomDecision, after_oom};
-use super::budget::attempt_budget;
+use super::budget::{attempt_budget, gpu_model_budgets};
 use super::exit::{PodOutcome, pod_outcome};
 use super::pod::{pod_name, training_pod};
 use super::quantity::human_bytes;
@@ -110,7 +111,13 @@ async fn predict(
     attempt: u32,
 ) -> Result<Action> {
     let generation = job.metadata.generation;
-    let micro = status.micro_batch.unwrap_or(job.spec.batch.micro);
+    let learned = (attempt == 1 && status.micro_batch.is_none())
+        .then(|| ctx.learned_start_micro(&job.spec))
+        .flatten();
+    let micro = status
+        .micro_batch
+        .or(learned.as_ref().map(|(m, _)| *m))
+        .unwrap_or(job.spec.batch.micro);
     let shape = BatchShape::for_micro(job.spec.batch.global, micro, job.spec.gpus);
     let profile = match load_profile(job, ctx).await {
         Ok(profile) => profile,
@@ -131,6 +138,18 @@ async fn predict(
         (Err(message), _) => return fail_invalid(job, api, ctx, status, &message).await,
         (Ok(_), None) => unreachable!("a budget is only computed for a valid batch shape"),
     };
+    // The budget for each GPU model the job could land on; the cycle gives it
+    // the one of the model it places it on.
+    let auto = job.spec.batch.auto_micro && attempt == 1;
+    let per_model = gpu_model_budgets(
+        job,
+        micro,
+        auto,
+        &ctx.gpu_models(),
+        profile.as_deref(),
+        &|m| ctx.measured_peak_for(&model_signature(&job.spec, m)),
+    );
+    status.gpu_model_budgets = per_model;
     status.attempt = attempt;
     status.phase = if attempt > 1 {
         Phase::Retrying
@@ -147,8 +166,11 @@ async fn predict(
     status.grad_accum = Some(shape.accum);
     status.batch_shape = Some(shape.display());
     status.observed_generation = generation;
+    let start = learned.map_or(String::new(), |(m, from)| {
+        format!("; starts at micro-batch {m}, where job {from} of the same model absorbed its OOMs")
+    });
     status.message = Some(format!(
-        "budget {} per GPU ({} from {})",
+        "budget {} per GPU ({} from {}){start}",
         human_bytes(budget.budget),
         human_bytes(budget.predicted),
         budget.source
@@ -268,6 +290,28 @@ async fn record_placement(
         human_bytes(placement.budget_bytes),
         placement.memory_fraction
     );
+    // A placement on a GPU model with its own prediction takes that model's
+    // micro-batch and budget.
+    let chosen = placement.gpu_model.as_ref().and_then(|model| {
+        status
+            .gpu_model_budgets
+            .iter()
+            .find(|b| &b.gpu_model == model)
+            .cloned()
+    });
+    if let Some(chosen) = chosen {
+        if let Some(shape) =
+            BatchShape::for_micro(job.spec.batch.global, chosen.micro_batch, job.spec.gpus)
+        {
+            status.micro_batch = Some(shape.micro);
+            status.grad_accum = Some(shape.accum);
+            status.batch_shape = Some(shape.display());
+            status.model_signature = Some(model_signature(&job.spec, shape.micro));
+        }
+        status.predicted_bytes = Some(chosen.predicted_bytes);
+        status.predicted = Some(human_bytes(chosen.predicted_bytes));
+        status.budget_bytes = Some(chosen.budget_bytes);
+    }
     status.phase = Phase::Placed;
     status.gpu = Some(gpus.join(","));
     status.pod_name = Some(pod_name(&job.name_any(), placement.attempt));
@@ -388,6 +432,9 @@ async fn follow_pod(
         status.measured_peak_bytes = Some(bytes);
         status.measured = Some(human_bytes(bytes));
     }
+    if let Some(observed) = ctx.observed_shape_for_pod(&placement.node, &namespace, &name) {
+        record_absorbed(job, ctx, &mut status, &observed).await;
+    }
     let outcome = if ctx.agent_reported_oom(&placement.node, &namespace, &name) {
         PodOutcome::OutOfMemory(
             "the node agent stopped the pod for exceeding its GPU memory budget".into(),
@@ -434,6 +481,36 @@ async fn follow_pod(
         write_status(api, job, &status).await?;
     }
     Ok(action)
+}
+
+/// Records the OOMs the pod's process absorbed itself: the shape it runs with
+/// now, the signature that its measured peak belongs to, an event for each.
+async fn record_absorbed(
+    job: &TrainingJob,
+    ctx: &Context,
+    status: &mut TrainingJobStatus,
+    observed: &crate::api::ObservedShape,
+) {
+    let Some(update) = newly_absorbed(&job.spec, status, observed) else {
+        return;
+    };
+    status.micro_batch = Some(update.shape.micro);
+    status.grad_accum = Some(update.shape.accum);
+    status.batch_shape = Some(update.shape.display());
+    status.model_signature = Some(model_signature(&job.spec, update.shape.micro));
+    for oom in update.new {
+        let text = absorbed_message(&oom);
+        status.message = Some(text.clone());
+        status.absorbed_ooms.push(oom);
+        publish(
+            &ctx.recorder,
+            job,
+            EventType::Normal,
+            reason::OOM_ABSORBED,
+            text,
+        )
+        .await;
+    }
 }
 
 async fn finish(

@@ -15,7 +15,7 @@ use std::sync::Mutex;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::inventory::{ClusterView, job_key, job_request, recorded_placement};
-use crate::api::{AssignedGpu, PlacementStatus, TrainingJob};
+use crate::api::{AssignedGpu, GpuModelBudget, PlacementStatus, TrainingJob};
 use crate::place::{JobRequest, PlaceError, Placement, Placer, Policy};
 
 /// The cycle's verdict for one waiting job.
@@ -125,11 +125,120 @@ fn created(job: &TrainingJob) -> Option<&Time> {
 }
 
 fn place_one(placer: &mut Placer, view: &ClusterView, job: &TrainingJob) -> Verdict {
+    let per_model = job
+        .status
+        .as_ref()
+        .map(|s| s.gpu_model_budgets.as_slice())
+        .unwrap_or_default();
+    if !per_model.is_empty() {
+        return place_per_model(placer, view, job, per_model);
+    }
     let budget = job
         .status
         .as_ref()
         .and_then(|s| s.budget_bytes)
         .unwrap_or(0);
+    place_with(placer, view, job, budget, None)
+}
+
+/// Places a job predicted per GPU model: each model is tried with its own
+/// budget, and of the models with room now the one with the least capacity
+/// is taken (the larger GPUs stay free for jobs that need them).
+fn place_per_model(
+    placer: &mut Placer,
+    view: &ClusterView,
+    job: &TrainingJob,
+    per_model: &[GpuModelBudget],
+) -> Verdict {
+    let capacity = |model: &str| {
+        view.inventory
+            .nodes
+            .iter()
+            .flat_map(|n| n.gpus.iter())
+            .filter(|g| g.model == model)
+            .map(|g| g.capacity)
+            .max()
+            .unwrap_or(u64::MAX)
+    };
+    let mut order: Vec<&GpuModelBudget> = per_model.iter().collect();
+    order.sort_by_key(|b| (capacity(&b.gpu_model), b.gpu_model.clone()));
+    let mut waits = Vec::new();
+    for candidate in order {
+        match place_with(placer, view, job, candidate.budget_bytes, Some(candidate)) {
+            Verdict::Place(placement) => return Verdict::Place(placement),
+            Verdict::Wait {
+                message,
+                never_fits,
+            } => waits.push((candidate.gpu_model.clone(), message, never_fits)),
+        }
+    }
+    // GPU models that joined the cluster after the prediction get the
+    // prediction for the default GPU profile, as jobs without per-model
+    // budgets do.
+    let covered: Vec<&str> = per_model.iter().map(|b| b.gpu_model.as_str()).collect();
+    let allowed = job.spec.gpu_models.as_deref().unwrap_or_default();
+    let mut others: Vec<String> = view
+        .inventory
+        .nodes
+        .iter()
+        .flat_map(|n| n.gpus.iter().map(|g| g.model.clone()))
+        .filter(|m| !covered.contains(&m.as_str()) && (allowed.is_empty() || allowed.contains(m)))
+        .collect();
+    others.sort();
+    others.dedup();
+    if let (false, Some(budget)) = (
+        others.is_empty(),
+        job.status.as_ref().and_then(|s| s.budget_bytes),
+    ) {
+        match place_restricted(placer, view, job, budget, others) {
+            Verdict::Place(placement) => return Verdict::Place(placement),
+            Verdict::Wait {
+                message,
+                never_fits,
+            } => waits.push(("other models".into(), message, never_fits)),
+        }
+    }
+    let never_fits = waits.iter().all(|(_, _, never)| *never);
+    let message = waits
+        .iter()
+        .map(|(model, message, _)| format!("{model}: {message}"))
+        .collect::<Vec<_>>()
+        .join("; ");
+    Verdict::Wait {
+        message,
+        never_fits,
+    }
+}
+
+fn place_restricted(
+    placer: &mut Placer,
+    view: &ClusterView,
+    job: &TrainingJob,
+    budget: u64,
+    models: Vec<String>,
+) -> Verdict {
+    place_request(placer, view, job, budget, None, Some(models))
+}
+
+fn place_with(
+    placer: &mut Placer,
+    view: &ClusterView,
+    job: &TrainingJob,
+    budget: u64,
+    model: Option<&GpuModelBudget>,
+) -> Verdict {
+    let models = model.map(|m| vec![m.gpu_model.clone()]);
+    place_request(placer, view, job, budget, model, models)
+}
+
+fn place_request(
+    placer: &mut Placer,
+    view: &ClusterView,
+    job: &TrainingJob,
+    budget: u64,
+    model: Option<&GpuModelBudget>,
+    models: Option<Vec<String>>,
+) -> Verdict {
     let request = match job_request(job, budget) {
         Ok(request) => request,
         Err(message) => {
@@ -139,6 +248,10 @@ fn place_one(placer: &mut Placer, view: &ClusterView, job: &TrainingJob) -> Verd
             };
         }
     };
+    let mut request = request;
+    if let Some(models) = models {
+        request.gpu_models = models;
+    }
     match placer.place(&request) {
         Ok(decision) => {
             let node = decision.placement.node.clone();
@@ -166,6 +279,8 @@ fn place_one(placer: &mut Placer, view: &ClusterView, job: &TrainingJob) -> Verd
                 budget_bytes: budget,
                 memory_fraction: fraction,
                 attempt: current_attempt(job),
+                gpu_model: model.map(|m| m.gpu_model.clone()),
+                micro_batch: model.map(|m| m.micro_batch),
             })
         }
         Err(PlaceError::NeverFits { reason, .. }) => Verdict::Wait {

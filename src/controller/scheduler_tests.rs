@@ -54,6 +54,8 @@ fn on_gpu0(budget: u64) -> PlacementStatus {
         budget_bytes: budget,
         memory_fraction: budget as f64 / (100 * GIB) as f64,
         attempt: 1,
+        gpu_model: None,
+        micro_batch: None,
     }
 }
 
@@ -161,5 +163,102 @@ fn a_job_bigger_than_every_gpu_is_told_so() {
             never_fits: true,
         } => assert!(message.contains("24.0 GiB"), "{message}"),
         other => panic!("{other:?}"),
+    }
+}
+
+/// Two nodes: `h200` with one 141 GiB GPU, `l4` with one 24 GiB GPU.
+fn h200_and_l4() -> ClusterView {
+    let node = |name: &str, model: &str, capacity: u64| NodeSpec {
+        name: name.into(),
+        cpu_milli: 64_000,
+        memory_bytes: 512 * GIB,
+        taints: vec![],
+        gpus: vec![GpuSpec {
+            model: model.into(),
+            capacity,
+        }],
+    };
+    ClusterView {
+        inventory: Inventory {
+            nodes: vec![node("h200", "H200", 141 * GIB), node("l4", "L4", 24 * GIB)],
+        },
+        ..ClusterView::default()
+    }
+}
+
+fn per_model(model: &str, micro: u32, budget: u64) -> crate::api::GpuModelBudget {
+    crate::api::GpuModelBudget {
+        gpu_model: model.into(),
+        micro_batch: micro,
+        predicted_bytes: budget,
+        budget_bytes: budget,
+    }
+}
+
+#[test]
+fn a_job_predicted_per_gpu_model_gets_the_budget_of_the_model_it_lands_on() {
+    let view = h200_and_l4();
+    let policy = || Policy::new(PolicyKind::BestFit, 42);
+    // (budgets per model, the top-level budget, where it goes, with what budget and micro)
+    let cases = [
+        // fits both: the smaller GPU, with the smaller GPU's budget
+        (
+            vec![per_model("H200", 8, 30 * GIB), per_model("L4", 2, 20 * GIB)],
+            "l4",
+            20 * GIB,
+            2,
+        ),
+        // the L4 budget does not fit the L4: the H200 with its own budget
+        (
+            vec![per_model("H200", 8, 30 * GIB), per_model("L4", 8, 28 * GIB)],
+            "h200",
+            30 * GIB,
+            8,
+        ),
+        // only the H200 was predicted: the L4 gets the top-level budget (too big)
+        (vec![per_model("H200", 4, 60 * GIB)], "h200", 60 * GIB, 4),
+    ];
+    for (budgets, node, budget, micro) in cases {
+        let mut j = job("j", 0, "2026-01-01T00:00:00Z", 60 * GIB);
+        j.status.as_mut().unwrap().gpu_model_budgets = budgets;
+        let verdicts = plan_cycle(&view, &[], &[&j], policy());
+        let Verdict::Place(p) = &verdicts[0].1 else {
+            panic!("not placed: {:?}", verdicts[0].1)
+        };
+        assert_eq!(
+            (p.node.as_str(), p.budget_bytes, p.micro_batch),
+            (node, budget, Some(micro))
+        );
+        assert_eq!(
+            p.gpu_model.as_deref(),
+            Some(if node == "l4" { "L4" } else { "H200" })
+        );
+    }
+    // A GPU model the prediction did not cover is tried with the top-level budget.
+    let mut j = job("j", 0, "2026-01-01T00:00:00Z", 10 * GIB);
+    j.status.as_mut().unwrap().gpu_model_budgets = vec![per_model("H200", 8, 150 * GIB)];
+    let verdicts = plan_cycle(&view, &[], &[&j], policy());
+    let Verdict::Place(p) = &verdicts[0].1 else {
+        panic!("not placed: {:?}", verdicts[0].1)
+    };
+    assert_eq!(
+        (p.node.as_str(), p.budget_bytes, p.gpu_model.as_deref()),
+        ("l4", 10 * GIB, None)
+    );
+    // Nothing fits anywhere: never fits, naming each model.
+    j.status.as_mut().unwrap().budget_bytes = Some(200 * GIB);
+    let verdicts = plan_cycle(&view, &[], &[&j], policy());
+    match &verdicts[0].1 {
+        Verdict::Wait {
+            message,
+            never_fits,
+        } => {
+            assert!(never_fits, "{message}");
+            assert!(
+                message.contains("H200:") && message.contains("other models:"),
+                "{message}"
+            );
+        }
+        other => panic!("placed: {other:?}"),
     }
 }

@@ -40,6 +40,8 @@ pub mod reason {
     pub const OUT_OF_MEMORY: &str = "OutOfMemory";
     /// A new attempt with a smaller micro-batch follows.
     pub const RETRYING: &str = "Retrying";
+    /// The training process absorbed an OOM itself with a smaller micro-batch.
+    pub const OOM_ABSORBED: &str = "OomAbsorbed";
     /// The job succeeded.
     pub const SUCCEEDED: &str = "Succeeded";
     /// The job failed.

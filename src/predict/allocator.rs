@@ -29,6 +29,8 @@ pub struct LiveBytes {
     pub activations: u64,
     /// cuBLAS workspaces.
     pub workspace: u64,
+    /// A profile's allocations that outlive its step.
+    pub persistent: u64,
 }
 
 impl LiveBytes {
@@ -39,11 +41,17 @@ impl LiveBytes {
             Category::Optimizer => &mut self.optimizer,
             Category::Activations => &mut self.activations,
             Category::Workspace => &mut self.workspace,
+            Category::Persistent => &mut self.persistent,
         }
     }
     /// Sum over categories.
     pub fn total(&self) -> u64 {
-        self.parameters + self.gradients + self.optimizer + self.activations + self.workspace
+        self.parameters
+            + self.gradients
+            + self.optimizer
+            + self.activations
+            + self.workspace
+            + self.persistent
     }
 }
 

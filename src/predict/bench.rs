@@ -3,12 +3,15 @@
 //! FILE is JSON lines as written by scripts/gpu/calibrate_predictor.py: each
 //! line has `name`, `split` (`fit` or `holdout`), `spec` (TrainingJob spec
 //! form) and `measured.nvmlPeakBytes` (the process's peak as NVML reports it).
+//! Lines whose model has no analytic description (`model.torchvision`, from
+//! scripts/gpu/calibrate_libraries.py) are predicted from a captured profile
+//! when one is given for the line's name, else skipped.
 
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::job::JobInput;
-use super::{GpuProfile, PredictError, gpu_profile, predict_model};
+use super::{GpuProfile, PredictError, gpu_profile, predict_from_profile, predict_model};
 
 /// One configuration's outcome.
 #[derive(Clone, Debug, PartialEq)]
@@ -23,6 +26,8 @@ pub struct BenchRow {
     pub predicted_bytes: u64,
     /// (predicted - measured) / measured; negative is an under-prediction.
     pub relative_error: f64,
+    /// `model` (analytic) or `profile`.
+    pub source: &'static str,
 }
 
 /// Error statistics over a set of rows.
@@ -75,6 +80,18 @@ pub fn bench_predict(
     text: &str,
     gpu: Option<&'static GpuProfile>,
 ) -> Result<BenchReport, PredictError> {
+    bench_predict_with_profiles(text, gpu, &|_| None, false)
+}
+
+/// [`bench_predict`], predicting the lines without an analytic model from the
+/// profile `profile_for(name)` returns (its text); with `prefer_profiles`,
+/// every line that has a profile is predicted from it.
+pub fn bench_predict_with_profiles(
+    text: &str,
+    gpu: Option<&'static GpuProfile>,
+    profile_for: &dyn Fn(&str) -> Option<String>,
+    prefer_profiles: bool,
+) -> Result<BenchReport, PredictError> {
     let mut rows = Vec::new();
     let mut skipped = Vec::new();
     for (i, raw) in text.lines().enumerate() {
@@ -87,14 +104,31 @@ pub fn bench_predict(
             skipped.push(format!("{}: no measurement", line.name));
             continue;
         };
+        let library_model = line.spec["model"].get("torchvision").is_some();
         let job: JobInput = serde_json::from_value(line.spec).map_err(|e| {
             PredictError::Parse(format!("line {} ({}): spec: {e}", i + 1, line.name))
         })?;
         let profile = gpu
             .or_else(|| line.gpu.as_deref().and_then(gpu_profile))
             .unwrap_or_else(super::default_gpu);
-        let p = predict_model(&job.model, &job.shape(), profile)
-            .map_err(|e| PredictError::Invalid(format!("{}: {e}", line.name)))?;
+        let profile_text = if library_model || prefer_profiles {
+            profile_for(&line.name)
+        } else {
+            None
+        };
+        let (p, source) = if library_model || profile_text.is_some() {
+            let Some(text) = profile_text else {
+                skipped.push(format!("{}: no profile given for this model", line.name));
+                continue;
+            };
+            let p = predict_from_profile(&text, &job.shape(), profile)
+                .map_err(|e| PredictError::Invalid(format!("{}: profile: {e}", line.name)))?;
+            (p, "profile")
+        } else {
+            let p = predict_model(&job.model, &job.shape(), profile)
+                .map_err(|e| PredictError::Invalid(format!("{}: {e}", line.name)))?;
+            (p, "model")
+        };
         let measured = m.nvml_peak_bytes.max(1);
         rows.push(BenchRow {
             name: line.name,
@@ -102,6 +136,7 @@ pub fn bench_predict(
             measured_bytes: measured,
             predicted_bytes: p.peak_bytes,
             relative_error: (p.peak_bytes as f64 - measured as f64) / measured as f64,
+            source,
         });
     }
     Ok(BenchReport { rows, skipped })
@@ -162,6 +197,7 @@ pub fn bench_json(r: &BenchReport) -> Value {
         "rows": r.rows.iter().map(|x| json!({
             "name": x.name, "split": x.split, "measuredBytes": x.measured_bytes,
             "predictedBytes": x.predicted_bytes, "relativeError": x.relative_error,
+            "source": x.source,
         })).collect::<Vec<_>>(),
         "skipped": r.skipped,
     })
@@ -171,14 +207,15 @@ pub fn bench_json(r: &BenchReport) -> Value {
 pub fn bench_table(r: &BenchReport) -> String {
     let gib = |b: u64| b as f64 / f64::from(1u32 << 30);
     let mut s = format!(
-        "{:<46} {:<8} {:>10} {:>10} {:>8}\n",
-        "CONFIG", "SPLIT", "MEASURED", "PREDICTED", "ERROR"
+        "{:<46} {:<8} {:<8} {:>10} {:>10} {:>8}\n",
+        "CONFIG", "SPLIT", "SOURCE", "MEASURED", "PREDICTED", "ERROR"
     );
     for x in &r.rows {
         s += &format!(
-            "{:<46} {:<8} {:>10.3} {:>10.3} {:>+7.1}%\n",
+            "{:<46} {:<8} {:<8} {:>10.3} {:>10.3} {:>+7.1}%\n",
             x.name,
             x.split,
+            x.source,
             gib(x.measured_bytes),
             gib(x.predicted_bytes),
             100.0 * x.relative_error

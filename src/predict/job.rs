@@ -2,7 +2,7 @@
 
 use serde::Deserialize;
 
-use crate::api::ModelSpec;
+use crate::api::{DEFAULT_HEADROOM, MemorySpec, ModelSpec};
 
 use super::{GpuProfile, JobShape, PredictError, Prediction, predict_from_profile, predict_model};
 
@@ -17,6 +17,9 @@ pub struct JobInput {
     pub batch: BatchInput,
     /// The model and how it is trained.
     pub model: ModelSpec,
+    /// The memory budget settings (headroom).
+    #[serde(default)]
+    pub memory: Option<MemorySpec>,
 }
 
 /// `spec.batch`.
@@ -25,8 +28,14 @@ pub struct JobInput {
 pub struct BatchInput {
     /// Samples per optimizer step over all GPUs.
     pub global: u32,
-    /// Micro-batch per GPU.
+    /// Micro-batch per GPU (with `autoMicro`, the largest one tried).
     pub micro: u32,
+    /// Floor of the OOM back-off and of the automatic choice.
+    #[serde(default = "one")]
+    pub min_micro: u32,
+    /// Whether the controller chooses the micro-batch per GPU model.
+    #[serde(default)]
+    pub auto_micro: bool,
 }
 
 fn one() -> u32 {
@@ -39,6 +48,13 @@ struct Document {
 }
 
 impl JobInput {
+    /// `memory.headroom`, with the documented default.
+    pub fn headroom(&self) -> f64 {
+        self.memory
+            .as_ref()
+            .map_or(DEFAULT_HEADROOM, |m| m.headroom)
+    }
+
     /// The batch shape at the job's own micro-batch.
     pub fn shape(&self) -> JobShape {
         JobShape {
@@ -98,4 +114,66 @@ pub fn predict_job_at(
         return predict_from_profile(text, &shape, gpu);
     }
     predict_model(&job.model, &shape, gpu)
+}
+
+/// The largest micro-batch for `job` on `gpu` whose predicted peak plus
+/// `headroom` fits in `capacity_bytes`: among the divisors of
+/// `global / gpus` between `batch.minMicro` and `batch.micro`, largest first.
+/// Returns the prediction at that micro-batch; an error says what the
+/// smallest candidate needs when none fits.
+pub fn auto_micro_batch(
+    job: &JobInput,
+    gpu: &'static GpuProfile,
+    capacity_bytes: u64,
+    headroom: f64,
+    profile_text: Option<&str>,
+) -> Result<Prediction, PredictError> {
+    let gpus = job.gpus.max(1);
+    if !job.batch.global.is_multiple_of(gpus) {
+        return Err(PredictError::Invalid(format!(
+            "batch.global ({}) must be divisible by gpus ({gpus})",
+            job.batch.global
+        )));
+    }
+    let per_gpu = job.batch.global / gpus;
+    let low = job.batch.min_micro.max(1);
+    let high = job.batch.micro.min(per_gpu);
+    let candidates: Vec<u32> = (low..=high)
+        .rev()
+        .filter(|m| per_gpu.is_multiple_of(*m))
+        .collect();
+    let Some(&smallest) = candidates.last() else {
+        return Err(PredictError::Invalid(format!(
+            "no micro-batch between batch.minMicro ({low}) and batch.micro ({}) divides batch.global / gpus ({per_gpu})",
+            job.batch.micro
+        )));
+    };
+    let fits =
+        |p: &Prediction| (p.peak_bytes as f64 * (1.0 + headroom)).ceil() <= capacity_bytes as f64;
+    let mut last = None;
+    for micro in candidates {
+        let p = match predict_job_at(job, micro, gpu, profile_text) {
+            Ok(p) => p,
+            // A profile cannot predict above the micro-batch it was recorded at.
+            Err(PredictError::Unsupported(_)) if job.model.profile.is_some() => continue,
+            Err(e) => return Err(e),
+        };
+        if fits(&p) {
+            return Ok(p);
+        }
+        last = Some(p);
+    }
+    let needs = last.map_or_else(
+        || "an unknown amount".to_string(),
+        |p| {
+            format!(
+                "{} bytes with headroom",
+                (p.peak_bytes as f64 * (1.0 + headroom)).ceil()
+            )
+        },
+    );
+    Err(PredictError::Invalid(format!(
+        "no micro-batch fits {capacity_bytes} bytes on {}: the smallest, {smallest}, needs {needs}",
+        gpu.name
+    )))
 }

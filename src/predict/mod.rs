@@ -253,6 +253,7 @@ fn assemble(
         workspace: live.workspace,
         context,
         allocator_overhead: o.reserved_peak.saturating_sub(live.total()),
+        persistent: live.persistent,
     };
     Prediction {
         peak_bytes: o.reserved_peak + context,

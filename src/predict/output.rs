@@ -26,15 +26,28 @@ pub fn gib(bytes: u64) -> String {
 /// The breakdown as a table for `-o table`.
 pub fn prediction_table(p: &Prediction) -> String {
     let b = &p.breakdown;
-    let rows = [
-        ("parameters", b.parameters),
-        ("gradients", b.gradients),
-        ("optimizer", b.optimizer),
-        ("activations", b.activations),
-        ("workspace", b.workspace),
-        ("context", b.context),
-        ("allocator overhead", b.allocator_overhead),
-    ];
+    // A profile records sizes, not causes: its allocations that outlive the
+    // step are one line, the step's transient ones another.
+    let profiled = b.persistent > 0;
+    let rows: Vec<(&str, u64)> = if profiled {
+        vec![
+            ("persistent state", b.persistent),
+            ("step transients", b.activations),
+            ("workspace", b.workspace),
+            ("context", b.context),
+            ("allocator overhead", b.allocator_overhead),
+        ]
+    } else {
+        vec![
+            ("parameters", b.parameters),
+            ("gradients", b.gradients),
+            ("optimizer", b.optimizer),
+            ("activations", b.activations),
+            ("workspace", b.workspace),
+            ("context", b.context),
+            ("allocator overhead", b.allocator_overhead),
+        ]
+    };
     let mut s = format!("{:<20} {:>12} {:>16}\n", "PART", "GiB", "BYTES");
     for (name, v) in rows {
         s += &format!(

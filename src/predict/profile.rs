@@ -103,6 +103,15 @@ pub fn profile_events(
             *next_ws += 1;
         }
     };
+    // Allocations the profile never frees outlive the step: weights,
+    // gradients, optimizer state. The others are the step's transients.
+    let allocs = p.events.iter().filter(|&&e| e >= 0).count();
+    let mut freed = vec![false; allocs];
+    for &e in p.events.iter().filter(|&&e| e < 0) {
+        if let Some(f) = freed.get_mut((-(e + 1)) as usize) {
+            *f = true;
+        }
+    }
     for (pos, &e) in p.events.iter().enumerate() {
         workspaces_before(pos, &mut out, &mut next_ws);
         if e >= 0 {
@@ -117,7 +126,11 @@ pub fn profile_events(
             out.push(TensorEvent::Alloc {
                 id,
                 bytes,
-                category: Category::Activations,
+                category: if freed[id as usize] {
+                    Category::Activations
+                } else {
+                    Category::Persistent
+                },
                 stream: Stream::Default,
             });
         } else {

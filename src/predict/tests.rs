@@ -90,6 +90,30 @@ fn recorded_profiles_replay_within_five_percent_of_the_measured_peak() {
 }
 
 #[test]
+fn a_profile_books_what_outlives_its_step_apart_from_the_steps_transients() {
+    // Two allocations: 64 MiB kept to the end, 32 MiB freed within the step.
+    let text = r#"{"format":"vramfit.profile/v1","microBatch":1,
+        "sizes":[67108864,33554432],"events":[0,1,-2]}"#;
+    let p = predict_from_profile(text, &one_gpu(1), default_gpu()).unwrap();
+    assert_eq!(p.breakdown.persistent, 64 << 20);
+    assert_eq!(p.breakdown.activations, 32 << 20);
+    assert_eq!(p.breakdown.parameters, 0);
+    let table = crate::predict::output::prediction_table(&p);
+    assert!(table.contains("persistent state"), "{table}");
+    assert!(!table.contains("parameters"), "{table}");
+
+    // GPT-2 small (124 M parameters) with AdamW: the fp32 weights and both
+    // moments outlive the step; the peak's transients are the activations.
+    let p = predict_from_profile(GPT2_PROFILE, &one_gpu(8), default_gpu()).unwrap();
+    assert!(
+        p.breakdown.persistent >= 124_000_000 * 4 * 3,
+        "{:?}",
+        p.breakdown
+    );
+    assert!(p.breakdown.activations > 0, "{:?}", p.breakdown);
+}
+
+#[test]
 fn a_profile_cannot_predict_a_larger_micro_batch() {
     let err = predict_from_profile(GPT2_PROFILE, &one_gpu(16), default_gpu()).unwrap_err();
     assert!(err.to_string().contains("micro-batch 8"), "{err}");
@@ -496,6 +520,7 @@ fn bench_statistics_of_a_hand_made_set() {
         measured_bytes: 100,
         predicted_bytes: (100.0 * (1.0 + err)) as u64,
         relative_error: err,
+        source: "model",
     };
     let rows = vec![
         row("a", 0.01),
@@ -522,4 +547,65 @@ fn gpu_profiles_are_found_by_nvml_names_and_estimates_are_labelled() {
         .filter(|p| p.provenance == gpu::Provenance::Measured)
         .collect();
     assert_eq!(measured.len(), 1);
+}
+
+#[test]
+fn auto_micro_batch_is_the_largest_divisor_that_fits_with_headroom() {
+    let text = r#"{"gpus": 2, "batch": {"global": 96, "micro": 48, "minMicro": 2},
+        "model": {"transformer": {"layers": 12, "hidden": 768, "heads": 12,
+                  "vocab": 50257, "seqLen": 1024}, "precision": "amp-bf16"}}"#;
+    let job = parse_job(text).unwrap();
+    let gpu = default_gpu();
+    let peak = |m: u32| job::predict_job_at(&job, m, gpu, None).unwrap().peak_bytes;
+    // Room for micro-batch 8 with 5% headroom, not for 12 (divisors of 48: ..., 8, 12, 16, ...).
+    let room = (peak(8) as f64 * 1.05).ceil() as u64;
+    assert!((peak(12) as f64 * 1.05) > room as f64);
+    let cases = [
+        (room, 0.05, 8),
+        (room - 1, 0.05, 6),
+        (room, 0.0, 8),
+        (u64::MAX, 0.05, 48),
+        ((peak(2) as f64 * 1.05).ceil() as u64, 0.05, 2),
+    ];
+    for (capacity, headroom, want) in cases {
+        let p = job::auto_micro_batch(&job, gpu, capacity, headroom, None).unwrap();
+        assert_eq!(
+            (p.micro_batch, p.grad_accum),
+            (want, 96 / (2 * want)),
+            "{capacity} {headroom}"
+        );
+    }
+    let err = job::auto_micro_batch(&job, gpu, peak(2), 0.05, None).unwrap_err();
+    assert!(err.to_string().contains("the smallest, 2, needs"), "{err}");
+    // A profile is not asked above its recorded micro-batch.
+    let profiled = parse_job(
+        r#"{"batch": {"global": 64, "micro": 64}, "model": {"profile": {"configMapRef": {"name": "p", "key": "k"}}}}"#,
+    )
+    .unwrap();
+    let p = job::auto_micro_batch(&profiled, gpu, u64::MAX, 0.05, Some(GPT2_PROFILE)).unwrap();
+    assert_eq!(p.micro_batch, 8, "recorded at 8");
+}
+
+#[test]
+fn cpu_captured_profiles_predict_the_held_out_torchvision_runs_within_the_goal() {
+    let measured = include_str!("../../data/calibration/h200-libraries.jsonl");
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("data/profiles/libraries");
+    let profile_for =
+        |name: &str| std::fs::read_to_string(dir.join(format!("{name}.profile.json"))).ok();
+    let report =
+        super::bench::bench_predict_with_profiles(measured, None, &profile_for, false).unwrap();
+    let tv: Vec<BenchRow> = report
+        .rows
+        .iter()
+        .filter(|r| r.name.starts_with("tv-"))
+        .cloned()
+        .collect();
+    assert!(tv.len() >= 17 && tv.iter().all(|r| r.source == "profile"));
+    let held_out = error_stats(&tv, Some("holdout"));
+    assert!(held_out.count >= 6);
+    assert!(
+        held_out.median <= 0.03 && held_out.p90 <= 0.06,
+        "{held_out:?}"
+    );
+    assert!(held_out.under_predictions.is_empty(), "{held_out:?}");
 }

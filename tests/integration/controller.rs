@@ -354,6 +354,71 @@ async fn measured_peak_reaches_status_and_corrects_the_next_prediction_of_the_sa
 }
 
 #[tokio::test]
+async fn an_oom_absorbed_in_process_reaches_status_and_starts_the_next_job_of_the_model_smaller() {
+    let cluster = TestCluster::new("absorb").await;
+    let node = cluster.add_gpu_node("n1", &[("H100-80GB", 80 * GIB)]).await;
+    let _controller = cluster.start_controller();
+    cluster.apply_job(mlp_job("first", 64, 16, 1, None)).await;
+    cluster.wait_phase("first", Phase::Placed).await;
+    cluster.wait_pod("first-a1").await;
+    cluster.kubelet_running("first-a1").await;
+    cluster
+        .agent_reports_shape(&node, 0, "first-a1", (8, 8), &[(16, 8, 4, 8)])
+        .await;
+    let job = cluster
+        .wait_job("first", "the absorbed shape", |j| {
+            j.status.as_ref().and_then(|s| s.micro_batch) == Some(8)
+        })
+        .await;
+    let status = job.status.unwrap();
+    assert_eq!(status.grad_accum, Some(8));
+    assert_eq!(status.batch_shape.as_deref(), Some("8x8"));
+    assert_eq!(status.attempt, 1, "no restart: the same attempt goes on");
+    assert_eq!(status.absorbed_ooms.len(), 1);
+    assert_eq!(status.absorbed_ooms[0].from_micro, 16);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let notes = loop {
+        let notes = cluster.event_notes("first", "OomAbsorbed").await;
+        if !notes.is_empty() || std::time::Instant::now() > deadline {
+            break notes;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    };
+    assert_eq!(
+        notes,
+        ["OOM absorbed in-process: micro 16 -> 8, accumulation 4 -> 8"]
+    );
+    cluster.kubelet_exit("first-a1", 0, "").await;
+    let done = cluster.wait_phase("first", Phase::Succeeded).await;
+    assert_eq!(
+        done.status.unwrap().absorbed_ooms.len(),
+        1,
+        "the record stays"
+    );
+
+    // The next job of the same model starts at the shape the first one found.
+    cluster.apply_job(mlp_job("second", 64, 16, 1, None)).await;
+    let second = cluster.wait_phase("second", Phase::Placed).await;
+    let status = second.status.unwrap();
+    assert_eq!(status.micro_batch, Some(8));
+    assert_eq!(status.grad_accum, Some(8));
+    cluster.wait_pod("second-a1").await;
+    let pod = cluster.pods().get("second-a1").await.unwrap();
+    let env = pod.spec.unwrap().containers[0].env.clone().unwrap();
+    let micro = env
+        .iter()
+        .find(|e| e.name == "VRAMFIT_MICRO_BATCH")
+        .unwrap();
+    assert_eq!(micro.value.as_deref(), Some("8"));
+    // Another model is not affected.
+    let mut other = mlp_job("third", 64, 16, 1, None);
+    other["spec"]["model"]["mlp"]["layers"] = serde_json::json!(6);
+    cluster.apply_job(other).await;
+    let third = cluster.wait_phase("third", Phase::Placed).await;
+    assert_eq!(third.status.unwrap().micro_batch, Some(16));
+}
+
+#[tokio::test]
 async fn two_replicas_elect_one_leader_and_the_other_takes_over_when_it_dies() {
     let cluster = TestCluster::new("leader").await;
     cluster.add_gpu_node("n1", &[("H100-80GB", 80 * GIB)]).await;
@@ -476,4 +541,79 @@ async fn an_oom_the_agent_reports_backs_the_job_off_like_an_exit_42() {
         status.history[0]
     );
     cluster.wait_pod("over-a2").await;
+}
+
+/// A GPT-2-small-shaped job whose micro-batch the controller chooses.
+fn auto_micro_job(name: &str, global: u32, micro: u32, min_micro: u32) -> serde_json::Value {
+    json!({
+        "apiVersion": "vramfit.dev/v1alpha1", "kind": "TrainingJob",
+        "metadata": {"name": name},
+        "spec": {
+            "batch": {"global": global, "micro": micro, "minMicro": min_micro, "autoMicro": true},
+            "model": {"transformer": {"layers": 12, "hidden": 768, "heads": 12, "vocab": 50257,
+                                      "seqLen": 1024}, "precision": "amp-bf16", "optimizer": "adamw"},
+            "template": {"spec": {"containers": [{"name": "train", "image": "trainer",
+                "resources": {"requests": {"cpu": "2", "memory": "8Gi"}}}]}}
+        }
+    })
+}
+
+#[tokio::test]
+async fn auto_micro_and_the_budget_follow_the_gpu_model_the_job_lands_on() {
+    let cluster = TestCluster::new("permodel").await;
+    let big = cluster.add_gpu_node("big", &[("H200", 141 * GIB)]).await;
+    let small = cluster.add_gpu_node("small", &[("L4", 24 * GIB)]).await;
+    let _controller = cluster.start_controller();
+
+    // Fits the L4 at a smaller micro-batch: it goes there, with the L4's choice.
+    cluster
+        .apply_job(auto_micro_job("fits-l4", 64, 32, 1))
+        .await;
+    let job = cluster.wait_phase("fits-l4", Phase::Placed).await;
+    let status = job.status.unwrap();
+    let by_model = |model: &str| {
+        status
+            .gpu_model_budgets
+            .iter()
+            .find(|b| b.gpu_model == model)
+            .unwrap_or_else(|| panic!("no {model} budget: {:?}", status.gpu_model_budgets))
+            .clone()
+    };
+    let (h200, l4) = (by_model("H200"), by_model("L4"));
+    assert!(l4.micro_batch < h200.micro_batch, "{l4:?} {h200:?}");
+    assert!(l4.budget_bytes <= 24 * GIB);
+    let placement = status.placement.clone().unwrap();
+    assert_eq!(placement.node, small);
+    assert_eq!(placement.gpu_model.as_deref(), Some("L4"));
+    assert_eq!(placement.budget_bytes, l4.budget_bytes);
+    assert_eq!(status.budget_bytes, Some(l4.budget_bytes));
+    assert_eq!(status.micro_batch, Some(l4.micro_batch));
+    let pod = cluster.wait_pod("fits-l4-a1").await;
+    let env = env_of(&pod);
+    assert_eq!(env["VRAMFIT_MICRO_BATCH"], l4.micro_batch.to_string());
+    assert_eq!(env["VRAMFIT_GRAD_ACCUM"], (64 / l4.micro_batch).to_string());
+
+    // Needs micro-batch 32 at least: only the H200 holds it, with the H200's budget.
+    cluster
+        .apply_job(auto_micro_job("needs-h200", 64, 32, 32))
+        .await;
+    let job = cluster.wait_phase("needs-h200", Phase::Placed).await;
+    let status = job.status.unwrap();
+    let placement = status.placement.clone().unwrap();
+    assert_eq!(placement.node, big);
+    assert_eq!(placement.gpu_model.as_deref(), Some("H200"));
+    let h200 = status
+        .gpu_model_budgets
+        .iter()
+        .find(|b| b.gpu_model == "H200")
+        .unwrap();
+    assert_eq!(
+        status.gpu_model_budgets.len(),
+        1,
+        "no micro-batch fits the L4"
+    );
+    assert_eq!(
+        (placement.budget_bytes, status.micro_batch),
+        (h200.budget_bytes, Some(32))
+    );
 }

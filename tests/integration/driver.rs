@@ -16,7 +16,9 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
-use vramfit::api::{GpuNode, GpuNodeStatus, GpuProcess, OomReport, Phase, TrainingJob};
+use vramfit::api::{
+    AbsorbedOom, GpuNode, GpuNodeStatus, GpuProcess, ObservedShape, OomReport, Phase, TrainingJob,
+};
 use vramfit_agent::daemon::api::GpuNodeWriter;
 use vramfit_agent::sim::cluster::{NodeResources, register_node};
 use vramfit_agent::sim::kubelet::{exit_status, patch_pod_status, running_status};
@@ -276,6 +278,78 @@ impl TestCluster {
             reason: None,
         });
         self.agent_report(node, status).await;
+    }
+
+    /// Reports a process of `pod` that runs at `micro` x `accum` after the OOMs
+    /// it absorbed itself (`(from_micro, to_micro, from_accum, to_accum)`), as
+    /// the node agent copies the helper's shape file.
+    pub async fn agent_reports_shape(
+        &self,
+        node: &str,
+        gpu: usize,
+        pod: &str,
+        (micro, accum): (u32, u32),
+        absorbed: &[(u32, u32, u32, u32)],
+    ) {
+        let gpu_nodes: Api<GpuNode> = Api::all(self.client.clone());
+        let current = gpu_nodes.get_status(node).await.expect("GpuNode");
+        let mut status = current.status.expect("GpuNode status");
+        let absorbed_ooms = absorbed
+            .iter()
+            .enumerate()
+            .map(
+                |(i, &(from_micro, to_micro, from_accum, to_accum))| AbsorbedOom {
+                    from_micro,
+                    to_micro,
+                    from_accum,
+                    to_accum,
+                    time: format!("2026-01-01T00:00:0{i}Z"),
+                },
+            )
+            .collect();
+        status.gpus[gpu].processes = vec![GpuProcess {
+            pid: 4243,
+            used_bytes: GIB,
+            peak_bytes: GIB,
+            pod_namespace: Some(self.namespace.clone()),
+            pod_name: Some(pod.to_string()),
+            training_job: None,
+            pod_uid: None,
+            container: None,
+            allocator: None,
+            shape: Some(ObservedShape {
+                micro_batch: micro,
+                grad_accum: accum,
+                absorbed_ooms,
+            }),
+        }];
+        self.agent_report(node, status).await;
+    }
+
+    /// The notes of the events about `job` with `reason`, oldest first.
+    pub async fn event_notes(&self, job: &str, reason: &str) -> Vec<String> {
+        let events: Api<k8s_openapi::api::events::v1::Event> =
+            Api::namespaced(self.client.clone(), &self.namespace);
+        let mut notes: Vec<(String, String)> = events
+            .list(&Default::default())
+            .await
+            .expect("events")
+            .items
+            .into_iter()
+            .filter(|e| e.reason.as_deref() == Some(reason))
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(job))
+            .map(|e| {
+                (
+                    e.metadata
+                        .creation_timestamp
+                        .map(|t| t.0.to_string())
+                        .unwrap_or_default(),
+                    e.note.unwrap_or_default(),
+                )
+            })
+            .collect();
+        notes.sort();
+        notes.into_iter().map(|(_, n)| n).collect()
     }
 
     /// Starts `vramfit controller` for this test's namespace and nodes.

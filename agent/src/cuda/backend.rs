@@ -16,6 +16,8 @@ pub struct CudaDeviceMemory {
     ordinal: i32,
     page: u64,
     handles: HashMap<DevicePtr, sys::CUmemGenericAllocationHandle>,
+    /// Physical pages unmapped by `park_pages`, for the next map.
+    parked: Vec<sys::CUmemGenericAllocationHandle>,
 }
 
 fn check(code: CUresult, bytes: u64) -> Result<(), DeviceError> {
@@ -44,6 +46,7 @@ impl CudaDeviceMemory {
             ordinal,
             page: vramfit::alloc::PAGE_BYTES,
             handles: HashMap::new(),
+            parked: Vec::new(),
         };
         let mut granularity = 0usize;
         let prop = backend.page_prop();
@@ -123,11 +126,14 @@ impl DeviceMemory for CudaDeviceMemory {
         while mapped < bytes {
             let addr = at + mapped;
             let mut handle: sys::CUmemGenericAllocationHandle = 0;
-            // SAFETY: `handle` and `prop` are valid for the call.
-            check(
-                unsafe { sys::cuMemCreate(&mut handle, self.page as usize, &prop, 0) },
-                self.page,
-            )?;
+            match self.parked.pop() {
+                Some(parked) => handle = parked,
+                // SAFETY: `handle` and `prop` are valid for the call.
+                None => check(
+                    unsafe { sys::cuMemCreate(&mut handle, self.page as usize, &prop, 0) },
+                    self.page,
+                )?,
+            }
             // SAFETY: `addr` lies in a range we reserved and is not mapped
             // (the allocator maps each page once); `handle` is a page.
             let code = unsafe { sys::cuMemMap(addr, self.page as usize, 0, handle, 0) };
@@ -162,6 +168,28 @@ impl DeviceMemory for CudaDeviceMemory {
                 check(unsafe { sys::cuMemRelease(handle) }, 0)?;
             }
             done += self.page;
+        }
+        Ok(())
+    }
+
+    fn park_pages(&mut self, at: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
+        let mut done = 0;
+        while done < bytes {
+            let addr = at + done;
+            // SAFETY: the page was mapped by `map_pages`; no live block uses it.
+            check(unsafe { sys::cuMemUnmap(addr, self.page as usize) }, 0)?;
+            if let Some(handle) = self.handles.remove(&addr) {
+                self.parked.push(handle);
+            }
+            done += self.page;
+        }
+        Ok(())
+    }
+
+    fn release_parked(&mut self) -> Result<(), DeviceError> {
+        for handle in std::mem::take(&mut self.parked) {
+            // SAFETY: a parked handle is mapped nowhere.
+            check(unsafe { sys::cuMemRelease(handle) }, 0)?;
         }
         Ok(())
     }

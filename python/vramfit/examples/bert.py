@@ -20,6 +20,7 @@ def main() -> None:
     import transformers
 
     config = transformers.BertConfig()
+    common.set_dropout(config, args.dropout)
     seq_len, vocab = args.seq_len, config.vocab_size
     masked = max(1, int(seq_len * 0.15))
 

@@ -29,6 +29,7 @@ def main(description: str = __doc__ or "", default_config: Optional[Dict[str, An
         config = transformers.AutoConfig.for_model(**default_config)
     else:
         config = transformers.GPT2Config()
+    common.set_dropout(config, args.dropout)
     seq_len = args.seq_len or getattr(config, "n_positions", None) or config.max_position_embeddings
     vocab = config.vocab_size
 

@@ -41,7 +41,21 @@ def parser(description: str, *, micro: int, global_batch: int, lr: float) -> arg
     p.add_argument("--save-init", help="save the initial parameters here (torch.save)")
     p.add_argument("--eval-samples", type=int, default=8, help="samples of the final held-out loss")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    p.add_argument(
+        "--dropout", type=float, default=None,
+        help="set every dropout probability of the model's config (0 makes runs of different "
+        "micro-batches comparable: dropout masks depend on how the batch is split)",
+    )
     return p
+
+
+def set_dropout(config: Any, probability: Optional[float]) -> None:
+    """Sets every dropout probability of a Hugging Face config (``*dropout*``, ``*pdrop``)."""
+    if probability is None:
+        return
+    for name, value in list(vars(config).items()):
+        if isinstance(value, float) and ("dropout" in name or name.endswith("pdrop")):
+            setattr(config, name, probability)
 
 
 class Events:

@@ -33,6 +33,9 @@ pub enum Category {
     Activations,
     /// cuBLAS workspaces.
     Workspace,
+    /// A captured profile's allocations that outlive the profiled step
+    /// (weights, gradients, optimizer state: the profile does not say which).
+    Persistent,
 }
 
 /// The CUDA stream a tensor is allocated on. The caching allocator keeps the

@@ -1,0 +1,71 @@
+"""Hugging Face Trainer: the attempt's shape in ``TrainingArguments`` and the OOM exit protocol.
+
+::
+
+    attempt = vramfit.configure(micro_batch=8, grad_accum=4)
+    args = TrainingArguments(output_dir="out", **training_args_kwargs())
+    trainer = Trainer(model=model, args=args, train_dataset=ds, callbacks=[VramfitTrainerCallback()])
+    train(trainer)      # trainer.train() under the OOM exit protocol
+
+In-process absorption is not available here: ``Trainer`` draws each micro-batch
+from its own data loader, calls ``training_step`` once per micro-batch and steps
+the optimizer itself, so a step cannot be re-run from its first sample with a
+smaller micro-batch from a callback (``auto_find_batch_size`` restarts the whole
+loop and changes the global batch instead). An OOM ends the process with exit
+42 and the controller's restart path takes over.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Dict, Optional
+
+import transformers
+
+from .. import state
+from ..attempt import Attempt, ConfigError
+from ..oom import oom_guard
+
+
+def training_args_kwargs(attempt: Optional[Attempt] = None) -> Dict[str, Any]:
+    """``TrainingArguments`` fields for the attempt's shape."""
+    current = attempt or state.attempt()
+    return {
+        "per_device_train_batch_size": current.micro_batch,
+        "gradient_accumulation_steps": current.grad_accum,
+    }
+
+
+def apply_attempt(args: "transformers.TrainingArguments", attempt: Optional[Attempt] = None) -> "transformers.TrainingArguments":
+    """A copy of ``args`` with the attempt's micro-batch and accumulation."""
+    return dataclasses.replace(args, **training_args_kwargs(attempt))
+
+
+class VramfitTrainerCallback(transformers.TrainerCallback):
+    """Checks at the start of training that the Trainer runs the attempt's shape.
+
+    A Trainer built with other values would train another global batch than the
+    TrainingJob says, and the controller's back-off would not reach it.
+    """
+
+    def __init__(self, attempt: Optional[Attempt] = None) -> None:
+        self.attempt = attempt
+
+    def on_train_begin(self, args: Any, state_: Any, control: Any, **kwargs: Any) -> None:
+        current = self.attempt or state.attempt()
+        if not current.managed and self.attempt is None:
+            return
+        got = (args.per_device_train_batch_size, args.gradient_accumulation_steps)
+        want = (current.micro_batch, current.grad_accum)
+        if got != want:
+            raise ConfigError(
+                f"the Trainer runs micro-batch {got[0]} x accumulation {got[1]}, the attempt "
+                f"{want[0]} x {want[1]}: build TrainingArguments with vramfit.adapters."
+                "huggingface.training_args_kwargs()"
+            )
+
+
+def train(trainer: "transformers.Trainer", *, hard_exit: bool = True, **kwargs: Any) -> Any:
+    """``trainer.train(**kwargs)`` with an OOM turned into the exit protocol."""
+    with oom_guard(hard=hard_exit):
+        return trainer.train(**kwargs)

@@ -1,0 +1,68 @@
+#!/usr/bin/env python3
+"""Capture, on the CPU, the allocation profile of every case of the library
+calibration (scripts/gpu/calibrate_libraries.py) with `vramfit.profile`, so
+that `vramfit bench predict --profiles DIR` can check profile-based
+predictions against the GPU's measurements.
+
+Usage:
+    PYTHONPATH=python python3 scripts/capture_library_profiles.py \
+        data/calibration/h200-libraries.jsonl data/profiles/libraries [--only torchvision]
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+HF_CLASS = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM",
+            "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+            "bert": "BertForMaskedLM"}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("measured")
+    ap.add_argument("outdir")
+    ap.add_argument("--only", choices=("torchvision", "transformers"))
+    ap.add_argument("--force", action="store_true")
+    args = ap.parse_args()
+    from vramfit import profile
+
+    os.makedirs(args.outdir, exist_ok=True)
+    for line in open(args.measured):
+        row = json.loads(line)
+        if row["split"] == "repeat" or (args.only and row["library"] != args.only):
+            continue
+        out = os.path.join(args.outdir, row["name"] + ".profile.json")
+        if os.path.exists(out) and not args.force:
+            continue
+        c, m = row["case"], row["spec"]["model"]
+        t0 = time.time()
+        try:
+            p = capture_row(profile, row, c, m)
+        except Exception as e:  # noqa: BLE001
+            print(f"{row['name']}: FAILED {type(e).__name__}: {str(e)[:200]}", flush=True)
+            continue
+        p["name"] = row["name"]
+        with open(out, "w") as f:
+            json.dump(p, f, separators=(",", ":"))
+        print(f"{row['name']}: {len(p['events'])} events, live peak "
+              f"{p['capture']['peakLiveBytes'] / 2**30:.3f} GiB, {time.time() - t0:.1f}s",
+              flush=True)
+
+
+def capture_row(profile, row, c, m):
+    if row["library"] == "torchvision":
+        return profile.capture(f"torchvision.models:{c['model']}", {"num_classes": c["classes"]},
+                               c["micro"], c["precision"], c["optimizer"],
+                               input_shape=(3, c["image"], c["image"]), grad_accum=c["accum"])
+    cfg = m["huggingFace"]["config"]
+    return profile.capture(f"transformers:{HF_CLASS[c['model_type']]}", cfg, c["micro"],
+                           c["precision"], c["optimizer"], seq_len=c["seq"],
+                           grad_accum=c["accum"], checkpointing=c["ckpt"],
+                           attention=c["attention"])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
