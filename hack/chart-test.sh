@@ -151,7 +151,9 @@ mustnt controller list secrets -n "$ns"
 mustnt controller create pods -n ml --subresource=exec
 mustnt controller update pods -n ml
 mustnt controller list configmaps -n ml
+must controller patch gpunodes.vramfit.dev --subresource=status
 mustnt controller patch gpunodes.vramfit.dev
+mustnt controller delete gpunodes.vramfit.dev
 mustnt controller delete trainingjobs.vramfit.dev -n ml
 mustnt controller create deployments.apps -n ml
 mustnt controller '*' '*'

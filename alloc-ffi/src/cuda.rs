@@ -99,6 +99,15 @@ fn enter(ctx: &Context) -> Result<CtxGuard, DeviceError> {
     ctx.enter().map_err(DeviceError::Driver)
 }
 
+/// Waits for all work queued on the device's context. A page freed by
+/// PyTorch may still be read or written by kernels queued before the free
+/// (PyTorch frees when the host drops the tensor, reuse is stream-ordered),
+/// and `cuMemUnmap` is not: pages are unmapped only once the device is idle.
+fn wait_idle() -> Result<(), DeviceError> {
+    // SAFETY: synchronizes the current context (entered by the caller).
+    device_err(unsafe { sys::cuCtxSynchronize() }, 0, "cuCtxSynchronize")
+}
+
 /// [`DeviceMemory`] over the driver, one physical handle per page so that
 /// any page can be given back on its own.
 pub struct CudaMemory {
@@ -254,6 +263,7 @@ impl DeviceMemory for CudaMemory {
 
     fn unmap_pages(&mut self, at: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
         let _ctx = enter(&self.ctx)?;
+        wait_idle()?;
         let mut done = 0;
         while done < bytes {
             let addr = at + done;
@@ -274,6 +284,7 @@ impl DeviceMemory for CudaMemory {
 
     fn park_pages(&mut self, at: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
         let _ctx = enter(&self.ctx)?;
+        wait_idle()?;
         let mut done = 0;
         while done < bytes {
             let addr = at + done;

@@ -60,3 +60,29 @@ class GqaAttn(nn.Module):
 
 def gqa_attn() -> nn.Module:
     return GqaAttn()
+
+
+class CheckpointedMlp(nn.Module):
+    """A block with dropout behind the transformers-style checkpointing switch."""
+
+    def __init__(self, width: int = 256) -> None:
+        super().__init__()
+        self.block = nn.Sequential(nn.Linear(width, width), nn.ReLU(), nn.Dropout(0.5),
+                                   nn.Linear(width, width))
+        self.head = nn.Linear(width, 10)
+        self.kwargs: dict = {}
+        self.enabled = False
+
+    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: dict) -> None:
+        self.enabled, self.kwargs = True, gradient_checkpointing_kwargs
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.enabled:
+            x = torch.utils.checkpoint.checkpoint(self.block, x, **self.kwargs)
+        else:
+            x = self.block(x)
+        return self.head(x)
+
+
+def checkpointed_mlp() -> nn.Module:
+    return CheckpointedMlp()

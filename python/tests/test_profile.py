@@ -127,3 +127,11 @@ def test_fp32_grouped_query_attention_takes_the_math_path_as_on_cuda() -> None:
     assert scores in fp32["sizes"]
     bf16 = run("profile_models:gqa_attn", batch=b, input_shape=(s, 64), precision="bf16")
     assert max(bf16["sizes"]) < scores // 2
+
+
+def test_checkpointed_recomputation_follows_cuda_behaviour_too() -> None:
+    p = run("profile_models:checkpointed_mlp", batch=8, checkpointing=True)
+    seq = sizes_in_order(p)
+    # a 1-byte dropout mask in the forward and again in the recomputation
+    assert seq.count(8 * 256) >= 2 * p["capture"]["steps"]
+    assert p["capture"]["checkpointing"] is True

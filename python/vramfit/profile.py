@@ -36,6 +36,7 @@ predictor's GPU profile covers the context).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import sys
@@ -412,7 +413,12 @@ def capture(model_spec: str, config: Dict[str, Any], batch: int, precision: str,
         if checkpointing:
             if not hasattr(model, "gradient_checkpointing_enable"):
                 raise CaptureError("--checkpointing needs a model with gradient_checkpointing_enable()")
-            model.gradient_checkpointing_enable()
+            # The library's default (non-reentrant) checkpointing; the
+            # recomputation in backward runs outside the modes of the
+            # forward, so it gets its own CUDA-behaviour mode.
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={
+                "use_reentrant": False,
+                "context_fn": lambda: (contextlib.nullcontext(), _function_mode())})
         model.train()
         opt = make_optimizer(optimizer, model.parameters())
         scaler = _Scaler() if precision == "amp-fp16" else None

@@ -288,6 +288,8 @@ def worker_correctness(args):
         reused.fill_(-7.0)
         side.synchronize()
         correct = bool((out == 2).all().item())
+        result["recordStream"] = {"reusedEarly": early, "resultCorrect": correct,
+                                  "pendingAfterFree": va.memory_stats().get("vramfit.pendingFrees")}
         return (not early) and correct
 
     check("record_stream: a block in use on a busy stream is not reused early", record_stream)

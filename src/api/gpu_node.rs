@@ -17,6 +17,44 @@ use serde::{Deserialize, Serialize};
     status = "GpuNodeStatus",
     printcolumn(name = "GPUs", type_ = "integer", json_path = ".status.gpuCount"),
     printcolumn(name = "Model", type_ = "string", json_path = ".status.model"),
+    printcolumn(
+        name = "Committed",
+        type_ = "string",
+        json_path = ".status.allocation.committed",
+        description = "GPU memory committed to the jobs placed here (sum of their budgets)"
+    ),
+    printcolumn(
+        name = "Free",
+        type_ = "string",
+        json_path = ".status.allocation.free",
+        description = "GPU memory not committed, over the usable GPUs"
+    ),
+    printcolumn(
+        name = "Used",
+        type_ = "string",
+        json_path = ".status.allocation.used",
+        description = "GPU memory in use as the agent measures it",
+        priority = "1"
+    ),
+    printcolumn(
+        name = "Free-per-GPU",
+        type_ = "string",
+        json_path = ".status.allocation.gpuFree",
+        description = "free (uncommitted) memory of each GPU, index:free",
+        priority = "1"
+    ),
+    printcolumn(
+        name = "Jobs",
+        type_ = "integer",
+        json_path = ".status.allocation.jobs",
+        priority = "1"
+    ),
+    printcolumn(
+        name = "Agent",
+        type_ = "string",
+        json_path = ".status.agent.mode",
+        priority = "1"
+    ),
     printcolumn(name = "Heartbeat", type_ = "date", json_path = ".status.heartbeat"),
     printcolumn(
         name = "Age",
@@ -252,4 +290,29 @@ pub struct GpuNodeStatus {
     /// The agent's own state.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent: Option<AgentInfo>,
+    /// How much of the node's GPU memory is committed to placed jobs. Written
+    /// by the controller (its own field manager), never by the agent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocation: Option<NodeAllocation>,
+}
+
+/// The controller's account of a node's GPU memory, for `kubectl get gn`.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeAllocation {
+    /// Budgets of the jobs placed on the node's GPUs, summed, in bytes.
+    pub committed_bytes: u64,
+    /// Capacity minus committed over the usable GPUs (healthy or degraded,
+    /// fresh heartbeat), in bytes.
+    pub free_bytes: u64,
+    /// `committedBytes`, human-readable.
+    pub committed: String,
+    /// `freeBytes`, human-readable.
+    pub free: String,
+    /// Memory in use on the node's GPUs (the agent's NVML figures), human-readable.
+    pub used: String,
+    /// Free memory of each GPU, `index:free` separated by spaces.
+    pub gpu_free: String,
+    /// Jobs placed on the node.
+    pub jobs: u32,
 }

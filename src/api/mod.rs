@@ -4,6 +4,7 @@ pub mod gpu_node;
 pub mod model;
 pub mod schema;
 pub mod training_job;
+pub mod validate;
 
 pub use gpu_node::*;
 pub use model::*;

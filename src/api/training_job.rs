@@ -144,8 +144,7 @@ impl TrainingJobSpec {
     /// The pod template, parsed. Kept as JSON in the spec so that a malformed
     /// template is reported on its job instead of breaking every watch.
     pub fn pod_template(&self) -> Result<PodTemplateSpec, String> {
-        serde_json::from_value(serde_json::Value::Object(self.template.clone()))
-            .map_err(|e| format!("spec.template is not a valid PodTemplateSpec: {e}"))
+        check_pod_template(&self.template)
     }
 
     /// Headroom over the prediction, with the documented default.
@@ -154,6 +153,64 @@ impl TrainingJobSpec {
             .as_ref()
             .map_or(DEFAULT_HEADROOM, |m| m.headroom)
     }
+}
+
+/// Resource that the device plugin hands out; vramfit assigns the GPUs itself.
+pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
+
+/// Parses a job's pod template and refuses what vramfit must decide itself:
+/// the node (`nodeName`) and GPUs requested from the device plugin
+/// (`nvidia.com/gpu`). Errors name the field, such as
+/// `spec.template.spec.containers[0].resources.limits.nvidia.com/gpu`.
+pub fn check_pod_template(
+    template: &serde_json::Map<String, serde_json::Value>,
+) -> Result<PodTemplateSpec, String> {
+    let value = serde_json::Value::Object(template.clone());
+    let parsed: PodTemplateSpec = serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        let at = if path == "." {
+            "spec.template".to_string()
+        } else {
+            format!("spec.template.{path}")
+        };
+        format!("{at}: {}", e.inner())
+    })?;
+    let Some(spec) = parsed.spec.as_ref() else {
+        return Ok(parsed);
+    };
+    if spec.node_name.as_deref().is_some_and(|n| !n.is_empty()) {
+        return Err(
+            "spec.template.spec.nodeName: must not be set; vramfit chooses the node".into(),
+        );
+    }
+    let lists = [
+        ("containers", spec.containers.as_slice()),
+        (
+            "initContainers",
+            spec.init_containers.as_deref().unwrap_or_default(),
+        ),
+    ];
+    for (list, containers) in lists {
+        for (index, container) in containers.iter().enumerate() {
+            let Some(resources) = container.resources.as_ref() else {
+                continue;
+            };
+            for (kind, amounts) in [
+                ("limits", &resources.limits),
+                ("requests", &resources.requests),
+            ] {
+                if amounts
+                    .as_ref()
+                    .is_some_and(|a| a.contains_key(GPU_RESOURCE))
+                {
+                    return Err(format!(
+                        "spec.template.spec.{list}[{index}].resources.{kind}.{GPU_RESOURCE}: must not be set; vramfit assigns the GPUs and their memory"
+                    ));
+                }
+            }
+        }
+    }
+    Ok(parsed)
 }
 
 /// Where a job is in its life.

@@ -149,6 +149,9 @@ mod tests {
         assert_eq!(BatchShape::for_micro(64, 8, 1), Some(shape(8, 8)));
         assert_eq!(BatchShape::for_micro(60, 8, 1), None);
         assert_eq!(BatchShape::for_micro(64, 0, 1), None);
+        // Zero GPUs or a zero micro-batch is never a shape, not a division by zero.
+        assert_eq!(BatchShape::for_micro(0, 8, 0), None);
+        assert_eq!(BatchShape::for_micro(0, 0, 1), None);
         assert_eq!(shape(8, 8).display(), "8x8");
     }
 }

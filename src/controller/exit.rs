@@ -167,4 +167,22 @@ mod tests {
             PodOutcome::Waiting
         );
     }
+
+    #[test]
+    fn the_oom_message_is_the_line_with_pytorch_s_text_cut_to_300_characters() {
+        let text = format!(
+            "Traceback (most recent call last):\n  File \"train.py\"\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate {}\n",
+            "x".repeat(400)
+        );
+        match pod_outcome(&pod_with("Failed", 42, &text, "Error")) {
+            PodOutcome::OutOfMemory(message) => {
+                assert!(
+                    message.starts_with("torch.OutOfMemoryError: CUDA out of memory."),
+                    "{message}"
+                );
+                assert_eq!(message.chars().count(), 300);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
 }

@@ -374,6 +374,8 @@ async fn scheduling_loop(
     wait_ready(&gpu_nodes).await;
     wait_ready(&nodes).await;
     tracing::debug!("caches ready; scheduling starts");
+    // The allocation last written into each GpuNode's status.
+    let mut written: HashMap<String, crate::api::NodeAllocation> = HashMap::new();
     let ttl =
         SignedDuration::try_from(options.heartbeat_ttl).unwrap_or(SignedDuration::from_secs(120));
     loop {
@@ -429,6 +431,7 @@ async fn scheduling_loop(
             }
         }
         update_gauges(&ctx.metrics, &job_refs, &view, &ledger);
+        write_allocations(&ctx.client, &mut written, &job_list, &gpu_node_list, ttl).await;
         ctx.metrics
             .cycle_seconds
             .observe(started.elapsed().as_secs_f64());
@@ -440,6 +443,59 @@ async fn scheduling_loop(
         // one cycle take the whole burst instead of one cycle per wake-up.
         tokio::time::sleep(CYCLE_BATCH_WINDOW).await;
     }
+}
+
+/// Field manager of the `allocation` the controller writes into GpuNode status
+/// (the agent owns the rest of the status).
+const ALLOCATION_FIELD_MANAGER: &str = "vramfit-controller-allocation";
+
+/// Writes each GpuNode's `status.allocation` (committed and free memory, for
+/// `kubectl get gn`) when it changed since the last write. A failed write is
+/// retried in the next cycle.
+async fn write_allocations(
+    client: &Client,
+    written: &mut HashMap<String, crate::api::NodeAllocation>,
+    jobs: &[Arc<TrainingJob>],
+    gpu_nodes: &[Arc<GpuNode>],
+    ttl: SignedDuration,
+) {
+    use kube::api::{Patch, PatchParams};
+    let jobs: Vec<TrainingJob> = jobs.iter().map(|j| j.as_ref().clone()).collect();
+    let nodes: Vec<GpuNode> = gpu_nodes.iter().map(|n| n.as_ref().clone()).collect();
+    let view = crate::status::cluster_status(&jobs, &nodes, Timestamp::now(), ttl);
+    let api: Api<GpuNode> = Api::all(client.clone());
+    for node in &view.nodes {
+        let allocation = crate::status::node_allocation(node);
+        let current = nodes
+            .iter()
+            .find(|n| n.name_any() == node.name)
+            .and_then(|n| n.status.as_ref())
+            .and_then(|s| s.allocation.as_ref());
+        if written.get(&node.name) == Some(&allocation) && current == Some(&allocation) {
+            continue;
+        }
+        let patch = serde_json::json!({
+            "apiVersion": <GpuNode as kube::Resource>::api_version(&()),
+            "kind": <GpuNode as kube::Resource>::kind(&()),
+            "status": {"allocation": allocation},
+        });
+        match api
+            .patch_status(
+                &node.name,
+                &PatchParams::apply(ALLOCATION_FIELD_MANAGER).force(),
+                &Patch::Apply(&patch),
+            )
+            .await
+        {
+            Ok(_) => {
+                written.insert(node.name.clone(), allocation);
+            }
+            Err(error) => {
+                tracing::warn!(%error, node = %node.name, "could not write the GpuNode allocation");
+            }
+        }
+    }
+    written.retain(|name, _| view.nodes.iter().any(|n| &n.name == name));
 }
 
 /// Waits for a reflector's first complete list. The store's readiness signal

@@ -2,6 +2,7 @@
 
 use serde::Deserialize;
 
+use crate::api::validate::{as_document, validate_training_job};
 use crate::api::{DEFAULT_HEADROOM, MemorySpec, ModelSpec};
 
 use super::{GpuProfile, JobShape, PredictError, Prediction, predict_from_profile, predict_model};
@@ -70,6 +71,20 @@ pub fn parse_job(text: &str) -> Result<JobInput, PredictError> {
     let doc: serde_json::Value =
         serde_saphyr::from_str(text).map_err(|e| PredictError::Parse(format!("job: {e}")))?;
     let has_spec = doc.get("spec").is_some();
+    // Refuse what the API server refuses, naming the fields.
+    let checked = match (&doc, has_spec) {
+        (_, true) => validate_training_job(&doc),
+        (serde_json::Value::Object(spec), false) => {
+            validate_training_job(&as_document(spec.clone()))
+        }
+        _ => Err(vec!["job: expected a TrainingJob or its spec".to_string()]),
+    };
+    if let Err(problems) = checked {
+        return Err(PredictError::Parse(format!(
+            "the job is not valid:\n  {}",
+            problems.join("\n  ")
+        )));
+    }
     let parsed = if has_spec {
         serde_json::from_value::<Document>(doc).map(|d| d.spec)
     } else {

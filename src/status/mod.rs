@@ -11,7 +11,7 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt;
 use serde::Serialize;
 
-use crate::api::{GpuHealth, GpuNode, Phase, TrainingJob};
+use crate::api::{GpuHealth, GpuNode, NodeAllocation, Phase, TrainingJob};
 use crate::controller::scheduler::recorded;
 
 /// Retries shown, most recent first.
@@ -416,6 +416,49 @@ fn absorbed_retries(node: &GpuNode, jobs: &[TrainingJob]) -> Vec<RetryView> {
         }
     }
     out
+}
+
+/// A node's allocation as the controller writes it into `GpuNode` status
+/// (`kubectl get gn` columns). Free memory counts usable GPUs only: none on a
+/// node with a stale heartbeat, none on a faulty GPU.
+pub fn node_allocation(node: &NodeView) -> NodeAllocation {
+    use crate::controller::quantity::human_bytes;
+    let usable = |g: &GpuView| node.fresh && g.health != GpuHealth::Faulty;
+    let committed: u64 = node.gpus.iter().map(|g| g.committed_bytes).sum();
+    let free: u64 = node
+        .gpus
+        .iter()
+        .filter(|g| usable(g))
+        .map(|g| g.free_bytes)
+        .sum();
+    let used: u64 = node.gpus.iter().map(|g| g.measured_bytes).sum();
+    let gpu_free = node
+        .gpus
+        .iter()
+        .map(|g| {
+            if usable(g) {
+                format!("{}:{}", g.index, human_bytes(g.free_bytes).replace(' ', ""))
+            } else {
+                format!("{}:-", g.index)
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ");
+    let jobs: std::collections::BTreeSet<(&str, &str)> = node
+        .gpus
+        .iter()
+        .flat_map(|g| g.jobs.iter())
+        .map(|j| (j.namespace.as_str(), j.name.as_str()))
+        .collect();
+    NodeAllocation {
+        committed_bytes: committed,
+        free_bytes: free,
+        committed: human_bytes(committed),
+        free: human_bytes(free),
+        used: human_bytes(used),
+        gpu_free,
+        jobs: jobs.len() as u32,
+    }
 }
 
 /// Fraction `part / whole` clamped to 0..=1 (0 for an empty whole).

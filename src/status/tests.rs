@@ -277,6 +277,35 @@ fn only_the_most_recent_retries_are_kept() {
 }
 
 #[test]
+fn a_nodes_allocation_sums_its_gpus_and_counts_free_memory_on_usable_gpus_only() {
+    let mut faulty = h200(2, 0);
+    faulty["health"] = json!("Faulty");
+    let nodes = [
+        gpu_node(
+            "n1",
+            "2026-12-01T07:59:50Z",
+            json!([h200(0, 10 * GIB), h200(1, 5 * GIB), faulty]),
+        ),
+        gpu_node("stale", "2026-12-01T07:00:00Z", json!([h200(0, 0)])),
+    ];
+    let jobs = [
+        job("ddp").placed("n1", &[0, 1], 40).build(),
+        job("one").placed("n1", &[0], 20).build(),
+    ];
+    let status = view(&jobs, &nodes);
+    let allocation = node_allocation(&status.nodes[0]);
+    assert_eq!(allocation.committed_bytes, 100 * GIB);
+    assert_eq!(allocation.committed, "100.0 GiB");
+    // 140 - 60 on GPU 0, 140 - 40 on GPU 1, nothing on the faulty GPU 2.
+    assert_eq!(allocation.free_bytes, 180 * GIB);
+    assert_eq!(allocation.gpu_free, "0:80.0GiB 1:100.0GiB 2:-");
+    assert_eq!(allocation.used, "15.0 GiB");
+    assert_eq!(allocation.jobs, 2);
+    let stale = node_allocation(&status.nodes[1]);
+    assert_eq!((stale.free_bytes, stale.gpu_free.as_str()), (0, "0:-"));
+}
+
+#[test]
 fn bars_fill_in_proportion_and_mark_overcommitment() {
     assert_eq!(text::bar(0, 100), format!("[{}]", ".".repeat(30)));
     assert_eq!(

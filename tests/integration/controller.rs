@@ -300,11 +300,25 @@ async fn schema_valid_but_impossible_specs_get_an_invalid_condition() {
     .unwrap();
     let _ = config_maps.create(&PostParams::default(), &cm).await;
     cluster.apply_job(garbage).await;
+    // vramfit chooses the node and assigns the GPUs; a template that does
+    // either itself is refused, naming the field.
+    let mut gpus = mlp_job("devicegpus", 64, 8, 1, None);
+    gpus["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"] =
+        json!({"nvidia.com/gpu": 1});
+    cluster.apply_job(gpus).await;
+    let mut pinned = mlp_job("pinned", 64, 8, 1, None);
+    pinned["spec"]["template"]["spec"]["nodeName"] = json!("n1");
+    cluster.apply_job(pinned).await;
 
     for (name, expected) in [
         ("t5", "model_type 't5' is not supported"),
         ("profiled", "ConfigMap missing does not exist"),
         ("badprofile", "profile"),
+        (
+            "devicegpus",
+            "spec.template.spec.containers[0].resources.limits.nvidia.com/gpu: must not be set",
+        ),
+        ("pinned", "spec.template.spec.nodeName: must not be set"),
     ] {
         let job = cluster.wait_phase(name, Phase::Failed).await;
         let status = job.status.unwrap();

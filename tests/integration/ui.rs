@@ -244,6 +244,44 @@ async fn the_ui_page_shows_gpus_jobs_waiting_queue_and_retries_in_chromium() {
     assert_eq!(view["retries"][0]["from"], "8x8");
     assert_eq!(view["retries"][0]["to"], "4x16");
 
+    // `kubectl get gn` shows what the controller wrote into the GpuNode.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let committed = loop {
+        let gpu_nodes: kube::Api<vramfit::api::GpuNode> = kube::Api::all(cluster.client.clone());
+        let allocation = gpu_nodes
+            .get_status(&node)
+            .await
+            .unwrap()
+            .status
+            .and_then(|s| s.allocation);
+        if let Some(a) = allocation.filter(|a| a.committed_bytes >= 105 * GIB) {
+            break a;
+        }
+        assert!(Instant::now() < deadline, "no allocation in GpuNode {node}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    assert_eq!(committed.jobs, 3);
+    let table = |wide: bool| {
+        let mut command = crate::controlplane::kubectl();
+        command.args(["get", "gn", &node]);
+        if wide {
+            command.args(["-o", "wide"]);
+        }
+        String::from_utf8(command.output().unwrap().stdout).unwrap()
+    };
+    let plain = table(false);
+    assert!(
+        plain.contains("COMMITTED") && plain.contains("FREE"),
+        "{plain}"
+    );
+    assert!(plain.contains(&committed.committed), "{plain}");
+    assert!(!plain.contains("FREE-PER-GPU"), "{plain}");
+    let wide = table(true);
+    assert!(
+        wide.contains("FREE-PER-GPU") && wide.contains("0:") && wide.contains("1:140.0GiB"),
+        "{wide}"
+    );
+
     let dir = std::env::temp_dir().join(format!("vramfit-ui-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let url = format!("http://127.0.0.1:{port}/ui");

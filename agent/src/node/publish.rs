@@ -192,6 +192,7 @@ mod tests {
             heartbeat: Some("2026-12-01T00:00:00Z".into()),
             oom_reports: vec![],
             agent: Some(AgentInfo::default()),
+            allocation: None,
         }
     }
 

@@ -190,6 +190,8 @@ impl StatusBuilder {
                 health: reading.health,
                 message: reading.message.clone(),
             }),
+            // The controller's; never part of what the agent applies.
+            allocation: None,
         };
         (status, usage.into_values().collect())
     }
