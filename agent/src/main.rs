@@ -51,6 +51,10 @@ enum Command {
 
 #[derive(Subcommand)]
 enum BenchCommand {
+    /// Many simulated agents against one API server: the requests they send
+    /// per node per minute, from the API server's own counters
+    /// (docs/benchmarks.md).
+    Agents(run::FleetArgs),
     /// Allocation/free latency and throughput of the caching allocator
     /// (both policies) against raw cuMemAlloc/cuMemFree on one size mix.
     Alloc {
@@ -103,6 +107,9 @@ fn main() -> Result<()> {
                 std::process::exit(2);
             }
         }
+        Command::Bench {
+            what: BenchCommand::Agents(args),
+        } => run::bench_agents(args)?,
         Command::Bench {
             what:
                 BenchCommand::Alloc {

@@ -36,6 +36,11 @@ pub struct RunArgs {
     /// before the heartbeat.
     #[arg(long, default_value_t = 64)]
     change_threshold_mib: u64,
+    /// Shortest time between two writes when only byte figures moved (a
+    /// process that appears or ends, health, probes and OOM reports are
+    /// written at once).
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    min_write_gap: Duration,
     /// Folder of the pods' stats folders (`<root>/<namespace>_<pod>`); must
     /// match the controller's `--stats-root`.
     #[arg(long, default_value = "/var/run/vramfit/pods")]
@@ -117,6 +122,7 @@ impl RunArgs {
         options.interval = self.interval;
         options.publish = PublishPolicy {
             threshold_bytes: self.change_threshold_mib << 20,
+            min_gap: self.min_write_gap,
             heartbeat: self.heartbeat,
         };
         options.watchdog = WatchdogConfig {
@@ -204,4 +210,84 @@ async fn shutdown_signal() {
         _ = tokio::signal::ctrl_c() => {}
     }
     tracing::info!("agent stops");
+}
+
+/// Arguments of `vramfit-agent bench agents`.
+#[derive(Args, Debug)]
+pub struct FleetArgs {
+    /// Kubeconfig of the API server (with the CRDs installed).
+    #[arg(long, env = "KUBECONFIG")]
+    kubeconfig: PathBuf,
+    /// Simulated agents, one node each.
+    #[arg(long, default_value_t = 200)]
+    agents: usize,
+    /// GPUs of each node.
+    #[arg(long, default_value = "8xH200")]
+    simulate: String,
+    /// Pods started on each node when the window opens.
+    #[arg(long, default_value_t = 4)]
+    pods_per_node: usize,
+    /// How long each pod runs.
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    pod_run: Duration,
+    /// The measured window.
+    #[arg(long, default_value = "120s", value_parser = parse_duration)]
+    window: Duration,
+    /// Time the agents get to start before the window opens.
+    #[arg(long, default_value = "20s", value_parser = parse_duration)]
+    warm_up: Duration,
+    /// The agents' reading interval.
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    interval: Duration,
+    /// The agents' heartbeat.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    heartbeat: Duration,
+    /// The agents' shortest gap between writes of byte figures alone.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    min_write_gap: Duration,
+    /// Seed of the pods' simulated peaks.
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+}
+
+/// Runs `vramfit-agent bench agents` and prints its JSON report.
+pub fn bench_agents(args: FleetArgs) -> Result<()> {
+    use kube::config::{KubeConfigOptions, Kubeconfig};
+    use vramfit_agent::sim::fleet::{FleetOptions, bench_agents};
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "warn,kube=error".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    parse_sim_spec(&args.simulate).map_err(anyhow::Error::msg)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let report = runtime.block_on(async {
+        let kubeconfig = Kubeconfig::read_from(&args.kubeconfig)
+            .with_context(|| format!("reading {}", args.kubeconfig.display()))?;
+        let config =
+            kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
+        let client = kube::Client::try_from(config)?;
+        bench_agents(
+            client,
+            FleetOptions {
+                agents: args.agents,
+                simulate: args.simulate.clone(),
+                pods_per_node: args.pods_per_node,
+                pod_run: args.pod_run,
+                window: args.window,
+                warm_up: args.warm_up,
+                interval: args.interval,
+                heartbeat: args.heartbeat,
+                min_write_gap: args.min_write_gap,
+                seed: args.seed,
+            },
+        )
+        .await
+    })?;
+    println!("{}", serde_json::to_string_pretty(&report)?);
+    Ok(())
 }

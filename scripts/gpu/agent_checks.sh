@@ -46,7 +46,7 @@ echo "inventory rc=$?" >>"$log"; tail -5 "$work/inventory.log" >>"$log"
 
 say "2. training process, agents at 100 ms and 1 s"
 "$agent" run --node gpu-check --standalone --no-probe --interval 100ms --heartbeat 1s \
-  --change-threshold-mib 0 --status-file "$work/fast.json" 2>"$work/fast.log" &
+  --change-threshold-mib 0 --min-write-gap 100ms --status-file "$work/fast.json" 2>"$work/fast.log" &
 fast=$!
 "$agent" run --node gpu-check --standalone --no-probe --interval 1s \
   --status-file "$work/slow.json" 2>"$work/slow.log" &

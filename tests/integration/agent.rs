@@ -43,6 +43,7 @@ impl SimAgent {
         options.interval = Duration::from_millis(200);
         options.publish = PublishPolicy {
             threshold_bytes: 64 << 20,
+            min_gap: Duration::from_secs(1),
             heartbeat: Duration::from_secs(1),
         };
         options.watchdog = WatchdogConfig {
@@ -433,4 +434,80 @@ async fn a_pod_deleted_while_measured_leaves_the_gpu_node_and_is_never_reported(
         assert!(Instant::now() < deadline, "the pod was never removed");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_probe_request_is_served_and_cleared_and_oom_reports_survive_a_restart() {
+    let cluster = TestCluster::new("agent-probe").await;
+    let node = cluster.node_name("n1");
+    let agent = SimAgent::start(&cluster, &node, "1xL4", cluster.client.clone());
+    let first = wait_status(
+        &cluster.client,
+        &node,
+        "a first probe",
+        Duration::from_secs(30),
+        |s| s.gpus.first().is_some_and(|g| g.probe.is_some()),
+    )
+    .await;
+    let probed_at = first.gpus[0].probe.as_ref().unwrap().time.clone();
+    let gpu_nodes: Api<GpuNode> = Api::all(cluster.client.clone());
+    gpu_nodes
+        .patch(
+            &node,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&json!({"metadata": {"annotations": {
+                "vramfit.dev/probe-requested": "now"}}})),
+        )
+        .await
+        .unwrap();
+    wait_status(
+        &cluster.client,
+        &node,
+        "a second probe",
+        Duration::from_secs(15),
+        |s| s.gpus[0].probe.as_ref().unwrap().time != probed_at,
+    )
+    .await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let object = gpu_nodes.get(&node).await.unwrap();
+        let annotations = object.metadata.annotations.unwrap_or_default();
+        if !annotations.contains_key("vramfit.dev/probe-requested") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the probe request was never cleared"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // An OOM report an earlier agent left is kept by the next one.
+    drop(agent);
+    let mut status = gpu_node_status(&cluster.client, &node).await.unwrap();
+    status.oom_reports.push(vramfit::api::OomReport {
+        pod_namespace: cluster.namespace.clone(),
+        pod_name: "earlier-a1".into(),
+        used_bytes: 2,
+        budget_bytes: 1,
+        time: Timestamp::now().to_string(),
+        pod_uid: None,
+        reason: Some("before the restart".into()),
+    });
+    cluster.agent_report(&node, status).await;
+    let restarted_at = Timestamp::now();
+    let _agent = SimAgent::start(&cluster, &node, "1xL4", cluster.client.clone());
+    let after = wait_status(
+        &cluster.client,
+        &node,
+        "a heartbeat of the restarted agent",
+        Duration::from_secs(30),
+        |s| heartbeat(s) > restarted_at && s.agent.is_some(),
+    )
+    .await;
+    assert!(
+        after.oom_reports.iter().any(|r| r.pod_name == "earlier-a1"),
+        "{:?}",
+        after.oom_reports
+    );
 }

@@ -2,9 +2,11 @@
 //!
 //! Most readings differ from the last written status by a few bytes: writing
 //! each would make a thousand agents a steady load on the API server. A status
-//! is written when something a reader acts on changed (a process came or went,
-//! health, a probe, an OOM report, the batch shape), when a byte figure moved
-//! by more than a threshold, or when the heartbeat is due.
+//! is written at once when something a reader acts on changed (a process came
+//! or went, health, a probe, an OOM report, the batch shape, an allocator OOM
+//! count); when only byte figures moved by more than a threshold, at most once
+//! per minimum gap (a process ramping up would otherwise cost a write per
+//! reading); and when the heartbeat is due.
 
 use std::time::{Duration, Instant};
 
@@ -15,6 +17,8 @@ use vramfit::api::{AllocatorStats, GpuDevice, GpuNodeStatus, GpuProcess};
 pub struct PublishPolicy {
     /// A byte figure must move by more than this to count as a change.
     pub threshold_bytes: u64,
+    /// Shortest time between two writes for byte figures alone.
+    pub min_gap: Duration,
     /// Longest time between two writes.
     pub heartbeat: Duration,
 }
@@ -23,9 +27,21 @@ impl Default for PublishPolicy {
     fn default() -> Self {
         Self {
             threshold_bytes: 64 << 20,
+            min_gap: Duration::from_secs(5),
             heartbeat: Duration::from_secs(10),
         }
     }
+}
+
+/// How a status differs from the last one written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Change {
+    /// Only within the threshold (or the heartbeat text).
+    None,
+    /// Byte figures moved beyond the threshold; nothing else changed.
+    Bytes,
+    /// Something besides byte figures changed.
+    Structure,
 }
 
 /// Why a status is written.
@@ -33,8 +49,10 @@ impl Default for PublishPolicy {
 pub enum PublishReason {
     /// Nothing was written yet.
     First,
-    /// Something changed beyond the threshold.
+    /// Something besides byte figures changed.
     Changed,
+    /// Byte figures moved beyond the threshold and the minimum gap passed.
+    Moved,
     /// The heartbeat is due.
     Heartbeat,
 }
@@ -49,19 +67,18 @@ pub fn publish_reason(
     let Some((previous, at)) = last else {
         return Some(PublishReason::First);
     };
-    if differs(previous, current, policy.threshold_bytes) {
-        Some(PublishReason::Changed)
-    } else if now.saturating_duration_since(at) >= policy.heartbeat {
-        Some(PublishReason::Heartbeat)
-    } else {
-        None
+    let since = now.saturating_duration_since(at);
+    match change(previous, current, policy.threshold_bytes) {
+        Change::Structure => Some(PublishReason::Changed),
+        Change::Bytes if since >= policy.min_gap => Some(PublishReason::Moved),
+        _ if since >= policy.heartbeat => Some(PublishReason::Heartbeat),
+        _ => None,
     }
 }
 
-/// True when `b` differs from `a` in anything but the heartbeat and byte
-/// figures that moved by at most `threshold`.
-pub fn differs(a: &GpuNodeStatus, b: &GpuNodeStatus, threshold: u64) -> bool {
-    a.gpu_count != b.gpu_count
+/// How `b` differs from `a`, the heartbeat aside.
+pub fn change(a: &GpuNodeStatus, b: &GpuNodeStatus, threshold: u64) -> Change {
+    let structure = a.gpu_count != b.gpu_count
         || a.model != b.model
         || a.oom_reports != b.oom_reports
         || a.agent != b.agent
@@ -69,14 +86,23 @@ pub fn differs(a: &GpuNodeStatus, b: &GpuNodeStatus, threshold: u64) -> bool {
         || a.gpus
             .iter()
             .zip(&b.gpus)
-            .any(|(x, y)| gpu_differs(x, y, threshold))
+            .any(|(x, y)| gpu_structure_differs(x, y));
+    if structure {
+        return Change::Structure;
+    }
+    let moved = a
+        .gpus
+        .iter()
+        .zip(&b.gpus)
+        .any(|(x, y)| gpu_bytes_moved(x, y, threshold));
+    if moved { Change::Bytes } else { Change::None }
 }
 
 fn moved(a: u64, b: u64, threshold: u64) -> bool {
     a.abs_diff(b) > threshold
 }
 
-fn gpu_differs(a: &GpuDevice, b: &GpuDevice, threshold: u64) -> bool {
+fn gpu_structure_differs(a: &GpuDevice, b: &GpuDevice) -> bool {
     a.index != b.index
         || a.uuid != b.uuid
         || a.model != b.model
@@ -84,15 +110,14 @@ fn gpu_differs(a: &GpuDevice, b: &GpuDevice, threshold: u64) -> bool {
         || a.context_overhead_bytes != b.context_overhead_bytes
         || a.health != b.health
         || a.probe != b.probe
-        || moved(a.used_bytes, b.used_bytes, threshold)
         || a.processes.len() != b.processes.len()
         || a.processes
             .iter()
             .zip(&b.processes)
-            .any(|(x, y)| process_differs(x, y, threshold))
+            .any(|(x, y)| process_structure_differs(x, y))
 }
 
-fn process_differs(a: &GpuProcess, b: &GpuProcess, threshold: u64) -> bool {
+fn process_structure_differs(a: &GpuProcess, b: &GpuProcess) -> bool {
     a.pid != b.pid
         || a.pod_namespace != b.pod_namespace
         || a.pod_name != b.pod_name
@@ -100,19 +125,28 @@ fn process_differs(a: &GpuProcess, b: &GpuProcess, threshold: u64) -> bool {
         || a.container != b.container
         || a.training_job != b.training_job
         || a.shape != b.shape
-        || moved(a.used_bytes, b.used_bytes, threshold)
-        || moved(a.peak_bytes, b.peak_bytes, threshold)
         || match (&a.allocator, &b.allocator) {
-            (Some(x), Some(y)) => allocator_differs(x, y, threshold),
+            (Some(x), Some(y)) => {
+                x.policy != y.policy || x.budget_bytes != y.budget_bytes || x.num_ooms != y.num_ooms
+            }
             (x, y) => x.is_some() != y.is_some(),
         }
 }
 
-fn allocator_differs(a: &AllocatorStats, b: &AllocatorStats, threshold: u64) -> bool {
-    a.policy != b.policy
-        || a.budget_bytes != b.budget_bytes
-        || a.num_ooms != b.num_ooms
-        || moved(a.allocated_bytes, b.allocated_bytes, threshold)
+fn gpu_bytes_moved(a: &GpuDevice, b: &GpuDevice, threshold: u64) -> bool {
+    moved(a.used_bytes, b.used_bytes, threshold)
+        || a.processes.iter().zip(&b.processes).any(|(x, y)| {
+            moved(x.used_bytes, y.used_bytes, threshold)
+                || moved(x.peak_bytes, y.peak_bytes, threshold)
+                || match (&x.allocator, &y.allocator) {
+                    (Some(p), Some(q)) => allocator_bytes_moved(p, q, threshold),
+                    _ => false,
+                }
+        })
+}
+
+fn allocator_bytes_moved(a: &AllocatorStats, b: &AllocatorStats, threshold: u64) -> bool {
+    moved(a.allocated_bytes, b.allocated_bytes, threshold)
         || moved(a.reserved_bytes, b.reserved_bytes, threshold)
         || moved(a.peak_allocated_bytes, b.peak_allocated_bytes, threshold)
         || moved(a.peak_reserved_bytes, b.peak_reserved_bytes, threshold)
@@ -163,53 +197,48 @@ mod tests {
     }
 
     #[test]
-    fn writes_follow_changes_thresholds_and_the_heartbeat() {
+    fn writes_follow_changes_thresholds_the_gap_and_the_heartbeat() {
+        use PublishReason::{Changed, Heartbeat, Moved};
         let policy = PublishPolicy {
             threshold_bytes: 64 * MIB,
+            min_gap: Duration::from_secs(5),
             heartbeat: Duration::from_secs(10),
         };
         let t0 = Instant::now();
         let base = status();
-        let soon = t0 + Duration::from_secs(1);
-        let late = t0 + Duration::from_secs(10);
         type Edit = fn(&mut GpuNodeStatus);
-        let cases: [(&str, Edit, Option<PublishReason>, Option<PublishReason>); 9] = [
-            ("nothing", |_| {}, None, Some(PublishReason::Heartbeat)),
+        // (what, edit, reason 1 s / 6 s / 10 s after the last write)
+        let cases: [(&str, Edit, [Option<PublishReason>; 3]); 9] = [
+            ("nothing", |_| {}, [None, None, Some(Heartbeat)]),
             (
                 "heartbeat text only",
                 |s| s.heartbeat = Some("2026-12-01T00:00:09Z".into()),
-                None,
-                Some(PublishReason::Heartbeat),
+                [None, None, Some(Heartbeat)],
             ),
             (
                 "used moved below the threshold",
                 |s| s.gpus[0].processes[0].used_bytes += 60 * MIB,
-                None,
-                Some(PublishReason::Heartbeat),
+                [None, None, Some(Heartbeat)],
             ),
             (
                 "used moved beyond the threshold",
                 |s| s.gpus[0].processes[0].used_bytes += 65 * MIB,
-                Some(PublishReason::Changed),
-                Some(PublishReason::Changed),
+                [None, Some(Moved), Some(Moved)],
             ),
             (
                 "peak moved beyond the threshold",
                 |s| s.gpus[0].processes[0].peak_bytes += 100 * MIB,
-                Some(PublishReason::Changed),
-                Some(PublishReason::Changed),
+                [None, Some(Moved), Some(Moved)],
             ),
             (
                 "a process left",
                 |s| s.gpus[0].processes.clear(),
-                Some(PublishReason::Changed),
-                Some(PublishReason::Changed),
+                [Some(Changed); 3],
             ),
             (
                 "health",
                 |s| s.gpus[0].health = GpuHealth::Faulty,
-                Some(PublishReason::Changed),
-                Some(PublishReason::Changed),
+                [Some(Changed); 3],
             ),
             (
                 "an OOM report",
@@ -224,29 +253,29 @@ mod tests {
                         reason: None,
                     })
                 },
-                Some(PublishReason::Changed),
-                Some(PublishReason::Changed),
+                [Some(Changed); 3],
             ),
             (
                 "a probe",
                 |s| s.gpus[0].probe = Some(ProbeStatus::default()),
-                Some(PublishReason::Changed),
-                Some(PublishReason::Changed),
+                [Some(Changed); 3],
             ),
         ];
-        for (what, edit, at_once, after_heartbeat) in cases {
+        for (what, edit, want) in cases {
             let mut current = base.clone();
             edit(&mut current);
-            assert_eq!(
-                publish_reason(&policy, Some((&base, t0)), &current, soon),
-                at_once,
-                "{what}, 1 s later"
-            );
-            assert_eq!(
-                publish_reason(&policy, Some((&base, t0)), &current, late),
-                after_heartbeat,
-                "{what}, 10 s later"
-            );
+            for (after, want) in [1, 6, 10].into_iter().zip(want) {
+                assert_eq!(
+                    publish_reason(
+                        &policy,
+                        Some((&base, t0)),
+                        &current,
+                        t0 + Duration::from_secs(after)
+                    ),
+                    want,
+                    "{what}, {after} s later"
+                );
+            }
         }
         assert_eq!(
             publish_reason(&policy, None, &base, t0),
@@ -263,16 +292,23 @@ mod tests {
             .as_mut()
             .unwrap()
             .reserved_bytes += MIB;
-        assert!(!differs(&base, &small, 64 * MIB));
+        assert_eq!(change(&base, &small, 64 * MIB), Change::None);
+        let mut large = base.clone();
+        large.gpus[0].processes[0]
+            .allocator
+            .as_mut()
+            .unwrap()
+            .reserved_bytes += 100 * MIB;
+        assert_eq!(change(&base, &large, 64 * MIB), Change::Bytes);
         let mut oom = base.clone();
         oom.gpus[0].processes[0]
             .allocator
             .as_mut()
             .unwrap()
             .num_ooms = 1;
-        assert!(differs(&base, &oom, 64 * MIB));
+        assert_eq!(change(&base, &oom, 64 * MIB), Change::Structure);
         let mut gone = base.clone();
         gone.gpus[0].processes[0].allocator = None;
-        assert!(differs(&base, &gone, 64 * MIB));
+        assert_eq!(change(&base, &gone, 64 * MIB), Change::Structure);
     }
 }

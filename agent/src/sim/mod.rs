@@ -8,6 +8,7 @@
 //! `/proc`) is used here.
 
 pub mod cluster;
+pub mod fleet;
 pub mod kubelet;
 pub mod workload;
 
