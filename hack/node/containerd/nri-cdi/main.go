@@ -13,6 +13,8 @@
 // specs in its cdi_spec_dirs (hack/node/cdi.py writes the GPU's) and fails the
 // container if a name is unknown.
 //
+// A pod without the annotation gets the GPU UUIDs of its NVIDIA_VISIBLE_DEVICES.
+//
 // containerd starts it from its NRI plugin_path (as 10-vramfit-cdi); started
 // by hand it connects to --socket.
 package main
@@ -64,12 +66,35 @@ func DevicesFor(annotations map[string]string, ctr string) ([]string, error) {
 	return out, nil
 }
 
+// FromVisibleDevices is the fallback for pods without the annotation (a
+// controller older than it): the GPU UUIDs of NVIDIA_VISIBLE_DEVICES, as
+// nvidia.com/gpu devices. "all", "none", "void" and indexes are not taken.
+func FromVisibleDevices(env []string) []string {
+	var out []string
+	for _, kv := range env {
+		value, ok := strings.CutPrefix(kv, "NVIDIA_VISIBLE_DEVICES=")
+		if !ok {
+			continue
+		}
+		out = nil
+		for _, id := range strings.Split(value, ",") {
+			if id = strings.TrimSpace(id); strings.HasPrefix(id, "GPU-") {
+				out = append(out, "nvidia.com/gpu="+id)
+			}
+		}
+	}
+	return out
+}
+
 type plugin struct{}
 
 func (plugin) CreateContainer(_ context.Context, pod *api.PodSandbox, ctr *api.Container) (*api.ContainerAdjustment, []*api.ContainerUpdate, error) {
 	names, err := DevicesFor(pod.GetAnnotations(), ctr.GetName())
 	if err != nil {
 		return nil, nil, fmt.Errorf("pod %s/%s: %w", pod.GetNamespace(), pod.GetName(), err)
+	}
+	if len(names) == 0 {
+		names = FromVisibleDevices(ctr.GetEnv())
 	}
 	adjust := &api.ContainerAdjustment{}
 	for _, name := range names {

@@ -36,3 +36,14 @@ func TestDevicesForRejectsMalformedValues(t *testing.T) {
 		}
 	}
 }
+
+func TestFromVisibleDevicesTakesGPUUUIDsOnly(t *testing.T) {
+	got := FromVisibleDevices([]string{"PATH=/bin", "NVIDIA_VISIBLE_DEVICES=GPU-a, GPU-b,all,0"})
+	want := []string{"nvidia.com/gpu=GPU-a", "nvidia.com/gpu=GPU-b"}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("got %v, want %v", got, want)
+	}
+	if got := FromVisibleDevices([]string{"NVIDIA_VISIBLE_DEVICES=all"}); len(got) != 0 {
+		t.Fatalf("got %v for all", got)
+	}
+}
