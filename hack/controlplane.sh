@@ -8,6 +8,7 @@
 #   hack/controlplane.sh run  [--dir D]   start in the foreground; stops both on TERM/INT
 #   hack/controlplane.sh down [--dir D]   stop what `up` started
 #   hack/controlplane.sh crds [--kubeconfig K]   install crds/ and wait until they are served
+#   hack/controlplane.sh pki  [--dir D]   only make the certificates (hack/gpunode.sh ships them)
 #
 # Binaries go to $VRAMFIT_BIN (default ~/.cache/vramfit/bin), outside the clone, so a
 # fresh clone reuses them. The state folder defaults to ~/.cache/vramfit/controlplane.
@@ -25,6 +26,10 @@ stamp() {
 }
 
 build() {
+  # A folder of binaries that travelled without Go (hack/gpunode.sh): use them as they are.
+  if [[ -f $bin/.prebuilt && -x $bin/kube-apiserver && -x $bin/etcd ]]; then
+    return 0
+  fi
   local want
   want=$(stamp)
   if [[ -x $bin/kube-apiserver && -x $bin/etcd && "$(cat "$bin/.stamp" 2>/dev/null)" == "$want" ]]; then
@@ -113,8 +118,7 @@ start() {
   kubeconfig "$api_port"
   local i
   for i in $(seq 1 240); do
-    if curl -sf --cacert "$pki/ca.crt" --cert "$pki/admin.crt" --key "$pki/admin.key" \
-      "https://127.0.0.1:$api_port/readyz" >/dev/null 2>&1; then
+    if kubectl --kubeconfig "$dir/kubeconfig" get --raw /readyz >/dev/null 2>&1; then
       # The default namespace appears shortly after readyz; wait for it too.
       if KUBECONFIG=$dir/kubeconfig kubectl get namespace default >/dev/null 2>&1; then
         touch "$dir/ready"
@@ -194,6 +198,7 @@ case $cmd in
     exit 1
     ;;
   down) stop ;;
+  pki) certs ;;
   crds) install_crds "${kubeconfig_arg:-$dir/kubeconfig}" ;;
-  *) sed -n '2,14p' "$0"; exit 2 ;;
+  *) sed -n '2,15p' "$0"; exit 2 ;;
 esac

@@ -5,7 +5,8 @@
 # simulated processes) and the controller, which predicts, places and runs the
 # jobs.
 #
-#   hack/demo.sh        bring it up and show `kubectl get tj -n ml`
+#   hack/demo.sh        bring it up and show `vramfit status` and `kubectl get tj -n ml`
+#   hack/demo.sh --dev  the same with debug binaries (a faster first build)
 #   hack/demo.sh down   stop the controller and the control plane
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -26,8 +27,24 @@ if [[ ${1:-} == down ]]; then
   exit 0
 fi
 
-log "building vramfit and vramfit-agent"
-cargo build --release --quiet --bin vramfit --bin vramfit-agent
+profile=release
+profile_flag=(--release)
+if [[ ${1:-} == --dev ]]; then
+  profile=debug
+  profile_flag=()
+fi
+bin=$CARGO_TARGET_DIR/$profile
+if [[ ! -x $bin/vramfit || ! -x $bin/vramfit-agent ]]; then
+  log "building vramfit and vramfit-agent ($profile) into $CARGO_TARGET_DIR: the first build compiles about 400 crates, 5 to 15 minutes; later runs take seconds"
+else
+  log "building vramfit and vramfit-agent ($profile, up to date unless the sources changed)"
+fi
+cargo build "${profile_flag[@]}" -p vramfit --bin vramfit
+cargo build "${profile_flag[@]}" -p vramfit-agent --bin vramfit-agent
+if [[ ! -x ${VRAMFIT_BIN:-$HOME/.cache/vramfit/bin}/kube-apiserver ]]; then
+  log "building kube-apiserver and etcd from their Go modules (once, about 10 minutes)"
+fi
+log "starting the local control plane (kube-apiserver + etcd on loopback)"
 kubeconfig=$(hack/controlplane.sh up --dir "$state/controlplane")
 export KUBECONFIG=$kubeconfig
 hack/controlplane.sh crds --kubeconfig "$kubeconfig"
@@ -36,7 +53,7 @@ log "starting the simulated GPU node demo-gpu-1 (log: $state/agent.log)"
 if [[ -f $state/agent.pid ]]; then
   kill "$(cat "$state/agent.pid")" 2>/dev/null || true
 fi
-"$CARGO_TARGET_DIR/release/vramfit-agent" run --simulate 2xH200 --node demo-gpu-1 \
+"$bin/vramfit-agent" run --simulate 2xH200 --node demo-gpu-1 \
   --sim-run 60s >"$state/agent.log" 2>&1 &
 echo $! >"$state/agent.pid"
 for _ in $(seq 1 60); do
@@ -44,26 +61,31 @@ for _ in $(seq 1 60); do
   sleep 0.5
 done
 
-log "starting the controller (log: $state/controller.log, metrics: http://127.0.0.1:18080/metrics)"
+log "starting the controller (log: $state/controller.log, metrics and /ui: http://127.0.0.1:18080)"
 if [[ -f $state/controller.pid ]]; then
   kill "$(cat "$state/controller.pid")" 2>/dev/null || true
 fi
-"$CARGO_TARGET_DIR/release/vramfit" controller --no-leader-election \
+"$bin/vramfit" controller --no-leader-election \
   --metrics-addr 127.0.0.1:18080 >"$state/controller.log" 2>&1 &
 echo $! >"$state/controller.pid"
 
+log "applying examples/ (namespace ml) and waiting for the jobs to run"
 kubectl apply -f examples/ >/dev/null
 for _ in $(seq 1 60); do
   waiting=$(kubectl get tj -n ml -o jsonpath='{range .items[*]}{.status.phase}{"\n"}{end}' | grep -cvxE 'Running|Succeeded' || true)
   [[ $waiting == 0 ]] && break
   sleep 1
 done
+"$bin/vramfit" status --color never
+echo
 kubectl get tj -n ml
 cat <<EOF
 
-The demo runs. Try:
+The demo runs. In another shell, point kubectl and vramfit at it first:
   export KUBECONFIG=$kubeconfig
+  $bin/vramfit status --watch          # or open http://127.0.0.1:18080/ui
   kubectl get tj -n ml -o wide
+  kubectl get gn -o wide
   kubectl describe tj -n ml llama-1b
   kubectl get gpunode demo-gpu-1 -o yaml     # what the simulated agent reports
   curl -s 127.0.0.1:18080/metrics | grep ^vramfit_

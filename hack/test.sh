@@ -19,6 +19,11 @@ cargo clippy -p vramfit-agent --features cuda --all-targets --locked -- -D warni
 step "control plane binaries"
 hack/controlplane.sh build
 
+step "GPU node: binaries (cached in ~/.cache/vramfit/bin/node), the NRI plugin, generated files and CDI spec"
+hack/gpunode.sh build
+(cd hack/node/containerd && go test ./nri-cdi)
+python3 -m pytest -q -p no:cacheprovider hack/node
+
 step "generated CRDs are current"
 cargo run --quiet --locked -- crdgen --out crds
 git diff --exit-code -- crds/ charts/vramfit/crds/ || { echo "crds/ is stale: commit the regenerated files" >&2; exit 1; }

@@ -19,6 +19,22 @@ pub const JOB_LABEL: &str = "vramfit.dev/training-job";
 pub const ATTEMPT_LABEL: &str = "vramfit.dev/attempt";
 /// Annotation carrying the budget in bytes (read by the node agent).
 pub const BUDGET_ANNOTATION: &str = "vramfit.dev/budget-bytes";
+/// Prefix of the annotation (one per container, the container's name follows)
+/// listing the CDI devices it gets. On the node, an NRI plugin hands them to
+/// containerd's CDI injection (`hack/node/containerd/nri-cdi`): the kubelet
+/// passes pod annotations to the runtime, but no pod field names a CDI device.
+pub const CDI_ANNOTATION_PREFIX: &str = "cdi-devices.noderesource.dev/container.";
+/// CDI kind of a node's GPUs; each GPU is a device named by its UUID.
+pub const CDI_GPU_KIND: &str = "nvidia.com/gpu";
+
+/// The value of a container's CDI annotation: a YAML list of the placed GPUs.
+fn cdi_devices(uuids: &[&str]) -> String {
+    uuids
+        .iter()
+        .map(|u| format!("- {CDI_GPU_KIND}={u}\n"))
+        .collect()
+}
+
 /// Where the training process finds its stats folder (docs/node-protocol.md).
 pub const STATS_DIR: &str = "/run/vramfit";
 /// The pod volume of the stats folder.
@@ -43,7 +59,8 @@ pub fn pod_name(job_name: &str, attempt: u32) -> String {
 }
 
 /// Builds the pod of an attempt: the user's template, bound to the placed node,
-/// with the GPUs given through the NVIDIA container runtime, the `VRAMFIT_*`
+/// with the GPUs given through CDI (an annotation per container, see
+/// [`CDI_ANNOTATION_PREFIX`]) and `NVIDIA_VISIBLE_DEVICES`, the `VRAMFIT_*`
 /// variables the training helper reads and the stats folder under
 /// `stats_root` on the node (docs/node-protocol.md).
 pub fn training_pod(
@@ -138,6 +155,12 @@ pub fn training_pod(
     labels.insert(ATTEMPT_LABEL.into(), attempt.to_string());
     let mut annotations = template_meta.annotations.unwrap_or_default();
     annotations.insert(BUDGET_ANNOTATION.into(), placement.budget_bytes.to_string());
+    for container in &spec.containers {
+        annotations.insert(
+            format!("{CDI_ANNOTATION_PREFIX}{}", container.name),
+            cdi_devices(&uuids),
+        );
+    }
     Ok(Pod {
         metadata: ObjectMeta {
             name: Some(pod),
@@ -230,6 +253,12 @@ mod tests {
         assert_eq!(env["VRAMFIT_GRAD_ACCUM"], "16");
         assert_eq!(env["VRAMFIT_GLOBAL_BATCH"], "64");
         assert_eq!(env["VRAMFIT_MEMORY_FRACTION"], "0.140000");
+        let annotations = pod.metadata.annotations.as_ref().unwrap();
+        assert_eq!(
+            annotations["cdi-devices.noderesource.dev/container.train"],
+            "- nvidia.com/gpu=GPU-abc\n",
+            "the placed GPU reaches the container through CDI"
+        );
         let labels = pod.metadata.labels.as_ref().unwrap();
         assert_eq!(labels[JOB_LABEL], "gpt2");
         assert_eq!(labels["team"], "nlp");

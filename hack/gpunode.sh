@@ -1,0 +1,452 @@
+#!/usr/bin/env bash
+# A one-node Kubernetes cluster on this machine, from upstream components built
+# from their Go modules: etcd and kube-apiserver (hack/controlplane.sh),
+# containerd 2.2 with runc, the loopback CNI plugin and an NRI plugin that
+# hands pods their GPUs through CDI, and a kubelet registered with the API
+# server; then the CRDs, the vramfit controller and the node agent. The
+# training pods run on the GPU(s) of this machine. See docs/gpu-node.md.
+#
+#   hack/gpunode.sh build [NAME...]       build the node binaries once (cached, rebuilt when pins change)
+#   hack/gpunode.sh bundle [OUT]          the node binaries as one xz tarball (default .node-bin/), sizes on stdout
+#   hack/gpunode.sh bundle-vramfit [OUT]  vramfit and vramfit-agent from .dev-bin/ as a second one
+#   hack/gpunode.sh update NAME...        node binaries rebuilt since the bundle, as a third
+#   hack/gpunode.sh up   [--bundle F] [--dir D] [--node N]   bring the node up (from a bundle where Go is absent)
+#   hack/gpunode.sh demo [--out D] [--steps N]               run the demo jobs, print and record what happened
+#   hack/gpunode.sh down [--dir D]        stop everything `up` started
+#   hack/gpunode.sh all  [--bundle F] [--out D]              up, demo, down (what the GPU machine runs)
+#
+# The node binaries go to $VRAMFIT_BIN/node (default ~/.cache/vramfit/bin/node),
+# outside the clone. State defaults to /var/lib/vramfit-node.
+set -euo pipefail
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+here=$repo/hack
+nodebin=${VRAMFIT_BIN:-$HOME/.cache/vramfit/bin}/node
+dir=/var/lib/vramfit-node
+node=
+bundle=
+out=
+steps=${VRAMFIT_DEMO_STEPS:-30}
+
+log() { printf 'gpunode: %s\n' "$*" >&2; }
+die() { log "$*"; exit 1; }
+
+# --- build -------------------------------------------------------------------------
+
+# Build flags are part of the stamp: changing them rebuilds.
+k8s_version=v1.34.4
+containerd_version=v2.2.9
+runc_version=v1.5.3
+
+stamp_of() { cat "$@" | sha256sum | cut -c1-16; }
+
+# build_if NAME STAMP COMMAND...: runs COMMAND unless $nodebin/.stamp-NAME holds STAMP.
+build_if() {
+  local name=$1 want=$2
+  shift 2
+  if [[ "$(cat "$nodebin/.stamp-$name" 2>/dev/null)" == "$want" ]]; then
+    return 0
+  fi
+  log "building $name into $nodebin"
+  "$@"
+  echo "$want" >"$nodebin/.stamp-$name"
+}
+
+go_static() { nice -n 10 env CGO_ENABLED=0 go build -trimpath "$@"; }
+
+build_kube() {
+  local v=k8s.io/component-base/version
+  (cd "$here/controlplane/apiserver" && go_static \
+    -ldflags "-s -w -X $v.gitVersion=$k8s_version -X $v.gitMajor=1 -X $v.gitMinor=34 -X $v.gitTreeState=clean" \
+    -o "$nodebin/kube" ./kube)
+}
+
+build_etcd() {
+  (cd "$here/controlplane/etcd" && go_static -ldflags "-s -w" -o "$nodebin/etcd" .)
+}
+
+build_containerd() {
+  local v=github.com/containerd/containerd/v2/version
+  (cd "$here/node/containerd" && go_static -ldflags "-s -w -X $v.Version=$containerd_version -X $v.Revision=vramfit" \
+    -o "$nodebin/" github.com/containerd/containerd/v2/cmd/containerd \
+    github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 github.com/containerd/containerd/v2/cmd/ctr &&
+    go_static -ldflags "-s -w" -o "$nodebin/vramfit-nri-cdi" ./nri-cdi)
+}
+
+build_runc() {
+  # runc's nsexec is C: a static cgo build, with libseccomp linked in (the
+  # kubelet asks for the RuntimeDefault profile for every pod sandbox).
+  [[ -f /usr/lib/x86_64-linux-gnu/libseccomp.a || -f /usr/lib/libseccomp.a ]] ||
+    die "runc needs the static libseccomp (apt-get install libseccomp-dev)"
+  (cd "$here/node/runc" && nice -n 10 env CGO_ENABLED=1 go build -trimpath -tags "seccomp netgo osusergo" \
+    -ldflags "-s -w -X main.version=${runc_version#v} -extldflags -static" -o "$nodebin/runc" github.com/opencontainers/runc)
+}
+
+build_cni() {
+  (cd "$here/node/cni" && go_static -ldflags "-s -w" -o "$nodebin/loopback" \
+    github.com/containernetworking/plugins/plugins/main/loopback)
+}
+
+pause_source() {
+  echo "$(cd "$here/controlplane/apiserver" && go list -m -f '{{.Dir}}' k8s.io/kubernetes)/build/pause/linux/pause.c"
+}
+
+build_pause() {
+  # The upstream pause (k8s.io/kubernetes build/pause), static.
+  nice -n 10 gcc -Os -static -Wall -DVERSION=3.10-vramfit -o "$nodebin/pause" "$(pause_source)"
+  strip "$nodebin/pause"
+}
+
+# build [COMPONENT...]: all of them by default.
+build() {
+  command -v go >/dev/null || die "building the node binaries needs Go (or pass --bundle)"
+  mkdir -p "$nodebin"
+  local flags want=" ${*:-kube etcd containerd runc cni pause} "
+  flags=$(printf '%s\n' "$k8s_version $containerd_version $runc_version" "$(declare -f build_kube build_etcd build_containerd build_runc build_cni build_pause go_static)")
+  [[ $want == *" kube "* ]] && build_if kube "$(stamp_of "$here/controlplane/apiserver/go.sum" "$here/controlplane/apiserver/kube/main.go" <(echo "$flags"))" build_kube
+  [[ $want == *" etcd "* ]] && build_if etcd "$(stamp_of "$here/controlplane/etcd/go.sum" "$here/controlplane/etcd/main.go" <(echo "$flags"))" build_etcd
+  [[ $want == *" containerd "* ]] && build_if containerd "$(stamp_of "$here/node/containerd/go.sum" "$here/node/containerd/nri-cdi/main.go" <(echo "$flags"))" build_containerd
+  [[ $want == *" runc "* ]] && build_if runc "$(stamp_of "$here/node/runc/go.sum" <(echo "$flags"))" build_runc
+  [[ $want == *" cni "* ]] && build_if cni "$(stamp_of "$here/node/cni/go.sum" <(echo "$flags"))" build_cni
+  [[ $want == *" pause "* ]] && build_if pause "$(stamp_of "$(pause_source)" <(echo "$flags"))" build_pause
+  local l
+  for l in kube-apiserver kubelet kubectl; do ln -sf kube "$nodebin/$l"; done
+  # hack/controlplane.sh takes these as they are (its own build is dynamic).
+  touch "$nodebin/.prebuilt"
+}
+
+# The files of a bundle (links are made again when it is unpacked).
+bundle_files=(kube etcd containerd containerd-shim-runc-v2 ctr vramfit-nri-cdi runc loopback pause)
+
+bundle() {
+  local dest=${1:-$repo/.node-bin}
+  build
+  mkdir -p "$dest"
+  local f tmp
+  for f in "${bundle_files[@]}"; do [[ -x $nodebin/$f ]] || die "missing $nodebin/$f"; done
+  tmp=$(mktemp -d)
+  cp "${bundle_files[@]/#/$nodebin/}" "$tmp/"
+  # The control plane's certificates travel too: the GPU machine may lack openssl.
+  "$here/controlplane.sh" pki --dir "$tmp/controlplane" >/dev/null
+  tar -C "$tmp" -cf - "${bundle_files[@]}" controlplane/pki | nice -n 10 xz -9 -T2 >"$dest/vramfit-node.tar.xz.tmp"
+  mv "$dest/vramfit-node.tar.xz.tmp" "$dest/vramfit-node.tar.xz"
+  sizes "$tmp" "${bundle_files[@]}"
+  printf '%-24s %11d %11d\n' "vramfit-node.tar.xz" "$(du -cb "${bundle_files[@]/#/$tmp/}" | tail -1 | cut -f1)" \
+    "$(stat -c %s "$dest/vramfit-node.tar.xz")"
+  rm -rf "$tmp"
+}
+
+# vramfit and vramfit-agent (the release builds the lead puts in .dev-bin/),
+# stripped, as vramfit-bin.tar.xz beside the node bundle; `up --bundle` takes
+# both.
+bundle_vramfit() {
+  local dest=${1:-$repo/.node-bin} vb tmp f
+  vb=$(find_vramfit_bins)
+  mkdir -p "$dest"
+  tmp=$(mktemp -d)
+  local files=(vramfit vramfit-agent)
+  cp "$vb/vramfit" "$vb/vramfit-agent" "$tmp/"
+  for f in "$vb"/lib*.so; do [[ -f $f ]] && cp "$f" "$tmp/" && files+=("$(basename "$f")"); done
+  for f in "${files[@]}"; do strip "$tmp/$f" 2>/dev/null || true; done
+  tar -C "$tmp" -cf - "${files[@]}" | nice -n 10 xz -9 -T2 >"$dest/vramfit-bin.tar.xz"
+  log "vramfit binaries from $vb"
+  printf '%-24s %11d %11d\n' "vramfit-bin.tar.xz" "$(du -cb "${files[@]/#/$tmp/}" | tail -1 | cut -f1)" \
+    "$(stat -c %s "$dest/vramfit-bin.tar.xz")"
+  rm -rf "$tmp"
+}
+
+# update NAME... [--out D]: those node binaries alone, as update-NAME.tar.xz beside the bundle.
+bundle_update() {
+  local dest=$1 tmp f
+  shift
+  build
+  tmp=$(mktemp -d)
+  for f in "$@"; do cp "$nodebin/$f" "$tmp/"; done
+  tar -C "$tmp" -cf - "$@" | nice -n 10 xz -9 -T2 >"$dest/update-$(IFS=-; echo "$*").tar.xz"
+  rm -rf "$tmp"
+  ls -l "$dest/update-$(IFS=-; echo "$*").tar.xz"
+}
+
+sizes() {
+  # Per-file sizes (stripped, xz -9e alone) when VRAMFIT_BUNDLE_SIZES=1: slow.
+  [[ ${VRAMFIT_BUNDLE_SIZES:-0} == 1 ]] || return 0
+  local from=$1 f
+  shift
+  printf '%-24s %11s %11s\n' file stripped xz-9e
+  for f in "$@"; do
+    printf '%-24s %11d %11d\n' "$f" "$(stat -c %s "$from/$f")" "$(nice -n 10 xz -9e -T2 -c "$from/$f" | wc -c)"
+  done
+}
+
+unpack() {
+  # Python's lzma, not xz: the GPU machine may not have xz.
+  local from=$1 to=$2
+  mkdir -p "$to"
+  python3 - "$from" "$to" <<'EOF'
+import sys, tarfile
+with tarfile.open(sys.argv[1], "r:xz") as t:
+    t.extractall(sys.argv[2], filter="tar") if hasattr(tarfile, "data_filter") else t.extractall(sys.argv[2])
+EOF
+  local l
+  for l in kube-apiserver kubelet kubectl; do ln -sf kube "$to/$l"; done
+  # hack/controlplane.sh takes the binaries as they are (no Go here).
+  touch "$to/.prebuilt"
+}
+
+# --- up ----------------------------------------------------------------------------
+
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+
+now_ms() { python3 -c 'import time; print(int(time.time()*1000))'; }
+
+# vramfit and vramfit-agent: $VRAMFIT_BIN_DIR, else an unpacked bundle, else
+# .dev-bin/ (release binaries the lead builds), else the cargo target folder.
+find_vramfit_bins() {
+  local d
+  for d in "${VRAMFIT_BIN_DIR:-}" "$dir/bin" "$repo/.dev-bin" "$repo/.devbin" \
+    "${CARGO_TARGET_DIR:-$HOME/.cache/vramfit/target}/release" "${CARGO_TARGET_DIR:-$HOME/.cache/vramfit/target}/debug"; do
+    if [[ -n $d && -x $d/vramfit && -x $d/vramfit-agent ]]; then
+      echo "$d"
+      return 0
+    fi
+  done
+  die "no vramfit and vramfit-agent binaries (build them: cargo build -p vramfit -p vramfit-agent)"
+}
+
+start_bg() {
+  # start_bg NAME COMMAND...: runs COMMAND in the background with its log and pid in $dir.
+  local name=$1
+  shift
+  "$@" >"$dir/$name.log" 2>&1 &
+  echo $! >"$dir/$name.pid"
+}
+
+wait_for() {
+  # wait_for SECONDS WHAT COMMAND...: polls COMMAND every 0.2 s.
+  local secs=$1 what=$2 i
+  shift 2
+  for ((i = 0; i < secs * 5; i++)); do
+    if "$@" >/dev/null 2>&1; then return 0; fi
+    sleep 0.2
+  done
+  log "$what not ready after ${secs}s"
+  return 1
+}
+
+gpunode_has_gpus() {
+  [[ -n $(kubectl get gpunode "$1" -o jsonpath='{.status.gpus[0].uuid}' 2>/dev/null) ]]
+}
+
+simulated_gpunode() {
+  local node=$1
+  printf 'apiVersion: vramfit.dev/v1alpha1\nkind: GpuNode\nmetadata: {name: %s}\nspec: {}\n' "$node" | kubectl apply -f -
+  while :; do
+    kubectl patch gpunode "$node" --subresource=status --type=merge -p "$(python3 -c '
+import json, sys, time
+now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+gpus = [{"index": i, "uuid": f"GPU-sim-{i}", "model": "H200", "totalBytes": 150754820096, "health": "Healthy"} for i in (0, 1)]
+print(json.dumps({"status": {"heartbeat": now, "gpuCount": 2, "model": "H200", "gpus": gpus}}))')" >/dev/null
+    sleep 20
+  done
+}
+
+up() {
+  local t0
+  t0=$(now_ms)
+  if [[ -n $bundle ]]; then
+    log "unpacking $bundle into $dir/bin"
+    rm -rf "$dir/bin"
+    unpack "$bundle" "$dir/bin"
+    # Then every other tarball beside it, in name order, each replacing what
+    # it holds: vramfit-bin.tar.xz (bundle-vramfit), or a binary rebuilt
+    # since the bundle (`update NAME`), which saves compressing it all again.
+    local extra
+    for extra in "$(dirname "$bundle")"/*.tar.xz; do
+      [[ $extra == "$bundle" ]] && continue
+      log "unpacking $extra"
+      unpack "$extra" "$dir/bin"
+    done
+    nodebin=$dir/bin
+  else
+    build
+  fi
+  export PATH=$nodebin:$PATH
+  mkdir -p "$dir"
+  node=${node:-$(hostname | tr '[:upper:]' '[:lower:]' | cut -d. -f1)}
+  echo "$node" >"$dir/node-name"
+
+  log "control plane (etcd, kube-apiserver)"
+  if [[ -d $nodebin/controlplane/pki && ! -f $dir/controlplane/pki/admin.crt ]]; then
+    mkdir -p "$dir/controlplane"
+    cp -r "$nodebin/controlplane/pki" "$dir/controlplane/"
+  fi
+  local kubeconfig
+  kubeconfig=$(VRAMFIT_BIN=$nodebin "$here/controlplane.sh" up --dir "$dir/controlplane")
+  export KUBECONFIG=$kubeconfig
+
+  log "containerd (CRI, overlayfs, cgroupfs, CDI, NRI)"
+  local cd=$dir
+  rm -rf "$cd/cni" "$cd/nri" "$cd/cdi"
+  mkdir -p "$cd/containerd" "$cd/cni/bin" "$cd/cni/net.d" "$cd/nri/plugins" "$cd/nri/conf.d" "$cd/cdi" "$cd/images"
+  python3 "$here/node/nodecfg.py" containerd --dir "$cd" --runc "$nodebin/runc" >"$cd/containerd/config.toml"
+  python3 "$here/node/nodecfg.py" cni >"$cd/cni/net.d/10-vramfit-lo.conflist"
+  cp "$nodebin/loopback" "$cd/cni/bin/loopback"
+  cp "$nodebin/vramfit-nri-cdi" "$cd/nri/plugins/10-vramfit-cdi"
+  if [[ -e /dev/nvidiactl ]]; then
+    python3 "$here/node/nodecfg.py" cdi >"$cd/cdi/nvidia.json"
+    log "CDI spec for $(grep -c '"name": "GPU-' "$cd/cdi/nvidia.json") GPU(s) in $cd/cdi/nvidia.json"
+  else
+    log "no /dev/nvidiactl: no CDI spec, CPU-only pods"
+  fi
+  start_bg containerd "$nodebin/containerd" --config "$cd/containerd/config.toml"
+  local ctr=("$nodebin/ctr" --address "$cd/containerd.sock" -n k8s.io)
+  wait_for 30 containerd "${ctr[@]}" version || { tail -20 "$dir/containerd.log" >&2; return 1; }
+
+  log "images (built here, imported; no registry)"
+  python3 "$here/node/nodecfg.py" image pause --pause "$nodebin/pause" --out "$cd/images/pause.tar"
+  python3 "$here/node/nodecfg.py" image train --out "$cd/images/train.tar"
+  "${ctr[@]}" images import --local "$cd/images/pause.tar" >/dev/null
+  "${ctr[@]}" images import --local "$cd/images/train.tar" >/dev/null
+
+  log "kubelet (node $node, registered with the API server)"
+  mkdir -p "$dir/kubelet/root" "$dir/kubelet/pki" "$dir/kubelet/manifests"
+  local cpus
+  cpus=$(nproc)
+  python3 "$here/node/nodecfg.py" kubelet --dir "$dir" --endpoint "unix://$cd/containerd.sock" \
+    --healthz-port "$(free_port)" --port "$(free_port)" --cpus "$cpus" \
+    --cpu-manager "${VRAMFIT_CPU_MANAGER:-static}" >"$dir/kubelet/config.json"
+  # A fresh CPU manager state: a changed policy or CPU count fails the kubelet.
+  rm -f "$dir/kubelet/root/cpu_manager_state" "$dir/kubelet/root/memory_manager_state"
+  start_bg kubelet "$nodebin/kubelet" --config "$dir/kubelet/config.json" --kubeconfig "$kubeconfig" \
+    --hostname-override "$node" --root-dir "$dir/kubelet/root" --cert-dir "$dir/kubelet/pki" --v=1
+  wait_for 60 "node $node" kubectl wait --for condition=Ready --timeout=1s "node/$node" ||
+    { tail -30 "$dir/kubelet.log" >&2; return 1; }
+  # The node lifecycle controller (kube-controller-manager) is not running, so
+  # nobody lifts the not-ready taint the API server put on the new node.
+  kubectl taint node "$node" node.kubernetes.io/not-ready- >/dev/null 2>&1 || true
+  log "node $node Ready after $(( ($(now_ms) - t0) ))ms"
+
+  log "CRDs, controller, agent"
+  VRAMFIT_BIN=$nodebin "$here/controlplane.sh" crds --kubeconfig "$kubeconfig"
+  local vb
+  vb=$(find_vramfit_bins)
+  echo "$vb" >"$dir/vramfit-bin"
+  export RUST_LOG=${RUST_LOG:-info,kube=warn}
+  if [[ -e /dev/nvidiactl ]]; then
+    # NVRTC for the agent's probe kernels: the toolkit's, or the one PyTorch ships.
+    local nvrtc
+    nvrtc=$(find /usr/local/cuda*/lib64 /usr/local/cuda*/targets /opt /usr/lib -name 'libnvrtc.so*' 2>/dev/null | head -1)
+    [[ -n $nvrtc ]] && export LD_LIBRARY_PATH="$(dirname "$nvrtc"):${LD_LIBRARY_PATH:-}"
+    start_bg agent "$vb/vramfit-agent" run --node "$node"
+  else
+    # No GPU: keep a GpuNode with two simulated H200s alive, so the
+    # controller places. Not `vramfit-agent run
+    # --simulate`: it also plays the kubelet, and here the kubelet is real.
+    log "no GPU: a simulated GpuNode (no measurements) stands in for the agent"
+    start_bg agent simulated_gpunode "$node"
+  fi
+  start_bg controller "$vb/vramfit" controller --no-leader-election --metrics-addr "127.0.0.1:$(free_port)"
+  # The agent has reported (after its probe): the GpuNode lists GPUs.
+  wait_for 90 "GpuNode $node" gpunode_has_gpus "$node" || { tail -20 "$dir/agent.log" >&2; return 1; }
+  log "up in $(( ($(now_ms) - t0) ))ms; KUBECONFIG=$kubeconfig"
+  echo "$kubeconfig"
+}
+
+# --- down --------------------------------------------------------------------------
+
+stop_pid() {
+  local name=$1 pid i
+  [[ -f $dir/$name.pid ]] || return 0
+  pid=$(cat "$dir/$name.pid")
+  kill "$pid" 2>/dev/null || true
+  for i in $(seq 1 50); do
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  kill -9 "$pid" 2>/dev/null || true
+  rm -f "$dir/$name.pid"
+}
+
+down() {
+  local b=$nodebin
+  [[ -x $dir/bin/kube ]] && b=$dir/bin
+  stop_pid controller
+  stop_pid agent
+  # The kubelet first (it would restart what containerd stops), then every
+  # pod sandbox and container, then containerd.
+  stop_pid kubelet
+  if [[ -S $dir/containerd.sock && -x $b/ctr ]]; then
+    local ctr=("$b/ctr" --address "$dir/containerd.sock" -n k8s.io) id
+    for id in $("${ctr[@]}" tasks ls -q 2>/dev/null); do "${ctr[@]}" tasks kill -s KILL "$id" >/dev/null 2>&1 || true; done
+    sleep 0.5
+    for id in $("${ctr[@]}" tasks ls -q 2>/dev/null); do "${ctr[@]}" tasks delete -f "$id" >/dev/null 2>&1 || true; done
+  fi
+  stop_pid containerd
+  # Shims outlive containerd by design; end this node's, by the pid each wrote.
+  local f
+  for f in "$dir"/containerd/state/io.containerd.runtime.v2.task/k8s.io/*/shim.pid; do
+    [[ -f $f ]] && kill -9 "$(cat "$f")" 2>/dev/null || true
+  done
+  # Mounts the kubelet and containerd left (pod volumes, rootfs, netns, shm).
+  local m
+  for m in $(awk -v d="$dir/" 'index($2, d) == 1 {print $2}' /proc/mounts | sort -r); do
+    umount -l "$m" 2>/dev/null || true
+  done
+  "$here/controlplane.sh" down --dir "$dir/controlplane"
+}
+
+# The end of every process's log, after the demo's own output (demo.log), so
+# a failed run on the GPU machine still explains itself.
+collect_logs() {
+  local f
+  {
+    echo
+    echo "== node logs (last 25 lines each)"
+    for f in "$dir"/controlplane/apiserver.log "$dir"/containerd.log "$dir"/kubelet.log "$dir"/agent.log "$dir"/controller.log; do
+      [[ -f $f ]] || continue
+      echo "-- $f"
+      tail -25 "$f"
+    done
+  } >>"$out/demo.log" 2>&1
+}
+
+# --- command line --------------------------------------------------------------------
+
+cmd=${1:-}
+shift || true
+components=()
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --dir) dir=$2; shift 2 ;;
+    --node) node=$2; shift 2 ;;
+    --bundle) bundle=$(realpath "$2"); shift 2 ;;
+    --out) out=$2; shift 2 ;;
+    --steps) steps=$2; shift 2 ;;
+    *)
+      if [[ $cmd == bundle* && -z $out ]]; then out=$1; shift
+      elif [[ $cmd == build || $cmd == update ]]; then components+=("$1"); shift
+      else die "unknown argument $1"; fi ;;
+  esac
+done
+
+case $cmd in
+  build) build "${components[@]}" ;;
+  bundle) bundle "$out" ;;
+  bundle-vramfit) bundle_vramfit "$out" ;;
+  update) bundle_update "${out:-$repo/.node-bin}" "${components[@]}" ;;
+  up) down >/dev/null 2>&1 || true; up ;;
+  demo) source "$here/node/demo.sh"; demo ;;
+  down) down ;;
+  all)
+    out=${out:-$dir/demo-out}
+    mkdir -p "$out"
+    down >/dev/null 2>&1 || true
+    trap 'collect_logs; down >/dev/null 2>&1 || true' EXIT
+    up >/dev/null
+    source "$here/node/demo.sh"
+    demo
+    ;;
+  *) sed -n '2,18p' "$0"; exit 2 ;;
+esac

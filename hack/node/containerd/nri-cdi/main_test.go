@@ -1,0 +1,38 @@
+package main
+
+import (
+	"reflect"
+	"testing"
+)
+
+func TestDevicesForJoinsPodAndContainerListsWithoutRepeats(t *testing.T) {
+	ann := map[string]string{
+		AnnotationPrefix + "pod":             "- nvidia.com/gpu=0\n",
+		AnnotationPrefix + "container.train": "- nvidia.com/gpu=GPU-abc\n- nvidia.com/gpu=0\n",
+		AnnotationPrefix + "container.other": "- nvidia.com/gpu=1\n",
+		"unrelated":                          "x",
+	}
+	got, err := DevicesFor(ann, "train")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"nvidia.com/gpu=0", "nvidia.com/gpu=GPU-abc"}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("got %v, want %v", got, want)
+	}
+}
+
+func TestDevicesForIgnoresOtherContainersAndUnannotatedPods(t *testing.T) {
+	got, err := DevicesFor(map[string]string{AnnotationPrefix + "container.other": "- nvidia.com/gpu=1"}, "train")
+	if err != nil || len(got) != 0 {
+		t.Fatalf("got %v, %v; want nothing", got, err)
+	}
+}
+
+func TestDevicesForRejectsMalformedValues(t *testing.T) {
+	for _, value := range []string{"nvidia.com/gpu=0", "- gpu0", "- nvidia.com/gpu=", "{a: b}"} {
+		if _, err := DevicesFor(map[string]string{AnnotationPrefix + "container.train": value}, "train"); err == nil {
+			t.Errorf("%q: want an error", value)
+		}
+	}
+}

@@ -1,0 +1,98 @@
+# The GPU node demo (sourced by hack/gpunode.sh, which brought the node up):
+# applies the demo TrainingJobs, waits until each is Succeeded or Failed, then
+# prints and records what happened: the times (apply to first training step,
+# OOM to the next attempt's first step), `kubectl get tj`, `vramfit status`,
+# the GpuNode, and checks the outcome. Raw results go to $out (two files:
+# demo.json and demo.log).
+
+demo_python() {
+  # The interpreter the training pods run and the host folders it needs.
+  if [[ -x /opt/torch/.venv/bin/python ]]; then
+    echo /opt/torch/.venv/bin/python
+    echo /opt/torch/.venv
+    python3 "$here/node/nodecfg.py" venv-base /opt/torch/.venv
+  else
+    local py
+    py=$(python3 -c 'import sys, os; print(os.path.realpath(sys.executable))')
+    echo "$py"
+    python3 -c 'import sys; print(sys.base_prefix)'
+  fi
+}
+
+demo() {
+  local t0 kubeconfig vb
+  kubeconfig=$dir/controlplane/kubeconfig
+  export KUBECONFIG=$kubeconfig
+  [[ -x $dir/bin/kube ]] && nodebin=$dir/bin
+  export PATH=$nodebin:$PATH
+  vb=$(cat "$dir/vramfit-bin")
+  node=$(cat "$dir/node-name")
+  out=${out:-$dir/demo-out}
+  mkdir -p "$out"
+  local gpu=1
+  [[ -e /dev/nvidiactl ]] || gpu=0
+
+  local py roots=()
+  mapfile -t py < <(demo_python)
+  local root
+  for root in "${py[@]:1}"; do roots+=(--root "$root"); done
+  local jobs=$dir/demo-jobs.json
+  python3 "$here/node/nodecfg.py" jobs --repo "$repo" --python "${py[0]}" "${roots[@]}" --steps "$steps" \
+    $( ((gpu)) || echo --cpu) >"$jobs"
+  if ((!gpu)); then
+    # No GPU here: a CDI spec for the agent's simulated GPUs (environment
+    # only, no device nodes), so the pods take the same CDI path as on a GPU node.
+    kubectl get gpunode "$node" -o json | python3 "$here/node/nodecfg.py" cdi-simulated >"$dir/cdi/simulated.json"
+  fi
+
+  kubectl apply -f "$repo/examples/00-namespace.yaml" >/dev/null
+  log "applying $(python3 -c 'import json,sys; print(len(json.load(open(sys.argv[1]))["items"]))' "$jobs") TrainingJobs"
+  t0=$(now_ms)
+  kubectl apply -f "$jobs" >/dev/null
+  local deadline=$(( $(date +%s) + ${VRAMFIT_DEMO_TIMEOUT:-420} )) left
+  while :; do
+    left=$(kubectl get tj -n ml -o jsonpath='{range .items[*]}{.status.phase}{"\n"}{end}' | grep -cvxE 'Succeeded|Failed' || true)
+    [[ $left == 0 ]] && break
+    if (( $(date +%s) > deadline )); then
+      log "timed out with $left job(s) not finished"
+      break
+    fi
+    sleep 2
+  done
+  local t1
+  t1=$(now_ms)
+
+  {
+    echo "== kubectl get tj -n ml -o wide"
+    kubectl get tj -n ml -o wide
+    echo
+    echo "== kubectl get pods -n ml -o wide"
+    kubectl get pods -n ml -o wide
+    echo
+    if "$vb/vramfit" status --help >/dev/null 2>&1; then
+      echo "== vramfit status"
+      "$vb/vramfit" status 2>&1 || true
+      echo
+    fi
+    echo "== kubectl get gpunode $node -o yaml"
+    kubectl get gpunode "$node" -o yaml
+    echo
+    echo "== events (ml)"
+    kubectl get events -n ml --sort-by=.lastTimestamp 2>&1 | tail -60
+  } >"$out/demo.log" 2>&1
+
+  # Everything the summary needs, in one JSON document: the jobs, the pods,
+  # the GpuNode and each pod's vramfit-train events from its log.
+  kubectl get tj -n ml -o json >"$dir/tj.json"
+  kubectl get pods -n ml -o json >"$dir/pods.json"
+  kubectl get gpunode "$node" -o json >"$dir/gpunode.json"
+  local rc=0
+  python3 "$here/node/report.py" --apply-ms "$t0" --end-ms "$t1" --gpu "$gpu" \
+    --jobs "$dir/tj.json" --pods "$dir/pods.json" --gpunode "$dir/gpunode.json" \
+    --logs /var/log/pods --out "$out/demo.json" >"$dir/summary.txt" || rc=$?
+  cat "$out/demo.log"
+  echo
+  cat "$dir/summary.txt"
+  cat "$dir/summary.txt" >>"$out/demo.log"
+  return $rc
+}

@@ -1,0 +1,609 @@
+#!/usr/bin/env python3
+"""The GPU node's generated files: containerd and kubelet configuration, the
+CNI network, the CDI spec of the GPUs, and the two local images.
+
+Only the standard library, so it runs unchanged on the development machine
+and on the GPU node (whatever python3 is there). hack/gpunode.sh calls it;
+hack/node/test_nodecfg.py tests it (CI runs them).
+
+    nodecfg.py containerd --dir D --runc R --sandbox-image I     config.toml on stdout
+    nodecfg.py kubelet --dir D --endpoint E --node N ...         KubeletConfiguration on stdout
+    nodecfg.py cni                                               the loopback-only network
+    nodecfg.py cdi [--driver-root /usr/local/nvidia] [--dev /dev] [--proc /proc/driver/nvidia]
+    nodecfg.py cdi-simulated < gpunode.json                      the same for a simulating agent's GPUs
+    nodecfg.py image pause|train --out FILE [--pause BIN]        a docker-archive tarball
+    nodecfg.py jobs --repo R --python P [--root D]... [--cpu]    the demo's TrainingJobs (a List)
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import io
+import json
+import os
+import re
+import sys
+import tarfile
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+# The images are local: imported with `ctr images import`, never pulled.
+PAUSE_IMAGE = "localhost/vramfit/pause:3.10"
+TRAIN_IMAGE = "localhost/vramfit/train:dev"
+CDI_KIND = "nvidia.com/gpu"
+NRI_PLUGIN = "10-vramfit-cdi"
+
+
+def _toml_str(value: str) -> str:
+    return json.dumps(value)  # a JSON string is a valid TOML basic string
+
+
+def _toml_list(values: Sequence[str]) -> str:
+    return "[" + ", ".join(_toml_str(v) for v in values) + "]"
+
+
+def containerd_config(
+    state_dir: str, runc: str, sandbox_image: str = PAUSE_IMAGE, log_level: str = "info"
+) -> str:
+    """containerd 2.x configuration (version 3) for a kubelet on this node.
+
+    Everything lives under state_dir so the node leaves the host's
+    /var/lib/containerd and /etc alone. restrict_oom_score_adj: the GPU
+    machine lacks CAP_SYS_RESOURCE, so runc may only raise oom_score_adj
+    (without it every sandbox fails: "nsexec: failed to update
+    /proc/self/oom_score_adj: Permission denied"). cgroupfs, not systemd:
+    there is no systemd. CDI on, reading only this node's spec folder. NRI on,
+    with the CDI plugin (vramfit-nri-cdi) that maps pod annotations to CDI
+    devices.
+    """
+    d = state_dir.rstrip("/")
+    rt = "plugins.'io.containerd.cri.v1.runtime'"
+    img = "plugins.'io.containerd.cri.v1.images'"
+    return f"""version = 3
+root = {_toml_str(d + "/containerd/root")}
+state = {_toml_str(d + "/containerd/state")}
+
+[grpc]
+  address = {_toml_str(d + "/containerd.sock")}
+
+[ttrpc]
+  address = {_toml_str(d + "/containerd.sock.ttrpc")}
+
+[debug]
+  level = {_toml_str(log_level)}
+
+[{img}]
+  snapshotter = "overlayfs"
+  [{img}.pinned_images]
+    sandbox = {_toml_str(sandbox_image)}
+
+[{rt}]
+  restrict_oom_score_adj = true
+  enable_cdi = true
+  cdi_spec_dirs = {_toml_list([d + "/cdi"])}
+  tolerate_missing_hugetlb_controller = true
+  disable_hugetlb_controller = true
+  [{rt}.containerd]
+    default_runtime_name = "runc"
+    [{rt}.containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [{rt}.containerd.runtimes.runc.options]
+        BinaryName = {_toml_str(runc)}
+        SystemdCgroup = false
+  [{rt}.cni]
+    bin_dirs = {_toml_list([d + "/cni/bin"])}
+    conf_dir = {_toml_str(d + "/cni/net.d")}
+    max_conf_num = 1
+
+[plugins.'io.containerd.grpc.v1.cri']
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+
+[plugins.'io.containerd.nri.v1.nri']
+  disable = false
+  socket_path = {_toml_str(d + "/nri/nri.sock")}
+  plugin_path = {_toml_str(d + "/nri/plugins")}
+  plugin_config_path = {_toml_str(d + "/nri/conf.d")}
+"""
+
+
+def kubelet_config(
+    state_dir: str,
+    endpoint: str,
+    healthz_port: int,
+    port: int,
+    cpus: int,
+    reserved_cpus: str = "0",
+    cpu_manager: str = "static",
+) -> str:
+    """KubeletConfiguration (JSON, which the kubelet reads as YAML).
+
+    Registered against the local API server (the kubeconfig is a flag),
+    cgroupfs driver to match containerd, swap tolerated, serving on loopback
+    only, no read-only port. The static CPU manager gives Guaranteed pods
+    with whole CPUs exclusive cores; CPU reservedSystemCPUs (default "0") is
+    kept for the control plane, containerd, the kubelet and the agent. Eviction
+    thresholds are low: the node is a single machine with a small disk, and
+    evicting a training pod would look like a failure that is not an OOM.
+    """
+    if cpu_manager not in ("static", "none"):
+        raise ValueError(f"cpu manager policy must be static or none, not {cpu_manager!r}")
+    if cpu_manager == "static" and cpus < 2:
+        raise ValueError("the static CPU manager needs at least 2 CPUs (one is reserved)")
+    d = state_dir.rstrip("/")
+    config = {
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "kind": "KubeletConfiguration",
+        "cgroupDriver": "cgroupfs",
+        "containerRuntimeEndpoint": endpoint,
+        "failSwapOn": False,
+        "failCgroupV1": False,
+        "address": "127.0.0.1",
+        "port": port,
+        "readOnlyPort": 0,
+        "healthzBindAddress": "127.0.0.1",
+        "healthzPort": healthz_port,
+        "authentication": {
+            "anonymous": {"enabled": False},
+            "webhook": {"enabled": False},
+            "x509": {},
+        },
+        "authorization": {"mode": "AlwaysAllow"},
+        "staticPodPath": d + "/kubelet/manifests",
+        "resolvConf": "/etc/resolv.conf" if os.path.exists("/etc/resolv.conf") else "",
+        "cpuManagerPolicy": cpu_manager,
+        "evictionHard": {
+            "memory.available": "200Mi",
+            "nodefs.available": "100Mi",
+            "imagefs.available": "100Mi",
+            "nodefs.inodesFree": "1%",
+        },
+        "evictionPressureTransitionPeriod": "10s",
+        "imageGCHighThresholdPercent": 99,
+        "imageGCLowThresholdPercent": 98,
+        "serializeImagePulls": False,
+        "nodeStatusUpdateFrequency": "4s",
+        "syncFrequency": "10s",
+        "fileCheckFrequency": "10s",
+        "shutdownGracePeriod": "0s",
+        "protectKernelDefaults": False,
+        "makeIPTablesUtilChains": False,
+        "localStorageCapacityIsolation": True,
+    }
+    if cpu_manager == "static":
+        config["reservedSystemCPUs"] = reserved_cpus
+    return json.dumps(config, indent=2) + "\n"
+
+
+def cni_config() -> str:
+    """A loopback-only network: every pod that is not on the host network gets
+    its own network namespace with `lo` up and nothing else. No bridge, no
+    NAT: the GPU machine has no iptables and ip_forward = 0, and the training
+    pods need no network (they use hostNetwork where they do). Its presence
+    is what makes containerd report NetworkReady and the kubelet the node Ready.
+    """
+    return (
+        json.dumps(
+            {
+                "cniVersion": "1.0.0",
+                "name": "vramfit-lo",
+                "plugins": [{"type": "loopback"}],
+            },
+            indent=2,
+        )
+        + "\n"
+    )
+
+
+# --- CDI ------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Gpu:
+    minor: int
+    uuid: str
+    bus: str
+
+
+def _gpus_from_proc(proc_root: Path) -> List[Gpu]:
+    """GPUs from /proc/driver/nvidia/gpus/<bus>/information (the driver's own
+    list: "Device Minor" and "GPU UUID" lines)."""
+    gpus = []
+    root = proc_root / "gpus"
+    if not root.is_dir():
+        return gpus
+    for entry in sorted(root.iterdir()):
+        info = entry / "information"
+        if not info.is_file():
+            continue
+        fields = {}
+        for line in info.read_text(errors="replace").splitlines():
+            key, sep, value = line.partition(":")
+            if sep:
+                fields[key.strip()] = value.strip()
+        try:
+            minor = int(fields["Device Minor"])
+            uuid = fields["GPU UUID"]
+        except (KeyError, ValueError) as exc:
+            raise ValueError(f"{info}: no usable 'Device Minor' and 'GPU UUID' lines") from exc
+        gpus.append(Gpu(minor=minor, uuid=uuid, bus=entry.name))
+    return sorted(gpus, key=lambda g: g.minor)
+
+
+def cdi_spec(
+    driver_root: str = "/usr/local/nvidia",
+    dev: str = "/dev",
+    proc: str = "/proc/driver/nvidia",
+    uuids: Optional[Dict[int, str]] = None,
+) -> dict:
+    """A CDI spec (kind nvidia.com/gpu) for the GPUs of this machine.
+
+    One device per GPU, named both by index (device minor) and by UUID, each
+    with its /dev/nvidiaN; every device also brings the shared control nodes
+    (/dev/nvidiactl, /dev/nvidia-uvm, /dev/nvidia-uvm-tools,
+    /dev/nvidia-modeset where present) and the driver tree's bin, lib and
+    lib64 folders, bind-mounted read-only at the same paths, with
+    LD_LIBRARY_PATH pointing at the libraries. Device numbers are left out: the CDI
+    library reads them from the host's nodes when it injects a device.
+
+    `uuids` maps a minor to a UUID where /proc/driver/nvidia is not there
+    (tests, or a caller that asked NVML).
+    """
+    dev_root = Path(dev)
+    driver = Path(driver_root)
+    gpus = _gpus_from_proc(Path(proc))
+    if uuids:
+        gpus = [Gpu(minor=m, uuid=u, bus="") for m, u in sorted(uuids.items())]
+    if not gpus:
+        raise ValueError(f"no GPUs found under {proc}/gpus (is the NVIDIA driver loaded?)")
+    for g in gpus:
+        if not (dev_root / f"nvidia{g.minor}").exists():
+            raise ValueError(f"GPU {g.uuid} has minor {g.minor} but {dev_root}/nvidia{g.minor} is missing")
+    if not (dev_root / "nvidiactl").exists():
+        raise ValueError(f"{dev_root}/nvidiactl is missing")
+    libdirs = [d for d in ("lib64", "lib") if (driver / d).is_dir()]
+    if not any((driver / d / "libcuda.so.1").exists() for d in libdirs):
+        raise ValueError(f"no libcuda.so.1 under {driver}/lib64 or {driver}/lib: not a driver tree")
+    mounts = []
+    for d in ["bin"] + libdirs:
+        if (driver / d).is_dir():
+            path = str(driver / d)
+            mounts.append(
+                {
+                    "hostPath": path,
+                    "containerPath": path,
+                    "type": "bind",
+                    "options": ["ro", "nosuid", "nodev", "rbind", "rprivate"],
+                }
+            )
+    shared = [
+        {"path": str(dev_root / n)}
+        for n in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
+        if (dev_root / n).exists()
+    ]
+    # PATH stays the image's (which lists /usr/local/nvidia/bin): a second
+    # PATH in the process environment would be ambiguous.
+    env = ["LD_LIBRARY_PATH=" + ":".join(str(driver / d) for d in libdirs)]
+    devices = []
+    for g in gpus:
+        edits = {"deviceNodes": [{"path": str(dev_root / f"nvidia{g.minor}")}]}
+        for name in (str(g.minor), g.uuid):
+            devices.append({"name": name, "containerEdits": edits})
+    return {
+        "cdiVersion": "0.6.0",
+        "kind": CDI_KIND,
+        "devices": devices,
+        "containerEdits": {"deviceNodes": shared, "mounts": mounts, "env": env},
+    }
+
+
+def cdi_spec_simulated(gpu_node: dict) -> dict:
+    """A CDI spec for the GPUs a simulating agent reports (`vramfit-agent run
+    --simulate`, on a machine without GPUs): the same names as cdi_spec, by
+    index and UUID, that set VRAMFIT_SIMULATED_GPU instead of adding device
+    nodes, so a CPU pod goes through the same NRI and CDI path."""
+    gpus = (gpu_node.get("status") or {}).get("gpus") or []
+    if not gpus:
+        raise ValueError("the GpuNode reports no GPUs")
+    devices = []
+    for g in gpus:
+        edits = {"env": [f"VRAMFIT_SIMULATED_GPU={g['uuid']}"]}
+        for name in (str(g["index"]), g["uuid"]):
+            devices.append({"name": name, "containerEdits": edits})
+    return {"cdiVersion": "0.6.0", "kind": CDI_KIND, "devices": devices}
+
+
+# --- images -----------------------------------------------------------------
+
+
+def _tar_add(tar: tarfile.TarFile, name: str, kind: str, data: bytes = b"", mode: int = 0o755, target: str = ""):
+    info = tarfile.TarInfo(name)
+    info.mtime = 0
+    info.uid = info.gid = 0
+    info.uname = info.gname = "root"
+    info.mode = mode
+    if kind == "dir":
+        info.type = tarfile.DIRTYPE
+        tar.addfile(info)
+    elif kind == "link":
+        info.type = tarfile.SYMTYPE
+        info.linkname = target
+        info.mode = 0o777
+        tar.addfile(info)
+    else:
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+
+
+def _layer(entries: List[tuple]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for entry in entries:
+            _tar_add(tar, *entry)
+    return buf.getvalue()
+
+
+def pause_layer(pause_binary: bytes) -> bytes:
+    return _layer([("pause", "file", pause_binary, 0o755)])
+
+
+TRAIN_ENV = [
+    "PATH=/opt/torch/.venv/bin:/usr/local/nvidia/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "VIRTUAL_ENV=/opt/torch/.venv",
+    "PYTHONUNBUFFERED=1",
+    "PYTHONDONTWRITEBYTECODE=1",
+    "HOME=/root",
+    "HF_HUB_OFFLINE=1",
+    "TRANSFORMERS_OFFLINE=1",
+    "HF_HOME=/tmp/hf",
+    "TORCHINDUCTOR_CACHE_DIR=/tmp/inductor",
+]
+
+
+def train_layer() -> bytes:
+    """The training image's root: no files of its own beyond /etc basics. The
+    pod mounts the node's /usr (the interpreter, libc) and its Python
+    environment /opt/torch/.venv read-only, and the repo's python/ (the
+    vramfit helper) at /opt/vramfit/python; /bin, /lib, /lib64 and /sbin are
+    links into usr/, as on a merged-/usr system, so /lib64/ld-linux-x86-64.so.2
+    and /bin/sh resolve through the mounted /usr."""
+    entries: List[tuple] = []
+    for d in ("usr", "etc", "root", "tmp", "var", "var/tmp", "opt", "proc", "sys", "dev", "run", "workspace"):
+        entries.append((d, "dir", b"", 0o1777 if d in ("tmp", "var/tmp") else 0o755))
+    for link in ("bin", "lib", "lib64", "sbin"):
+        entries.append((link, "link", b"", 0o777, "usr/" + link))
+    entries.append(("etc/passwd", "file", b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n", 0o644))
+    entries.append(("etc/group", "file", b"root:x:0:\nnogroup:x:65534:\n", 0o644))
+    entries.append(("etc/nsswitch.conf", "file", b"passwd: files\ngroup: files\nhosts: files dns\n", 0o644))
+    return _layer(entries)
+
+
+def docker_archive(name: str, layer: bytes, entrypoint: List[str], env: List[str], workdir: str = "/") -> bytes:
+    """A one-layer image as a docker-archive tarball (`docker save` layout),
+    which `ctr images import` reads; its RepoTags give the image its name."""
+    diff_id = "sha256:" + hashlib.sha256(layer).hexdigest()
+    config = {
+        "architecture": "amd64",
+        "os": "linux",
+        "created": "1970-01-01T00:00:00Z",
+        "config": {"Entrypoint": entrypoint, "Env": env, "WorkingDir": workdir},
+        "rootfs": {"type": "layers", "diff_ids": [diff_id]},
+        "history": [{"created": "1970-01-01T00:00:00Z", "created_by": "hack/node/nodecfg.py image"}],
+    }
+    config_bytes = json.dumps(config, sort_keys=True).encode()
+    config_name = hashlib.sha256(config_bytes).hexdigest() + ".json"
+    layer_name = diff_id[len("sha256:"):] + "/layer.tar"
+    manifest = [{"Config": config_name, "RepoTags": [name], "Layers": [layer_name]}]
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        _tar_add(tar, config_name, "file", config_bytes, 0o644)
+        _tar_add(tar, layer_name.split("/")[0], "dir")
+        _tar_add(tar, layer_name, "file", layer, 0o644)
+        _tar_add(tar, "manifest.json", "file", json.dumps(manifest).encode(), 0o644)
+    return buf.getvalue()
+
+
+# --- the demo jobs ------------------------------------------------------------
+
+
+def venv_base_prefix(venv: str) -> Optional[str]:
+    """Where the environment's base interpreter lives (pyvenv.cfg `home`,
+    one level up), when it is outside /usr: that folder must be mounted too."""
+    cfg = Path(venv) / "pyvenv.cfg"
+    if not cfg.is_file():
+        return None
+    for line in cfg.read_text().splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key.strip() == "home":
+            prefix = str(Path(value.strip()).parent)
+            if prefix == "/usr" or prefix.startswith("/usr/") or prefix.startswith(venv.rstrip("/") + "/"):
+                return None
+            return prefix
+    return None
+
+
+def node_template(
+    command: List[str],
+    repo: str,
+    python_roots: Sequence[str] = ("/opt/torch/.venv",),
+    cpu: str = "1",
+    memory: str = "8Gi",
+    env: Optional[Dict[str, str]] = None,
+) -> dict:
+    """The pod template of a demo job on this node: the local training image,
+    the host's /usr, the Python environment (and its base interpreter's
+    prefix when that is outside /usr) and the repository read-only at the same
+    paths, host networking, small requests (the kubelet rejects a pod bound by
+    nodeName whose requests exceed the node's allocatable: the examples' 8 CPUs
+    x three jobs would not fit a 16-core machine)."""
+    paths = ["/usr"] + [p for p in python_roots if p != "/usr" and not p.startswith("/usr/")] + [repo]
+    volumes, mounts = [], []
+    for i, path in enumerate(paths):
+        name = f"host-{i}"
+        volumes.append({"name": name, "hostPath": {"path": path, "type": "Directory"}})
+        mounts.append({"name": name, "mountPath": path, "readOnly": True})
+    container = {
+        "name": "train",
+        "image": TRAIN_IMAGE,
+        "imagePullPolicy": "Never",
+        "command": command,
+        "env": [{"name": "PYTHONPATH", "value": repo.rstrip("/") + "/python"}]
+        + [{"name": k, "value": v} for k, v in sorted((env or {}).items())],
+        "resources": {"requests": {"cpu": cpu, "memory": memory}},
+        "volumeMounts": mounts,
+    }
+    return {
+        "metadata": {"labels": {"vramfit.dev/demo": "gpunode"}},
+        "spec": {
+            "hostNetwork": True,
+            "dnsPolicy": "Default",
+            "containers": [container],
+            "volumes": volumes,
+        },
+    }
+
+
+def _load_yaml_docs(path: Path) -> List[dict]:
+    import yaml  # only here: the other commands need nothing beyond the standard library
+
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def demo_jobs(
+    repo: str,
+    python: str,
+    python_roots: Sequence[str],
+    steps: int,
+    gpu: bool = True,
+) -> List[dict]:
+    """The demo's TrainingJobs, built from examples/: their model, batch and
+    memory specs as written there, the pod template replaced by this node's.
+
+    With a GPU: GPT-2 small (Hugging Face GPT2LMHeadModel), the LLaMA-style
+    1.1B with checkpointing, a torchvision ResNet-50, a GPT-2 whose
+    micro-batch 32 does not fit its 24Gi budget (CUDA OOM, exit protocol,
+    micro 16), and one that allocates 20 GiB outside PyTorch on its first
+    attempt (the agent's watchdog stops it). Without (`gpu=False`): two tiny
+    GPT-2s on the CPU, to try the node itself.
+    """
+    examples = Path(repo) / "examples"
+    train = [python, str(Path(repo) / "hack/node/train.py")]
+    gpt2 = _load_yaml_docs(examples / "gpt2-small-amp.yaml")[0]
+    llama = _load_yaml_docs(examples / "llama-1b-hf.yaml")[0]
+
+    def job(base: dict, name: str, args: List[str], **spec_changes) -> dict:
+        j = json.loads(json.dumps(base))
+        j["metadata"] = {"name": name, "namespace": "ml", "labels": {"vramfit.dev/demo": "gpunode"}}
+        j["spec"].update(spec_changes)
+        j["spec"]["template"] = node_template(train + args, repo, python_roots)
+        return j
+
+    if not gpu:
+        cpu = ["--device", "cpu", "--tiny", "--seq-len", "64", "--steps", str(steps)]
+        return [
+            job(gpt2, "cpu-gpt2-a", ["--model", "gpt2"] + cpu, batch={"global": 8, "micro": 4}),
+            job(gpt2, "cpu-gpt2-b", ["--model", "gpt2"] + cpu, batch={"global": 8, "micro": 2}),
+        ]
+    hf_config = json.dumps(llama["spec"]["model"]["huggingFace"]["config"], sort_keys=True)
+    llama_steps = max(3, steps // 3)
+    resnet = job(
+        gpt2,
+        "resnet50",
+        ["--model", "resnet50", "--steps", str(steps)],
+        batch={"global": 256, "micro": 64, "minMicro": 8},
+        memory={"request": "14Gi"},
+    )
+    # The predictor has no convolutional family yet: the CNN states its budget
+    # (memory.request), and its model entry only keys its measurements.
+    resnet["spec"]["model"] = {"mlp": {"layers": 50, "hidden": 2048}, "precision": "amp-bf16", "optimizer": "sgd-momentum"}
+    return [
+        job(gpt2, "gpt2-small", ["--model", "gpt2", "--steps", str(steps)]),
+        job(llama, "llama-1b", ["--model", "llama", "--seq-len", "2048", "--hf-config", hf_config,
+                                "--steps", str(llama_steps)]),
+        resnet,
+        job(gpt2, "gpt2-oom", ["--model", "gpt2", "--steps", str(steps)],
+            batch={"global": 64, "micro": 32, "minMicro": 4}, memory={"request": "24Gi"}, maxOOMRetries=3),
+        job(gpt2, "bypass", ["--model", "bypass", "--bypass-bytes", str(20 << 30), "--steps", str(steps)],
+            batch={"global": 16, "micro": 8, "minMicro": 2}, memory={"request": "10Gi"}, maxOOMRetries=3),
+    ]
+
+
+# --- command line ---------------------------------------------------------------
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="nodecfg.py", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("containerd")
+    c.add_argument("--dir", required=True)
+    c.add_argument("--runc", required=True)
+    c.add_argument("--sandbox-image", default=PAUSE_IMAGE)
+    k = sub.add_parser("kubelet")
+    k.add_argument("--dir", required=True)
+    k.add_argument("--endpoint", required=True)
+    k.add_argument("--healthz-port", type=int, required=True)
+    k.add_argument("--port", type=int, required=True)
+    k.add_argument("--cpus", type=int, default=os.cpu_count() or 1)
+    k.add_argument("--cpu-manager", default="static")
+    k.add_argument("--reserved-cpus", default="0")
+    sub.add_parser("cni")
+    d = sub.add_parser("cdi")
+    d.add_argument("--driver-root", default="/usr/local/nvidia")
+    d.add_argument("--dev", default="/dev")
+    d.add_argument("--proc", default="/proc/driver/nvidia")
+    sub.add_parser("cdi-simulated", help="a CDI spec for the simulated GPUs of a GpuNode (JSON on stdin)")
+    i = sub.add_parser("image")
+    i.add_argument("which", choices=["pause", "train"])
+    i.add_argument("--out", required=True)
+    i.add_argument("--pause", help="the pause binary (for the pause image)")
+    v = sub.add_parser("venv-base")
+    v.add_argument("venv")
+    j = sub.add_parser("jobs")
+    j.add_argument("--repo", required=True)
+    j.add_argument("--python", required=True, help="the interpreter the pods run (a host path)")
+    j.add_argument("--root", action="append", default=[], help="a host folder the interpreter needs (repeatable)")
+    j.add_argument("--steps", type=int, default=20)
+    j.add_argument("--cpu", action="store_true", help="the CPU jobs (no GPU on this machine)")
+    args = p.parse_args(argv)
+    try:
+        if args.cmd == "containerd":
+            sys.stdout.write(containerd_config(args.dir, args.runc, args.sandbox_image))
+        elif args.cmd == "kubelet":
+            sys.stdout.write(
+                kubelet_config(args.dir, args.endpoint, args.healthz_port, args.port, args.cpus,
+                               args.reserved_cpus, args.cpu_manager)
+            )
+        elif args.cmd == "cni":
+            sys.stdout.write(cni_config())
+        elif args.cmd == "cdi":
+            json.dump(cdi_spec(args.driver_root, args.dev, args.proc), sys.stdout, indent=2)
+            sys.stdout.write("\n")
+        elif args.cmd == "cdi-simulated":
+            json.dump(cdi_spec_simulated(json.load(sys.stdin)), sys.stdout, indent=2)
+            sys.stdout.write("\n")
+        elif args.cmd == "image":
+            if args.which == "pause":
+                if not args.pause:
+                    raise ValueError("image pause needs --pause BINARY")
+                data = docker_archive(PAUSE_IMAGE, pause_layer(Path(args.pause).read_bytes()), ["/pause"], [])
+            else:
+                data = docker_archive(TRAIN_IMAGE, train_layer(), [], TRAIN_ENV, "/workspace")
+            Path(args.out).write_bytes(data)
+        elif args.cmd == "jobs":
+            jobs = demo_jobs(args.repo, args.python, args.root, args.steps, gpu=not args.cpu)
+            json.dump({"apiVersion": "v1", "kind": "List", "items": jobs}, sys.stdout, indent=1)
+            sys.stdout.write("\n")
+        elif args.cmd == "venv-base":
+            base = venv_base_prefix(args.venv)
+            if base:
+                print(base)
+    except (ValueError, OSError) as exc:
+        print(f"nodecfg.py {args.cmd}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,202 @@
+#!/usr/bin/env python3
+"""Summarizes a GPU node demo run (hack/gpunode.sh demo): per job its phase,
+attempts, prediction, budget and measured peak; the times from `kubectl apply`
+to each job's first training step and from each OOM to the next attempt's
+first step; the GpuNode's per-process measurements and OOM reports; and
+checks of the outcome. Writes everything as one JSON document (--out) and a
+short text summary on stdout; exits 1 when a check fails.
+
+Times come from the training program's `vramfit-train:` events in the pod
+logs (the kubelet's files under /var/log/pods), in milliseconds of the same
+clock as --apply-ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+from pathlib import Path
+from typing import Dict, List, Optional
+
+MARK = "vramfit-train: "
+
+
+def parse_events(text: str) -> List[dict]:
+    """The training program's events in a CRI log file (`<time> <stream> <tag> <line>`)."""
+    events = []
+    for line in text.splitlines():
+        at = line.find(MARK)
+        if at < 0:
+            continue
+        try:
+            events.append(json.loads(line[at + len(MARK):]))
+        except ValueError:
+            continue
+    return events
+
+
+def pod_events(logs_root: Path, namespace: str, pod: str, uid: str) -> List[dict]:
+    folder = logs_root / f"{namespace}_{pod}_{uid}"
+    events: List[dict] = []
+    if folder.is_dir():
+        for f in sorted(folder.glob("*/*.log")):
+            events.extend(parse_events(f.read_text(errors="replace")))
+    return events
+
+
+def rfc3339_ms(value: Optional[str]) -> Optional[int]:
+    if not value:
+        return None
+    return int(dt.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp() * 1000)
+
+
+def first(events: List[dict], kind: str, **match) -> Optional[dict]:
+    for e in events:
+        if e.get("event") == kind and all(e.get(k) == v for k, v in match.items()):
+            return e
+    return None
+
+
+def summarize(jobs: dict, pods: dict, gpu_node: dict, apply_ms: int, logs_root: Path) -> dict:
+    pods_by_name = {p["metadata"]["name"]: p for p in pods.get("items", [])}
+    out_jobs = []
+    for j in sorted(jobs.get("items", []), key=lambda j: j["metadata"]["name"]):
+        name = j["metadata"]["name"]
+        st = j.get("status") or {}
+        attempts = []
+        for n in range(1, max(st.get("attempt") or 0, 1) + 1):
+            pod = pods_by_name.get(f"{name}-a{n}")
+            if pod is None:
+                continue
+            events = pod_events(logs_root, pod["metadata"]["namespace"], pod["metadata"]["name"], pod["metadata"]["uid"])
+            term = None
+            for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+                term = (cs.get("state") or {}).get("terminated") or term
+            step1 = first(events, "step", step=1)
+            oom = first(events, "oom")
+            attempts.append(
+                {
+                    "attempt": n,
+                    "pod": pod["metadata"]["name"],
+                    "phase": (pod.get("status") or {}).get("phase"),
+                    "exitCode": term.get("exitCode") if term else None,
+                    "reason": term.get("reason") if term else None,
+                    "finishedMs": rfc3339_ms(term.get("finishedAt")) if term else None,
+                    "startEvent": first(events, "start"),
+                    "firstStepMs": step1["unixMs"] if step1 else None,
+                    "oomMs": oom["unixMs"] if oom else None,
+                    "lastStep": next((e for e in reversed(events) if e.get("event") == "step"), None),
+                    "done": first(events, "done"),
+                }
+            )
+        times = {}
+        if attempts and attempts[0]["firstStepMs"]:
+            times["applyToFirstStepMs"] = attempts[0]["firstStepMs"] - apply_ms
+        for prev, nxt in zip(attempts, attempts[1:]):
+            # An OOM the process reported itself, else the end of a pod the
+            # agent's watchdog stopped.
+            ended = prev["oomMs"] or prev["finishedMs"]
+            if ended and nxt["firstStepMs"]:
+                times[f"oomToNextFirstStepMs[a{prev['attempt']}->a{nxt['attempt']}]"] = nxt["firstStepMs"] - ended
+        out_jobs.append(
+            {
+                "name": name,
+                "phase": st.get("phase"),
+                "attempt": st.get("attempt"),
+                "microBatch": st.get("microBatch"),
+                "gradAccum": st.get("gradAccum"),
+                "predictedBytes": st.get("predictedBytes"),
+                "budgetBytes": st.get("budgetBytes"),
+                "predictionSource": st.get("predictionSource"),
+                "measuredPeakBytes": st.get("measuredPeakBytes"),
+                "gpu": st.get("gpu"),
+                "history": st.get("history") or [],
+                "message": st.get("message"),
+                "times": times,
+                "attempts": attempts,
+            }
+        )
+    gstat = gpu_node.get("status") or {}
+    return {"applyMs": apply_ms, "jobs": out_jobs, "gpuNode": gstat}
+
+
+def checks(summary: dict, gpu: bool) -> List[tuple]:
+    """(name, ok, detail) for what the demo must show."""
+    jobs = {j["name"]: j for j in summary["jobs"]}
+    result = []
+    for j in summary["jobs"]:
+        result.append((f"{j['name']} Succeeded", j["phase"] == "Succeeded", f"phase {j['phase']}: {j.get('message') or ''}"))
+    for j in summary["jobs"]:
+        # The placed GPU reached the container through CDI: its device node
+        # (one GPU per job here), or the simulated GPU's variable.
+        start = (j["attempts"][-1]["startEvent"] or {}) if j["attempts"] else {}
+        if gpu:
+            nodes = [d for d in start.get("devices") or [] if d[len("nvidia"):].isdigit()]
+            ok, detail = len(nodes) == 1, f"GPU device nodes {nodes}"
+        else:
+            uuids = [g.get("uuid") for g in summary["gpuNode"].get("gpus") or []]
+            ok = start.get("simulatedGpu") in uuids
+            detail = f"container saw {start.get('simulatedGpu')}, the node has {uuids}"
+        result.append((f"{j['name']}: the placed GPU through CDI", ok, detail))
+    if not gpu:
+        return result
+    placed = {j["gpu"] for j in summary["jobs"] if j.get("gpu")}
+    result.append(("jobs share one GPU", len(summary["jobs"]) >= 4 and len(placed) == 1, f"GPUs used: {sorted(placed)}"))
+    oom = jobs.get("gpt2-oom")
+    if oom:
+        h = oom["history"]
+        ok = bool(h) and h[0].get("outcome") == "OutOfMemory" and (oom.get("microBatch") or 0) * 2 <= h[0].get("microBatch", 0)
+        result.append(("gpt2-oom: CUDA OOM, micro halved, then success", ok and oom["phase"] == "Succeeded",
+                       f"history {[(a.get('microBatch'), a.get('outcome')) for a in h]}, now micro {oom.get('microBatch')}"))
+    by = jobs.get("bypass")
+    if by:
+        h = by["history"]
+        reports = [r for r in summary["gpuNode"].get("oomReports") or [] if r.get("podName", "").startswith("bypass-")]
+        ok = bool(h) and h[0].get("outcome") == "OutOfMemory" and bool(reports)
+        result.append(("bypass: stopped by the agent's watchdog, treated as OOM", ok,
+                       f"history {[(a.get('microBatch'), a.get('outcome')) for a in h]}, agent reports {len(reports)}"))
+    measured = [j for j in summary["jobs"] if j.get("measuredPeakBytes")]
+    result.append(("measured peaks reach job status", len(measured) == len(summary["jobs"]),
+                   f"{len(measured)} of {len(summary['jobs'])} jobs"))
+    return result
+
+
+def gib(v) -> str:
+    return f"{v / 2**30:.1f}" if isinstance(v, (int, float)) and v else "-"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--apply-ms", type=int, required=True)
+    p.add_argument("--end-ms", type=int, required=True)
+    p.add_argument("--gpu", type=int, default=1)
+    p.add_argument("--jobs", required=True)
+    p.add_argument("--pods", required=True)
+    p.add_argument("--gpunode", required=True)
+    p.add_argument("--logs", default="/var/log/pods")
+    p.add_argument("--out", required=True)
+    a = p.parse_args(argv)
+    load = lambda f: json.loads(Path(f).read_text())  # noqa: E731
+    summary = summarize(load(a.jobs), load(a.pods), load(a.gpunode), a.apply_ms, Path(a.logs))
+    summary["endMs"] = a.end_ms
+    results = checks(summary, bool(a.gpu))
+    summary["checks"] = [{"check": n, "ok": ok, "detail": d} for n, ok, d in results]
+    Path(a.out).write_text(json.dumps(summary, indent=1, sort_keys=True))
+
+    print(f"demo: {len(summary['jobs'])} jobs, {(a.end_ms - a.apply_ms) / 1000:.1f} s from apply to the last one finished")
+    print(f"{'job':<12} {'phase':<10} {'att':>3} {'micro':>5} {'pred GiB':>8} {'budget':>6} {'meas':>5}  times (s)")
+    for j in summary["jobs"]:
+        times = ", ".join(f"{k.replace('Ms', '')} {v / 1000:.1f}" for k, v in j["times"].items())
+        print(f"{j['name']:<12} {str(j['phase']):<10} {j['attempt'] or 0:>3} {j['microBatch'] or 0:>5} "
+              f"{gib(j['predictedBytes']):>8} {gib(j['budgetBytes']):>6} {gib(j['measuredPeakBytes']):>5}  {times}")
+    failed = 0
+    for n, ok, d in results:
+        print(f"{'PASS' if ok else 'FAIL'}  {n}  ({d})")
+        failed += not ok
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,267 @@
+"""Tests of the GPU node's generated files (hack/node/nodecfg.py) and the demo
+summary (hack/node/report.py). Run: python3 -m pytest -q hack/node"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import sys
+import tarfile
+import tomllib
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import nodecfg  # noqa: E402
+import report  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_containerd_config_restricts_oom_score_adj_and_uses_cgroupfs_overlayfs_cdi_nri():
+    text = nodecfg.containerd_config("/var/lib/n", "/opt/bin/runc")
+    c = tomllib.loads(text)
+    assert c["version"] == 3
+    assert c["grpc"]["address"] == "/var/lib/n/containerd.sock"
+    rt = c["plugins"]["io.containerd.cri.v1.runtime"]
+    # Without CAP_SYS_RESOURCE runc cannot lower oom_score_adj: every sandbox fails otherwise.
+    assert rt["restrict_oom_score_adj"] is True
+    assert rt["enable_cdi"] is True and rt["cdi_spec_dirs"] == ["/var/lib/n/cdi"]
+    runc = rt["containerd"]["runtimes"]["runc"]
+    assert runc["runtime_type"] == "io.containerd.runc.v2"
+    assert runc["options"] == {"BinaryName": "/opt/bin/runc", "SystemdCgroup": False}
+    assert rt["cni"]["bin_dirs"] == ["/var/lib/n/cni/bin"] and rt["cni"]["conf_dir"] == "/var/lib/n/cni/net.d"
+    images = c["plugins"]["io.containerd.cri.v1.images"]
+    assert images["snapshotter"] == "overlayfs"
+    assert images["pinned_images"]["sandbox"] == nodecfg.PAUSE_IMAGE
+    nri = c["plugins"]["io.containerd.nri.v1.nri"]
+    assert nri["disable"] is False and nri["plugin_path"] == "/var/lib/n/nri/plugins"
+
+
+def test_containerd_config_quotes_paths():
+    c = tomllib.loads(nodecfg.containerd_config('/tmp/a "b"', "/r"))
+    assert c["root"] == '/tmp/a "b"/containerd/root'
+
+
+def test_kubelet_config_cgroupfs_swap_static_cpu():
+    k = json.loads(nodecfg.kubelet_config("/var/lib/n/", "unix:///var/lib/n/containerd.sock", 10248, 10250, cpus=16))
+    assert k["kind"] == "KubeletConfiguration"
+    assert k["cgroupDriver"] == "cgroupfs"
+    assert k["failSwapOn"] is False
+    assert k["containerRuntimeEndpoint"] == "unix:///var/lib/n/containerd.sock"
+    assert k["cpuManagerPolicy"] == "static" and k["reservedSystemCPUs"] == "0"
+    assert (k["address"], k["healthzBindAddress"], k["readOnlyPort"]) == ("127.0.0.1", "127.0.0.1", 0)
+    assert k["staticPodPath"] == "/var/lib/n/kubelet/manifests"
+    k = json.loads(nodecfg.kubelet_config("/n", "unix:///s", 1, 2, cpus=1, cpu_manager="none"))
+    assert k["cpuManagerPolicy"] == "none" and "reservedSystemCPUs" not in k
+
+
+def test_kubelet_config_rejects_static_cpu_on_one_cpu_and_unknown_policies():
+    with pytest.raises(ValueError, match="at least 2 CPUs"):
+        nodecfg.kubelet_config("/n", "unix:///s", 1, 2, cpus=1)
+    with pytest.raises(ValueError, match="static or none"):
+        nodecfg.kubelet_config("/n", "unix:///s", 1, 2, cpus=8, cpu_manager="dynamic")
+
+
+def test_cni_network_is_loopback_only():
+    c = json.loads(nodecfg.cni_config())
+    assert [p["type"] for p in c["plugins"]] == ["loopback"]
+
+
+def fake_driver(tmp_path: Path, gpus=((0, "GPU-aaaa-0000"), (1, "GPU-bbbb-1111")), uvm=True, libcuda=True):
+    dev, proc, drv = tmp_path / "dev", tmp_path / "proc", tmp_path / "nvidia"
+    dev.mkdir()
+    for name in ["nvidiactl"] + (["nvidia-uvm", "nvidia-uvm-tools"] if uvm else []):
+        (dev / name).touch()
+    for minor, uuid in gpus:
+        (dev / f"nvidia{minor}").touch()
+        info = proc / "gpus" / f"0000:{minor + 1:02x}:00.0"
+        info.mkdir(parents=True)
+        (info / "information").write_text(
+            f"Model: \t\t NVIDIA H200\nIRQ:   \t\t 42\nGPU UUID: \t {uuid}\nVideo BIOS: \t ??\nDevice Minor: \t {minor}\n"
+        )
+    (drv / "bin").mkdir(parents=True)
+    (drv / "bin" / "nvidia-smi").touch()
+    (drv / "lib64").mkdir()
+    if libcuda:
+        (drv / "lib64" / "libcuda.so.1").touch()
+    return dev, proc, drv
+
+
+def test_cdi_spec_from_a_fake_driver_tree(tmp_path):
+    dev, proc, drv = fake_driver(tmp_path)
+    spec = nodecfg.cdi_spec(str(drv), str(dev), str(proc))
+    assert spec["kind"] == "nvidia.com/gpu"
+    names = [d["name"] for d in spec["devices"]]
+    assert names == ["0", "GPU-aaaa-0000", "1", "GPU-bbbb-1111"]
+    by_name = {d["name"]: d for d in spec["devices"]}
+    # Each GPU brings only its own node: per-GPU selection.
+    assert by_name["GPU-bbbb-1111"]["containerEdits"]["deviceNodes"] == [{"path": str(dev / "nvidia1")}]
+    shared = spec["containerEdits"]
+    assert [n["path"] for n in shared["deviceNodes"]] == [str(dev / n) for n in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")]
+    assert [m["containerPath"] for m in shared["mounts"]] == [str(drv / "bin"), str(drv / "lib64")]
+    assert all("ro" in m["options"] for m in shared["mounts"])
+    assert shared["env"] == [f"LD_LIBRARY_PATH={drv / 'lib64'}"]
+    name_re = __import__("re").compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$")
+    assert all(name_re.match(n) for n in names)
+
+
+def test_cdi_spec_refuses_what_is_not_a_driver_tree(tmp_path):
+    dev, proc, drv = fake_driver(tmp_path, libcuda=False)
+    with pytest.raises(ValueError, match="libcuda"):
+        nodecfg.cdi_spec(str(drv), str(dev), str(proc))
+    (dev / "nvidia1").unlink()
+    with pytest.raises(ValueError, match="nvidia1 is missing"):
+        nodecfg.cdi_spec(str(drv), str(dev), str(proc))
+    with pytest.raises(ValueError, match="no GPUs"):
+        nodecfg.cdi_spec(str(drv), str(dev), str(tmp_path / "nowhere"))
+
+
+def test_cdi_spec_command_line(tmp_path, capsys):
+    dev, proc, drv = fake_driver(tmp_path, gpus=((0, "GPU-x"),), uvm=False)
+    assert nodecfg.main(["cdi", "--driver-root", str(drv), "--dev", str(dev), "--proc", str(proc)]) == 0
+    spec = json.loads(capsys.readouterr().out)
+    assert [d["name"] for d in spec["devices"]] == ["0", "GPU-x"]
+    assert nodecfg.main(["cdi", "--driver-root", str(tmp_path), "--dev", str(dev), "--proc", str(proc)]) == 1
+    assert "libcuda" in capsys.readouterr().err
+
+
+def test_cdi_spec_for_simulated_gpus():
+    spec = nodecfg.cdi_spec_simulated({"status": {"gpus": [{"index": 0, "uuid": "GPU-sim-0"}]}})
+    assert [d["name"] for d in spec["devices"]] == ["0", "GPU-sim-0"]
+    assert spec["devices"][1]["containerEdits"] == {"env": ["VRAMFIT_SIMULATED_GPU=GPU-sim-0"]}
+    with pytest.raises(ValueError):
+        nodecfg.cdi_spec_simulated({"status": {}})
+
+
+def read_archive(data: bytes):
+    with tarfile.open(fileobj=io.BytesIO(data)) as t:
+        files = {m.name: (t.extractfile(m).read() if m.isfile() else None) for m in t.getmembers()}
+    manifest = json.loads(files["manifest.json"])[0]
+    config = json.loads(files[manifest["Config"]])
+    layer = files[manifest["Layers"][0]]
+    return manifest, config, layer
+
+
+def test_pause_image_is_a_docker_archive_ctr_can_import():
+    data = nodecfg.docker_archive(nodecfg.PAUSE_IMAGE, nodecfg.pause_layer(b"\x7fELF pause"), ["/pause"], [])
+    manifest, config, layer = read_archive(data)
+    assert manifest["RepoTags"] == ["localhost/vramfit/pause:3.10"]
+    assert config["rootfs"]["diff_ids"] == ["sha256:" + hashlib.sha256(layer).hexdigest()]
+    assert manifest["Config"] == hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest() + ".json"
+    assert (config["os"], config["architecture"], config["config"]["Entrypoint"]) == ("linux", "amd64", ["/pause"])
+    with tarfile.open(fileobj=io.BytesIO(layer)) as t:
+        m = t.getmember("pause")
+        assert m.mode == 0o755 and t.extractfile(m).read() == b"\x7fELF pause"
+
+
+def test_train_image_links_bin_and_libs_into_usr_and_is_reproducible():
+    a = nodecfg.docker_archive(nodecfg.TRAIN_IMAGE, nodecfg.train_layer(), [], nodecfg.TRAIN_ENV)
+    assert a == nodecfg.docker_archive(nodecfg.TRAIN_IMAGE, nodecfg.train_layer(), [], nodecfg.TRAIN_ENV)
+    _, config, layer = read_archive(a)
+    with tarfile.open(fileobj=io.BytesIO(layer)) as t:
+        links = {m.name: m.linkname for m in t.getmembers() if m.issym()}
+        assert t.getmember("tmp").mode == 0o1777
+        assert b"root:x:0:0" in t.extractfile("etc/passwd").read()
+    assert links == {"bin": "usr/bin", "lib": "usr/lib", "lib64": "usr/lib64", "sbin": "usr/sbin"}
+    assert config["config"]["Env"][0].startswith("PATH=/opt/torch/.venv/bin:")
+
+
+def test_venv_base_prefix(tmp_path):
+    venv = tmp_path / "venv"
+    venv.mkdir()
+    (venv / "pyvenv.cfg").write_text("home = /usr/bin\nversion = 3.12.3\n")
+    assert nodecfg.venv_base_prefix(str(venv)) is None
+    (venv / "pyvenv.cfg").write_text("home = /root/.local/share/uv/python/cpython-3.12/bin\n")
+    assert nodecfg.venv_base_prefix(str(venv)) == "/root/.local/share/uv/python/cpython-3.12"
+    assert nodecfg.venv_base_prefix(str(tmp_path / "none")) is None
+
+
+def test_demo_jobs_keep_the_examples_models_and_use_the_node_template():
+    jobs = nodecfg.demo_jobs(str(REPO), "/opt/torch/.venv/bin/python", ["/opt/torch/.venv", "/usr"], steps=20)
+    by = {j["metadata"]["name"]: j for j in jobs}
+    assert set(by) == {"gpt2-small", "llama-1b", "resnet50", "gpt2-oom", "bypass"}
+    llama = by["llama-1b"]["spec"]
+    assert llama["model"]["gradientCheckpointing"] is True and llama["model"]["huggingFace"]["config"]["num_hidden_layers"] == 22
+    assert by["gpt2-oom"]["spec"]["batch"]["micro"] == 32 and by["gpt2-oom"]["spec"]["memory"] == {"request": "24Gi"}
+    pod = by["gpt2-small"]["spec"]["template"]["spec"]
+    assert pod["hostNetwork"] is True
+    c = pod["containers"][0]
+    assert (c["image"], c["imagePullPolicy"]) == (nodecfg.TRAIN_IMAGE, "Never")
+    assert c["command"][:2] == ["/opt/torch/.venv/bin/python", str(REPO / "hack/node/train.py")]
+    paths = [v["hostPath"]["path"] for v in pod["volumes"]]
+    assert paths == ["/usr", "/opt/torch/.venv", str(REPO)]  # /usr once
+    assert all(m["readOnly"] for m in c["volumeMounts"])
+    assert {"name": "PYTHONPATH", "value": str(REPO / "python")} in c["env"]
+    for j in jobs:
+        assert j["metadata"]["namespace"] == "ml"
+        assert j["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["cpu"] == "1"
+
+
+def test_cpu_demo_jobs():
+    jobs = nodecfg.demo_jobs(str(REPO), "/usr/bin/python3", [], steps=2, gpu=False)
+    assert [j["metadata"]["name"] for j in jobs] == ["cpu-gpt2-a", "cpu-gpt2-b"]
+    assert "--device" in jobs[0]["spec"]["template"]["spec"]["containers"][0]["command"]
+
+
+def cri_log(*events):
+    return "".join(f"2026-12-01T08:00:00.0Z stdout F vramfit-train: {json.dumps(e)}\n" for e in events) + \
+        "2026-12-01T08:00:00.0Z stderr F some other line\n"
+
+
+def test_report_times_and_checks(tmp_path):
+    logs = tmp_path / "logs"
+
+    def pod(name, uid, exit_code, events, finished="2026-12-01T08:00:10Z"):
+        d = logs / f"ml_{name}_{uid}" / "train"
+        d.mkdir(parents=True)
+        (d / "0.log").write_text(cri_log(*events))
+        return {"metadata": {"name": name, "namespace": "ml", "uid": uid},
+                "status": {"phase": "Succeeded" if exit_code == 0 else "Failed",
+                           "containerStatuses": [{"state": {"terminated": {"exitCode": exit_code, "finishedAt": finished}}}]}}
+
+    pods = {"items": [
+        pod("gpt2-oom-a1", "u1", 42, [{"event": "start", "unixMs": 1500}, {"event": "oom", "unixMs": 4000}]),
+        pod("gpt2-oom-a2", "u2", 0, [{"event": "step", "step": 1, "unixMs": 9000}, {"event": "done", "unixMs": 9500}]),
+        pod("bypass-a1", "u3", 137, [{"event": "bypass", "unixMs": 3000}], finished="1970-01-01T00:00:05Z"),
+        pod("bypass-a2", "u4", 0, [{"event": "step", "step": 1, "unixMs": 8000}]),
+    ]}
+    jobs = {"items": [
+        {"metadata": {"name": "gpt2-oom"}, "status": {"phase": "Succeeded", "attempt": 2, "microBatch": 16, "gpu": "GPU-a",
+                                                      "measuredPeakBytes": 5, "history": [{"attempt": 1, "microBatch": 32, "outcome": "OutOfMemory"}]}},
+        {"metadata": {"name": "bypass"}, "status": {"phase": "Succeeded", "attempt": 2, "microBatch": 4, "gpu": "GPU-a",
+                                                    "measuredPeakBytes": 5, "history": [{"attempt": 1, "microBatch": 8, "outcome": "OutOfMemory"}]}},
+    ]}
+    node = {"status": {"oomReports": [{"podName": "bypass-a1", "podNamespace": "ml"}]}}
+    s = report.summarize(jobs, pods, node, apply_ms=1000, logs_root=logs)
+    by = {j["name"]: j for j in s["jobs"]}
+    assert by["gpt2-oom"]["times"] == {"oomToNextFirstStepMs[a1->a2]": 5000}
+    # Stopped by the agent: no oom event, the container's end counts.
+    assert by["bypass"]["times"] == {"oomToNextFirstStepMs[a1->a2]": 3000}
+    results = {n: ok for n, ok, _ in report.checks(s, gpu=True)}
+    assert results["gpt2-oom: CUDA OOM, micro halved, then success"]
+    assert results["bypass: stopped by the agent's watchdog, treated as OOM"]
+    assert not results["jobs share one GPU"]  # only two jobs here
+    node["status"]["oomReports"] = []
+    s = report.summarize(jobs, pods, node, apply_ms=1000, logs_root=logs)
+    assert not {n: ok for n, ok, _ in report.checks(s, gpu=True)}["bypass: stopped by the agent's watchdog, treated as OOM"]
+
+
+def test_report_checks_the_gpu_reached_the_container(tmp_path):
+    d = tmp_path / "ml_cpu-a1_u1" / "train"
+    d.mkdir(parents=True)
+    (d / "0.log").write_text(cri_log({"event": "start", "unixMs": 1, "devices": [], "simulatedGpu": "GPU-sim-0"}))
+    pods = {"items": [{"metadata": {"name": "cpu-a1", "namespace": "ml", "uid": "u1"}, "status": {"phase": "Succeeded"}}]}
+    jobs = {"items": [{"metadata": {"name": "cpu"}, "status": {"phase": "Succeeded", "attempt": 1}}]}
+    node = {"status": {"gpus": [{"index": 0, "uuid": "GPU-sim-0"}]}}
+    s = report.summarize(jobs, pods, node, apply_ms=0, logs_root=tmp_path)
+    assert dict((n, ok) for n, ok, _ in report.checks(s, gpu=False))["cpu: the placed GPU through CDI"]
+    node["status"]["gpus"][0]["uuid"] = "GPU-other"
+    s = report.summarize(jobs, pods, node, apply_ms=0, logs_root=tmp_path)
+    assert not dict((n, ok) for n, ok, _ in report.checks(s, gpu=False))["cpu: the placed GPU through CDI"]
+    (d / "0.log").write_text(cri_log({"event": "start", "unixMs": 1, "devices": ["nvidia-uvm", "nvidia3", "nvidiactl"]}))
+    s = report.summarize(jobs, pods, node, apply_ms=0, logs_root=tmp_path)
+    assert dict((n, ok) for n, ok, _ in report.checks(s, gpu=True))["cpu: the placed GPU through CDI"]
