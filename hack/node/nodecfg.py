@@ -454,6 +454,10 @@ def node_template(
         "resources": {"requests": {"cpu": cpu, "memory": memory}},
         "volumeMounts": mounts,
     }
+    if os.environ.get("VRAMFIT_NODE_PRIVILEGED") == "1":
+        # Fallback while CDI device-node injection is being fixed: a
+        # privileged container gets the host's /dev/nvidia* from the runtime.
+        container["securityContext"] = {"privileged": True}
     return {
         "metadata": {"labels": {"vramfit.dev/demo": "gpunode"}},
         "spec": {

@@ -265,3 +265,12 @@ def test_report_checks_the_gpu_reached_the_container(tmp_path):
     (d / "0.log").write_text(cri_log({"event": "start", "unixMs": 1, "devices": ["nvidia-uvm", "nvidia3", "nvidiactl"]}))
     s = report.summarize(jobs, pods, node, apply_ms=0, logs_root=tmp_path)
     assert dict((n, ok) for n, ok, _ in report.checks(s, gpu=True))["cpu: the placed GPU through CDI"]
+
+
+def test_privileged_fallback_only_when_asked(monkeypatch):
+    monkeypatch.delenv("VRAMFIT_NODE_PRIVILEGED", raising=False)
+    plain = nodecfg.node_template(["python3"], "/repo")
+    assert "securityContext" not in plain["spec"]["containers"][0]
+    monkeypatch.setenv("VRAMFIT_NODE_PRIVILEGED", "1")
+    priv = nodecfg.node_template(["python3"], "/repo")
+    assert priv["spec"]["containers"][0]["securityContext"] == {"privileged": True}

@@ -36,7 +36,7 @@ def test_guard_turns_torch_oom_into_exit_42(tmp_path: Path) -> None:
     )
     assert out.returncode == 42, out.stderr
     text = log.read_text()
-    assert text.splitlines()[0] == "CUDA out of memory. Tried to allocate 2.00 GiB."
+    assert text.splitlines()[-1] == "CUDA out of memory. Tried to allocate 2.00 GiB."
     assert "memory summary" in text.lower() or "CUDA was not in use" in text
     assert "exiting with 42" in out.stderr
 
@@ -54,7 +54,7 @@ def test_decorator_and_exit_code_variable(tmp_path: Path) -> None:
         {"VRAMFIT_OOM_EXIT_CODE": "43", "VRAMFIT_TERMINATION_LOG": str(log)},
     )
     assert out.returncode == 43, out.stderr
-    assert log.read_text().startswith("CUDA out of memory.")
+    assert log.read_text().rstrip().endswith("CUDA out of memory.")
 
 
 def test_other_errors_pass_through(tmp_path: Path) -> None:
@@ -94,3 +94,18 @@ def test_message_is_marked_when_the_error_text_is_not_pytorchs() -> None:
     from vramfit.oom import oom_message
 
     assert oom_message(torch.OutOfMemoryError("budget of 10 GiB exceeded")).startswith("CUDA out of memory")
+
+
+def test_the_message_survives_the_kubelets_4096_byte_tail() -> None:
+    # The kubelet keeps the last 4096 bytes of the termination log; a long
+    # memory summary must not push PyTorch's text out of it.
+    from vramfit.oom import TERMINATION_MESSAGE_LIMIT, termination_report
+
+    message = "CUDA out of memory. Tried to allocate 2.00 GiB."
+    report = termination_report(message, "x" * 20_000)
+    kept = report.encode("utf-8")[-TERMINATION_MESSAGE_LIMIT:].decode("utf-8")
+    assert len(report.encode("utf-8")) <= TERMINATION_MESSAGE_LIMIT
+    assert kept.endswith(message)
+    assert report.startswith("x")
+    short = termination_report(message, "summary")
+    assert short == "summary\n\n" + message

@@ -229,7 +229,7 @@ def test_at_min_micro_the_process_follows_the_exit_protocol(tmp_path: Path) -> N
         },
     )
     assert out.returncode == 42, out.stderr
-    assert log.read_text().startswith("CUDA out of memory. Tried to allocate 1 GiB")
+    assert "\n\nCUDA out of memory. Tried to allocate 1 GiB" in log.read_text()
     assert "minMicro 2" in log.read_text()
     shape = json.loads(next((tmp_path / "stats").glob("shape-*.json")).read_text())
     assert [(o["fromMicro"], o["toMicro"]) for o in shape["absorbedOoms"]] == [(4, 2)]

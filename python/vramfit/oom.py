@@ -87,6 +87,20 @@ def _memory_summary() -> str:
         return f"(memory summary failed: {err})"
 
 
+# The kubelet keeps only the last 4096 bytes of a termination log, so the
+# report puts the memory summary first and PyTorch's message last: the
+# message, with the text the controller looks for, always survives.
+TERMINATION_MESSAGE_LIMIT = 4096
+
+
+def termination_report(message: str, summary: str, limit: int = TERMINATION_MESSAGE_LIMIT) -> str:
+    """The termination log's text: as much of ``summary`` as fits, then ``message``."""
+    tail = message.encode("utf-8")[: limit - 1]
+    room = limit - len(tail) - 2
+    head = summary.encode("utf-8")[:room] + b"\n\n" if room > 0 else b""
+    return (head + tail).decode("utf-8", errors="ignore")
+
+
 def write_termination_log(message: str, path: Optional[str] = None) -> Optional[str]:
     """Writes ``message`` to the termination log; returns the path written, or None."""
     target = path or state.attempt().termination_log
@@ -117,7 +131,7 @@ def exit_on_oom(
     code = attempt.oom_exit_code if exit_code is None else exit_code
     message = oom_message(exc)
     release_memory(exc)
-    report = f"{message}\n\n{_memory_summary()}\n"
+    report = termination_report(message, _memory_summary())
     written = write_termination_log(report, termination_log)
     where = f" (written to {written})" if written else ""
     print(f"vramfit: out of GPU memory, exiting with {code}{where}\n{message}", file=sys.stderr)
