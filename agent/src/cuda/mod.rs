@@ -63,4 +63,21 @@ mod tests {
         assert!(result.bandwidth_gbps > 0.0);
         assert!(result.tested_bytes >= 1 << 30);
     }
+
+    /// The agent's start-up probe tests at most a few GiB, so its copy
+    /// buffers are smaller than the 1 GiB chunks the probe allocates in:
+    /// the bandwidth must still be measured.
+    #[test]
+    #[ignore = "needs GPU"]
+    fn probe_measures_bandwidth_with_small_copy_buffers() {
+        let result = run_probe(ProbeOptions {
+            max_test_bytes: Some(2 << 30),
+            copy_bytes: 512 << 20,
+            copy_repeats: 5,
+            ..Default::default()
+        })
+        .unwrap();
+        assert!(result.bandwidth_gbps > 0.0, "{}", result.message);
+        assert!(result.ok, "{}", result.message);
+    }
 }

@@ -155,9 +155,18 @@ pub fn run_probe(options: ProbeOptions) -> Result<ProbeResult> {
         .map_err(driver("cuModuleGetFunction"))?;
 
     // Copy bandwidth first, on two buffers, before the fill takes the rest.
+    // Each buffer is taken on its own: one `grab` of twice the size may come
+    // back as a single chunk, which leaves nothing to copy into.
     let bandwidth_gbps = {
-        let copy = grab(2 * options.copy_bytes);
-        measure_copy(&ctx, &stream, &copy.0, options.copy_repeats)?
+        let (src, dst) = (grab(options.copy_bytes), grab(options.copy_bytes));
+        let buffers: Vec<(u64, u64)> = src
+            .0
+            .first()
+            .into_iter()
+            .chain(dst.0.first())
+            .copied()
+            .collect();
+        measure_copy(&ctx, &stream, &buffers, options.copy_repeats)?
     };
 
     let want = free
