@@ -34,6 +34,9 @@ hack/chart-test.sh
 step "tests (unit + integration against the local control plane)"
 cargo test --workspace --locked
 
+step "agent with the cuda feature as a process (no libcuda here: it must start Degraded, not panic)"
+cargo test -p vramfit-agent --features cuda --locked --test cli
+
 step "container images without a registry (hack/images.sh, dev profile): build, unpack, run --version"
 hack/images.sh build --profile dev --out "$HOME/.cache/vramfit/images-ci"
 hack/images.sh check --out "$HOME/.cache/vramfit/images-ci"

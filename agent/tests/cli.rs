@@ -116,3 +116,58 @@ fn bad_flags_are_refused_with_a_clear_message() {
         assert!(stderr.contains(says), "{args:?}: {stderr}");
     }
 }
+
+/// Built with the `cuda` feature on a machine without the CUDA driver (CI,
+/// the development machine): cudarc would panic on its first call, so the
+/// agent must check first, start, and say why it is Degraded.
+#[cfg(feature = "cuda")]
+#[test]
+fn without_libcuda_the_cuda_build_starts_degraded_and_the_probe_fails_cleanly() {
+    if vramfit_agent::cuda::require_driver().is_ok() {
+        eprintln!("skipped: this machine has the CUDA driver library");
+        return;
+    }
+    // The probe at start and the context measurement both need CUDA.
+    let output = agent()
+        .args([
+            "run",
+            "--node",
+            "n",
+            "--once",
+            "-o",
+            "json",
+            "--probe-gib",
+            "1",
+        ])
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    for line in [
+        "CUDA context overhead not measured: the CUDA driver library libcuda.so not found",
+        "GPUs not probed: the CUDA driver library libcuda.so not found",
+    ] {
+        assert!(
+            stderr.contains(&format!("{line} by the dynamic loader")),
+            "{line}: {stderr}"
+        );
+    }
+    let status: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(status["agent"]["health"], "Degraded", "{status}");
+    let message = status["agent"]["message"].as_str().unwrap();
+    assert!(message.contains("GPUs not probed"), "{message}");
+
+    let output = agent()
+        .args(["probe"])
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("libcuda.so not found by the dynamic loader"),
+        "{stderr}"
+    );
+}

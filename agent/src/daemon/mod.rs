@@ -100,6 +100,11 @@ pub trait NodeBackend: Send {
     fn context_overhead(&mut self, reading: &Reading) -> HashMap<String, u64>;
     /// Probes the GPUs; results per GPU UUID.
     fn probe(&mut self, reading: &Reading) -> HashMap<String, ProbeStatus>;
+    /// What kept the start-up measurements or the last probe from running
+    /// (CUDA missing); it makes the agent's health Degraded.
+    fn problem(&self) -> Option<String> {
+        None
+    }
 }
 
 /// A real node: NVML for the GPUs, `/proc` and the pod watch for owners.
@@ -110,6 +115,8 @@ pub struct RealNode {
     pods: Option<Store<Pod>>,
     local: BTreeMap<u32, u64>,
     probe_bytes: u64,
+    overhead_problem: Option<String>,
+    probe_problem: Option<String>,
 }
 
 impl RealNode {
@@ -122,6 +129,8 @@ impl RealNode {
             pods,
             local: options.local_budgets.clone(),
             probe_bytes: options.probe_bytes,
+            overhead_problem: None,
+            probe_problem: None,
         }
     }
 }
@@ -178,11 +187,24 @@ impl NodeBackend for RealNode {
     }
 
     fn context_overhead(&mut self, reading: &Reading) -> HashMap<String, u64> {
-        setup::context_overhead(&self.monitor, reading)
+        let (overhead, problem) = setup::context_overhead(&self.monitor, reading);
+        self.overhead_problem = problem;
+        overhead
     }
 
     fn probe(&mut self, reading: &Reading) -> HashMap<String, ProbeStatus> {
-        setup::probe(reading, self.probe_bytes)
+        let (probes, problem) = setup::probe(reading, self.probe_bytes);
+        self.probe_problem = problem;
+        probes
+    }
+
+    fn problem(&self) -> Option<String> {
+        let problems: Vec<&str> = [&self.overhead_problem, &self.probe_problem]
+            .into_iter()
+            .flatten()
+            .map(String::as_str)
+            .collect();
+        (!problems.is_empty()).then(|| problems.join("; "))
     }
 }
 
@@ -250,6 +272,7 @@ pub async fn run_loop(
     if options.probe_at_start {
         builder.probes = backend.probe(&first);
     }
+    builder.problem = backend.problem();
     if let Some(writer) = &writer {
         match writer.previous_oom_reports().await {
             Ok(reports) => builder.oom_reports = reports,
@@ -277,6 +300,7 @@ pub async fn run_loop(
         if probe_pending {
             tracing::info!("probe requested through the GpuNode annotation");
             builder.probes = tokio::task::block_in_place(|| backend.probe(&current));
+            builder.problem = backend.problem();
             if let Some(w) = &writer
                 && let Err(e) = w.clear_probe_request().await
             {

@@ -52,6 +52,9 @@ pub struct StatusBuilder {
     pub probes: HashMap<String, ProbeStatus>,
     /// OOM reports, most recent last.
     pub oom_reports: Vec<OomReport>,
+    /// What keeps the agent from measuring or probing (CUDA missing): the
+    /// agent's health is then at least Degraded, with this in its message.
+    pub problem: Option<String>,
     peaks: HashMap<(String, u32), u64>,
 }
 
@@ -187,8 +190,14 @@ impl StatusBuilder {
             agent: Some(AgentInfo {
                 version: env!("CARGO_PKG_VERSION").into(),
                 mode: self.mode.clone(),
-                health: reading.health,
-                message: reading.message.clone(),
+                health: match self.problem {
+                    Some(_) => worse(reading.health, GpuHealth::Degraded),
+                    None => reading.health,
+                },
+                message: match (&reading.message, &self.problem) {
+                    (Some(a), Some(b)) => Some(format!("{a}; {b}")),
+                    (a, b) => a.clone().or_else(|| b.clone()),
+                },
             }),
             // The controller's; never part of what the agent applies.
             allocation: None,
@@ -341,6 +350,37 @@ mod tests {
         let process = &status.gpus[0].processes[0];
         assert_eq!(process.allocator.as_ref().unwrap().reserved_bytes, 5);
         assert_eq!(process.shape.as_ref().unwrap().micro_batch, 4);
+    }
+
+    #[test]
+    fn cuda_missing_makes_the_agent_degraded_with_the_reason_but_not_its_gpus() {
+        let owners = Owners {
+            pods: HashMap::new(),
+            exited: HashSet::new(),
+        };
+        let mut builder = StatusBuilder::new("nvml");
+        let (status, _) = builder.build(&reading(&[]), &owners, 0, "t".into());
+        assert_eq!(status.agent.as_ref().unwrap().health, GpuHealth::Healthy);
+        builder.problem = Some("GPUs not probed: libcuda.so not found".into());
+        let (status, _) = builder.build(&reading(&[]), &owners, 0, "t".into());
+        let agent = status.agent.unwrap();
+        assert_eq!(agent.health, GpuHealth::Degraded);
+        assert_eq!(
+            agent.message.as_deref(),
+            Some("GPUs not probed: libcuda.so not found")
+        );
+        assert_eq!(status.gpus[0].health, GpuHealth::Healthy);
+        // NVML's own trouble stays and comes first; Faulty is not softened.
+        let mut bad = reading(&[]);
+        bad.health = GpuHealth::Faulty;
+        bad.message = Some("NVML unavailable".into());
+        let (status, _) = builder.build(&bad, &owners, 0, "t".into());
+        let agent = status.agent.unwrap();
+        assert_eq!(agent.health, GpuHealth::Faulty);
+        assert_eq!(
+            agent.message.as_deref(),
+            Some("NVML unavailable; GPUs not probed: libcuda.so not found")
+        );
     }
 
     #[test]
