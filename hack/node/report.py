@@ -177,6 +177,17 @@ def checks(summary: dict, gpu: bool) -> List[tuple]:
     """(name, ok, detail) for what the demo must show."""
     jobs = {j["name"]: j for j in summary["jobs"]}
     result = []
+    ident = summary.get("kubeletIdentity")
+    if ident is not None:
+        # The kubelet's own credentials: user system:node:<node> in
+        # system:nodes, which the Node authorizer keeps from cluster-wide writes.
+        who = ident.get("userInfo") or {}
+        node = summary.get("node")
+        ok = (who.get("username") == f"system:node:{node}" and "system:nodes" in (who.get("groups") or [])
+              and "system:masters" not in (who.get("groups") or []) and ident.get("canCreateNamespaces") == "no")
+        result.append(("the kubelet runs as its node, not as the admin", ok,
+                       f"user {who.get('username')}, groups {who.get('groups')}, "
+                       f"can create namespaces: {ident.get('canCreateNamespaces')}"))
     for j in summary["jobs"]:
         result.append((f"{j['name']} Succeeded", j["phase"] == "Succeeded", f"phase {j['phase']}: {j.get('message') or ''}"))
     for j in summary["jobs"]:
@@ -263,6 +274,8 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--cdi", help="the node's CDI spec (what the containers' devices should be)")
     p.add_argument("--samples", help="GpuNode snapshots taken during the run, one JSON document a line")
+    p.add_argument("--kubelet-identity", help="who the kubelet's kubeconfig is (auth whoami, can-i create namespaces)")
+    p.add_argument("--node", help="the node's name")
     a = p.parse_args(argv)
     load = lambda f: json.loads(Path(f).read_text())  # noqa: E731
     samples = []
@@ -275,6 +288,9 @@ def main(argv=None) -> int:
     cdi = load(a.cdi) if a.cdi and Path(a.cdi).is_file() else None
     summary = summarize(load(a.jobs), load(a.pods), load(a.gpunode), a.apply_ms, Path(a.logs), samples, cdi)
     summary["endMs"] = a.end_ms
+    if a.kubelet_identity and Path(a.kubelet_identity).is_file():
+        summary["kubeletIdentity"] = load(a.kubelet_identity)
+        summary["node"] = a.node
     results = checks(summary, bool(a.gpu))
     summary["checks"] = [{"check": n, "ok": ok, "detail": d} for n, ok, d in results]
     Path(a.out).write_text(json.dumps(summary, indent=1, sort_keys=True))

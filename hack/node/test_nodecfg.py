@@ -61,6 +61,32 @@ def test_kubelet_config_cgroupfs_swap_static_cpu():
     assert k["cpuManagerPolicy"] == "none" and "reservedSystemCPUs" not in k
 
 
+def test_kubelet_config_accepts_the_cluster_ca_for_its_api():
+    k = json.loads(nodecfg.kubelet_config("/n", "unix:///s", 1, 2, cpus=4, client_ca="/n/pki/ca.crt"))
+    assert k["authentication"]["x509"] == {"clientCAFile": "/n/pki/ca.crt"}
+    assert k["authentication"]["anonymous"] == {"enabled": False}
+    assert json.loads(nodecfg.kubelet_config("/n", "unix:///s", 1, 2, cpus=4))["authentication"]["x509"] == {}
+
+
+def test_node_kubeconfig_uses_the_node_certificate(tmp_path, capsys):
+    import yaml
+
+    pki = tmp_path / "pki"
+    pki.mkdir()
+    for f in ("ca.crt", "node.crt", "node.key"):
+        (pki / f).write_text("x")
+    assert nodecfg.main(["kubeconfig", "--server", "https://127.0.0.1:6443", "--pki", str(pki)]) == 1
+    assert "node-name is missing" in capsys.readouterr().err
+    (pki / "node-name").write_text("gpu-1\n")
+    assert nodecfg.main(["kubeconfig", "--server", "https://127.0.0.1:6443", "--pki", str(pki)]) == 0
+    k = yaml.safe_load(capsys.readouterr().out)
+    user = k["users"][0]
+    assert user["name"] == "system:node:gpu-1"
+    assert user["user"] == {"client-certificate": str(pki / "node.crt"), "client-key": str(pki / "node.key")}
+    assert k["clusters"][0]["cluster"] == {"server": "https://127.0.0.1:6443", "certificate-authority": str(pki / "ca.crt")}
+    assert k["contexts"][0]["context"]["user"] == user["name"] and k["current-context"] == k["contexts"][0]["name"]
+
+
 def test_kubelet_config_rejects_static_cpu_on_one_cpu_and_unknown_policies():
     with pytest.raises(ValueError, match="at least 2 CPUs"):
         nodecfg.kubelet_config("/n", "unix:///s", 1, 2, cpus=1)
@@ -373,3 +399,21 @@ def test_privileged_fallback_only_when_asked(monkeypatch):
     monkeypatch.setenv("VRAMFIT_NODE_PRIVILEGED", "1")
     priv = nodecfg.node_template(["python3"], "/repo")
     assert priv["spec"]["containers"][0]["securityContext"] == {"privileged": True}
+
+
+def test_report_checks_the_kubelet_runs_as_its_node():
+    check = "the kubelet runs as its node, not as the admin"
+
+    def result(username, groups, can_create="no"):
+        summary = {"jobs": [], "gpuNode": {}, "node": "vm",
+                   "kubeletIdentity": {"userInfo": {"username": username, "groups": groups},
+                                       "canCreateNamespaces": can_create}}
+        return dict((n, ok) for n, ok, _ in report.checks(summary, gpu=False))[check]
+
+    assert result("system:node:vm", ["system:nodes", "system:authenticated"])
+    assert not result("system:node:other", ["system:nodes", "system:authenticated"])
+    assert not result("vramfit-admin", ["system:masters", "system:authenticated"], "yes")
+    assert not result("system:node:vm", ["system:nodes", "system:masters"])
+    assert not result("system:node:vm", ["system:nodes"], "yes")
+    # Not measured (an older demo): no check at all.
+    assert all(n != check for n, _, _ in report.checks({"jobs": [], "gpuNode": {}}, gpu=False))
