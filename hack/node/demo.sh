@@ -114,10 +114,11 @@ EOF
   kubectl get tj -n ml -o json >"$dir/tj.json"
   kubectl get pods -n ml -o json >"$dir/pods.json"
   kubectl get gpunode "$node" -o json >"$dir/gpunode.json"
+  kubectl get events -n ml -o json >"$dir/events.json"
   local rc=0
   python3 "$here/node/report.py" --apply-ms "$t0" --end-ms "$t1" --gpu "$gpu" \
     --jobs "$dir/tj.json" --pods "$dir/pods.json" --gpunode "$dir/gpunode.json" \
-    --logs /var/log/pods --cdi "$cdi" --samples "$samples" --kubelet-identity "$ident" --node "$node" --out "$out/demo.json" >"$dir/summary.txt" || rc=$?
+    --logs /var/log/pods --cdi "$cdi" --samples "$samples" --kubelet-identity "$ident" --node "$node" --events "$dir/events.json" --out "$out/demo.json" >"$dir/summary.txt" || rc=$?
   cat "$out/demo.log"
   echo
   cat "$dir/summary.txt"

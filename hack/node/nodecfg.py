@@ -575,7 +575,8 @@ def demo_jobs(
     1.1B with checkpointing, a torchvision ResNet-50, a GPT-2 whose
     micro-batch 32 does not fit its 24Gi budget (CUDA OOM, exit protocol,
     micro 16), and one that allocates 20 GiB outside PyTorch on its first
-    attempt (the agent's watchdog stops it). Without (`gpu=False`): two tiny
+    attempt (the agent's watchdog stops it), and the gpt2-oom shape once more
+    with the OOMs absorbed in the process. Without (`gpu=False`): two tiny
     GPT-2s on the CPU, to try the node itself.
     """
     examples = Path(repo) / "examples"
@@ -617,6 +618,11 @@ def demo_jobs(
             batch={"global": 64, "micro": 32, "minMicro": 4}, memory={"request": "24Gi"}, maxOOMRetries=3),
         job(gpt2, "bypass", ["--model", "bypass", "--bypass-bytes", str(20 << 30), "--steps", str(steps)],
             batch={"global": 16, "micro": 8, "minMicro": 2}, memory={"request": "10Gi"}, maxOOMRetries=3),
+        # The same shape as gpt2-oom, but the OOMs are absorbed inside the
+        # process (vramfit.Step halves the micro-batch and re-runs the step):
+        # one attempt, the new shape reaches the GpuNode and the job's status.
+        job(gpt2, "gpt2-absorb", ["--model", "gpt2", "--steps", str(steps), "--absorb"],
+            batch={"global": 64, "micro": 32, "minMicro": 4}, memory={"request": "24Gi"}, maxOOMRetries=3),
     ]
 
 

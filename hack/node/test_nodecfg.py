@@ -241,7 +241,10 @@ def test_venv_base_prefix(tmp_path):
 def test_demo_jobs_keep_the_examples_models_and_use_the_node_template():
     jobs = nodecfg.demo_jobs(str(REPO), "/opt/torch/.venv/bin/python", ["/opt/torch/.venv", "/usr"], steps=20)
     by = {j["metadata"]["name"]: j for j in jobs}
-    assert set(by) == {"gpt2-small", "llama-1b", "resnet50", "gpt2-oom", "bypass"}
+    assert set(by) == {"gpt2-small", "llama-1b", "resnet50", "gpt2-oom", "bypass", "gpt2-absorb"}
+    absorb = by["gpt2-absorb"]["spec"]
+    assert "--absorb" in absorb["template"]["spec"]["containers"][0]["command"]
+    assert absorb["batch"] == by["gpt2-oom"]["spec"]["batch"] and absorb["memory"] == by["gpt2-oom"]["spec"]["memory"]
     llama = by["llama-1b"]["spec"]
     assert llama["model"]["gradientCheckpointing"] is True and llama["model"]["huggingFace"]["config"]["num_hidden_layers"] == 22
     assert by["gpt2-oom"]["spec"]["batch"]["micro"] == 32 and by["gpt2-oom"]["spec"]["memory"] == {"request": "24Gi"}
@@ -417,3 +420,35 @@ def test_report_checks_the_kubelet_runs_as_its_node():
     assert not result("system:node:vm", ["system:nodes"], "yes")
     # Not measured (an older demo): no check at all.
     assert all(n != check for n, _, _ in report.checks({"jobs": [], "gpuNode": {}}, gpu=False))
+
+
+def test_report_checks_the_absorbed_oom(tmp_path):
+    d = tmp_path / "ml_gpt2-absorb-a1_u1" / "train"
+    d.mkdir(parents=True)
+    (d / "0.log").write_text(cri_log({"event": "absorbed", "fromMicro": 32, "toMicro": 16, "unixMs": 1}))
+    pods = {"items": [{"metadata": {"name": "gpt2-absorb-a1", "namespace": "ml", "uid": "u1"}, "status": {"phase": "Succeeded"}}]}
+    status = {"phase": "Succeeded", "attempt": 1, "gpu": "0",
+              "absorbedOoms": [{"fromMicro": 32, "toMicro": 16, "fromAccum": 2, "toAccum": 4, "time": "t"}]}
+    jobs = {"items": [{"metadata": {"name": "gpt2-absorb"}, "status": status}]}
+    events = {"items": [{"reason": "OomAbsorbed", "involvedObject": {"kind": "TrainingJob", "name": "gpt2-absorb"}},
+                        {"reason": "OomAbsorbed", "involvedObject": {"kind": "TrainingJob", "name": "other"}}]}
+    shape = {"microBatch": 16, "gradAccum": 4, "absorbedOoms": [{"fromMicro": 32, "toMicro": 16}]}
+    sample = {"status": {"gpus": [{"index": 0, "processes": [{"podName": "gpt2-absorb-a1", "shape": shape}]}]}}
+    recorded = "gpt2-absorb: OOMs absorbed in the process, recorded by the controller"
+    carried = "gpt2-absorb: the GpuNode carried the process's shape"
+
+    def results(jobs=jobs, events=events, samples=(sample,)):
+        s = report.summarize(jobs, pods, {"status": {}}, apply_ms=0, logs_root=tmp_path, samples=list(samples), k8s_events=events)
+        return {n: ok for n, ok, _ in report.checks(s, gpu=True)}
+
+    r = results()
+    assert r[recorded] and r[carried]
+    # No event from the controller, or the event of another job only.
+    assert not results(events={"items": events["items"][1:]})[recorded]
+    # A restart instead (attempt 2), or nothing absorbed in the status.
+    assert not results(jobs={"items": [{"metadata": {"name": "gpt2-absorb"}, "status": dict(status, attempt=2)}]})[recorded]
+    assert not results(jobs={"items": [{"metadata": {"name": "gpt2-absorb"}, "status": dict(status, absorbedOoms=[])}]})[recorded]
+    # The agent never showed the shape with its absorbed OOMs.
+    plain = {"status": {"gpus": [{"index": 0, "processes": [{"podName": "gpt2-absorb-a1", "shape": dict(shape, absorbedOoms=[])}]}]}}
+    assert not results(samples=[plain])[carried]
+    assert results(samples=[sample, plain])[carried]
