@@ -294,6 +294,8 @@ up() {
   python3 "$here/node/nodecfg.py" cni >"$cd/cni/net.d/10-vramfit-lo.conflist"
   cp "$nodebin/loopback" "$cd/cni/bin/loopback"
   cp "$nodebin/vramfit-nri-cdi" "$cd/nri/plugins/10-vramfit-cdi"
+  python3 "$here/node/nodecfg.py" nri-config --log "$dir/nri-cdi.log" >"$cd/nri/conf.d/10-vramfit-cdi.conf"
+  rm -f "$dir/nri-cdi.log"
   if [[ -e /dev/nvidiactl ]]; then
     python3 "$here/node/nodecfg.py" cdi >"$cd/cdi/nvidia.json"
     log "CDI spec for $(grep -c '"name": "GPU-' "$cd/cdi/nvidia.json") GPU(s) in $cd/cdi/nvidia.json"
@@ -303,6 +305,9 @@ up() {
   start_bg containerd "$nodebin/containerd" --config "$cd/containerd/config.toml"
   local ctr=("$nodebin/ctr" --address "$cd/containerd.sock" -n k8s.io)
   wait_for 30 containerd "${ctr[@]}" version || { tail -20 "$dir/containerd.log" >&2; return 1; }
+  # Without its NRI plugin containerd would start GPU pods without their GPUs.
+  wait_for 15 "NRI plugin 10-vramfit-cdi" grep -q "connected to" "$dir/nri-cdi.log" ||
+    { grep -i nri "$dir/containerd.log" | tail -10 >&2; return 1; }
 
   log "images (built here, imported; no registry)"
   python3 "$here/node/nodecfg.py" image pause --pause "$nodebin/pause" --out "$cd/images/pause.tar"
@@ -404,7 +409,7 @@ collect_logs() {
   {
     echo
     echo "== node logs (last 25 lines each)"
-    for f in "$dir"/controlplane/apiserver.log "$dir"/containerd.log "$dir"/kubelet.log "$dir"/agent.log "$dir"/controller.log; do
+    for f in "$dir"/controlplane/apiserver.log "$dir"/containerd.log "$dir"/nri-cdi.log "$dir"/kubelet.log "$dir"/agent.log "$dir"/controller.log; do
       [[ -f $f ]] || continue
       echo "-- $f"
       tail -25 "$f"

@@ -36,13 +36,22 @@ demo() {
   mapfile -t py < <(demo_python)
   local root
   for root in "${py[@]:1}"; do roots+=(--root "$root"); done
-  local jobs=$dir/demo-jobs.json
+  local jobs=$dir/demo-jobs.json alloc=()
+  # The in-process allocator, from the vramfit binaries (bundle-vramfit packs it).
+  if [[ -f $vb/libvramfit_alloc.so ]]; then
+    alloc=(--allocator-lib "$vb/libvramfit_alloc.so")
+  else
+    log "no libvramfit_alloc.so in $vb: the pods fall back to the memory fraction"
+  fi
   python3 "$here/node/nodecfg.py" jobs --repo "$repo" --python "${py[0]}" "${roots[@]}" --steps "$steps" \
-    $( ((gpu)) || echo --cpu) >"$jobs"
+    "${alloc[@]}" $( ((gpu)) || echo --cpu) >"$jobs"
+  local cdi=$dir/cdi/nvidia.json
   if ((!gpu)); then
-    # No GPU here: a CDI spec for the agent's simulated GPUs (environment
-    # only, no device nodes), so the pods take the same CDI path as on a GPU node.
-    kubectl get gpunode "$node" -o json | python3 "$here/node/nodecfg.py" cdi-simulated >"$dir/cdi/simulated.json"
+    # No GPU here: a CDI spec for the simulated GPUs, with stand-in device
+    # nodes (/dev/null's numbers) and the simulated GPU's variable, so the pods
+    # take the same CDI path, device nodes included, as on a GPU node.
+    cdi=$dir/cdi/simulated.json
+    kubectl get gpunode "$node" -o json | python3 "$here/node/nodecfg.py" cdi-simulated --dev "$dir/fake-dev" >"$cdi"
   fi
 
   kubectl apply -f "$repo/examples/00-namespace.yaml" >/dev/null
@@ -50,7 +59,12 @@ demo() {
   t0=$(now_ms)
   kubectl apply -f "$jobs" >/dev/null
   local deadline=$(( $(date +%s) + ${VRAMFIT_DEMO_TIMEOUT:-420} )) left
+  # The GpuNode as the agent rewrites it, one line a sample: the training
+  # processes (and their allocator counters) are gone from the last one.
+  local samples=$dir/gpunode-samples.jsonl
+  : >"$samples"
   while :; do
+    { kubectl get gpunode "$node" -o json 2>/dev/null | tr -d '\n'; echo; } >>"$samples"
     left=$(kubectl get tj -n ml -o jsonpath='{range .items[*]}{.status.phase}{"\n"}{end}' | grep -cvxE 'Succeeded|Failed' || true)
     [[ $left == 0 ]] && break
     if (( $(date +%s) > deadline )); then
@@ -89,7 +103,7 @@ demo() {
   local rc=0
   python3 "$here/node/report.py" --apply-ms "$t0" --end-ms "$t1" --gpu "$gpu" \
     --jobs "$dir/tj.json" --pods "$dir/pods.json" --gpunode "$dir/gpunode.json" \
-    --logs /var/log/pods --out "$out/demo.json" >"$dir/summary.txt" || rc=$?
+    --logs /var/log/pods --cdi "$cdi" --samples "$samples" --out "$out/demo.json" >"$dir/summary.txt" || rc=$?
   cat "$out/demo.log"
   echo
   cat "$dir/summary.txt"

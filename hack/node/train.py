@@ -86,6 +86,19 @@ def bypass(nbytes: int, hold_seconds: float) -> int:
     return 3
 
 
+def cap_eff() -> str:
+    """The process's effective capabilities (hex, /proc/self/status): a
+    privileged container has them all, CAP_SYS_ADMIN among them."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("CapEff:"):
+                    return line.split()[1]
+    except OSError:
+        pass
+    return ""
+
+
 def memory(torch, device) -> dict:
     if device.type != "cuda":
         return {}
@@ -142,7 +155,7 @@ def main(argv=None) -> int:
     devices = sorted(n for n in os.listdir("/dev") if n.startswith("nvidia"))
     event("start", model=args.model, attempt=attempt.attempt, micro=attempt.micro_batch,
           accum=attempt.grad_accum, budgetBytes=attempt.budget_bytes, enforcement=attempt.enforcement,
-          devices=devices, simulatedGpu=os.environ.get("VRAMFIT_SIMULATED_GPU"))
+          devices=devices, simulatedGpu=os.environ.get("VRAMFIT_SIMULATED_GPU"), capEff=cap_eff())
     if args.model == "bypass":
         if attempt.attempt <= args.bypass_attempts:
             return bypass(args.bypass_bytes or 2 * (attempt.budget_bytes or 8 << 30), args.hold_seconds)
@@ -157,7 +170,11 @@ def main(argv=None) -> int:
             train(args, attempt, torch, device)
         except BaseException as exc:  # the OOM's time; the guard then runs the exit protocol
             if vramfit.is_oom(exc):
-                event("oom", micro=attempt.micro_batch)
+                # budgetOom: raised by vramfit's allocator at the budget (not
+                # by the driver running out, nor by PyTorch's memory fraction).
+                from vramfit.allocator import is_budget_oom
+
+                event("oom", micro=attempt.micro_batch, budgetOom=is_budget_oom(exc))
             raise
     event("done", steps=args.steps, **memory(torch, device))
     return 0
