@@ -171,3 +171,56 @@ fn without_libcuda_the_cuda_build_starts_degraded_and_the_probe_fails_cleanly() 
         "{stderr}"
     );
 }
+
+/// `vramfit run --local` starts this binary beside each attempt with
+/// `agent_args`: the real agent must accept them, run beside the process,
+/// write its status file and stop on the SIGTERM `finish` sends.
+#[test]
+fn the_agent_vramfit_run_local_starts_accepts_its_flags_and_stops_cleanly() {
+    use vramfit::cli::run::agent::AttemptWatchdog;
+    let dir = tempfile::tempdir().unwrap();
+    let mut training = Command::new("sleep").arg("30").spawn().unwrap();
+    let watchdog = AttemptWatchdog::start(
+        std::path::Path::new(env!("CARGO_BIN_EXE_vramfit-agent")),
+        training.id(),
+        20 << 30,
+        Duration::from_millis(100),
+        dir.path(),
+    )
+    .unwrap();
+    let status_file = dir.path().join("agent-status.json");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !status_file.exists() {
+        assert!(Instant::now() < deadline, "no status written");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    training.kill().unwrap();
+    training.wait().unwrap();
+    // Nothing over budget here (no GPU, or a sleeping process): no report.
+    let stopped = watchdog.finish().unwrap_or_else(|e| {
+        let log = std::fs::read_to_string(dir.path().join("agent.log")).unwrap_or_default();
+        panic!("{e}: {log}")
+    });
+    assert_eq!(stopped, None);
+    let log = std::fs::read_to_string(dir.path().join("agent.log")).unwrap();
+    assert!(log.contains("agent stops"), "{log}");
+    let status: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&status_file).unwrap()).unwrap();
+    assert_eq!(status["agent"]["mode"], "nvml");
+
+    // An agent that ends on its own is an error that names its log.
+    let early = AttemptWatchdog::start(
+        std::path::Path::new("/bin/false"),
+        1,
+        1,
+        Duration::from_millis(100),
+        dir.path(),
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let error = early.finish().unwrap_err().to_string();
+    assert!(
+        error.contains("ended early") && error.contains("agent.log"),
+        "{error}"
+    );
+}

@@ -55,6 +55,9 @@ pub struct RunOptions {
     pub local_budgets: BTreeMap<u32, u64>,
     /// Probe at start.
     pub probe_at_start: bool,
+    /// Measure the CUDA context overhead at start (a bare context on every
+    /// GPU for a moment).
+    pub measure_context_overhead: bool,
     /// Most bytes a probe writes per GPU (it must leave training jobs room).
     pub probe_bytes: u64,
     /// Print the status (JSON, one line per write) on stdout.
@@ -78,6 +81,7 @@ impl RunOptions {
             labels: BTreeMap::new(),
             local_budgets: BTreeMap::new(),
             probe_at_start: true,
+            measure_context_overhead: true,
             probe_bytes: 2 << 30,
             print: false,
             status_file: None,
@@ -268,7 +272,9 @@ pub async fn run_loop(
         .map(|c| GpuNodeWriter::new(c, &options.node, options.labels.clone()));
 
     let first = backend.read(Instant::now());
-    builder.context_overhead = backend.context_overhead(&first);
+    if options.measure_context_overhead {
+        builder.context_overhead = backend.context_overhead(&first);
+    }
     if options.probe_at_start {
         builder.probes = backend.probe(&first);
     }
@@ -323,8 +329,14 @@ pub async fn run_loop(
         }
         if !orders.is_empty() {
             status.oom_reports = builder.oom_reports.clone();
-            // The report goes out before the kill, so the controller knows
-            // the exit that follows is an OOM (docs/agent.md).
+            // The report goes out before the kill, so the controller (or
+            // `vramfit run --local`, reading the status file) knows the exit
+            // that follows is an OOM (docs/agent.md).
+            if let Some(path) = &options.status_file
+                && let Err(e) = write_status_file(path, &status)
+            {
+                tracing::error!("cannot write the status file before stopping: {e}");
+            }
             if let Some(w) = &writer
                 && let Err(e) = w.write(&status).await
             {
@@ -382,9 +394,15 @@ fn emit(options: &RunOptions, status: &GpuNodeStatus) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string(status)?);
     }
     if let Some(path) = &options.status_file {
-        let tmp = path.with_extension("tmp");
-        std::fs::write(&tmp, serde_json::to_vec_pretty(status)?)?;
-        std::fs::rename(&tmp, path)?;
+        write_status_file(path, status)?;
     }
+    Ok(())
+}
+
+/// Replaces the status file atomically (a reader never sees half of it).
+fn write_status_file(path: &std::path::Path, status: &GpuNodeStatus) -> anyhow::Result<()> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, serde_json::to_vec_pretty(status)?)?;
+    std::fs::rename(&tmp, path)?;
     Ok(())
 }
