@@ -387,7 +387,10 @@ up() {
     local nvrtc
     nvrtc=$(find /usr/local/cuda*/lib64 /usr/local/cuda*/targets /opt /usr/lib -name 'libnvrtc.so*' 2>/dev/null | head -1)
     [[ -n $nvrtc ]] && export LD_LIBRARY_PATH="$(dirname "$nvrtc"):${LD_LIBRARY_PATH:-}"
-    start_bg agent "$vb/vramfit-agent" run --node "$node"
+    # A status write at least every 3 s (default 10 s): the demo samples the
+    # GpuNode for the training processes' allocator and shape figures, and the
+    # shortest jobs train for about 10 s.
+    start_bg agent "$vb/vramfit-agent" run --node "$node" --heartbeat 3s
   else
     # No GPU: keep a GpuNode with two simulated H200s alive, so the
     # controller places. Not `vramfit-agent run
