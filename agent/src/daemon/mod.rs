@@ -280,9 +280,10 @@ pub async fn run_loop(
     }
     builder.problem = backend.problem();
     if let Some(writer) = &writer {
-        match writer.previous_oom_reports().await {
-            Ok(reports) => builder.oom_reports = reports,
-            Err(e) => tracing::warn!("cannot read the earlier OOM reports: {e}"),
+        match writer.previous_status().await {
+            Ok(Some(previous)) => builder.resume(&previous),
+            Ok(None) => {}
+            Err(e) => tracing::warn!("cannot read the earlier status (OOM reports, peaks): {e}"),
         }
     }
 
