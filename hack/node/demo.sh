@@ -95,15 +95,30 @@ demo() {
     kubectl get events -n ml --sort-by=.lastTimestamp 2>&1 | tail -60
   } >"$out/demo.log" 2>&1
 
+  # Who the kubelet is to the API server (its own kubeconfig): the report
+  # checks it is the node's user, which may not create namespaces.
+  local ident=$dir/kubelet-identity.json kk=(kubectl --kubeconfig "$dir/kubelet/kubeconfig")
+  python3 - "$ident" "$("${kk[@]}" auth whoami -o json 2>&1 | tr -d '\n')" \
+    "$("${kk[@]}" auth can-i create namespaces 2>/dev/null || true)" <<'EOF'
+import json, sys
+try:
+    who = json.loads(sys.argv[2]).get("status", {}).get("userInfo", {})
+except ValueError:
+    who = {"error": sys.argv[2][:300]}
+answer = (sys.argv[3].strip().splitlines() or [""])[-1].strip()
+json.dump({"userInfo": who, "canCreateNamespaces": answer}, open(sys.argv[1], "w"))
+EOF
+
   # Everything the summary needs, in one JSON document: the jobs, the pods,
   # the GpuNode and each pod's vramfit-train events from its log.
   kubectl get tj -n ml -o json >"$dir/tj.json"
   kubectl get pods -n ml -o json >"$dir/pods.json"
   kubectl get gpunode "$node" -o json >"$dir/gpunode.json"
+  kubectl get events -n ml -o json >"$dir/events.json"
   local rc=0
   python3 "$here/node/report.py" --apply-ms "$t0" --end-ms "$t1" --gpu "$gpu" \
     --jobs "$dir/tj.json" --pods "$dir/pods.json" --gpunode "$dir/gpunode.json" \
-    --logs /var/log/pods --cdi "$cdi" --samples "$samples" --out "$out/demo.json" >"$dir/summary.txt" || rc=$?
+    --logs /var/log/pods --cdi "$cdi" --samples "$samples" --kubelet-identity "$ident" --node "$node" --events "$dir/events.json" --out "$out/demo.json" >"$dir/summary.txt" || rc=$?
   cat "$out/demo.log"
   echo
   cat "$dir/summary.txt"

@@ -8,6 +8,7 @@ hack/node/test_nodecfg.py tests it (CI runs them).
 
     nodecfg.py containerd --dir D --runc R --sandbox-image I     config.toml on stdout
     nodecfg.py kubelet --dir D --endpoint E --node N ...         KubeletConfiguration on stdout
+    nodecfg.py kubeconfig --server S --pki D                     the kubelet's kubeconfig (node certificate)
     nodecfg.py cni                                               the loopback-only network
     nodecfg.py cdi [--driver-root /usr/local/nvidia] [--dev /dev] [--proc /proc/driver/nvidia]
     nodecfg.py cdi-simulated --dev D < gpunode.json              the same for a simulating agent's GPUs
@@ -121,6 +122,7 @@ def kubelet_config(
     cpus: int,
     reserved_cpus: str = "0",
     cpu_manager: str = "static",
+    client_ca: Optional[str] = None,
 ) -> str:
     """KubeletConfiguration (JSON, which the kubelet reads as YAML).
 
@@ -152,7 +154,7 @@ def kubelet_config(
         "authentication": {
             "anonymous": {"enabled": False},
             "webhook": {"enabled": False},
-            "x509": {},
+            "x509": {"clientCAFile": client_ca} if client_ca else {},
         },
         "authorization": {"mode": "AlwaysAllow"},
         "staticPodPath": d + "/kubelet/manifests",
@@ -178,6 +180,23 @@ def kubelet_config(
     }
     if cpu_manager == "static":
         config["reservedSystemCPUs"] = reserved_cpus
+    return json.dumps(config, indent=2) + "\n"
+
+
+def node_kubeconfig(server: str, ca: str, cert: str, key: str, node: str) -> str:
+    """The kubelet's own kubeconfig: the node's client certificate (user
+    system:node:<node>, group system:nodes, `hack/controlplane.sh
+    node-cert`), which the API server's Node authorizer and NodeRestriction
+    limit to this node's objects. JSON, which the kubelet reads as YAML."""
+    user = f"system:node:{node}"
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "vramfit-local", "cluster": {"server": server, "certificate-authority": ca}}],
+        "users": [{"name": user, "user": {"client-certificate": cert, "client-key": key}}],
+        "contexts": [{"name": "node", "context": {"cluster": "vramfit-local", "user": user}}],
+        "current-context": "node",
+    }
     return json.dumps(config, indent=2) + "\n"
 
 
@@ -556,7 +575,8 @@ def demo_jobs(
     1.1B with checkpointing, a torchvision ResNet-50, a GPT-2 whose
     micro-batch 32 does not fit its 24Gi budget (CUDA OOM, exit protocol,
     micro 16), and one that allocates 20 GiB outside PyTorch on its first
-    attempt (the agent's watchdog stops it). Without (`gpu=False`): two tiny
+    attempt (the agent's watchdog stops it), and the gpt2-oom shape once more
+    with the OOMs absorbed in the process. Without (`gpu=False`): two tiny
     GPT-2s on the CPU, to try the node itself.
     """
     examples = Path(repo) / "examples"
@@ -598,6 +618,11 @@ def demo_jobs(
             batch={"global": 64, "micro": 32, "minMicro": 4}, memory={"request": "24Gi"}, maxOOMRetries=3),
         job(gpt2, "bypass", ["--model", "bypass", "--bypass-bytes", str(20 << 30), "--steps", str(steps)],
             batch={"global": 16, "micro": 8, "minMicro": 2}, memory={"request": "10Gi"}, maxOOMRetries=3),
+        # The same shape as gpt2-oom, but the OOMs are absorbed inside the
+        # process (vramfit.Step halves the micro-batch and re-runs the step):
+        # one attempt, the new shape reaches the GpuNode and the job's status.
+        job(gpt2, "gpt2-absorb", ["--model", "gpt2", "--steps", str(steps), "--absorb"],
+            batch={"global": 64, "micro": 32, "minMicro": 4}, memory={"request": "24Gi"}, maxOOMRetries=3),
     ]
 
 
@@ -619,6 +644,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     k.add_argument("--cpus", type=int, default=os.cpu_count() or 1)
     k.add_argument("--cpu-manager", default="static")
     k.add_argument("--reserved-cpus", default="0")
+    k.add_argument("--client-ca", help="the CA of the clients the kubelet's API accepts")
+    kk = sub.add_parser("kubeconfig", help="the kubelet's kubeconfig with the node's certificate")
+    kk.add_argument("--server", required=True)
+    kk.add_argument("--pki", required=True, help="a folder with ca.crt, node.crt, node.key and node-name")
     sub.add_parser("cni")
     d = sub.add_parser("cdi")
     d.add_argument("--driver-root", default="/usr/local/nvidia")
@@ -648,8 +677,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         elif args.cmd == "kubelet":
             sys.stdout.write(
                 kubelet_config(args.dir, args.endpoint, args.healthz_port, args.port, args.cpus,
-                               args.reserved_cpus, args.cpu_manager)
+                               args.reserved_cpus, args.cpu_manager, args.client_ca)
             )
+        elif args.cmd == "kubeconfig":
+            pki = Path(args.pki)
+            for f in ("ca.crt", "node.crt", "node.key", "node-name"):
+                if not (pki / f).is_file():
+                    raise ValueError(f"{pki / f} is missing (hack/controlplane.sh node-cert NAME makes it)")
+            sys.stdout.write(node_kubeconfig(args.server, str(pki / "ca.crt"), str(pki / "node.crt"),
+                                             str(pki / "node.key"), (pki / "node-name").read_text().strip()))
         elif args.cmd == "cni":
             sys.stdout.write(cni_config())
         elif args.cmd == "cdi":

@@ -68,6 +68,26 @@ def pod_privileged(pod: dict) -> bool:
     return False
 
 
+def shapes_seen(samples: List[dict]) -> Dict[str, dict]:
+    """Per pod, the batch shape its process published (the helper's
+    shape-<pid>.json, `processes[].shape` in the GpuNode) as last seen, with
+    the most absorbed OOMs any sample listed."""
+    seen: Dict[str, dict] = {}
+    for node in samples:
+        for g in (node.get("status") or {}).get("gpus") or []:
+            for proc in g.get("processes") or []:
+                shape = proc.get("shape")
+                pod = proc.get("podName")
+                if not shape or not pod:
+                    continue
+                e = seen.setdefault(pod, {"samples": 0, "absorbedOoms": []})
+                e["samples"] += 1
+                e["microBatch"], e["gradAccum"] = shape.get("microBatch"), shape.get("gradAccum")
+                if len(shape.get("absorbedOoms") or []) > len(e["absorbedOoms"]):
+                    e["absorbedOoms"] = shape["absorbedOoms"]
+    return seen
+
+
 def allocator_seen(samples: List[dict]) -> Dict[str, dict]:
     """Per pod, the allocator's figures the agent put in the GpuNode
     (`status.gpus[].processes[].allocator`) over the run's samples: the
@@ -100,7 +120,8 @@ def cdi_nodes(spec: Optional[dict]) -> Dict[str, List[str]]:
 
 
 def summarize(jobs: dict, pods: dict, gpu_node: dict, apply_ms: int, logs_root: Path,
-              samples: Optional[List[dict]] = None, cdi: Optional[dict] = None) -> dict:
+              samples: Optional[List[dict]] = None, cdi: Optional[dict] = None,
+              k8s_events: Optional[dict] = None) -> dict:
     pods_by_name = {p["metadata"]["name"]: p for p in pods.get("items", [])}
     out_jobs = []
     for j in sorted(jobs.get("items", []), key=lambda j: j["metadata"]["name"]):
@@ -156,6 +177,10 @@ def summarize(jobs: dict, pods: dict, gpu_node: dict, apply_ms: int, logs_root: 
                 "measuredPeakBytes": st.get("measuredPeakBytes"),
                 "gpu": st.get("gpu"),
                 "history": st.get("history") or [],
+                "absorbedOoms": st.get("absorbedOoms") or [],
+                "eventReasons": sorted({e.get("reason") for e in (k8s_events or {}).get("items", [])
+                                        if (e.get("involvedObject") or {}).get("kind") == "TrainingJob"
+                                        and (e.get("involvedObject") or {}).get("name") == name}),
                 "message": st.get("message"),
                 "times": times,
                 "attempts": attempts,
@@ -170,13 +195,25 @@ def summarize(jobs: dict, pods: dict, gpu_node: dict, apply_ms: int, logs_root: 
         idx = [i.strip() for i in str(j.get("gpu") or "").split(",") if i.strip()]
         j["gpuUuids"] = [uuid_of.get(i) for i in idx]
         j["expectedDevices"] = sorted({n for u in j["gpuUuids"] if u for n in nodes_of.get(u, [])})
-    return {"applyMs": apply_ms, "jobs": out_jobs, "gpuNode": gstat, "allocatorSeen": allocator_seen(samples or [])}
+    return {"applyMs": apply_ms, "jobs": out_jobs, "gpuNode": gstat, "allocatorSeen": allocator_seen(samples or []),
+            "shapesSeen": shapes_seen(samples or [])}
 
 
 def checks(summary: dict, gpu: bool) -> List[tuple]:
     """(name, ok, detail) for what the demo must show."""
     jobs = {j["name"]: j for j in summary["jobs"]}
     result = []
+    ident = summary.get("kubeletIdentity")
+    if ident is not None:
+        # The kubelet's own credentials: user system:node:<node> in
+        # system:nodes, which the Node authorizer keeps from cluster-wide writes.
+        who = ident.get("userInfo") or {}
+        node = summary.get("node")
+        ok = (who.get("username") == f"system:node:{node}" and "system:nodes" in (who.get("groups") or [])
+              and "system:masters" not in (who.get("groups") or []) and ident.get("canCreateNamespaces") == "no")
+        result.append(("the kubelet runs as its node, not as the admin", ok,
+                       f"user {who.get('username')}, groups {who.get('groups')}, "
+                       f"can create namespaces: {ident.get('canCreateNamespaces')}"))
     for j in summary["jobs"]:
         result.append((f"{j['name']} Succeeded", j["phase"] == "Succeeded", f"phase {j['phase']}: {j.get('message') or ''}"))
     for j in summary["jobs"]:
@@ -241,6 +278,21 @@ def checks(summary: dict, gpu: bool) -> List[tuple]:
         budget = [a["pod"] for a in oom["attempts"] if a.get("budgetOom")]
         result.append(("gpt2-oom: the OOM is the allocator's budget error", bool(budget),
                        f"attempts whose OOM came from the allocator: {budget}"))
+    ab = jobs.get("gpt2-absorb")
+    if ab:
+        # Absorbed in the process: one attempt, the job's status lists the
+        # absorbed OOMs and the controller said so (OomAbsorbed event); the
+        # agent carried the process's new shape in the GpuNode.
+        shape = (summary.get("shapesSeen") or {}).get("gpt2-absorb-a1") or {}
+        ok = (ab["phase"] == "Succeeded" and ab.get("attempt") == 1 and bool(ab.get("absorbedOoms"))
+              and "OomAbsorbed" in (ab.get("eventReasons") or []))
+        result.append(("gpt2-absorb: OOMs absorbed in the process, recorded by the controller", ok,
+                       f"attempt {ab.get('attempt')}, status.absorbedOoms "
+                       f"{[(a.get('fromMicro'), a.get('toMicro')) for a in ab.get('absorbedOoms') or []]}, "
+                       f"events {ab.get('eventReasons')}"))
+        result.append(("gpt2-absorb: the GpuNode carried the process's shape", bool(shape.get("absorbedOoms")),
+                       f"shape micro {shape.get('microBatch')} x {shape.get('gradAccum')}, absorbed "
+                       f"{[(a.get('fromMicro'), a.get('toMicro')) for a in shape.get('absorbedOoms') or []]}"))
     measured = [j for j in summary["jobs"] if j.get("measuredPeakBytes")]
     result.append(("measured peaks reach job status", len(measured) == len(summary["jobs"]),
                    f"{len(measured)} of {len(summary['jobs'])} jobs"))
@@ -263,6 +315,9 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--cdi", help="the node's CDI spec (what the containers' devices should be)")
     p.add_argument("--samples", help="GpuNode snapshots taken during the run, one JSON document a line")
+    p.add_argument("--kubelet-identity", help="who the kubelet's kubeconfig is (auth whoami, can-i create namespaces)")
+    p.add_argument("--node", help="the node's name")
+    p.add_argument("--events", help="the namespace's events (kubectl get events -o json)")
     a = p.parse_args(argv)
     load = lambda f: json.loads(Path(f).read_text())  # noqa: E731
     samples = []
@@ -273,8 +328,12 @@ def main(argv=None) -> int:
             except ValueError:
                 continue
     cdi = load(a.cdi) if a.cdi and Path(a.cdi).is_file() else None
-    summary = summarize(load(a.jobs), load(a.pods), load(a.gpunode), a.apply_ms, Path(a.logs), samples, cdi)
+    events = load(a.events) if a.events and Path(a.events).is_file() else None
+    summary = summarize(load(a.jobs), load(a.pods), load(a.gpunode), a.apply_ms, Path(a.logs), samples, cdi, events)
     summary["endMs"] = a.end_ms
+    if a.kubelet_identity and Path(a.kubelet_identity).is_file():
+        summary["kubeletIdentity"] = load(a.kubelet_identity)
+        summary["node"] = a.node
     results = checks(summary, bool(a.gpu))
     summary["checks"] = [{"check": n, "ok": ok, "detail": d} for n, ok, d in results]
     Path(a.out).write_text(json.dumps(summary, indent=1, sort_keys=True))

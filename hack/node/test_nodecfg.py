@@ -61,6 +61,32 @@ def test_kubelet_config_cgroupfs_swap_static_cpu():
     assert k["cpuManagerPolicy"] == "none" and "reservedSystemCPUs" not in k
 
 
+def test_kubelet_config_accepts_the_cluster_ca_for_its_api():
+    k = json.loads(nodecfg.kubelet_config("/n", "unix:///s", 1, 2, cpus=4, client_ca="/n/pki/ca.crt"))
+    assert k["authentication"]["x509"] == {"clientCAFile": "/n/pki/ca.crt"}
+    assert k["authentication"]["anonymous"] == {"enabled": False}
+    assert json.loads(nodecfg.kubelet_config("/n", "unix:///s", 1, 2, cpus=4))["authentication"]["x509"] == {}
+
+
+def test_node_kubeconfig_uses_the_node_certificate(tmp_path, capsys):
+    import yaml
+
+    pki = tmp_path / "pki"
+    pki.mkdir()
+    for f in ("ca.crt", "node.crt", "node.key"):
+        (pki / f).write_text("x")
+    assert nodecfg.main(["kubeconfig", "--server", "https://127.0.0.1:6443", "--pki", str(pki)]) == 1
+    assert "node-name is missing" in capsys.readouterr().err
+    (pki / "node-name").write_text("gpu-1\n")
+    assert nodecfg.main(["kubeconfig", "--server", "https://127.0.0.1:6443", "--pki", str(pki)]) == 0
+    k = yaml.safe_load(capsys.readouterr().out)
+    user = k["users"][0]
+    assert user["name"] == "system:node:gpu-1"
+    assert user["user"] == {"client-certificate": str(pki / "node.crt"), "client-key": str(pki / "node.key")}
+    assert k["clusters"][0]["cluster"] == {"server": "https://127.0.0.1:6443", "certificate-authority": str(pki / "ca.crt")}
+    assert k["contexts"][0]["context"]["user"] == user["name"] and k["current-context"] == k["contexts"][0]["name"]
+
+
 def test_kubelet_config_rejects_static_cpu_on_one_cpu_and_unknown_policies():
     with pytest.raises(ValueError, match="at least 2 CPUs"):
         nodecfg.kubelet_config("/n", "unix:///s", 1, 2, cpus=1)
@@ -215,7 +241,10 @@ def test_venv_base_prefix(tmp_path):
 def test_demo_jobs_keep_the_examples_models_and_use_the_node_template():
     jobs = nodecfg.demo_jobs(str(REPO), "/opt/torch/.venv/bin/python", ["/opt/torch/.venv", "/usr"], steps=20)
     by = {j["metadata"]["name"]: j for j in jobs}
-    assert set(by) == {"gpt2-small", "llama-1b", "resnet50", "gpt2-oom", "bypass"}
+    assert set(by) == {"gpt2-small", "llama-1b", "resnet50", "gpt2-oom", "bypass", "gpt2-absorb"}
+    absorb = by["gpt2-absorb"]["spec"]
+    assert "--absorb" in absorb["template"]["spec"]["containers"][0]["command"]
+    assert absorb["batch"] == by["gpt2-oom"]["spec"]["batch"] and absorb["memory"] == by["gpt2-oom"]["spec"]["memory"]
     llama = by["llama-1b"]["spec"]
     assert llama["model"]["gradientCheckpointing"] is True and llama["model"]["huggingFace"]["config"]["num_hidden_layers"] == 22
     assert by["gpt2-oom"]["spec"]["batch"]["micro"] == 32 and by["gpt2-oom"]["spec"]["memory"] == {"request": "24Gi"}
@@ -373,3 +402,53 @@ def test_privileged_fallback_only_when_asked(monkeypatch):
     monkeypatch.setenv("VRAMFIT_NODE_PRIVILEGED", "1")
     priv = nodecfg.node_template(["python3"], "/repo")
     assert priv["spec"]["containers"][0]["securityContext"] == {"privileged": True}
+
+
+def test_report_checks_the_kubelet_runs_as_its_node():
+    check = "the kubelet runs as its node, not as the admin"
+
+    def result(username, groups, can_create="no"):
+        summary = {"jobs": [], "gpuNode": {}, "node": "vm",
+                   "kubeletIdentity": {"userInfo": {"username": username, "groups": groups},
+                                       "canCreateNamespaces": can_create}}
+        return dict((n, ok) for n, ok, _ in report.checks(summary, gpu=False))[check]
+
+    assert result("system:node:vm", ["system:nodes", "system:authenticated"])
+    assert not result("system:node:other", ["system:nodes", "system:authenticated"])
+    assert not result("vramfit-admin", ["system:masters", "system:authenticated"], "yes")
+    assert not result("system:node:vm", ["system:nodes", "system:masters"])
+    assert not result("system:node:vm", ["system:nodes"], "yes")
+    # Not measured (an older demo): no check at all.
+    assert all(n != check for n, _, _ in report.checks({"jobs": [], "gpuNode": {}}, gpu=False))
+
+
+def test_report_checks_the_absorbed_oom(tmp_path):
+    d = tmp_path / "ml_gpt2-absorb-a1_u1" / "train"
+    d.mkdir(parents=True)
+    (d / "0.log").write_text(cri_log({"event": "absorbed", "fromMicro": 32, "toMicro": 16, "unixMs": 1}))
+    pods = {"items": [{"metadata": {"name": "gpt2-absorb-a1", "namespace": "ml", "uid": "u1"}, "status": {"phase": "Succeeded"}}]}
+    status = {"phase": "Succeeded", "attempt": 1, "gpu": "0",
+              "absorbedOoms": [{"fromMicro": 32, "toMicro": 16, "fromAccum": 2, "toAccum": 4, "time": "t"}]}
+    jobs = {"items": [{"metadata": {"name": "gpt2-absorb"}, "status": status}]}
+    events = {"items": [{"reason": "OomAbsorbed", "involvedObject": {"kind": "TrainingJob", "name": "gpt2-absorb"}},
+                        {"reason": "OomAbsorbed", "involvedObject": {"kind": "TrainingJob", "name": "other"}}]}
+    shape = {"microBatch": 16, "gradAccum": 4, "absorbedOoms": [{"fromMicro": 32, "toMicro": 16}]}
+    sample = {"status": {"gpus": [{"index": 0, "processes": [{"podName": "gpt2-absorb-a1", "shape": shape}]}]}}
+    recorded = "gpt2-absorb: OOMs absorbed in the process, recorded by the controller"
+    carried = "gpt2-absorb: the GpuNode carried the process's shape"
+
+    def results(jobs=jobs, events=events, samples=(sample,)):
+        s = report.summarize(jobs, pods, {"status": {}}, apply_ms=0, logs_root=tmp_path, samples=list(samples), k8s_events=events)
+        return {n: ok for n, ok, _ in report.checks(s, gpu=True)}
+
+    r = results()
+    assert r[recorded] and r[carried]
+    # No event from the controller, or the event of another job only.
+    assert not results(events={"items": events["items"][1:]})[recorded]
+    # A restart instead (attempt 2), or nothing absorbed in the status.
+    assert not results(jobs={"items": [{"metadata": {"name": "gpt2-absorb"}, "status": dict(status, attempt=2)}]})[recorded]
+    assert not results(jobs={"items": [{"metadata": {"name": "gpt2-absorb"}, "status": dict(status, absorbedOoms=[])}]})[recorded]
+    # The agent never showed the shape with its absorbed OOMs.
+    plain = {"status": {"gpus": [{"index": 0, "processes": [{"podName": "gpt2-absorb-a1", "shape": dict(shape, absorbedOoms=[])}]}]}}
+    assert not results(samples=[plain])[carried]
+    assert results(samples=[sample, plain])[carried]
