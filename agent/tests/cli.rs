@@ -224,3 +224,46 @@ fn the_agent_vramfit_run_local_starts_accepts_its_flags_and_stops_cleanly() {
         "{error}"
     );
 }
+
+/// The agent must not outlive a `vramfit run --local` that dies: it gets
+/// SIGTERM when the thread that started it ends (PR_SET_PDEATHSIG).
+#[test]
+fn the_agent_of_a_local_run_stops_when_its_parent_goes() {
+    use vramfit::cli::run::agent::AttemptWatchdog;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    let status_file = dir.path().join("agent-status.json");
+    // The parent: a thread that starts the agent, leaks the handle (no
+    // Drop, as when vramfit is killed) and ends.
+    std::thread::spawn(move || {
+        let watchdog = AttemptWatchdog::start(
+            std::path::Path::new(env!("CARGO_BIN_EXE_vramfit-agent")),
+            std::process::id(),
+            1 << 40,
+            Duration::from_millis(100),
+            &path,
+        )
+        .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !status_file.exists() {
+            assert!(Instant::now() < deadline, "no status written");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        std::mem::forget(watchdog);
+    })
+    .join()
+    .unwrap();
+    let log = dir.path().join("agent.log");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if text.contains("agent stops") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the agent kept running without its parent: {text}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

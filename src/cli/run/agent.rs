@@ -110,7 +110,18 @@ impl AttemptWatchdog {
         let status_file = dir.join("agent-status.json");
         let log = dir.join("agent.log");
         let _ = fs::remove_file(&status_file);
-        let child = Command::new(agent)
+        let mut command = Command::new(agent);
+        // SAFETY: the closure runs in the forked child before exec and makes
+        // one async-signal-safe system call: the agent gets SIGTERM when
+        // `vramfit` dies (Ctrl-C, a kill), so it never outlives the run.
+        unsafe {
+            use std::os::unix::process::CommandExt as _;
+            command.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+                Ok(())
+            });
+        }
+        let child = command
             .args(agent_args(pid, budget_bytes, interval, &status_file))
             .env_remove("KUBECONFIG")
             .stdin(Stdio::null())
