@@ -18,11 +18,12 @@ pub const OOM_EXIT_CODE: i32 = 42;
 pub const OOM_MESSAGE_MARK: &str = "CUDA out of memory";
 
 /// How a training pod ended.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum PodOutcome {
     /// Still starting or running.
     Running,
     /// Not started yet (pending, image pulling, ...).
+    #[default]
     Waiting,
     /// Exited 0.
     Succeeded,

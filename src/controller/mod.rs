@@ -1,6 +1,7 @@
 //! The TrainingJob controller: predict -> place -> pod -> status -> OOM back-off.
 //!
-//! Pure decisions live in [`backoff`], [`exit`], [`pod`], [`inventory`] and
+//! Pure decisions live in [`transition`] (the reconcile's status
+//! transitions), [`backoff`], [`exit`], [`pod`], [`inventory`] and
 //! [`scheduler::plan_cycle`]; this module wires them to the API server. See
 //! docs/controller.md.
 
@@ -16,6 +17,7 @@ mod reconcile;
 pub mod scheduler;
 pub mod signature;
 pub mod status;
+pub mod transition;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

@@ -39,11 +39,7 @@ pub fn current_attempt(job: &TrainingJob) -> u32 {
 
 /// The placement recorded in status for the current attempt, if any.
 pub fn recorded(job: &TrainingJob) -> Option<&PlacementStatus> {
-    let status = job.status.as_ref()?;
-    status
-        .placement
-        .as_ref()
-        .filter(|p| p.attempt == status.attempt.max(1) && !status.phase.is_terminal())
+    super::transition::recorded_in(job.status.as_ref()?)
 }
 
 /// True when the job waits for a placement: predicted, alive, not placed.

@@ -1,0 +1,738 @@
+//! The reconcile's status transitions as pure functions.
+//!
+//! Each step of a TrainingJob's life takes what the reconcile observed (the
+//! job's spec and status, the scheduling cycle's decision, the pod's outcome,
+//! the node agent's reports) and returns a [`Transition`]: the new status, the
+//! side effects to carry out and when to look again. `reconcile.rs` only
+//! gathers those facts and carries the result out. It writes the status first
+//! and the effects after, so a failed status write repeats the whole step
+//! rather than leaving it half done (an OOM'd pod deleted while the status
+//! still names it would be created again).
+//!
+//! ```text
+//!   (new) -> Pending -> Placed -> Running -> Succeeded
+//!              |  ^        |         |
+//!              |  |        +---------+--> OOM -> Retrying -> Placed ...
+//!              |  |                  |          (or Failed at the floor)
+//!              v  +-- spec fixed     +--> Failed (other exit)
+//!           Failed (Invalid)
+//! ```
+
+use std::time::Duration;
+
+use crate::api::{
+    AttemptRecord, ObservedShape, Phase, PlacementStatus, TrainingJob, TrainingJobStatus,
+};
+
+use super::absorbed::{absorbed_message, newly_absorbed};
+use super::backoff::{BatchShape, OomDecision, after_oom};
+use super::budget::{Budget, attempt_budget, gpu_model_budgets};
+use super::exit::PodOutcome;
+use super::pod::pod_name;
+use super::quantity::human_bytes;
+use super::signature::model_signature;
+use super::status::{
+    CONDITION_COMPLETE, CONDITION_INVALID, CONDITION_PLACED, reason, set_condition,
+};
+
+/// Resync period of a job whose pod waits or runs: pod changes and the node
+/// agent's reports trigger reconciles of their own, so this is no poll.
+pub const POD_RESYNC: Duration = Duration::from_secs(300);
+/// Resync of a job that waits for the scheduling cycle.
+pub const WAIT_RESYNC: Duration = Duration::from_secs(60);
+/// Resync after a write whose own watch event brings the job back (a short
+/// requeue would run on the cached object from before the write whenever the
+/// watch lags, and repeat the step).
+pub const WRITE_RESYNC: Duration = Duration::from_secs(30);
+/// Pause before the attempt that follows an OOM.
+pub const RETRY_DELAY: Duration = Duration::from_secs(1);
+
+/// History outcome of an attempt that ran out of GPU memory.
+pub const OUTCOME_OOM: &str = "OutOfMemory";
+
+/// When the reconcile should look at the job again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Requeue {
+    /// Only when the job (or something it watches) changes.
+    AwaitChange,
+    /// After this long at the latest.
+    After(Duration),
+}
+
+/// A side effect of a transition, carried out after the status is written.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Effect {
+    /// Publish an event on the job.
+    Event {
+        /// Warning rather than Normal.
+        warning: bool,
+        /// Event reason (PascalCase).
+        reason: &'static str,
+        /// The event's text.
+        note: String,
+    },
+    /// Delete this pod of the job (an attempt that ran out of memory).
+    DeletePod(String),
+    /// Drop what the scheduling cycle decided for the job.
+    ForgetAssignment,
+    /// Ask for a scheduling cycle soon.
+    WakeScheduler,
+    /// Count an OOM retry.
+    CountOomRetry,
+    /// Count a placement; the latency since creation is observed for a first
+    /// attempt only (a retry's wait starts at its OOM).
+    CountPlacement {
+        /// The job's first attempt.
+        first_attempt: bool,
+    },
+    /// Observe (predicted - measured) / measured of a finished attempt.
+    PredictionError(f64),
+}
+
+/// The result of one step.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Transition {
+    /// What was decided, for the decision log (`predicted`, `placed`, ...).
+    pub decision: &'static str,
+    /// The new status (written when it differs from the old one).
+    pub status: TrainingJobStatus,
+    /// What to do after the status is written, in order.
+    pub effects: Vec<Effect>,
+    /// When to look again.
+    pub requeue: Requeue,
+}
+
+/// Where a job stands, and the status its next step starts from.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Step {
+    /// Finished: nothing to do until the job changes.
+    Done,
+    /// Predict the attempt's budget.
+    Predict {
+        /// The status to start from.
+        status: TrainingJobStatus,
+        /// The attempt (1 for a new job).
+        attempt: u32,
+        /// The spec changed while the job waited: the cycle's decision for the
+        /// old budget no longer holds.
+        forget_assignment: bool,
+    },
+    /// Write the placement the cycle made.
+    RecordPlacement {
+        /// The status to start from.
+        status: TrainingJobStatus,
+        /// The cycle's placement.
+        placement: PlacementStatus,
+    },
+    /// The cycle has not placed the attempt: say why it waits.
+    ReportWaiting {
+        /// The status to start from.
+        status: TrainingJobStatus,
+        /// The attempt the cycle's verdict must be for.
+        attempt: u32,
+    },
+    /// The attempt is placed: create or follow its pod.
+    FollowPod {
+        /// The status to start from.
+        status: TrainingJobStatus,
+        /// The recorded placement.
+        placement: PlacementStatus,
+    },
+}
+
+/// The placement of the current attempt as recorded in status, while the job
+/// is live.
+pub fn recorded_in(status: &TrainingJobStatus) -> Option<&PlacementStatus> {
+    status
+        .placement
+        .as_ref()
+        .filter(|p| p.attempt == status.attempt.max(1) && !status.phase.is_terminal())
+}
+
+/// True when the status carries a true `Invalid` condition.
+pub fn is_invalid(status: &TrainingJobStatus) -> bool {
+    status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == CONDITION_INVALID && c.status == "True")
+}
+
+/// Decides the job's next step. `assigned` gives the scheduling cycle's
+/// placement for an attempt, if it made one.
+pub fn next_step(job: &TrainingJob, assigned: impl FnOnce(u32) -> Option<PlacementStatus>) -> Step {
+    let mut status = job.status.clone().unwrap_or_default();
+    let spec_changed = status.observed_generation.is_some()
+        && status.observed_generation != job.metadata.generation;
+    if status.phase.is_terminal() {
+        // A job that failed validation starts over once its spec is fixed;
+        // a job that ran keeps its outcome.
+        if !(spec_changed && is_invalid(&status)) {
+            return Step::Done;
+        }
+        status = TrainingJobStatus {
+            conditions: status.conditions,
+            ..TrainingJobStatus::default()
+        };
+    }
+    let attempt = status.attempt.max(1);
+    let recorded = recorded_in(&status).cloned();
+    if spec_changed && recorded.is_none() {
+        // A waiting job is predicted again from its new spec. A placed job
+        // keeps running as it was placed.
+        if attempt == 1 {
+            status.micro_batch = None;
+        }
+        return Step::Predict {
+            status,
+            attempt,
+            forget_assignment: true,
+        };
+    }
+    if status.budget_bytes.is_none() || status.attempt == 0 {
+        return Step::Predict {
+            status,
+            attempt,
+            forget_assignment: false,
+        };
+    }
+    match recorded {
+        Some(placement) => Step::FollowPod { status, placement },
+        None => match assigned(attempt) {
+            Some(placement) => Step::RecordPlacement { status, placement },
+            None => Step::ReportWaiting { status, attempt },
+        },
+    }
+}
+
+/// True when the prediction step should look for a starting micro-batch
+/// learned from other jobs of the same model: a first attempt whose
+/// micro-batch is not set yet.
+pub fn wants_learned_start(status: &TrainingJobStatus, attempt: u32) -> bool {
+    attempt == 1 && status.micro_batch.is_none()
+}
+
+/// What the prediction step reads besides the job.
+pub struct PredictFacts<'a> {
+    /// The attempt to predict.
+    pub attempt: u32,
+    /// A starting micro-batch learned from another job, and that job's name
+    /// (asked for only when [`wants_learned_start`]).
+    pub learned: Option<(u32, String)>,
+    /// The profile ConfigMap's content for profile-based jobs, or why it could
+    /// not be read.
+    pub profile: Result<Option<&'a str>, String>,
+    /// The highest peak measured for a model signature.
+    pub measured: &'a dyn Fn(&str) -> Option<u64>,
+    /// The cluster's GPU models with the largest capacity of each.
+    pub gpu_models: &'a [(String, u64)],
+}
+
+/// Predicts the attempt's budget: the job waits for the cycle with it, or
+/// fails as invalid when its spec cannot be run.
+pub fn predict(
+    job: &TrainingJob,
+    mut status: TrainingJobStatus,
+    facts: PredictFacts,
+) -> Transition {
+    let spec = &job.spec;
+    let generation = job.metadata.generation;
+    let attempt = facts.attempt;
+    let micro = status
+        .micro_batch
+        .or(facts.learned.as_ref().map(|(m, _)| *m))
+        .unwrap_or(spec.batch.micro);
+    let profile = match facts.profile {
+        Ok(profile) => profile,
+        Err(message) => return invalid(job, status, &message),
+    };
+    let signature = model_signature(spec, micro);
+    let Some(shape) = BatchShape::for_micro(spec.batch.global, micro, spec.gpus) else {
+        let message = format!(
+            "batch.global {} is not divisible by micro-batch {micro} x {} GPU(s)",
+            spec.batch.global, spec.gpus
+        );
+        return invalid(job, status, &message);
+    };
+    if let Err(message) = spec.pod_template() {
+        return invalid(job, status, &message);
+    }
+    let budget: Budget = match attempt_budget(job, micro, profile, (facts.measured)(&signature)) {
+        Ok(budget) => budget,
+        Err(message) => return invalid(job, status, &message),
+    };
+    // The budget for each GPU model the job could land on; the cycle gives it
+    // the one of the model it places it on.
+    let auto = spec.batch.auto_micro && attempt == 1;
+    status.gpu_model_budgets =
+        gpu_model_budgets(job, micro, auto, facts.gpu_models, profile, &|m| {
+            (facts.measured)(&model_signature(spec, m))
+        });
+    status.attempt = attempt;
+    status.phase = if attempt > 1 {
+        Phase::Retrying
+    } else {
+        Phase::Pending
+    };
+    status.predicted_bytes = Some(budget.predicted);
+    status.predicted = Some(human_bytes(budget.predicted));
+    status.breakdown = budget.breakdown.clone();
+    status.budget_bytes = Some(budget.budget);
+    status.prediction_source = Some(budget.source.into());
+    status.model_signature = Some(signature);
+    status.micro_batch = Some(shape.micro);
+    status.grad_accum = Some(shape.accum);
+    status.batch_shape = Some(shape.display());
+    status.observed_generation = generation;
+    let start = facts.learned.map_or(String::new(), |(m, from)| {
+        format!("; starts at micro-batch {m}, where job {from} of the same model absorbed its OOMs")
+    });
+    status.message = Some(format!(
+        "budget {} per GPU ({} from {}){start}",
+        human_bytes(budget.budget),
+        human_bytes(budget.predicted),
+        budget.source
+    ));
+    set_condition(
+        &mut status.conditions,
+        CONDITION_INVALID,
+        false,
+        "Valid",
+        "the spec can be run",
+        generation,
+    );
+    let note = format!(
+        "attempt {attempt}: predicted peak {} per GPU ({}), budget {}",
+        human_bytes(budget.predicted),
+        budget.source,
+        human_bytes(budget.budget)
+    );
+    Transition {
+        decision: "predicted",
+        status,
+        effects: vec![
+            Effect::Event {
+                warning: false,
+                reason: reason::PREDICTED,
+                note,
+            },
+            Effect::WakeScheduler,
+        ],
+        requeue: Requeue::After(WAIT_RESYNC),
+    }
+}
+
+/// The spec cannot be run: the job fails with an `Invalid` condition until
+/// its spec changes.
+pub fn invalid(job: &TrainingJob, mut status: TrainingJobStatus, message: &str) -> Transition {
+    let generation = job.metadata.generation;
+    status.phase = Phase::Failed;
+    status.message = Some(message.to_string());
+    status.observed_generation = generation;
+    set_condition(
+        &mut status.conditions,
+        CONDITION_INVALID,
+        true,
+        "InvalidSpec",
+        message,
+        generation,
+    );
+    set_condition(
+        &mut status.conditions,
+        CONDITION_COMPLETE,
+        true,
+        reason::FAILED,
+        message,
+        generation,
+    );
+    Transition {
+        decision: "invalid",
+        status,
+        effects: vec![Effect::Event {
+            warning: true,
+            reason: reason::INVALID,
+            note: message.to_string(),
+        }],
+        requeue: Requeue::AwaitChange,
+    }
+}
+
+/// Records the cycle's placement. A placement on a GPU model with its own
+/// prediction takes that model's micro-batch and budget.
+pub fn place(
+    job: &TrainingJob,
+    mut status: TrainingJobStatus,
+    placement: PlacementStatus,
+) -> Transition {
+    let gpus: Vec<String> = placement.gpus.iter().map(|g| g.index.to_string()).collect();
+    let message = format!(
+        "placed on {} GPU {} with {} per GPU (fraction {:.3})",
+        placement.node,
+        gpus.join(","),
+        human_bytes(placement.budget_bytes),
+        placement.memory_fraction
+    );
+    let chosen = placement.gpu_model.as_ref().and_then(|model| {
+        status
+            .gpu_model_budgets
+            .iter()
+            .find(|b| &b.gpu_model == model)
+            .cloned()
+    });
+    if let Some(chosen) = chosen {
+        if let Some(shape) =
+            BatchShape::for_micro(job.spec.batch.global, chosen.micro_batch, job.spec.gpus)
+        {
+            status.micro_batch = Some(shape.micro);
+            status.grad_accum = Some(shape.accum);
+            status.batch_shape = Some(shape.display());
+            status.model_signature = Some(model_signature(&job.spec, shape.micro));
+        }
+        status.predicted_bytes = Some(chosen.predicted_bytes);
+        status.predicted = Some(human_bytes(chosen.predicted_bytes));
+        status.budget_bytes = Some(chosen.budget_bytes);
+    }
+    let first_attempt = status.history.is_empty();
+    status.phase = Phase::Placed;
+    status.gpu = Some(gpus.join(","));
+    status.pod_name = Some(pod_name(
+        job.metadata.name.as_deref().unwrap_or_default(),
+        placement.attempt,
+    ));
+    status.placement = Some(placement);
+    status.message = Some(message.clone());
+    set_condition(
+        &mut status.conditions,
+        CONDITION_PLACED,
+        true,
+        reason::PLACED,
+        &message,
+        job.metadata.generation,
+    );
+    Transition {
+        decision: "placed",
+        status,
+        effects: vec![
+            Effect::CountPlacement { first_attempt },
+            Effect::Event {
+                warning: false,
+                reason: reason::PLACED,
+                note: message,
+            },
+        ],
+        // The next reconcile, triggered by this write's watch event, creates
+        // the pod.
+        requeue: Requeue::After(WRITE_RESYNC),
+    }
+}
+
+/// Why the attempt waits, from the cycle's verdict (`message`, and whether no
+/// GPU of the cluster could ever hold it). No verdict yet: ask for a cycle.
+pub fn wait(
+    job: &TrainingJob,
+    mut status: TrainingJobStatus,
+    verdict: Option<(&str, bool)>,
+) -> Transition {
+    let Some((message, never_fits)) = verdict else {
+        return Transition {
+            decision: "unscheduled",
+            status,
+            effects: vec![Effect::WakeScheduler],
+            requeue: Requeue::After(WRITE_RESYNC),
+        };
+    };
+    let mut effects = Vec::new();
+    if status.message.as_deref() != Some(message) {
+        let why = if never_fits {
+            reason::FITS_NO_NODE
+        } else {
+            reason::WAITING
+        };
+        status.message = Some(message.to_string());
+        set_condition(
+            &mut status.conditions,
+            CONDITION_PLACED,
+            false,
+            why,
+            message,
+            job.metadata.generation,
+        );
+        effects.push(Effect::Event {
+            warning: never_fits,
+            reason: why,
+            note: message.to_string(),
+        });
+    }
+    Transition {
+        decision: "waiting",
+        status,
+        effects,
+        requeue: Requeue::After(WAIT_RESYNC),
+    }
+}
+
+/// What the reconcile observed about a placed attempt's pod.
+#[derive(Clone, Debug, Default)]
+pub struct PodFacts {
+    /// The pod's outcome from its status.
+    pub outcome: PodOutcome,
+    /// The node agent reported the pod for exceeding its budget.
+    pub agent_reported_oom: bool,
+    /// The peak the node agent measured for the pod's processes.
+    pub measured_peak: Option<u64>,
+    /// The batch shape the pod's process reports through the agent.
+    pub observed_shape: Option<ObservedShape>,
+}
+
+/// Follows a placed attempt's pod: records the measured peak and the OOMs the
+/// process absorbed, moves to Running, finishes, or backs off on an OOM (the
+/// agent's report counts like the pod's own OOM exit).
+pub fn follow(
+    job: &TrainingJob,
+    mut status: TrainingJobStatus,
+    placement: &PlacementStatus,
+    facts: PodFacts,
+) -> Transition {
+    let mut effects = Vec::new();
+    if let Some(bytes) = facts
+        .measured_peak
+        .filter(|b| Some(*b) > status.measured_peak_bytes)
+    {
+        status.measured_peak_bytes = Some(bytes);
+        status.measured = Some(human_bytes(bytes));
+    }
+    if let Some(observed) = &facts.observed_shape {
+        record_absorbed(job, &mut status, observed, &mut effects);
+    }
+    let outcome = if facts.agent_reported_oom {
+        PodOutcome::OutOfMemory(
+            "the node agent stopped the pod for exceeding its GPU memory budget".into(),
+        )
+    } else {
+        facts.outcome
+    };
+    let (decision, requeue) = match outcome {
+        PodOutcome::Waiting => {
+            status.phase = Phase::Placed;
+            ("pod-waiting", Requeue::After(POD_RESYNC))
+        }
+        PodOutcome::Running => {
+            status.phase = Phase::Running;
+            ("running", Requeue::After(POD_RESYNC))
+        }
+        PodOutcome::Succeeded => {
+            finish(
+                job,
+                &mut status,
+                Phase::Succeeded,
+                "Succeeded",
+                None,
+                &mut effects,
+            );
+            ("succeeded", Requeue::AwaitChange)
+        }
+        PodOutcome::Failed(message) => {
+            finish(
+                job,
+                &mut status,
+                Phase::Failed,
+                "Failed",
+                Some(message),
+                &mut effects,
+            );
+            ("failed", Requeue::AwaitChange)
+        }
+        PodOutcome::OutOfMemory(message) => {
+            let decision = back_off(job, &mut status, &message, &mut effects);
+            if status.phase == Phase::Retrying {
+                effects.push(Effect::DeletePod(pod_name(
+                    job.metadata.name.as_deref().unwrap_or_default(),
+                    placement.attempt,
+                )));
+            }
+            (decision, Requeue::After(RETRY_DELAY))
+        }
+    };
+    Transition {
+        decision,
+        status,
+        effects,
+        requeue,
+    }
+}
+
+/// Records the OOMs the pod's process absorbed itself: the shape it runs with
+/// now, the signature that its measured peak belongs to, an event for each.
+fn record_absorbed(
+    job: &TrainingJob,
+    status: &mut TrainingJobStatus,
+    observed: &ObservedShape,
+    effects: &mut Vec<Effect>,
+) {
+    let Some(update) = newly_absorbed(&job.spec, status, observed) else {
+        return;
+    };
+    status.micro_batch = Some(update.shape.micro);
+    status.grad_accum = Some(update.shape.accum);
+    status.batch_shape = Some(update.shape.display());
+    status.model_signature = Some(model_signature(&job.spec, update.shape.micro));
+    for oom in update.new {
+        let text = absorbed_message(&oom);
+        status.message = Some(text.clone());
+        status.absorbed_ooms.push(oom);
+        effects.push(Effect::Event {
+            warning: false,
+            reason: reason::OOM_ABSORBED,
+            note: text,
+        });
+    }
+}
+
+fn finish(
+    job: &TrainingJob,
+    status: &mut TrainingJobStatus,
+    phase: Phase,
+    outcome: &str,
+    message: Option<String>,
+    effects: &mut Vec<Effect>,
+) {
+    let generation = job.metadata.generation;
+    status.history.push(AttemptRecord {
+        attempt: status.attempt,
+        micro_batch: status.micro_batch.unwrap_or_default(),
+        grad_accum: status.grad_accum.unwrap_or_default(),
+        outcome: outcome.into(),
+        message: message.clone(),
+    });
+    status.phase = phase;
+    let text = message.unwrap_or_else(|| format!("attempt {} succeeded", status.attempt));
+    status.message = Some(text.clone());
+    set_condition(
+        &mut status.conditions,
+        CONDITION_PLACED,
+        false,
+        "Released",
+        "the job finished",
+        generation,
+    );
+    set_condition(
+        &mut status.conditions,
+        CONDITION_COMPLETE,
+        true,
+        outcome,
+        &text,
+        generation,
+    );
+    if let (Some(predicted), Some(measured)) = (status.predicted_bytes, status.measured_peak_bytes)
+        && measured > 0
+    {
+        let error = (predicted as f64 - measured as f64) / measured as f64;
+        effects.push(Effect::PredictionError(error));
+    }
+    effects.push(Effect::ForgetAssignment);
+    effects.push(Effect::WakeScheduler);
+    let (warning, why) = if phase == Phase::Succeeded {
+        (false, reason::SUCCEEDED)
+    } else {
+        (true, reason::FAILED)
+    };
+    effects.push(Effect::Event {
+        warning,
+        reason: why,
+        note: text,
+    });
+}
+
+/// Backs off after an OOM: the next attempt at half the micro-batch, or a
+/// failure at the floor or past `maxOOMRetries`. Returns the decision's name.
+fn back_off(
+    job: &TrainingJob,
+    status: &mut TrainingJobStatus,
+    message: &str,
+    effects: &mut Vec<Effect>,
+) -> &'static str {
+    let spec = &job.spec;
+    let current = BatchShape {
+        micro: status.micro_batch.unwrap_or(spec.batch.micro),
+        accum: status.grad_accum.unwrap_or(1),
+    };
+    let used = status
+        .history
+        .iter()
+        .filter(|r| r.outcome == OUTCOME_OOM)
+        .count() as u32;
+    effects.push(Effect::Event {
+        warning: true,
+        reason: reason::OUT_OF_MEMORY,
+        note: format!(
+            "attempt {} at micro-batch {}: {message}",
+            status.attempt, current.micro
+        ),
+    });
+    match after_oom(
+        spec.batch.global,
+        spec.gpus,
+        current,
+        spec.batch.min_micro,
+        used,
+        spec.max_oom_retries,
+    ) {
+        OomDecision::Retry(next) => {
+            status.history.push(AttemptRecord {
+                attempt: status.attempt,
+                micro_batch: current.micro,
+                grad_accum: current.accum,
+                outcome: OUTCOME_OOM.into(),
+                message: Some(message.to_string()),
+            });
+            let text = format!(
+                "out of memory at micro-batch {}; retrying with {} (global batch {} kept)",
+                current.micro,
+                next.display(),
+                spec.batch.global
+            );
+            status.attempt += 1;
+            status.phase = Phase::Retrying;
+            status.micro_batch = Some(next.micro);
+            status.grad_accum = Some(next.accum);
+            status.batch_shape = Some(next.display());
+            status.placement = None;
+            status.gpu = None;
+            status.pod_name = None;
+            status.budget_bytes = None;
+            status.measured_peak_bytes = None;
+            status.measured = None;
+            status.message = Some(text.clone());
+            set_condition(
+                &mut status.conditions,
+                CONDITION_PLACED,
+                false,
+                reason::RETRYING,
+                &text,
+                job.metadata.generation,
+            );
+            effects.push(Effect::CountOomRetry);
+            effects.push(Effect::WakeScheduler);
+            effects.push(Effect::Event {
+                warning: false,
+                reason: reason::RETRYING,
+                note: text,
+            });
+            "oom-retry"
+        }
+        OomDecision::Fail(reason_text) => {
+            finish(
+                job,
+                status,
+                Phase::Failed,
+                OUTCOME_OOM,
+                Some(reason_text),
+                effects,
+            );
+            "oom-failed"
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "transition_tests.rs"]
+mod tests;
