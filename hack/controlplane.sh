@@ -9,6 +9,7 @@
 #   hack/controlplane.sh down [--dir D]   stop what `up` started
 #   hack/controlplane.sh crds [--kubeconfig K]   install crds/ and wait until they are served
 #   hack/controlplane.sh pki  [--dir D]   only make the certificates (hack/gpunode.sh ships them)
+#   hack/controlplane.sh node-cert NAME [--dir D]   a kubelet's client certificate (system:node:NAME)
 #
 # Binaries go to $VRAMFIT_BIN (default ~/.cache/vramfit/bin), outside the clone, so a
 # fresh clone reuses them. The state folder defaults to ~/.cache/vramfit/controlplane.
@@ -68,6 +69,21 @@ certs() {
   openssl rsa -in "$pki/sa.key" -pubout -out "$pki/sa.pub" 2>/dev/null
 }
 
+# node_cert NAME: pki/node.{crt,key} for the kubelet of node NAME, user
+# system:node:NAME in group system:nodes (what the Node authorizer and
+# NodeRestriction recognise), and pki/node-name.
+node_cert() {
+  local name=$1 pki=$dir/pki
+  [[ $name =~ ^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$ ]] || { log "node-cert: $name is not a node name"; exit 2; }
+  certs
+  openssl req -newkey rsa:2048 -nodes -subj "/O=system:nodes/CN=system:node:$name" \
+    -keyout "$pki/node.key" -out "$pki/node.csr" 2>/dev/null
+  printf 'extendedKeyUsage=clientAuth\nkeyUsage=digitalSignature,keyEncipherment\n' >"$pki/node.ext"
+  openssl x509 -req -in "$pki/node.csr" -CA "$pki/ca.crt" -CAkey "$pki/ca.key" -CAcreateserial \
+    -days 3650 -extfile "$pki/node.ext" -out "$pki/node.crt" 2>/dev/null
+  echo "$name" >"$pki/node-name"
+}
+
 kubeconfig() {
   local port=$1 pki=$dir/pki
   cat >"$dir/kubeconfig" <<EOF
@@ -109,7 +125,8 @@ start() {
   "${launcher[@]}" "$bin/kube-apiserver" --etcd-servers "http://127.0.0.1:$etcd_port" \
     --bind-address 127.0.0.1 --secure-port "$api_port" \
     --tls-cert-file "$pki/apiserver.crt" --tls-private-key-file "$pki/apiserver.key" \
-    --client-ca-file "$pki/ca.crt" --authorization-mode RBAC \
+    --client-ca-file "$pki/ca.crt" --authorization-mode Node,RBAC --enable-admission-plugins NodeRestriction \
+    --kubelet-client-certificate "$pki/admin.crt" --kubelet-client-key "$pki/admin.key" \
     --service-account-key-file "$pki/sa.pub" --service-account-signing-key-file "$pki/sa.key" \
     --service-account-issuer https://kubernetes.default.svc --service-cluster-ip-range 10.96.0.0/16 \
     --allow-privileged --disable-admission-plugins ServiceAccount \
@@ -169,11 +186,14 @@ launcher=()
 cmd=${1:-}
 shift || true
 kubeconfig_arg=
+node_name=
 while [[ $# -gt 0 ]]; do
   case $1 in
     --dir) dir=$2; shift 2 ;;
     --kubeconfig) kubeconfig_arg=$2; shift 2 ;;
-    *) log "unknown argument $1"; exit 2 ;;
+    *)
+      if [[ $cmd == node-cert && -z $node_name ]]; then node_name=$1; shift
+      else log "unknown argument $1"; exit 2; fi ;;
   esac
 done
 
@@ -199,6 +219,7 @@ case $cmd in
     ;;
   down) stop ;;
   pki) certs ;;
+  node-cert) [[ -n $node_name ]] || { log "node-cert needs a node name"; exit 2; }; node_cert "$node_name" ;;
   crds) install_crds "${kubeconfig_arg:-$dir/kubeconfig}" ;;
-  *) sed -n '2,15p' "$0"; exit 2 ;;
+  *) sed -n '2,16p' "$0"; exit 2 ;;
 esac

@@ -10,6 +10,7 @@
 #   hack/gpunode.sh bundle [OUT]          the node binaries as one xz tarball (default .node-bin/), sizes on stdout
 #   hack/gpunode.sh bundle-vramfit [OUT]  vramfit and vramfit-agent from .dev-bin/ as a second one
 #   hack/gpunode.sh update NAME...        node binaries rebuilt since the bundle, as a third
+#   hack/gpunode.sh node-pki [--node N]   the kubelet's certificate for an older bundle, signed by its CA
 #   hack/gpunode.sh up   [--bundle F] [--dir D] [--node N]   bring the node up (from a bundle where Go is absent)
 #   hack/gpunode.sh demo [--out D] [--steps N]               run the demo jobs, print and record what happened
 #   hack/gpunode.sh down [--dir D]        stop everything `up` started
@@ -22,6 +23,8 @@ set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 here=$repo/hack
 nodebin=${VRAMFIT_BIN:-$HOME/.cache/vramfit/bin}/node
+# The node name in the certificate a bundle ships (the GPU machine is "vm").
+default_node=vm
 dir=/var/lib/vramfit-node
 node=
 bundle=
@@ -128,6 +131,7 @@ bundle() {
   cp "${bundle_files[@]/#/$nodebin/}" "$tmp/"
   # The control plane's certificates travel too: the GPU machine may lack openssl.
   "$here/controlplane.sh" pki --dir "$tmp/controlplane" >/dev/null
+  "$here/controlplane.sh" node-cert "${node:-$default_node}" --dir "$tmp/controlplane" >/dev/null
   tar -C "$tmp" -cf - "${bundle_files[@]}" controlplane/pki | nice -n 10 xz -9 -T2 >"$dest/vramfit-node.tar.xz.tmp"
   mv "$dest/vramfit-node.tar.xz.tmp" "$dest/vramfit-node.tar.xz"
   sizes "$tmp" "${bundle_files[@]}"
@@ -165,6 +169,30 @@ bundle_update() {
   tar -C "$tmp" -cf - "$@" | nice -n 10 xz -9 -T2 >"$dest/update-$(IFS=-; echo "$*").tar.xz"
   rm -rf "$tmp"
   ls -l "$dest/update-$(IFS=-; echo "$*").tar.xz"
+}
+
+# node-pki [--node N]: a client certificate for the kubelet of node N
+# (default vm), signed by the CA inside the bundle, as update-node-pki.tar.xz
+# beside it: for a bundle made before bundles carried one (the GPU machine
+# may lack openssl to make it there).
+bundle_node_pki() {
+  local dest=$1 tmp
+  [[ -f $dest/vramfit-node.tar.xz ]] || die "no $dest/vramfit-node.tar.xz"
+  tmp=$(mktemp -d)
+  python3 - "$dest/vramfit-node.tar.xz" "$tmp" <<'EOF'
+import sys, tarfile
+want = ("ca.crt", "ca.key", "admin.crt")
+with tarfile.open(sys.argv[1], "r:xz") as t:
+    for m in t:
+        if m.name.startswith("controlplane/pki/") and m.name.rsplit("/", 1)[-1] in want:
+            t.extract(m, sys.argv[2])
+EOF
+  [[ -f $tmp/controlplane/pki/ca.key ]] || die "the bundle holds no CA"
+  "$here/controlplane.sh" node-cert "${node:-$default_node}" --dir "$tmp/controlplane" >/dev/null
+  tar -C "$tmp" -cf - controlplane/pki/node.crt controlplane/pki/node.key controlplane/pki/node-name |
+    xz -9 >"$dest/update-node-pki.tar.xz"
+  rm -rf "$tmp"
+  ls -l "$dest/update-node-pki.tar.xz"
 }
 
 sizes() {
@@ -274,17 +302,28 @@ up() {
   fi
   export PATH=$nodebin:$PATH
   mkdir -p "$dir"
-  node=${node:-$(hostname | tr '[:upper:]' '[:lower:]' | cut -d. -f1)}
-  echo "$node" >"$dir/node-name"
 
   log "control plane (etcd, kube-apiserver)"
-  if [[ -d $nodebin/controlplane/pki && ! -f $dir/controlplane/pki/admin.crt ]]; then
+  local pki=$dir/controlplane/pki
+  if [[ -d $nodebin/controlplane/pki && ! -f $pki/admin.crt ]]; then
     mkdir -p "$dir/controlplane"
     cp -r "$nodebin/controlplane/pki" "$dir/controlplane/"
   fi
   local kubeconfig
   kubeconfig=$(VRAMFIT_BIN=$nodebin "$here/controlplane.sh" up --dir "$dir/controlplane")
   export KUBECONFIG=$kubeconfig
+
+  # The node's name: --node, else the one its shipped certificate names,
+  # else the host's. The kubelet authenticates as system:node:<name>.
+  local certname=
+  [[ -f $pki/node.crt && -f $pki/node-name ]] && certname=$(cat "$pki/node-name")
+  node=${node:-${certname:-$(hostname | tr '[:upper:]' '[:lower:]' | cut -d. -f1)}}
+  if [[ $certname != "$node" ]]; then
+    command -v openssl >/dev/null ||
+      die "no node certificate for $node and no openssl to make one (hack/gpunode.sh node-pki --node NAME ships one)"
+    "$here/controlplane.sh" node-cert "$node" --dir "$dir/controlplane"
+  fi
+  echo "$node" >"$dir/node-name"
 
   log "containerd (CRI, overlayfs, cgroupfs, CDI, NRI)"
   local cd=$dir
@@ -294,6 +333,8 @@ up() {
   python3 "$here/node/nodecfg.py" cni >"$cd/cni/net.d/10-vramfit-lo.conflist"
   cp "$nodebin/loopback" "$cd/cni/bin/loopback"
   cp "$nodebin/vramfit-nri-cdi" "$cd/nri/plugins/10-vramfit-cdi"
+  python3 "$here/node/nodecfg.py" nri-config --log "$dir/nri-cdi.log" >"$cd/nri/conf.d/10-vramfit-cdi.conf"
+  rm -f "$dir/nri-cdi.log"
   if [[ -e /dev/nvidiactl ]]; then
     python3 "$here/node/nodecfg.py" cdi >"$cd/cdi/nvidia.json"
     log "CDI spec for $(grep -c '"name": "GPU-' "$cd/cdi/nvidia.json") GPU(s) in $cd/cdi/nvidia.json"
@@ -303,6 +344,9 @@ up() {
   start_bg containerd "$nodebin/containerd" --config "$cd/containerd/config.toml"
   local ctr=("$nodebin/ctr" --address "$cd/containerd.sock" -n k8s.io)
   wait_for 30 containerd "${ctr[@]}" version || { tail -20 "$dir/containerd.log" >&2; return 1; }
+  # Without its NRI plugin containerd would start GPU pods without their GPUs.
+  wait_for 15 "NRI plugin 10-vramfit-cdi" grep -q "connected to" "$dir/nri-cdi.log" ||
+    { grep -i nri "$dir/containerd.log" | tail -10 >&2; return 1; }
 
   log "images (built here, imported; no registry)"
   python3 "$here/node/nodecfg.py" image pause --pause "$nodebin/pause" --out "$cd/images/pause.tar"
@@ -310,16 +354,20 @@ up() {
   "${ctr[@]}" images import --local "$cd/images/pause.tar" >/dev/null
   "${ctr[@]}" images import --local "$cd/images/train.tar" >/dev/null
 
-  log "kubelet (node $node, registered with the API server)"
+  log "kubelet (node $node, registered with the API server as system:node:$node)"
   mkdir -p "$dir/kubelet/root" "$dir/kubelet/pki" "$dir/kubelet/manifests"
   local cpus
   cpus=$(nproc)
   python3 "$here/node/nodecfg.py" kubelet --dir "$dir" --endpoint "unix://$cd/containerd.sock" \
-    --healthz-port "$(free_port)" --port "$(free_port)" --cpus "$cpus" \
+    --healthz-port "$(free_port)" --port "$(free_port)" --cpus "$cpus" --client-ca "$pki/ca.crt" \
     --cpu-manager "${VRAMFIT_CPU_MANAGER:-static}" >"$dir/kubelet/config.json"
   # A fresh CPU manager state: a changed policy or CPU count fails the kubelet.
   rm -f "$dir/kubelet/root/cpu_manager_state" "$dir/kubelet/root/memory_manager_state"
-  start_bg kubelet "$nodebin/kubelet" --config "$dir/kubelet/config.json" --kubeconfig "$kubeconfig" \
+  # Its own credentials, not the admin's: the API server's Node authorizer
+  # and NodeRestriction keep it to this node's objects.
+  python3 "$here/node/nodecfg.py" kubeconfig --pki "$pki" \
+    --server "$(kubectl config view -o jsonpath='{.clusters[0].cluster.server}')" >"$dir/kubelet/kubeconfig"
+  start_bg kubelet "$nodebin/kubelet" --config "$dir/kubelet/config.json" --kubeconfig "$dir/kubelet/kubeconfig" \
     --hostname-override "$node" --root-dir "$dir/kubelet/root" --cert-dir "$dir/kubelet/pki" --v=1
   wait_for 60 "node $node" kubectl wait --for condition=Ready --timeout=1s "node/$node" ||
     { tail -30 "$dir/kubelet.log" >&2; return 1; }
@@ -339,7 +387,10 @@ up() {
     local nvrtc
     nvrtc=$(find /usr/local/cuda*/lib64 /usr/local/cuda*/targets /opt /usr/lib -name 'libnvrtc.so*' 2>/dev/null | head -1)
     [[ -n $nvrtc ]] && export LD_LIBRARY_PATH="$(dirname "$nvrtc"):${LD_LIBRARY_PATH:-}"
-    start_bg agent "$vb/vramfit-agent" run --node "$node"
+    # A status write at least every 3 s (default 10 s): the demo samples the
+    # GpuNode for the training processes' allocator and shape figures, and the
+    # shortest jobs train for about 10 s.
+    start_bg agent "$vb/vramfit-agent" run --node "$node" --heartbeat 3s
   else
     # No GPU: keep a GpuNode with two simulated H200s alive, so the
     # controller places. Not `vramfit-agent run
@@ -404,7 +455,7 @@ collect_logs() {
   {
     echo
     echo "== node logs (last 25 lines each)"
-    for f in "$dir"/controlplane/apiserver.log "$dir"/containerd.log "$dir"/kubelet.log "$dir"/agent.log "$dir"/controller.log; do
+    for f in "$dir"/controlplane/apiserver.log "$dir"/containerd.log "$dir"/nri-cdi.log "$dir"/kubelet.log "$dir"/agent.log "$dir"/controller.log; do
       [[ -f $f ]] || continue
       echo "-- $f"
       tail -25 "$f"
@@ -425,7 +476,7 @@ while [[ $# -gt 0 ]]; do
     --out) out=$2; shift 2 ;;
     --steps) steps=$2; shift 2 ;;
     *)
-      if [[ $cmd == bundle* && -z $out ]]; then out=$1; shift
+      if [[ ($cmd == bundle* || $cmd == node-pki) && -z $out ]]; then out=$1; shift
       elif [[ $cmd == build || $cmd == update ]]; then components+=("$1"); shift
       else die "unknown argument $1"; fi ;;
   esac
@@ -435,6 +486,7 @@ case $cmd in
   build) build "${components[@]}" ;;
   bundle) bundle "$out" ;;
   bundle-vramfit) bundle_vramfit "$out" ;;
+  node-pki) bundle_node_pki "${out:-$repo/.node-bin}" ;;
   update) bundle_update "${out:-$repo/.node-bin}" "${components[@]}" ;;
   up) down >/dev/null 2>&1 || true; up ;;
   demo) source "$here/node/demo.sh"; demo ;;
@@ -448,5 +500,5 @@ case $cmd in
     source "$here/node/demo.sh"
     demo
     ;;
-  *) sed -n '2,18p' "$0"; exit 2 ;;
+  *) sed -n '2,19p' "$0"; exit 2 ;;
 esac

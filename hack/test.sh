@@ -23,6 +23,7 @@ step "GPU node: binaries (cached in ~/.cache/vramfit/bin/node), the NRI plugin, 
 hack/gpunode.sh build
 (cd hack/node/containerd && go test ./nri-cdi)
 python3 -m pytest -q -p no:cacheprovider hack/node
+python3 -m pytest -q -p no:cacheprovider scripts/gpu/test_calibrate_zero.py
 
 step "generated CRDs are current"
 cargo run --quiet --locked -- crdgen --out crds
@@ -33,6 +34,9 @@ hack/chart-test.sh
 
 step "tests (unit + integration against the local control plane)"
 cargo test --workspace --locked
+
+step "agent with the cuda feature as a process (no libcuda here: it must start Degraded, not panic)"
+cargo test -p vramfit-agent --features cuda --locked --test cli
 
 step "container images without a registry (hack/images.sh, dev profile): build, unpack, run --version"
 hack/images.sh build --profile dev --out "$HOME/.cache/vramfit/images-ci"

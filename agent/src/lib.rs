@@ -19,6 +19,17 @@ pub enum AgentError {
     /// The binary was built without GPU support.
     #[error("this vramfit-agent was built without the `cuda` feature")]
     NoCuda,
+    /// A CUDA library cudarc loads at run time is not there (cudarc would
+    /// panic on its first call).
+    #[error(
+        "{library} not found by the dynamic loader (LD_LIBRARY_PATH, /etc/ld.so.cache); {hint}"
+    )]
+    MissingLibrary {
+        /// The library, in words.
+        library: &'static str,
+        /// Where it usually comes from.
+        hint: &'static str,
+    },
     /// A CUDA driver call failed.
     #[error("CUDA driver call {call} failed: {detail}")]
     Cuda {

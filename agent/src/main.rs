@@ -185,8 +185,9 @@ fn bench_alloc(
 ) -> Result<(&'static str, Vec<BenchRow>)> {
     use cudarc::driver::CudaContext;
     use vramfit::alloc::{AllocatorConfig, Policy, new_allocator};
-    use vramfit_agent::cuda::{CudaDeviceMemory, RawCudaMalloc};
+    use vramfit_agent::cuda::{CudaDeviceMemory, RawCudaMalloc, require_driver};
 
+    require_driver()?;
     let ctx = CudaContext::new(0)?;
     ctx.bind_to_thread()?;
     let mut rows = Vec::new();

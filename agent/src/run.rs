@@ -57,9 +57,9 @@ pub struct RunArgs {
     /// Label of the GpuNode (KEY=VALUE, repeatable).
     #[arg(long = "label", value_name = "KEY=VALUE")]
     labels: Vec<String>,
-    /// Watch a plain local process with a budget instead of pods
-    /// (PID=BYTES, repeatable; BYTES may end in Ki, Mi, Gi). Runs without an
-    /// API server.
+    /// Watch a plain local process and its descendants with a budget per GPU
+    /// instead of pods (PID=BYTES, repeatable; BYTES may end in Ki, Mi, Gi).
+    /// Runs without an API server.
     #[arg(long = "local-budget", value_name = "PID=BYTES")]
     local_budgets: Vec<String>,
     /// Run without an API server: the status goes to stdout (-o json) and
@@ -72,6 +72,11 @@ pub struct RunArgs {
     /// Skip the probe at start.
     #[arg(long)]
     no_probe: bool,
+    /// Skip the CUDA context overhead measurement at start (it holds a bare
+    /// context on every GPU for a moment; `vramfit run --local` starts the
+    /// agent beside a training process with this).
+    #[arg(long)]
+    no_context_overhead: bool,
     /// Most GiB the probe writes per GPU (it runs beside training jobs).
     #[arg(long, default_value_t = 2.0)]
     probe_gib: f64,
@@ -139,6 +144,7 @@ impl RunArgs {
             .collect::<Result<_, _>>()
             .map_err(anyhow::Error::msg)?;
         options.probe_at_start = !self.no_probe;
+        options.measure_context_overhead = !self.no_context_overhead;
         options.probe_bytes = (self.probe_gib.max(0.0) * (1u64 << 30) as f64) as u64;
         options.print = self.output.is_some();
         options.status_file = self.status_file.clone();

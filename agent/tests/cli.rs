@@ -116,3 +116,154 @@ fn bad_flags_are_refused_with_a_clear_message() {
         assert!(stderr.contains(says), "{args:?}: {stderr}");
     }
 }
+
+/// Built with the `cuda` feature on a machine without the CUDA driver (CI,
+/// the development machine): cudarc would panic on its first call, so the
+/// agent must check first, start, and say why it is Degraded.
+#[cfg(feature = "cuda")]
+#[test]
+fn without_libcuda_the_cuda_build_starts_degraded_and_the_probe_fails_cleanly() {
+    if vramfit_agent::cuda::require_driver().is_ok() {
+        eprintln!("skipped: this machine has the CUDA driver library");
+        return;
+    }
+    // The probe at start and the context measurement both need CUDA.
+    let output = agent()
+        .args([
+            "run",
+            "--node",
+            "n",
+            "--once",
+            "-o",
+            "json",
+            "--probe-gib",
+            "1",
+        ])
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    for line in [
+        "CUDA context overhead not measured: the CUDA driver library libcuda.so not found",
+        "GPUs not probed: the CUDA driver library libcuda.so not found",
+    ] {
+        assert!(
+            stderr.contains(&format!("{line} by the dynamic loader")),
+            "{line}: {stderr}"
+        );
+    }
+    let status: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(status["agent"]["health"], "Degraded", "{status}");
+    let message = status["agent"]["message"].as_str().unwrap();
+    assert!(message.contains("GPUs not probed"), "{message}");
+
+    let output = agent()
+        .args(["probe"])
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("libcuda.so not found by the dynamic loader"),
+        "{stderr}"
+    );
+}
+
+/// `vramfit run --local` starts this binary beside each attempt with
+/// `agent_args`: the real agent must accept them, run beside the process,
+/// write its status file and stop on the SIGTERM `finish` sends.
+#[test]
+fn the_agent_vramfit_run_local_starts_accepts_its_flags_and_stops_cleanly() {
+    use vramfit::cli::run::agent::AttemptWatchdog;
+    let dir = tempfile::tempdir().unwrap();
+    let mut training = Command::new("sleep").arg("30").spawn().unwrap();
+    let watchdog = AttemptWatchdog::start(
+        std::path::Path::new(env!("CARGO_BIN_EXE_vramfit-agent")),
+        training.id(),
+        20 << 30,
+        Duration::from_millis(100),
+        dir.path(),
+    )
+    .unwrap();
+    let status_file = dir.path().join("agent-status.json");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !status_file.exists() {
+        assert!(Instant::now() < deadline, "no status written");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    training.kill().unwrap();
+    training.wait().unwrap();
+    // Nothing over budget here (no GPU, or a sleeping process): no report.
+    let stopped = watchdog.finish().unwrap_or_else(|e| {
+        let log = std::fs::read_to_string(dir.path().join("agent.log")).unwrap_or_default();
+        panic!("{e}: {log}")
+    });
+    assert_eq!(stopped, None);
+    let log = std::fs::read_to_string(dir.path().join("agent.log")).unwrap();
+    assert!(log.contains("agent stops"), "{log}");
+    let status: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&status_file).unwrap()).unwrap();
+    assert_eq!(status["agent"]["mode"], "nvml");
+
+    // An agent that ends on its own is an error that names its log.
+    let early = AttemptWatchdog::start(
+        std::path::Path::new("/bin/false"),
+        1,
+        1,
+        Duration::from_millis(100),
+        dir.path(),
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let error = early.finish().unwrap_err().to_string();
+    assert!(
+        error.contains("ended early") && error.contains("agent.log"),
+        "{error}"
+    );
+}
+
+/// The agent must not outlive a `vramfit run --local` that dies: it gets
+/// SIGTERM when the thread that started it ends (PR_SET_PDEATHSIG).
+#[test]
+fn the_agent_of_a_local_run_stops_when_its_parent_goes() {
+    use vramfit::cli::run::agent::AttemptWatchdog;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    let status_file = dir.path().join("agent-status.json");
+    // The parent: a thread that starts the agent, leaks the handle (no
+    // Drop, as when vramfit is killed) and ends.
+    std::thread::spawn(move || {
+        let watchdog = AttemptWatchdog::start(
+            std::path::Path::new(env!("CARGO_BIN_EXE_vramfit-agent")),
+            std::process::id(),
+            1 << 40,
+            Duration::from_millis(100),
+            &path,
+        )
+        .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !status_file.exists() {
+            assert!(Instant::now() < deadline, "no status written");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        std::mem::forget(watchdog);
+    })
+    .join()
+    .unwrap();
+    let log = dir.path().join("agent.log");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if text.contains("agent stops") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the agent kept running without its parent: {text}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

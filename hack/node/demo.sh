@@ -19,6 +19,13 @@ demo_python() {
   fi
 }
 
+oci_devices() {
+  local ctr=("$nodebin/ctr" --address "$dir/containerd.sock" -n k8s.io) id
+  for id in $("${ctr[@]}" containers ls -q 2>/dev/null); do
+    "${ctr[@]}" containers info "$id" 2>/dev/null
+  done | python3 "$here/node/nodecfg.py" oci-devices || true
+}
+
 demo() {
   local t0 kubeconfig vb
   kubeconfig=$dir/controlplane/kubeconfig
@@ -36,13 +43,22 @@ demo() {
   mapfile -t py < <(demo_python)
   local root
   for root in "${py[@]:1}"; do roots+=(--root "$root"); done
-  local jobs=$dir/demo-jobs.json
+  local jobs=$dir/demo-jobs.json alloc=()
+  # The in-process allocator, from the vramfit binaries (bundle-vramfit packs it).
+  if [[ -f $vb/libvramfit_alloc.so ]]; then
+    alloc=(--allocator-lib "$vb/libvramfit_alloc.so")
+  else
+    log "no libvramfit_alloc.so in $vb: the pods fall back to the memory fraction"
+  fi
   python3 "$here/node/nodecfg.py" jobs --repo "$repo" --python "${py[0]}" "${roots[@]}" --steps "$steps" \
-    $( ((gpu)) || echo --cpu) >"$jobs"
+    "${alloc[@]}" $( ((gpu)) || echo --cpu) >"$jobs"
+  local cdi=$dir/cdi/nvidia.json
   if ((!gpu)); then
-    # No GPU here: a CDI spec for the agent's simulated GPUs (environment
-    # only, no device nodes), so the pods take the same CDI path as on a GPU node.
-    kubectl get gpunode "$node" -o json | python3 "$here/node/nodecfg.py" cdi-simulated >"$dir/cdi/simulated.json"
+    # No GPU here: a CDI spec for the simulated GPUs, with stand-in device
+    # nodes (/dev/null's numbers) and the simulated GPU's variable, so the pods
+    # take the same CDI path, device nodes included, as on a GPU node.
+    cdi=$dir/cdi/simulated.json
+    kubectl get gpunode "$node" -o json | python3 "$here/node/nodecfg.py" cdi-simulated --dev "$dir/fake-dev" >"$cdi"
   fi
 
   kubectl apply -f "$repo/examples/00-namespace.yaml" >/dev/null
@@ -50,7 +66,12 @@ demo() {
   t0=$(now_ms)
   kubectl apply -f "$jobs" >/dev/null
   local deadline=$(( $(date +%s) + ${VRAMFIT_DEMO_TIMEOUT:-420} )) left
+  # The GpuNode as the agent rewrites it, one line a sample: the training
+  # processes (and their allocator counters) are gone from the last one.
+  local samples=$dir/gpunode-samples.jsonl
+  : >"$samples"
   while :; do
+    { kubectl get gpunode "$node" -o json 2>/dev/null | tr -d '\n'; echo; } >>"$samples"
     left=$(kubectl get tj -n ml -o jsonpath='{range .items[*]}{.status.phase}{"\n"}{end}' | grep -cvxE 'Succeeded|Failed' || true)
     [[ $left == 0 ]] && break
     if (( $(date +%s) > deadline )); then
@@ -79,17 +100,37 @@ demo() {
     echo
     echo "== events (ml)"
     kubectl get events -n ml --sort-by=.lastTimestamp 2>&1 | tail -60
+    echo
+    # What containerd put in each training container's OCI spec: the device
+    # nodes and device-cgroup rules CDI added (and whether it is privileged).
+    echo "== OCI spec devices of the training containers (ctr containers info)"
+    oci_devices
   } >"$out/demo.log" 2>&1
+
+  # Who the kubelet is to the API server (its own kubeconfig): the report
+  # checks it is the node's user, which may not create namespaces.
+  local ident=$dir/kubelet-identity.json kk=(kubectl --kubeconfig "$dir/kubelet/kubeconfig")
+  python3 - "$ident" "$("${kk[@]}" auth whoami -o json 2>&1 | tr -d '\n')" \
+    "$("${kk[@]}" auth can-i create namespaces 2>/dev/null || true)" <<'EOF'
+import json, sys
+try:
+    who = json.loads(sys.argv[2]).get("status", {}).get("userInfo", {})
+except ValueError:
+    who = {"error": sys.argv[2][:300]}
+answer = (sys.argv[3].strip().splitlines() or [""])[-1].strip()
+json.dump({"userInfo": who, "canCreateNamespaces": answer}, open(sys.argv[1], "w"))
+EOF
 
   # Everything the summary needs, in one JSON document: the jobs, the pods,
   # the GpuNode and each pod's vramfit-train events from its log.
   kubectl get tj -n ml -o json >"$dir/tj.json"
   kubectl get pods -n ml -o json >"$dir/pods.json"
   kubectl get gpunode "$node" -o json >"$dir/gpunode.json"
+  kubectl get events -n ml -o json >"$dir/events.json"
   local rc=0
   python3 "$here/node/report.py" --apply-ms "$t0" --end-ms "$t1" --gpu "$gpu" \
     --jobs "$dir/tj.json" --pods "$dir/pods.json" --gpunode "$dir/gpunode.json" \
-    --logs /var/log/pods --out "$out/demo.json" >"$dir/summary.txt" || rc=$?
+    --logs /var/log/pods --cdi "$cdi" --samples "$samples" --kubelet-identity "$ident" --node "$node" --events "$dir/events.json" --out "$out/demo.json" >"$dir/summary.txt" || rc=$?
   cat "$out/demo.log"
   echo
   cat "$dir/summary.txt"

@@ -8,9 +8,11 @@ hack/node/test_nodecfg.py tests it (CI runs them).
 
     nodecfg.py containerd --dir D --runc R --sandbox-image I     config.toml on stdout
     nodecfg.py kubelet --dir D --endpoint E --node N ...         KubeletConfiguration on stdout
+    nodecfg.py kubeconfig --server S --pki D                     the kubelet's kubeconfig (node certificate)
     nodecfg.py cni                                               the loopback-only network
     nodecfg.py cdi [--driver-root /usr/local/nvidia] [--dev /dev] [--proc /proc/driver/nvidia]
-    nodecfg.py cdi-simulated < gpunode.json                      the same for a simulating agent's GPUs
+    nodecfg.py cdi-simulated --dev D < gpunode.json              the same for a simulating agent's GPUs
+    nodecfg.py nri-config --log FILE                             the NRI plugin's configuration
     nodecfg.py image pause|train --out FILE [--pause BIN]        a docker-archive tarball
     nodecfg.py jobs --repo R --python P [--root D]... [--cpu]    the demo's TrainingJobs (a List)
 """
@@ -24,6 +26,7 @@ import io
 import json
 import os
 import re
+import stat
 import sys
 import tarfile
 from pathlib import Path
@@ -32,6 +35,8 @@ from typing import Dict, List, Optional, Sequence
 # The images are local: imported with `ctr images import`, never pulled.
 PAUSE_IMAGE = "localhost/vramfit/pause:3.10"
 TRAIN_IMAGE = "localhost/vramfit/train:dev"
+#: Where the training containers see the node's libvramfit_alloc.so.
+ALLOCATOR_MOUNT = "/opt/vramfit/lib/libvramfit_alloc.so"
 CDI_KIND = "nvidia.com/gpu"
 NRI_PLUGIN = "10-vramfit-cdi"
 
@@ -117,6 +122,7 @@ def kubelet_config(
     cpus: int,
     reserved_cpus: str = "0",
     cpu_manager: str = "static",
+    client_ca: Optional[str] = None,
 ) -> str:
     """KubeletConfiguration (JSON, which the kubelet reads as YAML).
 
@@ -148,7 +154,7 @@ def kubelet_config(
         "authentication": {
             "anonymous": {"enabled": False},
             "webhook": {"enabled": False},
-            "x509": {},
+            "x509": {"clientCAFile": client_ca} if client_ca else {},
         },
         "authorization": {"mode": "AlwaysAllow"},
         "staticPodPath": d + "/kubelet/manifests",
@@ -174,6 +180,23 @@ def kubelet_config(
     }
     if cpu_manager == "static":
         config["reservedSystemCPUs"] = reserved_cpus
+    return json.dumps(config, indent=2) + "\n"
+
+
+def node_kubeconfig(server: str, ca: str, cert: str, key: str, node: str) -> str:
+    """The kubelet's own kubeconfig: the node's client certificate (user
+    system:node:<node>, group system:nodes, `hack/controlplane.sh
+    node-cert`), which the API server's Node authorizer and NodeRestriction
+    limit to this node's objects. JSON, which the kubelet reads as YAML."""
+    user = f"system:node:{node}"
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "vramfit-local", "cluster": {"server": server, "certificate-authority": ca}}],
+        "users": [{"name": user, "user": {"client-certificate": cert, "client-key": key}}],
+        "contexts": [{"name": "node", "context": {"cluster": "vramfit-local", "user": user}}],
+        "current-context": "node",
+    }
     return json.dumps(config, indent=2) + "\n"
 
 
@@ -233,10 +256,11 @@ def _gpus_from_proc(proc_root: Path) -> List[Gpu]:
 
 
 def cdi_spec(
-    driver_root: str = "/usr/local/nvidia",
+    driver_root: Optional[str] = "/usr/local/nvidia",
     dev: str = "/dev",
     proc: str = "/proc/driver/nvidia",
     uuids: Optional[Dict[int, str]] = None,
+    extra_env: Optional[Dict[str, List[str]]] = None,
 ) -> dict:
     """A CDI spec (kind nvidia.com/gpu) for the GPUs of this machine.
 
@@ -245,14 +269,17 @@ def cdi_spec(
     (/dev/nvidiactl, /dev/nvidia-uvm, /dev/nvidia-uvm-tools,
     /dev/nvidia-modeset where present) and the driver tree's bin, lib and
     lib64 folders, bind-mounted read-only at the same paths, with
-    LD_LIBRARY_PATH pointing at the libraries. Device numbers are left out: the CDI
-    library reads them from the host's nodes when it injects a device.
+    LD_LIBRARY_PATH pointing at the libraries. Each node is `path` (in the
+    container, always under /dev) and `hostPath` (under `dev` on this
+    machine); device numbers are left out: the CDI library reads them from
+    the host's node when it injects a device.
 
     `uuids` maps a minor to a UUID where /proc/driver/nvidia is not there
-    (tests, or a caller that asked NVML).
+    (tests, or the simulated GPUs of a machine without any). `driver_root`
+    None: no driver tree (simulated GPUs). `extra_env` adds variables to the
+    device of a UUID.
     """
     dev_root = Path(dev)
-    driver = Path(driver_root)
     gpus = _gpus_from_proc(Path(proc))
     if uuids:
         gpus = [Gpu(minor=m, uuid=u, bus="") for m, u in sorted(uuids.items())]
@@ -263,56 +290,101 @@ def cdi_spec(
             raise ValueError(f"GPU {g.uuid} has minor {g.minor} but {dev_root}/nvidia{g.minor} is missing")
     if not (dev_root / "nvidiactl").exists():
         raise ValueError(f"{dev_root}/nvidiactl is missing")
-    libdirs = [d for d in ("lib64", "lib") if (driver / d).is_dir()]
-    if not any((driver / d / "libcuda.so.1").exists() for d in libdirs):
-        raise ValueError(f"no libcuda.so.1 under {driver}/lib64 or {driver}/lib: not a driver tree")
-    mounts = []
-    for d in ["bin"] + libdirs:
-        if (driver / d).is_dir():
-            path = str(driver / d)
-            mounts.append(
-                {
-                    "hostPath": path,
-                    "containerPath": path,
-                    "type": "bind",
-                    "options": ["ro", "nosuid", "nodev", "rbind", "rprivate"],
-                }
-            )
-    shared = [
-        {"path": str(dev_root / n)}
-        for n in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
-        if (dev_root / n).exists()
-    ]
-    # PATH stays the image's (which lists /usr/local/nvidia/bin): a second
-    # PATH in the process environment would be ambiguous.
-    env = ["LD_LIBRARY_PATH=" + ":".join(str(driver / d) for d in libdirs)]
+    if not (dev_root / "nvidia-uvm").exists():
+        # CUDA needs it; the driver creates it when the nvidia-uvm module loads.
+        raise ValueError(f"{dev_root}/nvidia-uvm is missing (is the nvidia-uvm module loaded?)")
+
+    def node(name: str) -> dict:
+        return {"path": "/dev/" + name, "hostPath": str(dev_root / name)}
+
+    mounts: List[dict] = []
+    env: List[str] = []
+    if driver_root is not None:
+        driver = Path(driver_root)
+        libdirs = [d for d in ("lib64", "lib") if (driver / d).is_dir()]
+        if not any((driver / d / "libcuda.so.1").exists() for d in libdirs):
+            raise ValueError(f"no libcuda.so.1 under {driver}/lib64 or {driver}/lib: not a driver tree")
+        for d in ["bin"] + libdirs:
+            if (driver / d).is_dir():
+                path = str(driver / d)
+                mounts.append(
+                    {
+                        "hostPath": path,
+                        "containerPath": path,
+                        "type": "bind",
+                        "options": ["ro", "nosuid", "nodev", "rbind", "rprivate"],
+                    }
+                )
+        # PATH stays the image's (which lists /usr/local/nvidia/bin): a second
+        # PATH in the process environment would be ambiguous.
+        env = ["LD_LIBRARY_PATH=" + ":".join(str(driver / d) for d in libdirs)]
+    shared = [node(n) for n in SHARED_NODES if (dev_root / n).exists()]
     devices = []
     for g in gpus:
-        edits = {"deviceNodes": [{"path": str(dev_root / f"nvidia{g.minor}")}]}
+        edits: dict = {"deviceNodes": [node(f"nvidia{g.minor}")]}
+        if extra_env and extra_env.get(g.uuid):
+            edits["env"] = list(extra_env[g.uuid])
         for name in (str(g.minor), g.uuid):
             devices.append({"name": name, "containerEdits": edits})
+    common: dict = {"deviceNodes": shared}
+    if mounts:
+        common["mounts"] = mounts
+    if env:
+        common["env"] = env
     return {
         "cdiVersion": "0.6.0",
         "kind": CDI_KIND,
         "devices": devices,
-        "containerEdits": {"deviceNodes": shared, "mounts": mounts, "env": env},
+        "containerEdits": common,
     }
 
 
-def cdi_spec_simulated(gpu_node: dict) -> dict:
-    """A CDI spec for the GPUs a simulating agent reports (`vramfit-agent run
-    --simulate`, on a machine without GPUs): the same names as cdi_spec, by
-    index and UUID, that set VRAMFIT_SIMULATED_GPU instead of adding device
-    nodes, so a CPU pod goes through the same NRI and CDI path."""
+#: The driver's nodes every GPU container gets, where present.
+SHARED_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
+
+
+def fake_dev(gpu_node: dict, dev: str) -> Dict[int, str]:
+    """Stand-ins for the device nodes of a simulating agent's GPUs (a machine
+    without GPUs): `dev`/nvidia<index>, nvidiactl and nvidia-uvm, each a
+    character device with /dev/null's numbers (1:3), so the CDI injection of
+    real device nodes is exercised and a process that opens one gets nothing.
+    Returns index -> UUID."""
     gpus = (gpu_node.get("status") or {}).get("gpus") or []
     if not gpus:
         raise ValueError("the GpuNode reports no GPUs")
-    devices = []
-    for g in gpus:
-        edits = {"env": [f"VRAMFIT_SIMULATED_GPU={g['uuid']}"]}
-        for name in (str(g["index"]), g["uuid"]):
-            devices.append({"name": name, "containerEdits": edits})
-    return {"cdiVersion": "0.6.0", "kind": CDI_KIND, "devices": devices}
+    root = Path(dev)
+    root.mkdir(parents=True, exist_ok=True)
+    names = [f"nvidia{int(g['index'])}" for g in gpus] + ["nvidiactl", "nvidia-uvm"]
+    for name in names:
+        path = root / name
+        if path.exists() or path.is_symlink():
+            path.unlink()
+        os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+        os.chmod(path, 0o666)
+    return {int(g["index"]): g["uuid"] for g in gpus}
+
+
+def cdi_spec_simulated(gpu_node: dict, dev: str) -> dict:
+    """A CDI spec for the GPUs a simulating agent reports (`vramfit-agent run
+    --simulate`, on a machine without GPUs): the same names and device nodes
+    as cdi_spec (stand-ins under `dev`, see fake_dev), no driver tree, and
+    VRAMFIT_SIMULATED_GPU=<uuid> per device, so a CPU pod goes through the
+    same NRI and CDI path as a GPU pod."""
+    uuids = fake_dev(gpu_node, dev)
+    return cdi_spec(
+        driver_root=None,
+        dev=dev,
+        proc="/nonexistent",
+        uuids=uuids,
+        extra_env={u: [f"VRAMFIT_SIMULATED_GPU={u}"] for u in uuids.values()},
+    )
+
+
+def nri_plugin_config(log: str) -> str:
+    """vramfit-nri-cdi's NRI configuration (plugin_config_path/10-vramfit-cdi.conf):
+    the file it logs each container's devices to (containerd gives the plugins
+    it starts no output)."""
+    return "log: " + json.dumps(log) + "\n"
 
 
 # --- images -----------------------------------------------------------------
@@ -431,32 +503,45 @@ def node_template(
     cpu: str = "1",
     memory: str = "8Gi",
     env: Optional[Dict[str, str]] = None,
+    allocator_lib: Optional[str] = None,
 ) -> dict:
     """The pod template of a demo job on this node: the local training image,
     the host's /usr, the Python environment (and its base interpreter's
     prefix when that is outside /usr) and the repository read-only at the same
     paths, host networking, small requests (the kubelet rejects a pod bound by
     nodeName whose requests exceed the node's allocatable: the examples' 8 CPUs
-    x three jobs would not fit a 16-core machine)."""
+    x three jobs would not fit a 16-core machine).
+
+    `allocator_lib`: the node's libvramfit_alloc.so, mounted read-only at
+    ALLOCATOR_MOUNT with VRAMFIT_ALLOCATOR_LIB pointing at it, so the helper's
+    configure() makes it PyTorch's allocator with the attempt's
+    VRAMFIT_BUDGET_BYTES (the controller sets that and VRAMFIT_STATS_DIR, where
+    the library publishes the counters the agent reads)."""
     paths = ["/usr"] + [p for p in python_roots if p != "/usr" and not p.startswith("/usr/")] + [repo]
     volumes, mounts = [], []
     for i, path in enumerate(paths):
         name = f"host-{i}"
         volumes.append({"name": name, "hostPath": {"path": path, "type": "Directory"}})
         mounts.append({"name": name, "mountPath": path, "readOnly": True})
+    env = dict(env or {})
+    if allocator_lib:
+        volumes.append({"name": "vramfit-alloc", "hostPath": {"path": allocator_lib, "type": "File"}})
+        mounts.append({"name": "vramfit-alloc", "mountPath": ALLOCATOR_MOUNT, "readOnly": True})
+        env["VRAMFIT_ALLOCATOR_LIB"] = ALLOCATOR_MOUNT
     container = {
         "name": "train",
         "image": TRAIN_IMAGE,
         "imagePullPolicy": "Never",
         "command": command,
         "env": [{"name": "PYTHONPATH", "value": repo.rstrip("/") + "/python"}]
-        + [{"name": k, "value": v} for k, v in sorted((env or {}).items())],
+        + [{"name": k, "value": v} for k, v in sorted(env.items())],
         "resources": {"requests": {"cpu": cpu, "memory": memory}},
         "volumeMounts": mounts,
     }
     if os.environ.get("VRAMFIT_NODE_PRIVILEGED") == "1":
-        # Fallback while CDI device-node injection is being fixed: a
-        # privileged container gets the host's /dev/nvidia* from the runtime.
+        # A fallback for a node where CDI cannot inject device nodes: a
+        # privileged container gets every host /dev/nvidia* from the runtime
+        # (the demo's CDI check then fails, as it should).
         container["securityContext"] = {"privileged": True}
     return {
         "metadata": {"labels": {"vramfit.dev/demo": "gpunode"}},
@@ -481,6 +566,7 @@ def demo_jobs(
     python_roots: Sequence[str],
     steps: int,
     gpu: bool = True,
+    allocator_lib: Optional[str] = None,
 ) -> List[dict]:
     """The demo's TrainingJobs, built from examples/: their model, batch and
     memory specs as written there, the pod template replaced by this node's.
@@ -489,7 +575,8 @@ def demo_jobs(
     1.1B with checkpointing, a torchvision ResNet-50, a GPT-2 whose
     micro-batch 32 does not fit its 24Gi budget (CUDA OOM, exit protocol,
     micro 16), and one that allocates 20 GiB outside PyTorch on its first
-    attempt (the agent's watchdog stops it). Without (`gpu=False`): two tiny
+    attempt (the agent's watchdog stops it), and the gpt2-oom shape once more
+    with the OOMs absorbed in the process. Without (`gpu=False`): two tiny
     GPT-2s on the CPU, to try the node itself.
     """
     examples = Path(repo) / "examples"
@@ -501,7 +588,7 @@ def demo_jobs(
         j = json.loads(json.dumps(base))
         j["metadata"] = {"name": name, "namespace": "ml", "labels": {"vramfit.dev/demo": "gpunode"}}
         j["spec"].update(spec_changes)
-        j["spec"]["template"] = node_template(train + args, repo, python_roots)
+        j["spec"]["template"] = node_template(train + args, repo, python_roots, allocator_lib=allocator_lib)
         return j
 
     if not gpu:
@@ -531,7 +618,44 @@ def demo_jobs(
             batch={"global": 64, "micro": 32, "minMicro": 4}, memory={"request": "24Gi"}, maxOOMRetries=3),
         job(gpt2, "bypass", ["--model", "bypass", "--bypass-bytes", str(20 << 30), "--steps", str(steps)],
             batch={"global": 16, "micro": 8, "minMicro": 2}, memory={"request": "10Gi"}, maxOOMRetries=3),
+        # The same shape as gpt2-oom, but the OOMs are absorbed inside the
+        # process (vramfit.Step halves the micro-batch and re-runs the step):
+        # one attempt, the new shape reaches the GpuNode and the job's status.
+        job(gpt2, "gpt2-absorb", ["--model", "gpt2", "--steps", str(steps), "--absorb"],
+            batch={"global": 64, "micro": 32, "minMicro": 4}, memory={"request": "24Gi"}, maxOOMRetries=3),
     ]
+
+
+def oci_devices(text: str, container: str = "train") -> List[str]:
+    """One line per container named `container` in a stream of `ctr
+    containers info` JSON documents: the pod, the device nodes of its OCI
+    spec, the device-cgroup rules that allow something, and whether it has
+    CAP_SYS_ADMIN (what CDI and the runtime actually gave it)."""
+    dec = json.JSONDecoder()
+    docs, i = [], 0
+    while i < len(text):
+        if text[i] == "{":
+            doc, i = dec.raw_decode(text, i)
+            docs.append(doc)
+        else:
+            i += 1
+    lines = []
+    for d in docs:
+        labels = d.get("Labels") or {}
+        if labels.get("io.kubernetes.container.name") != container:
+            continue
+        spec = d.get("Spec") or {}
+        linux = spec.get("linux") or {}
+        nodes = [f"{n.get('path')} {n.get('type')} {n.get('major')}:{n.get('minor')}" for n in linux.get("devices") or []]
+        rules = [
+            f"{r.get('type', 'a')} {r.get('major', '*')}:{r.get('minor', '*')} {r.get('access')}"
+            for r in (linux.get("resources") or {}).get("devices") or []
+            if r.get("allow")
+        ]
+        caps = ((spec.get("process") or {}).get("capabilities") or {}).get("effective") or []
+        lines.append(f"{labels.get('io.kubernetes.pod.name')}: devices {nodes}; allowed {rules}; "
+                     f"CAP_SYS_ADMIN {'CAP_SYS_ADMIN' in caps}")
+    return sorted(lines)
 
 
 # --- command line ---------------------------------------------------------------
@@ -552,16 +676,24 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     k.add_argument("--cpus", type=int, default=os.cpu_count() or 1)
     k.add_argument("--cpu-manager", default="static")
     k.add_argument("--reserved-cpus", default="0")
+    k.add_argument("--client-ca", help="the CA of the clients the kubelet's API accepts")
+    kk = sub.add_parser("kubeconfig", help="the kubelet's kubeconfig with the node's certificate")
+    kk.add_argument("--server", required=True)
+    kk.add_argument("--pki", required=True, help="a folder with ca.crt, node.crt, node.key and node-name")
     sub.add_parser("cni")
     d = sub.add_parser("cdi")
     d.add_argument("--driver-root", default="/usr/local/nvidia")
     d.add_argument("--dev", default="/dev")
     d.add_argument("--proc", default="/proc/driver/nvidia")
-    sub.add_parser("cdi-simulated", help="a CDI spec for the simulated GPUs of a GpuNode (JSON on stdin)")
+    ds = sub.add_parser("cdi-simulated", help="a CDI spec for the simulated GPUs of a GpuNode (JSON on stdin)")
+    ds.add_argument("--dev", required=True, help="where the stand-in device nodes are made")
+    n = sub.add_parser("nri-config")
+    n.add_argument("--log", required=True)
     i = sub.add_parser("image")
     i.add_argument("which", choices=["pause", "train"])
     i.add_argument("--out", required=True)
     i.add_argument("--pause", help="the pause binary (for the pause image)")
+    sub.add_parser("oci-devices", help="the device nodes of training containers (ctr containers info on stdin)")
     v = sub.add_parser("venv-base")
     v.add_argument("venv")
     j = sub.add_parser("jobs")
@@ -570,6 +702,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     j.add_argument("--root", action="append", default=[], help="a host folder the interpreter needs (repeatable)")
     j.add_argument("--steps", type=int, default=20)
     j.add_argument("--cpu", action="store_true", help="the CPU jobs (no GPU on this machine)")
+    j.add_argument("--allocator-lib", help="the node's libvramfit_alloc.so, mounted into the pods")
     args = p.parse_args(argv)
     try:
         if args.cmd == "containerd":
@@ -577,16 +710,25 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         elif args.cmd == "kubelet":
             sys.stdout.write(
                 kubelet_config(args.dir, args.endpoint, args.healthz_port, args.port, args.cpus,
-                               args.reserved_cpus, args.cpu_manager)
+                               args.reserved_cpus, args.cpu_manager, args.client_ca)
             )
+        elif args.cmd == "kubeconfig":
+            pki = Path(args.pki)
+            for f in ("ca.crt", "node.crt", "node.key", "node-name"):
+                if not (pki / f).is_file():
+                    raise ValueError(f"{pki / f} is missing (hack/controlplane.sh node-cert NAME makes it)")
+            sys.stdout.write(node_kubeconfig(args.server, str(pki / "ca.crt"), str(pki / "node.crt"),
+                                             str(pki / "node.key"), (pki / "node-name").read_text().strip()))
         elif args.cmd == "cni":
             sys.stdout.write(cni_config())
         elif args.cmd == "cdi":
             json.dump(cdi_spec(args.driver_root, args.dev, args.proc), sys.stdout, indent=2)
             sys.stdout.write("\n")
         elif args.cmd == "cdi-simulated":
-            json.dump(cdi_spec_simulated(json.load(sys.stdin)), sys.stdout, indent=2)
+            json.dump(cdi_spec_simulated(json.load(sys.stdin), args.dev), sys.stdout, indent=2)
             sys.stdout.write("\n")
+        elif args.cmd == "nri-config":
+            sys.stdout.write(nri_plugin_config(args.log))
         elif args.cmd == "image":
             if args.which == "pause":
                 if not args.pause:
@@ -596,9 +738,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 data = docker_archive(TRAIN_IMAGE, train_layer(), [], TRAIN_ENV, "/workspace")
             Path(args.out).write_bytes(data)
         elif args.cmd == "jobs":
-            jobs = demo_jobs(args.repo, args.python, args.root, args.steps, gpu=not args.cpu)
+            if args.allocator_lib and not Path(args.allocator_lib).is_file():
+                raise ValueError(f"--allocator-lib {args.allocator_lib}: no such file")
+            jobs = demo_jobs(args.repo, args.python, args.root, args.steps, gpu=not args.cpu,
+                             allocator_lib=args.allocator_lib)
             json.dump({"apiVersion": "v1", "kind": "List", "items": jobs}, sys.stdout, indent=1)
             sys.stdout.write("\n")
+        elif args.cmd == "oci-devices":
+            for line in oci_devices(sys.stdin.read()):
+                print(line)
         elif args.cmd == "venv-base":
             base = venv_base_prefix(args.venv)
             if base:

@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 MARK = "vramfit-train: "
+#: The capability a privileged container has and a default one lacks.
+CAP_SYS_ADMIN = 21
 
 
 def parse_events(text: str) -> List[dict]:
@@ -59,7 +61,67 @@ def first(events: List[dict], kind: str, **match) -> Optional[dict]:
     return None
 
 
-def summarize(jobs: dict, pods: dict, gpu_node: dict, apply_ms: int, logs_root: Path) -> dict:
+def pod_privileged(pod: dict) -> bool:
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        if ((c.get("securityContext") or {}).get("privileged")) is True:
+            return True
+    return False
+
+
+def shapes_seen(samples: List[dict]) -> Dict[str, dict]:
+    """Per pod, the batch shape its process published (the helper's
+    shape-<pid>.json, `processes[].shape` in the GpuNode) as last seen, with
+    the most absorbed OOMs any sample listed."""
+    seen: Dict[str, dict] = {}
+    for node in samples:
+        for g in (node.get("status") or {}).get("gpus") or []:
+            for proc in g.get("processes") or []:
+                shape = proc.get("shape")
+                pod = proc.get("podName")
+                if not shape or not pod:
+                    continue
+                e = seen.setdefault(pod, {"samples": 0, "absorbedOoms": []})
+                e["samples"] += 1
+                e["microBatch"], e["gradAccum"] = shape.get("microBatch"), shape.get("gradAccum")
+                if len(shape.get("absorbedOoms") or []) > len(e["absorbedOoms"]):
+                    e["absorbedOoms"] = shape["absorbedOoms"]
+    return seen
+
+
+def allocator_seen(samples: List[dict]) -> Dict[str, dict]:
+    """Per pod, the allocator's figures the agent put in the GpuNode
+    (`status.gpus[].processes[].allocator`) over the run's samples: the
+    largest peaks and OOM count seen, the budget and policy, and how many
+    samples had them."""
+    seen: Dict[str, dict] = {}
+    for node in samples:
+        for g in (node.get("status") or {}).get("gpus") or []:
+            for proc in g.get("processes") or []:
+                a = proc.get("allocator")
+                pod = proc.get("podName")
+                if not a or not pod:
+                    continue
+                e = seen.setdefault(pod, {"samples": 0, "gpu": g.get("index"), "policy": a.get("policy"),
+                                          "budgetBytes": a.get("budgetBytes"), "peakAllocatedBytes": 0,
+                                          "peakReservedBytes": 0, "numOoms": 0})
+                e["samples"] += 1
+                for k in ("peakAllocatedBytes", "peakReservedBytes", "numOoms"):
+                    e[k] = max(e[k], a.get(k) or 0)
+    return seen
+
+
+def cdi_nodes(spec: Optional[dict]) -> Dict[str, List[str]]:
+    """CDI device name -> the names under /dev its own edits add."""
+    out: Dict[str, List[str]] = {}
+    for d in (spec or {}).get("devices") or []:
+        nodes = ((d.get("containerEdits") or {}).get("deviceNodes")) or []
+        out[d["name"]] = [n["path"].rsplit("/", 1)[-1] for n in nodes]
+    return out
+
+
+def summarize(jobs: dict, pods: dict, gpu_node: dict, apply_ms: int, logs_root: Path,
+              samples: Optional[List[dict]] = None, cdi: Optional[dict] = None,
+              k8s_events: Optional[dict] = None) -> dict:
     pods_by_name = {p["metadata"]["name"]: p for p in pods.get("items", [])}
     out_jobs = []
     for j in sorted(jobs.get("items", []), key=lambda j: j["metadata"]["name"]):
@@ -81,12 +143,14 @@ def summarize(jobs: dict, pods: dict, gpu_node: dict, apply_ms: int, logs_root: 
                     "attempt": n,
                     "pod": pod["metadata"]["name"],
                     "phase": (pod.get("status") or {}).get("phase"),
+                    "privileged": pod_privileged(pod),
                     "exitCode": term.get("exitCode") if term else None,
                     "reason": term.get("reason") if term else None,
                     "finishedMs": rfc3339_ms(term.get("finishedAt")) if term else None,
                     "startEvent": first(events, "start"),
                     "firstStepMs": step1["unixMs"] if step1 else None,
                     "oomMs": oom["unixMs"] if oom else None,
+                    "budgetOom": oom.get("budgetOom") if oom else None,
                     "lastStep": next((e for e in reversed(events) if e.get("event") == "step"), None),
                     "done": first(events, "done"),
                 }
@@ -113,33 +177,73 @@ def summarize(jobs: dict, pods: dict, gpu_node: dict, apply_ms: int, logs_root: 
                 "measuredPeakBytes": st.get("measuredPeakBytes"),
                 "gpu": st.get("gpu"),
                 "history": st.get("history") or [],
+                "absorbedOoms": st.get("absorbedOoms") or [],
+                "eventReasons": sorted({e.get("reason") for e in (k8s_events or {}).get("items", [])
+                                        if (e.get("involvedObject") or {}).get("kind") == "TrainingJob"
+                                        and (e.get("involvedObject") or {}).get("name") == name}),
                 "message": st.get("message"),
                 "times": times,
                 "attempts": attempts,
             }
         )
     gstat = gpu_node.get("status") or {}
-    return {"applyMs": apply_ms, "jobs": out_jobs, "gpuNode": gstat}
+    uuid_of = {str(g.get("index")): g.get("uuid") for g in gstat.get("gpus") or []}
+    nodes_of = cdi_nodes(cdi)
+    for j in out_jobs:
+        # What CDI should give the job's containers: the device nodes of the
+        # CDI devices of its placed GPUs' UUIDs, from the node's spec.
+        idx = [i.strip() for i in str(j.get("gpu") or "").split(",") if i.strip()]
+        j["gpuUuids"] = [uuid_of.get(i) for i in idx]
+        j["expectedDevices"] = sorted({n for u in j["gpuUuids"] if u for n in nodes_of.get(u, [])})
+    return {"applyMs": apply_ms, "jobs": out_jobs, "gpuNode": gstat, "allocatorSeen": allocator_seen(samples or []),
+            "shapesSeen": shapes_seen(samples or [])}
 
 
 def checks(summary: dict, gpu: bool) -> List[tuple]:
     """(name, ok, detail) for what the demo must show."""
     jobs = {j["name"]: j for j in summary["jobs"]}
     result = []
+    ident = summary.get("kubeletIdentity")
+    if ident is not None:
+        # The kubelet's own credentials: user system:node:<node> in
+        # system:nodes, which the Node authorizer keeps from cluster-wide writes.
+        who = ident.get("userInfo") or {}
+        node = summary.get("node")
+        ok = (who.get("username") == f"system:node:{node}" and "system:nodes" in (who.get("groups") or [])
+              and "system:masters" not in (who.get("groups") or []) and ident.get("canCreateNamespaces") == "no")
+        result.append(("the kubelet runs as its node, not as the admin", ok,
+                       f"user {who.get('username')}, groups {who.get('groups')}, "
+                       f"can create namespaces: {ident.get('canCreateNamespaces')}"))
     for j in summary["jobs"]:
         result.append((f"{j['name']} Succeeded", j["phase"] == "Succeeded", f"phase {j['phase']}: {j.get('message') or ''}"))
     for j in summary["jobs"]:
-        # The placed GPU reached the container through CDI: its device node
-        # (one GPU per job here), or the simulated GPU's variable.
-        start = (j["attempts"][-1]["startEvent"] or {}) if j["attempts"] else {}
-        if gpu:
-            nodes = [d for d in start.get("devices") or [] if d[len("nvidia"):].isdigit()]
-            ok, detail = len(nodes) == 1, f"GPU device nodes {nodes}"
-        else:
-            uuids = [g.get("uuid") for g in summary["gpuNode"].get("gpus") or []]
-            ok = start.get("simulatedGpu") in uuids
-            detail = f"container saw {start.get('simulatedGpu')}, the node has {uuids}"
-        result.append((f"{j['name']}: the placed GPU through CDI", ok, detail))
+        # The placed GPU reached the container through CDI: its own device
+        # node (the one the node's CDI spec gives its UUID), nvidia-uvm, no
+        # other GPU's node, and the container is not privileged (no
+        # securityContext.privileged, no CAP_SYS_ADMIN in its capabilities).
+        # Without a GPU the nodes are stand-ins and the simulated GPU's
+        # variable names the UUID.
+        last = j["attempts"][-1] if j["attempts"] else {}
+        start = last.get("startEvent") or {}
+        devices = start.get("devices") or []
+        gpus_seen = sorted(d for d in devices if d[len("nvidia"):].isdigit())
+        want = j.get("expectedDevices") or []
+        problems = []
+        if not want:
+            problems.append("no CDI device for the placed GPU in the node's spec")
+        if gpus_seen != want:
+            problems.append(f"GPU nodes {gpus_seen}, want {want}")
+        if "nvidia-uvm" not in devices:
+            problems.append("no nvidia-uvm")
+        cap = int(start.get("capEff") or "0", 16)
+        if last.get("privileged") or cap & (1 << CAP_SYS_ADMIN):
+            problems.append(f"privileged (pod {bool(last.get('privileged'))}, CapEff {start.get('capEff')})")
+        if not start.get("capEff"):
+            problems.append("no capabilities reported")
+        if not gpu and start.get("simulatedGpu") not in j.get("gpuUuids", []):
+            problems.append(f"container saw {start.get('simulatedGpu')}, placed on {j.get('gpuUuids')}")
+        detail = "; ".join(problems) or f"{', '.join(devices)}; CapEff {start.get('capEff')}"
+        result.append((f"{j['name']}: its GPU through CDI, not privileged", not problems, detail))
     if not gpu:
         return result
     placed = {j["gpu"] for j in summary["jobs"] if j.get("gpu")}
@@ -157,6 +261,38 @@ def checks(summary: dict, gpu: bool) -> List[tuple]:
         ok = bool(h) and h[0].get("outcome") == "OutOfMemory" and bool(reports)
         result.append(("bypass: stopped by the agent's watchdog, treated as OOM", ok,
                        f"history {[(a.get('microBatch'), a.get('outcome')) for a in h]}, agent reports {len(reports)}"))
+    # The in-process allocator: every job's last attempt ran under it, its
+    # counters reached the GpuNode (through the stats folder the agent
+    # reads), and the OOM job's OOM was its budget error.
+    enf = {j["name"]: ((j["attempts"][-1].get("startEvent") or {}).get("enforcement") if j["attempts"] else None)
+           for j in summary["jobs"]}
+    result.append(("the allocator enforces every job's budget", all(v == "allocator" for v in enf.values()),
+                   ", ".join(f"{k} {v}" for k, v in sorted(enf.items()))))
+    seen = summary.get("allocatorSeen") or {}
+    jobs_seen = sorted({pod.rsplit("-a", 1)[0] for pod in seen})
+    result.append(("allocator figures reach the GpuNode", set(jobs_seen) >= set(jobs),
+                   f"jobs with allocator figures: {jobs_seen}; pods: "
+                   + ", ".join(f"{p} peak reserved {gib(e['peakReservedBytes'])} of {gib(e['budgetBytes'])} GiB"
+                               for p, e in sorted(seen.items()))))
+    if oom:
+        budget = [a["pod"] for a in oom["attempts"] if a.get("budgetOom")]
+        result.append(("gpt2-oom: the OOM is the allocator's budget error", bool(budget),
+                       f"attempts whose OOM came from the allocator: {budget}"))
+    ab = jobs.get("gpt2-absorb")
+    if ab:
+        # Absorbed in the process: one attempt, the job's status lists the
+        # absorbed OOMs and the controller said so (OomAbsorbed event); the
+        # agent carried the process's new shape in the GpuNode.
+        shape = (summary.get("shapesSeen") or {}).get("gpt2-absorb-a1") or {}
+        ok = (ab["phase"] == "Succeeded" and ab.get("attempt") == 1 and bool(ab.get("absorbedOoms"))
+              and "OomAbsorbed" in (ab.get("eventReasons") or []))
+        result.append(("gpt2-absorb: OOMs absorbed in the process, recorded by the controller", ok,
+                       f"attempt {ab.get('attempt')}, status.absorbedOoms "
+                       f"{[(a.get('fromMicro'), a.get('toMicro')) for a in ab.get('absorbedOoms') or []]}, "
+                       f"events {ab.get('eventReasons')}"))
+        result.append(("gpt2-absorb: the GpuNode carried the process's shape", bool(shape.get("absorbedOoms")),
+                       f"shape micro {shape.get('microBatch')} x {shape.get('gradAccum')}, absorbed "
+                       f"{[(a.get('fromMicro'), a.get('toMicro')) for a in shape.get('absorbedOoms') or []]}"))
     measured = [j for j in summary["jobs"] if j.get("measuredPeakBytes")]
     result.append(("measured peaks reach job status", len(measured) == len(summary["jobs"]),
                    f"{len(measured)} of {len(summary['jobs'])} jobs"))
@@ -177,10 +313,27 @@ def main(argv=None) -> int:
     p.add_argument("--gpunode", required=True)
     p.add_argument("--logs", default="/var/log/pods")
     p.add_argument("--out", required=True)
+    p.add_argument("--cdi", help="the node's CDI spec (what the containers' devices should be)")
+    p.add_argument("--samples", help="GpuNode snapshots taken during the run, one JSON document a line")
+    p.add_argument("--kubelet-identity", help="who the kubelet's kubeconfig is (auth whoami, can-i create namespaces)")
+    p.add_argument("--node", help="the node's name")
+    p.add_argument("--events", help="the namespace's events (kubectl get events -o json)")
     a = p.parse_args(argv)
     load = lambda f: json.loads(Path(f).read_text())  # noqa: E731
-    summary = summarize(load(a.jobs), load(a.pods), load(a.gpunode), a.apply_ms, Path(a.logs))
+    samples = []
+    if a.samples and Path(a.samples).is_file():
+        for line in Path(a.samples).read_text().splitlines():
+            try:
+                samples.append(json.loads(line))
+            except ValueError:
+                continue
+    cdi = load(a.cdi) if a.cdi and Path(a.cdi).is_file() else None
+    events = load(a.events) if a.events and Path(a.events).is_file() else None
+    summary = summarize(load(a.jobs), load(a.pods), load(a.gpunode), a.apply_ms, Path(a.logs), samples, cdi, events)
     summary["endMs"] = a.end_ms
+    if a.kubelet_identity and Path(a.kubelet_identity).is_file():
+        summary["kubeletIdentity"] = load(a.kubelet_identity)
+        summary["node"] = a.node
     results = checks(summary, bool(a.gpu))
     summary["checks"] = [{"check": n, "ok": ok, "detail": d} for n, ok, d in results]
     Path(a.out).write_text(json.dumps(summary, indent=1, sort_keys=True))

@@ -6,6 +6,8 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
+import stat
 import sys
 import tarfile
 import tomllib
@@ -59,6 +61,32 @@ def test_kubelet_config_cgroupfs_swap_static_cpu():
     assert k["cpuManagerPolicy"] == "none" and "reservedSystemCPUs" not in k
 
 
+def test_kubelet_config_accepts_the_cluster_ca_for_its_api():
+    k = json.loads(nodecfg.kubelet_config("/n", "unix:///s", 1, 2, cpus=4, client_ca="/n/pki/ca.crt"))
+    assert k["authentication"]["x509"] == {"clientCAFile": "/n/pki/ca.crt"}
+    assert k["authentication"]["anonymous"] == {"enabled": False}
+    assert json.loads(nodecfg.kubelet_config("/n", "unix:///s", 1, 2, cpus=4))["authentication"]["x509"] == {}
+
+
+def test_node_kubeconfig_uses_the_node_certificate(tmp_path, capsys):
+    import yaml
+
+    pki = tmp_path / "pki"
+    pki.mkdir()
+    for f in ("ca.crt", "node.crt", "node.key"):
+        (pki / f).write_text("x")
+    assert nodecfg.main(["kubeconfig", "--server", "https://127.0.0.1:6443", "--pki", str(pki)]) == 1
+    assert "node-name is missing" in capsys.readouterr().err
+    (pki / "node-name").write_text("gpu-1\n")
+    assert nodecfg.main(["kubeconfig", "--server", "https://127.0.0.1:6443", "--pki", str(pki)]) == 0
+    k = yaml.safe_load(capsys.readouterr().out)
+    user = k["users"][0]
+    assert user["name"] == "system:node:gpu-1"
+    assert user["user"] == {"client-certificate": str(pki / "node.crt"), "client-key": str(pki / "node.key")}
+    assert k["clusters"][0]["cluster"] == {"server": "https://127.0.0.1:6443", "certificate-authority": str(pki / "ca.crt")}
+    assert k["contexts"][0]["context"]["user"] == user["name"] and k["current-context"] == k["contexts"][0]["name"]
+
+
 def test_kubelet_config_rejects_static_cpu_on_one_cpu_and_unknown_policies():
     with pytest.raises(ValueError, match="at least 2 CPUs"):
         nodecfg.kubelet_config("/n", "unix:///s", 1, 2, cpus=1)
@@ -99,9 +127,14 @@ def test_cdi_spec_from_a_fake_driver_tree(tmp_path):
     assert names == ["0", "GPU-aaaa-0000", "1", "GPU-bbbb-1111"]
     by_name = {d["name"]: d for d in spec["devices"]}
     # Each GPU brings only its own node: per-GPU selection.
-    assert by_name["GPU-bbbb-1111"]["containerEdits"]["deviceNodes"] == [{"path": str(dev / "nvidia1")}]
+    # The container path is always under /dev; the host's node is where it
+    # is on this machine.
+    assert by_name["GPU-bbbb-1111"]["containerEdits"]["deviceNodes"] == [
+        {"path": "/dev/nvidia1", "hostPath": str(dev / "nvidia1")}
+    ]
     shared = spec["containerEdits"]
-    assert [n["path"] for n in shared["deviceNodes"]] == [str(dev / n) for n in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")]
+    assert [n["path"] for n in shared["deviceNodes"]] == ["/dev/" + n for n in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")]
+    assert [n["hostPath"] for n in shared["deviceNodes"]] == [str(dev / n) for n in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")]
     assert [m["containerPath"] for m in shared["mounts"]] == [str(drv / "bin"), str(drv / "lib64")]
     assert all("ro" in m["options"] for m in shared["mounts"])
     assert shared["env"] == [f"LD_LIBRARY_PATH={drv / 'lib64'}"]
@@ -120,8 +153,15 @@ def test_cdi_spec_refuses_what_is_not_a_driver_tree(tmp_path):
         nodecfg.cdi_spec(str(drv), str(dev), str(tmp_path / "nowhere"))
 
 
+def test_cdi_spec_refuses_a_node_without_nvidia_uvm(tmp_path):
+    # CUDA cannot start without /dev/nvidia-uvm: the spec says so at once.
+    dev, proc, drv = fake_driver(tmp_path, uvm=False)
+    with pytest.raises(ValueError, match="nvidia-uvm is missing"):
+        nodecfg.cdi_spec(str(drv), str(dev), str(proc))
+
+
 def test_cdi_spec_command_line(tmp_path, capsys):
-    dev, proc, drv = fake_driver(tmp_path, gpus=((0, "GPU-x"),), uvm=False)
+    dev, proc, drv = fake_driver(tmp_path, gpus=((0, "GPU-x"),))
     assert nodecfg.main(["cdi", "--driver-root", str(drv), "--dev", str(dev), "--proc", str(proc)]) == 0
     spec = json.loads(capsys.readouterr().out)
     assert [d["name"] for d in spec["devices"]] == ["0", "GPU-x"]
@@ -129,12 +169,30 @@ def test_cdi_spec_command_line(tmp_path, capsys):
     assert "libcuda" in capsys.readouterr().err
 
 
-def test_cdi_spec_for_simulated_gpus():
-    spec = nodecfg.cdi_spec_simulated({"status": {"gpus": [{"index": 0, "uuid": "GPU-sim-0"}]}})
-    assert [d["name"] for d in spec["devices"]] == ["0", "GPU-sim-0"]
-    assert spec["devices"][1]["containerEdits"] == {"env": ["VRAMFIT_SIMULATED_GPU=GPU-sim-0"]}
+@pytest.mark.skipif(os.geteuid() != 0, reason="mknod needs root")
+def test_cdi_spec_for_simulated_gpus_has_stand_in_device_nodes(tmp_path):
+    node = {"status": {"gpus": [{"index": 0, "uuid": "GPU-sim-0"}, {"index": 1, "uuid": "GPU-sim-1"}]}}
+    dev = tmp_path / "dev"
+    spec = nodecfg.cdi_spec_simulated(node, str(dev))
+    assert [d["name"] for d in spec["devices"]] == ["0", "GPU-sim-0", "1", "GPU-sim-1"]
+    edits = spec["devices"][3]["containerEdits"]
+    assert edits["env"] == ["VRAMFIT_SIMULATED_GPU=GPU-sim-1"]
+    assert edits["deviceNodes"] == [{"path": "/dev/nvidia1", "hostPath": str(dev / "nvidia1")}]
+    assert [n["path"] for n in spec["containerEdits"]["deviceNodes"]] == ["/dev/nvidiactl", "/dev/nvidia-uvm"]
+    assert "mounts" not in spec["containerEdits"] and "env" not in spec["containerEdits"]
+    # Character devices with /dev/null's numbers: harmless to open.
+    st = os.stat(dev / "nvidia1")
+    assert stat.S_ISCHR(st.st_mode) and (os.major(st.st_rdev), os.minor(st.st_rdev)) == (1, 3)
+    # Made again over what a previous run left.
+    nodecfg.cdi_spec_simulated(node, str(dev))
     with pytest.raises(ValueError):
-        nodecfg.cdi_spec_simulated({"status": {}})
+        nodecfg.cdi_spec_simulated({"status": {}}, str(dev))
+
+
+def test_nri_plugin_config_names_its_log():
+    import yaml
+
+    assert yaml.safe_load(nodecfg.nri_plugin_config("/var/lib/n/nri-cdi.log")) == {"log": "/var/lib/n/nri-cdi.log"}
 
 
 def read_archive(data: bytes):
@@ -183,7 +241,10 @@ def test_venv_base_prefix(tmp_path):
 def test_demo_jobs_keep_the_examples_models_and_use_the_node_template():
     jobs = nodecfg.demo_jobs(str(REPO), "/opt/torch/.venv/bin/python", ["/opt/torch/.venv", "/usr"], steps=20)
     by = {j["metadata"]["name"]: j for j in jobs}
-    assert set(by) == {"gpt2-small", "llama-1b", "resnet50", "gpt2-oom", "bypass"}
+    assert set(by) == {"gpt2-small", "llama-1b", "resnet50", "gpt2-oom", "bypass", "gpt2-absorb"}
+    absorb = by["gpt2-absorb"]["spec"]
+    assert "--absorb" in absorb["template"]["spec"]["containers"][0]["command"]
+    assert absorb["batch"] == by["gpt2-oom"]["spec"]["batch"] and absorb["memory"] == by["gpt2-oom"]["spec"]["memory"]
     llama = by["llama-1b"]["spec"]
     assert llama["model"]["gradientCheckpointing"] is True and llama["model"]["huggingFace"]["config"]["num_hidden_layers"] == 22
     assert by["gpt2-oom"]["spec"]["batch"]["micro"] == 32 and by["gpt2-oom"]["spec"]["memory"] == {"request": "24Gi"}
@@ -253,18 +314,85 @@ def test_report_times_and_checks(tmp_path):
 def test_report_checks_the_gpu_reached_the_container(tmp_path):
     d = tmp_path / "ml_cpu-a1_u1" / "train"
     d.mkdir(parents=True)
-    (d / "0.log").write_text(cri_log({"event": "start", "unixMs": 1, "devices": [], "simulatedGpu": "GPU-sim-0"}))
-    pods = {"items": [{"metadata": {"name": "cpu-a1", "namespace": "ml", "uid": "u1"}, "status": {"phase": "Succeeded"}}]}
-    jobs = {"items": [{"metadata": {"name": "cpu"}, "status": {"phase": "Succeeded", "attempt": 1}}]}
-    node = {"status": {"gpus": [{"index": 0, "uuid": "GPU-sim-0"}]}}
-    s = report.summarize(jobs, pods, node, apply_ms=0, logs_root=tmp_path)
-    assert dict((n, ok) for n, ok, _ in report.checks(s, gpu=False))["cpu: the placed GPU through CDI"]
-    node["status"]["gpus"][0]["uuid"] = "GPU-other"
-    s = report.summarize(jobs, pods, node, apply_ms=0, logs_root=tmp_path)
-    assert not dict((n, ok) for n, ok, _ in report.checks(s, gpu=False))["cpu: the placed GPU through CDI"]
-    (d / "0.log").write_text(cri_log({"event": "start", "unixMs": 1, "devices": ["nvidia-uvm", "nvidia3", "nvidiactl"]}))
-    s = report.summarize(jobs, pods, node, apply_ms=0, logs_root=tmp_path)
-    assert dict((n, ok) for n, ok, _ in report.checks(s, gpu=True))["cpu: the placed GPU through CDI"]
+    pods = {"items": [{"metadata": {"name": "cpu-a1", "namespace": "ml", "uid": "u1"}, "status": {"phase": "Succeeded"},
+                       "spec": {"containers": [{"name": "train"}]}}]}
+    jobs = {"items": [{"metadata": {"name": "cpu"}, "status": {"phase": "Succeeded", "attempt": 1, "gpu": "1"}}]}
+    node = {"status": {"gpus": [{"index": 0, "uuid": "GPU-sim-0"}, {"index": 1, "uuid": "GPU-sim-1"}]}}
+    cdi = {"devices": [
+        {"name": n, "containerEdits": {"deviceNodes": [{"path": f"/dev/nvidia{i}", "hostPath": f"/x/nvidia{i}"}]}}
+        for i, u in ((0, "GPU-sim-0"), (1, "GPU-sim-1")) for n in (str(i), u)]}
+    check = "cpu: its GPU through CDI, not privileged"
+    default_caps = "00000000a80425fb"  # containerd's default set: no CAP_SYS_ADMIN
+
+    def run(start, gpu, pods=pods):
+        (d / "0.log").write_text(cri_log(dict({"event": "start", "unixMs": 1}, **start)))
+        s = report.summarize(jobs, pods, node, apply_ms=0, logs_root=tmp_path, cdi=cdi)
+        return dict((n, (ok, detail)) for n, ok, detail in report.checks(s, gpu=gpu))[check]
+
+    good = {"devices": ["nvidia-uvm", "nvidia1", "nvidiactl"], "capEff": default_caps}
+    assert run(good, gpu=True)[0]
+    assert run(dict(good, simulatedGpu="GPU-sim-1"), gpu=False)[0]
+    # The simulated GPU's variable names another GPU than the placed one.
+    assert not run(dict(good, simulatedGpu="GPU-sim-0"), gpu=False)[0]
+    # Another GPU's node, both nodes, or no nvidia-uvm (run 1 on the H200:
+    # only the nvidiactl CUDA made itself).
+    for devices in (["nvidia-uvm", "nvidia0", "nvidiactl"], ["nvidia-uvm", "nvidia0", "nvidia1", "nvidiactl"],
+                    ["nvidia1", "nvidiactl"], ["nvidiactl"]):
+        ok, detail = run(dict(good, devices=devices), gpu=True)
+        assert not ok, devices
+    # Privileged: every capability, or the pod asked for it.
+    ok, detail = run(dict(good, capEff="000001ffffffffff"), gpu=True)
+    assert not ok and "privileged" in detail
+    priv = {"items": [dict(pods["items"][0], spec={"containers": [{"name": "train", "securityContext": {"privileged": True}}]})]}
+    assert not run(good, gpu=True, pods=priv)[0]
+    assert not run(dict(good, capEff=""), gpu=True)[0]
+
+
+def test_report_checks_the_allocator(tmp_path):
+    logs = tmp_path / "logs"
+
+    def pod(name, uid, events, exit_code=0):
+        d = logs / f"ml_{name}_{uid}" / "train"
+        d.mkdir(parents=True)
+        (d / "0.log").write_text(cri_log(*events))
+        return {"metadata": {"name": name, "namespace": "ml", "uid": uid},
+                "status": {"phase": "Succeeded" if exit_code == 0 else "Failed",
+                           "containerStatuses": [{"state": {"terminated": {"exitCode": exit_code}}}]}}
+
+    pods = {"items": [
+        pod("gpt2-oom-a1", "u1", [{"event": "start", "enforcement": "allocator", "unixMs": 1},
+                                  {"event": "oom", "budgetOom": True, "unixMs": 2}], 42),
+        pod("gpt2-oom-a2", "u2", [{"event": "start", "enforcement": "allocator", "unixMs": 3}]),
+        pod("resnet50-a1", "u3", [{"event": "start", "enforcement": "allocator", "unixMs": 1}]),
+    ]}
+    jobs = {"items": [
+        {"metadata": {"name": "gpt2-oom"}, "status": {"phase": "Succeeded", "attempt": 2, "gpu": "0"}},
+        {"metadata": {"name": "resnet50"}, "status": {"phase": "Succeeded", "attempt": 1, "gpu": "0"}},
+    ]}
+    node = {"status": {"gpus": [{"index": 0, "uuid": "GPU-a"}]}}
+
+    def sample(*pods_):
+        procs = [{"pid": 1, "podName": p, "allocator": {"policy": "pytorch", "budgetBytes": 8 << 30,
+                                                       "peakReservedBytes": 1 << 30, "numOoms": 1}} for p in pods_]
+        return {"status": {"gpus": [{"index": 0, "processes": procs + [{"pid": 9, "podName": "other-a1"}]}]}}
+
+    def results(samples):
+        s = report.summarize(jobs, pods, node, apply_ms=0, logs_root=logs, samples=samples)
+        return s, {n: ok for n, ok, _ in report.checks(s, gpu=True)}
+
+    s, r = results([sample("gpt2-oom-a1"), sample("gpt2-oom-a2", "resnet50-a1")])
+    assert r["the allocator enforces every job's budget"]
+    assert r["allocator figures reach the GpuNode"]
+    assert r["gpt2-oom: the OOM is the allocator's budget error"]
+    assert s["allocatorSeen"]["gpt2-oom-a2"]["samples"] == 1 and "other-a1" not in s["allocatorSeen"]
+    # resnet50's process never showed allocator figures.
+    assert not results([sample("gpt2-oom-a1")])[1]["allocator figures reach the GpuNode"]
+    # A job under the memory fraction, or an OOM that was not the budget's.
+    (logs / "ml_resnet50-a1_u3" / "train" / "0.log").write_text(cri_log({"event": "start", "enforcement": "fraction", "unixMs": 1}))
+    (logs / "ml_gpt2-oom-a1_u1" / "train" / "0.log").write_text(cri_log({"event": "oom", "budgetOom": False, "unixMs": 2}))
+    r = results([sample("gpt2-oom-a1", "resnet50-a1")])[1]
+    assert not r["the allocator enforces every job's budget"]
+    assert not r["gpt2-oom: the OOM is the allocator's budget error"]
 
 
 def test_privileged_fallback_only_when_asked(monkeypatch):
@@ -274,3 +402,66 @@ def test_privileged_fallback_only_when_asked(monkeypatch):
     monkeypatch.setenv("VRAMFIT_NODE_PRIVILEGED", "1")
     priv = nodecfg.node_template(["python3"], "/repo")
     assert priv["spec"]["containers"][0]["securityContext"] == {"privileged": True}
+
+
+def test_report_checks_the_kubelet_runs_as_its_node():
+    check = "the kubelet runs as its node, not as the admin"
+
+    def result(username, groups, can_create="no"):
+        summary = {"jobs": [], "gpuNode": {}, "node": "vm",
+                   "kubeletIdentity": {"userInfo": {"username": username, "groups": groups},
+                                       "canCreateNamespaces": can_create}}
+        return dict((n, ok) for n, ok, _ in report.checks(summary, gpu=False))[check]
+
+    assert result("system:node:vm", ["system:nodes", "system:authenticated"])
+    assert not result("system:node:other", ["system:nodes", "system:authenticated"])
+    assert not result("vramfit-admin", ["system:masters", "system:authenticated"], "yes")
+    assert not result("system:node:vm", ["system:nodes", "system:masters"])
+    assert not result("system:node:vm", ["system:nodes"], "yes")
+    # Not measured (an older demo): no check at all.
+    assert all(n != check for n, _, _ in report.checks({"jobs": [], "gpuNode": {}}, gpu=False))
+
+
+def test_report_checks_the_absorbed_oom(tmp_path):
+    d = tmp_path / "ml_gpt2-absorb-a1_u1" / "train"
+    d.mkdir(parents=True)
+    (d / "0.log").write_text(cri_log({"event": "absorbed", "fromMicro": 32, "toMicro": 16, "unixMs": 1}))
+    pods = {"items": [{"metadata": {"name": "gpt2-absorb-a1", "namespace": "ml", "uid": "u1"}, "status": {"phase": "Succeeded"}}]}
+    status = {"phase": "Succeeded", "attempt": 1, "gpu": "0",
+              "absorbedOoms": [{"fromMicro": 32, "toMicro": 16, "fromAccum": 2, "toAccum": 4, "time": "t"}]}
+    jobs = {"items": [{"metadata": {"name": "gpt2-absorb"}, "status": status}]}
+    events = {"items": [{"reason": "OomAbsorbed", "involvedObject": {"kind": "TrainingJob", "name": "gpt2-absorb"}},
+                        {"reason": "OomAbsorbed", "involvedObject": {"kind": "TrainingJob", "name": "other"}}]}
+    shape = {"microBatch": 16, "gradAccum": 4, "absorbedOoms": [{"fromMicro": 32, "toMicro": 16}]}
+    sample = {"status": {"gpus": [{"index": 0, "processes": [{"podName": "gpt2-absorb-a1", "shape": shape}]}]}}
+    recorded = "gpt2-absorb: OOMs absorbed in the process, recorded by the controller"
+    carried = "gpt2-absorb: the GpuNode carried the process's shape"
+
+    def results(jobs=jobs, events=events, samples=(sample,)):
+        s = report.summarize(jobs, pods, {"status": {}}, apply_ms=0, logs_root=tmp_path, samples=list(samples), k8s_events=events)
+        return {n: ok for n, ok, _ in report.checks(s, gpu=True)}
+
+    r = results()
+    assert r[recorded] and r[carried]
+    # No event from the controller, or the event of another job only.
+    assert not results(events={"items": events["items"][1:]})[recorded]
+    # A restart instead (attempt 2), or nothing absorbed in the status.
+    assert not results(jobs={"items": [{"metadata": {"name": "gpt2-absorb"}, "status": dict(status, attempt=2)}]})[recorded]
+    assert not results(jobs={"items": [{"metadata": {"name": "gpt2-absorb"}, "status": dict(status, absorbedOoms=[])}]})[recorded]
+    # The agent never showed the shape with its absorbed OOMs.
+    plain = {"status": {"gpus": [{"index": 0, "processes": [{"podName": "gpt2-absorb-a1", "shape": dict(shape, absorbedOoms=[])}]}]}}
+    assert not results(samples=[plain])[carried]
+    assert results(samples=[sample, plain])[carried]
+
+
+def test_oci_devices_reads_ctr_container_info():
+    train = {"Labels": {"io.kubernetes.container.name": "train", "io.kubernetes.pod.name": "gpt2-a1"},
+             "Spec": {"process": {"capabilities": {"effective": ["CAP_CHOWN"]}},
+                      "linux": {"devices": [{"path": "/dev/nvidia0", "type": "c", "major": 195, "minor": 0}],
+                                "resources": {"devices": [{"allow": False, "access": "rwm"},
+                                                          {"allow": True, "type": "c", "major": 195, "minor": 0, "access": "rwm"}]}}}}
+    sandbox = {"Labels": {"io.kubernetes.container.name": "POD"}, "Spec": {}}
+    text = json.dumps(sandbox, indent=2) + "\n" + json.dumps(train, indent=2) + "\n"
+    assert nodecfg.oci_devices(text) == [
+        "gpt2-a1: devices ['/dev/nvidia0 c 195:0']; allowed ['c 195:0 rwm']; CAP_SYS_ADMIN False"
+    ]

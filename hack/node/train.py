@@ -86,6 +86,19 @@ def bypass(nbytes: int, hold_seconds: float) -> int:
     return 3
 
 
+def cap_eff() -> str:
+    """The process's effective capabilities (hex, /proc/self/status): a
+    privileged container has them all, CAP_SYS_ADMIN among them."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("CapEff:"):
+                    return line.split()[1]
+    except OSError:
+        pass
+    return ""
+
+
 def memory(torch, device) -> dict:
     if device.type != "cuda":
         return {}
@@ -100,6 +113,8 @@ def train(args, attempt, torch, device) -> None:
     else:
         opt = torch.optim.AdamW(model.parameters(), lr=args.lr, fused=device.type == "cuda")
     micro, accum = attempt.micro_batch, attempt.grad_accum
+    if args.absorb:
+        return train_absorbing(args, attempt, torch, device, model, opt, kind, classes)
     for step in range(1, args.steps + 1):
         opt.zero_grad(set_to_none=True)
         loss_sum = 0.0
@@ -119,6 +134,32 @@ def train(args, attempt, torch, device) -> None:
             event("step", step=step, loss=round(loss_sum / accum, 4), **memory(torch, device))
 
 
+def train_absorbing(args, attempt, torch, device, model, opt, kind, classes) -> None:
+    """The same steps through vramfit.Step: an OOM inside a step halves the
+    micro-batch in this process (down to the job's minMicro), re-runs the
+    step with the same global batch, and the helper publishes the new shape
+    (shape-<pid>.json) for the agent; no new pod."""
+    import vramfit
+
+    step_runner = vramfit.Step(model, opt, attempt=attempt)
+    if kind != "tokens":
+        raise SystemExit("--absorb takes a language model")
+
+    def loss_fn(m, batch):
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            return m(input_ids=batch["ids"], labels=batch["ids"]).loss
+
+    for step in range(1, args.steps + 1):
+        ids = torch.randint(0, classes, (attempt.global_batch, args.seq_len), device=device)
+        result = step_runner.run({"ids": ids}, loss_fn)
+        for oom in result.absorbed:
+            event("absorbed", step=step, fromMicro=oom.from_micro, toMicro=oom.to_micro,
+                  recoverySeconds=round(result.recovery_seconds, 3))
+        if step == 1 or step % 10 == 0 or step == args.steps or result.absorbed:
+            event("step", step=step, loss=round(result.loss, 4), micro=result.micro_batch,
+                  absorbed=len(result.absorbed), **memory(torch, device))
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--model", required=True, choices=["gpt2", "llama", "resnet50", "bypass"])
@@ -132,6 +173,7 @@ def main(argv=None) -> int:
     p.add_argument("--bypass-bytes", type=int, default=0)
     p.add_argument("--bypass-attempts", type=int, default=1, help="attempts (from 1) that bypass; later ones train gpt2")
     p.add_argument("--hold-seconds", type=float, default=240)
+    p.add_argument("--absorb", action="store_true", help="absorb OOMs in the process (vramfit.Step)")
     args = p.parse_args(argv)
 
     import vramfit
@@ -142,7 +184,7 @@ def main(argv=None) -> int:
     devices = sorted(n for n in os.listdir("/dev") if n.startswith("nvidia"))
     event("start", model=args.model, attempt=attempt.attempt, micro=attempt.micro_batch,
           accum=attempt.grad_accum, budgetBytes=attempt.budget_bytes, enforcement=attempt.enforcement,
-          devices=devices, simulatedGpu=os.environ.get("VRAMFIT_SIMULATED_GPU"))
+          devices=devices, simulatedGpu=os.environ.get("VRAMFIT_SIMULATED_GPU"), capEff=cap_eff())
     if args.model == "bypass":
         if attempt.attempt <= args.bypass_attempts:
             return bypass(args.bypass_bytes or 2 * (attempt.budget_bytes or 8 << 30), args.hold_seconds)
@@ -157,7 +199,11 @@ def main(argv=None) -> int:
             train(args, attempt, torch, device)
         except BaseException as exc:  # the OOM's time; the guard then runs the exit protocol
             if vramfit.is_oom(exc):
-                event("oom", micro=attempt.micro_batch)
+                # budgetOom: raised by vramfit's allocator at the budget (not
+                # by the driver running out, nor by PyTorch's memory fraction).
+                from vramfit.allocator import is_budget_oom
+
+                event("oom", micro=attempt.micro_batch, budgetOom=is_budget_oom(exc))
             raise
     event("done", steps=args.steps, **memory(torch, device))
     return 0

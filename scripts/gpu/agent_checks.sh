@@ -7,14 +7,20 @@
 #      NVML peak (within 2 %); meanwhile the agent's CPU time and RSS at 1 s and
 #      100 ms intervals;
 #   3. the watchdog (`--local-budget PID=BYTES`): a process that exceeds its
-#      budget is stopped, a second one on the same GPU keeps training.
+#      budget is stopped, a second one on the same GPU keeps training;
+#   4. `vramfit run --local` with the agent: a job whose process ignores its
+#      22 GiB budget (1 GiB per sample held, 27 GiB at micro 16) is stopped by
+#      the agent through its shell parent, the attempt counts as an OOM, and
+#      the next attempt at micro 8 (16.5 GiB) trains to the end.
 #
 # Usage: scripts/gpu/agent_checks.sh [AGENT_BINARY] [OUT_DIR]
-#   defaults: .dev-bin/vramfit-agent (release, `cuda` feature) and $OUT/agent
+#   defaults: .dev-bin/vramfit-agent (release, `cuda` feature) and $OUT/agent;
+#   `vramfit` is taken beside the agent (VRAMFIT_BIN overrides).
 # Writes OUT_DIR/results.json (every figure and check) and OUT_DIR/log.txt.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 agent=${1:-.dev-bin/vramfit-agent}
+vramfit=${VRAMFIT_BIN:-$(dirname "$agent")/vramfit}
 out=${2:-${OUT:-/tmp/vramfit-out}/agent}
 mkdir -p "$out"
 work=$(mktemp -d)
@@ -122,7 +128,32 @@ cat >"$work/dog_run.json" <<JSON
  "secondsToKill": $(python3 -c "print($killed_at-$start)"), "neighbourStepsAtKill": $nb_steps_at_kill}
 JSON
 
-say "4. results"
+say "4. vramfit run --local: the agent enforces the budget, the next attempt fits"
+cat >"$work/local-job.yaml" <<'YAML'
+apiVersion: vramfit.dev/v1alpha1
+kind: TrainingJob
+metadata: {name: agent-local-check, namespace: ml}
+spec:
+  gpus: 1
+  batch: {global: 64, micro: 16, minMicro: 4}
+  maxOOMRetries: 2
+  model:
+    transformer: {kind: decoder, layers: 8, hidden: 1024, heads: 16, vocab: 32000, seqLen: 512}
+    precision: bf16
+    optimizer: adamw
+  memory: {request: 22Gi}
+  template: {spec: {containers: [{name: train, image: x}]}}
+YAML
+local_start=$(date +%s.%N)
+# Through a shell, so the agent must find the python below the attempt's PID.
+timeout 150 "$vramfit" run --local "$work/local-job.yaml" --agent "$agent" --workdir "$work/local" \
+  --sample-ms 200 -o json -- sh -c 'python3 "$0" --micro-from-env --hoard-gib-per-sample 1 \
+  --phase-seconds 20 --hold-seconds 0 --result "$1"; exit $?' "$trainer" "$work/local-train.json" \
+  >"$work/local-run.json" 2>>"$log"
+echo "run --local rc=$? in $(python3 -c "print(round($(date +%s.%N)-$local_start, 1))") s" >>"$log"
+tail -3 "$work"/local/attempt-*/agent.log >>"$log" 2>/dev/null
+
+say "5. results"
 python3 - "$work" "$out/results.json" <<'PY' | tee -a "$log"
 import json, sys
 work, out = sys.argv[1], sys.argv[2]
@@ -193,8 +224,23 @@ check("watchdog: the neighbour kept training and finished", dog.get("neighbourRc
       f"rc {dog.get('neighbourRc')}, {dog.get('neighbourStepsAtKill')} steps at the kill, {nbres.get('steps')} at the end")
 figures["watchdogSecondsToKill"] = dog.get("secondsToKill")
 
+run = load("local-run.json")
+attempts = run.get("attempts", [])
+first = attempts[0] if attempts else {}
+second = attempts[1] if len(attempts) > 1 else {}
+check("run --local: the agent stopped attempt 1 (16x4) over its budget, counted as an OOM",
+      first.get("outcome") == "OutOfMemory" and bool(first.get("stoppedByAgent")) and first.get("microBatch") == 16,
+      f"{first.get('outcome')}, exit {first.get('exitCode')}, {first.get('seconds', 0):.1f} s: {str(first.get('stoppedByAgent') or first.get('message') or run.get('error'))[:200]}")
+check("run --local: attempt 2 at 8x8 trained to the end, the job succeeded",
+      second.get("microBatch") == 8 and second.get("gradAccum") == 8 and second.get("outcome") == "Succeeded"
+      and run.get("outcome") == "Succeeded" and load("local-train.json").get("completed") is True,
+      f"{second.get('outcome')} at {second.get('microBatch')}x{second.get('gradAccum')}, job {run.get('outcome')}, {len(attempts)} attempts")
+for i, a in enumerate(attempts):
+    figures[f"runLocalAttempt{i + 1}PeakMiB"] = (a.get("measuredPeakBytes") or 0) / MIB
+    figures[f"runLocalAttempt{i + 1}Seconds"] = a.get("seconds")
+
 result = {"checks": checks, "figures": figures, "inventory": inv, "trainer": train,
-          "pairs": pairs.get("pairs", [])[:200], "watchdog": dog, "watchdogStatus": status}
+          "pairs": pairs.get("pairs", [])[:200], "watchdog": dog, "watchdogStatus": status, "runLocal": run}
 json.dump(result, open(out, "w"), indent=1)
 for c in checks:
     print(("PASS " if c["ok"] else "FAIL ") + c["check"] + (f": {c['detail']}" if c["detail"] else ""))

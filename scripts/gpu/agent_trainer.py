@@ -6,6 +6,10 @@ phases of growing micro-batch (so its memory rises in steps), and samples its
 own NVML per-process figure every 20 ms in a thread: the "run's own NVML
 peak" the agent's report is compared with. With --grow-gib it also keeps one
 more GiB alive every second, so it exceeds any budget (the watchdog test).
+With --micro-from-env it trains one phase at vramfit's VRAMFIT_MICRO_BATCH,
+and --hoard-gib-per-sample keeps that many GiB per sample alive from the
+start, so its memory halves with the micro-batch but nothing in the process
+holds it to its budget (the `vramfit run --local` check: only the agent can).
 
 Writes a JSON result (pid, steps, own NVML peak, ...) at the end, and a
 progress file after every step.
@@ -58,9 +62,13 @@ def main():
     p.add_argument("--phase-seconds", type=float, default=8.0)
     p.add_argument("--hold-seconds", type=float, default=4.0, help="idle at the end, memory kept")
     p.add_argument("--grow-gib", type=float, default=0.0, help="extra GiB kept alive per second")
+    p.add_argument("--micro-from-env", action="store_true", help="one phase at $VRAMFIT_MICRO_BATCH")
+    p.add_argument("--hoard-gib-per-sample", type=float, default=0.0, help="GiB per sample kept alive from the start")
     p.add_argument("--hidden", type=int, default=1024)
     p.add_argument("--layers", type=int, default=8)
     args = p.parse_args()
+    if args.micro_from_env:
+        args.phases = os.environ["VRAMFIT_MICRO_BATCH"]
 
     torch.manual_seed(0)
     dev = torch.device("cuda", 0)
@@ -87,6 +95,10 @@ def main():
 
     steps = 0
     hoard = []
+    if args.hoard_gib_per_sample > 0:
+        micro0 = int(args.phases.split(",")[0])
+        gib = int(args.hoard_gib_per_sample * micro0)
+        hoard.extend(torch.ones((1 << 30) // 4, dtype=torch.float32, device=dev) for _ in range(gib))
     started = time.time()
     last_grow = started
     progress = args.result + ".progress"

@@ -78,6 +78,11 @@ GPT2_L = dict(layers=36, hidden=1280, heads=20)
 LLAMA_T = dict(layers=8, hidden=1024, heads=16, kv=16, ffn=2816)
 LLAMA_T_GQA = dict(layers=8, hidden=1024, heads=16, kv=4, ffn=2816)
 LLAMA_1B = dict(layers=16, hidden=2048, heads=32, kv=8, ffn=5632)
+# For 4 and 8 GPUs (calibrate_zero.py): GPT-2 XL (1.56B), a Llama-3.2-3B-like
+# shape with a 32k vocabulary (3.2B) and Llama-2-7B's shape (6.7B).
+GPT2_XL = dict(layers=48, hidden=1600, heads=25)
+LLAMA_3B = dict(layers=28, hidden=3072, heads=24, kv=8, ffn=8192)
+LLAMA_7B = dict(layers=32, hidden=4096, heads=32, kv=32, ffn=11008)
 QWEN2_05B = dict(layers=24, hidden=896, heads=14, kv=2, ffn=4864)
 BERT_B = dict(layers=12, hidden=768, heads=12)
 BERT_L = dict(layers=24, hidden=1024, heads=16)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Measure ZeRO-sharded training peaks on two GPUs to check `vramfit predict`.
+"""Measure ZeRO-sharded training peaks on 2, 4 or 8 GPUs to check `vramfit predict`.
 
 Pure PyTorch (torch.distributed over NCCL, one process per GPU); the models are
 the ones of calibrate_predictor.py. For each configuration the parent starts one
@@ -27,12 +27,18 @@ one GPU. DDP models are built on the GPU like calibrate_predictor.py does.
 Mixed precision `amp-*` is fp32 weights under torch.autocast (no FSDP
 MixedPrecisionPolicy), as on one GPU.
 
-Usage:
-    python3 scripts/gpu/calibrate_zero.py --out DIR [--deadline SECONDS]
-    python3 scripts/gpu/calibrate_zero.py --dry-run      # list the configurations, no GPU
+Two sets of configurations, each with its held-out split fixed below before any
+measurement: `CONFIGS` (GPT-2 124M-355M and a 1B LLaMA, run on two GPUs) and
+`MULTI_CONFIGS` (GPT-2 XL 1.5B, LLaMA-style 3B and 7B, run on 4 and 8 GPUs,
+where per-GPU shards shrink and communication buffers do not).
 
-Output: DIR/h200x2-zero.jsonl, one line per configuration, the format of
-data/calibration/h200.jsonl with `spec.gpus` 2 and `spec.model.zeroStage`;
+Usage:
+    python3 scripts/gpu/calibrate_zero.py --out DIR [--world N] [--deadline SECONDS]
+    python3 scripts/gpu/calibrate_zero.py --dry-run [--world N]   # list, no GPU
+
+`--world` defaults to 2 (the `CONFIGS` set); 4 and 8 run `MULTI_CONFIGS`.
+Output: DIR/h200xN-zero.jsonl, one line per configuration, the format of
+data/calibration/h200.jsonl with `spec.gpus` N and `spec.model.zeroStage`;
 `measured.nvmlPeakBytes` is the largest per-process peak over the ranks on the
 rank's own GPU, and `measured.ranks` holds each rank's figures.
 """
@@ -50,7 +56,9 @@ sys.path.insert(0, HERE)
 
 import calibrate_predictor as cp  # noqa: E402  (torch is imported lazily there)
 
-WORLD = 2
+# The number of ranks; set by --world in the parent and from WORLD_SIZE in
+# each worker.
+WORLD = int(os.environ.get("WORLD_SIZE", "2"))
 H = "holdout"
 
 
@@ -82,6 +90,39 @@ CONFIGS = [
     Z("z3-llama1b-s2048-b8-bf16-adamw-ckpt", L1B, 8, "bf16", "adamw", 3, ckpt=True, hf=True, split=H),
     Z("z0-llama1b-s2048-b8-bf16-adamw-ckpt", L1B, 8, "bf16", "adamw", 0, ckpt=True, hf=True),
 ]
+
+GPT2XL = cp.gpt2(**cp.GPT2_XL, seq=1024)
+L3B = cp.llama(**cp.LLAMA_3B, seq=2048)
+L7B = cp.llama(**cp.LLAMA_7B, seq=2048)
+L7B_4K = cp.llama(**cp.LLAMA_7B, seq=4096)
+# 4 and 8 GPUs: the same list on both, split fixed here before any measurement
+# (6 of 13 held out, every stage on both sides). Pure bf16 keeps a 7B DDP
+# replica (weights, gradients, DDP's buckets, AdamW state: 10 B/parameter)
+# inside one H200; the sharded stages also run fp32 weights under autocast.
+MULTI_CONFIGS = [
+    Z("z3-llama7b-s2048-b2-bf16-adamw-ckpt", L7B, 2, "bf16", "adamw", 3, ckpt=True, hf=True),
+    Z("z0-gpt2xl-s1024-b4-ampbf16-adamw", GPT2XL, 4, "amp-bf16", "adamw", 0, hf=True),
+    Z("z3-llama7b-s2048-b2-ampbf16-adamw-ckpt", L7B, 2, "amp-bf16", "adamw", 3, ckpt=True, hf=True, split=H),
+    Z("z2-llama3b-s2048-b4-bf16-adamw", L3B, 4, "bf16", "adamw", 2, hf=True),
+    Z("z2-llama3b-s2048-b4-bf16-adamw-ckpt", L3B, 4, "bf16", "adamw", 2, ckpt=True, hf=True, split=H),
+    Z("z3-llama3b-s2048-b4-bf16-adamw", L3B, 4, "bf16", "adamw", 3, hf=True, split=H),
+    Z("z1-llama3b-s2048-b2-bf16-adamw", L3B, 2, "bf16", "adamw", 1, hf=True),
+    Z("z1-gpt2xl-s1024-b4-ampbf16-adamw", GPT2XL, 4, "amp-bf16", "adamw", 1, hf=True, split=H),
+    Z("z0-llama3b-s2048-b2-bf16-adamw-ckpt", L3B, 2, "bf16", "adamw", 0, ckpt=True, hf=True, split=H),
+    Z("z3-gpt2xl-s1024-b8-ampbf16-adamw", GPT2XL, 8, "amp-bf16", "adamw", 3, hf=True),
+    Z("z2-gpt2xl-s1024-b8-ampbf16-adamw-ckpt", GPT2XL, 8, "amp-bf16", "adamw", 2, ckpt=True, hf=True),
+    Z("z3-llama7b-s4096-b1-bf16-adamw-ckpt", L7B_4K, 1, "bf16", "adamw", 3, ckpt=True, hf=True, split=H),
+    Z("z0-llama7b-s2048-b1-bf16-adamw-ckpt", L7B, 1, "bf16", "adamw", 0, ckpt=True, hf=True),
+]
+
+
+def configs_for(world):
+    """The configuration set measured at `world` ranks."""
+    if world == 2:
+        return CONFIGS
+    if world in (4, 8):
+        return MULTI_CONFIGS
+    raise ValueError(f"--world {world}: 2, 4 or 8")
 
 
 def job_spec(c):
@@ -312,9 +353,10 @@ def rank_record(st, own, other):
 
 
 def main():
+    global WORLD
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
         name, rank, wfd, rfd = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
-        c = next(c for c in CONFIGS if c["name"] == name)
+        c = next(c for c in configs_for(WORLD) if c["name"] == name)
         code = 0
         try:
             worker(c, rank, wfd, rfd)
@@ -332,8 +374,10 @@ def main():
     ap.add_argument("--timeout", type=float, default=90.0, help="seconds per configuration")
     ap.add_argument("--only", default="")
     ap.add_argument("--dry-run", action="store_true")
+    ap.add_argument("--world", type=int, default=2, help="ranks (one GPU each): 2, 4 or 8")
     args = ap.parse_args()
-    cfgs = [c for c in CONFIGS if not args.only or c["name"] in args.only.split(",")]
+    WORLD = args.world
+    cfgs = [c for c in configs_for(WORLD) if not args.only or c["name"] in args.only.split(",")]
     names = [c["name"] for c in cfgs]
     assert len(names) == len(set(names))
     if args.dry_run:
@@ -351,8 +395,10 @@ def main():
     except Exception as e:  # noqa: BLE001
         ds = f"not installed ({type(e).__name__})"
     print(f"torch {torch.__version__} gpus {len(nvml.h)} {nvml.name} deepspeed {ds}", flush=True)
+    if len(nvml.h) < WORLD:
+        sys.exit(f"--world {WORLD} needs {WORLD} GPUs, this machine has {len(nvml.h)}")
     os.makedirs(args.out, exist_ok=True)
-    out_path = os.path.join(args.out, "h200x2-zero.jsonl")
+    out_path = os.path.join(args.out, f"h200x{WORLD}-zero.jsonl")
     t_start = time.time()
     with open(out_path, "w") as f:
         for i, c in enumerate(cfgs):

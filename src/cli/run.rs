@@ -5,7 +5,11 @@
 //!
 //! The back-off is the controller's own [`after_oom`]; the budget is the
 //! controller's [`attempt_budget`]; the exit protocol is [`is_oom_exit`].
+//! On a GPU the budget is also enforced from outside, as on a cluster node:
+//! `vramfit-agent run --local-budget` watches each attempt's process tree
+//! ([`agent`]) and its OOM report makes the attempt an OOM.
 
+pub mod agent;
 mod gpu;
 
 use std::fs;
@@ -45,9 +49,18 @@ pub struct RunArgs {
     /// folder under the system's temporary folder).
     #[arg(long)]
     pub workdir: Option<PathBuf>,
-    /// Milliseconds between two samples of the GPU memory.
+    /// Milliseconds between two samples of the GPU memory (also the agent's
+    /// reading interval).
     #[arg(long, default_value_t = 500)]
     pub sample_ms: u64,
+    /// The node agent that enforces each attempt's budget on the GPU
+    /// (default: `vramfit-agent` beside this binary, else on PATH).
+    #[arg(long, value_name = "PATH", conflicts_with = "no_agent")]
+    pub agent: Option<PathBuf>,
+    /// Run without the agent: the budget is then enforced only inside the
+    /// training process (its allocator or memory fraction).
+    #[arg(long)]
+    pub no_agent: bool,
     /// Output format of the summary (with `json`, the training's standard
     /// output goes to standard error so that standard output is one JSON object).
     #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Table)]
@@ -85,6 +98,9 @@ pub struct AttemptReport {
     pub exit_code: Option<i32>,
     /// The termination message's OOM line, or why it failed.
     pub message: Option<String>,
+    /// Why the node agent stopped the attempt (its OOM report), when it did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stopped_by_agent: Option<String>,
     /// OOMs the process absorbed itself (its shape file).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub absorbed_ooms: Vec<AbsorbedOom>,
@@ -161,6 +177,20 @@ pub fn classify_exit(status: ExitStatus, termination_message: &str) -> ProcessOu
         }
         (None, Some(signal)) => ProcessOutcome::Failed(format!("killed by signal {signal}")),
         (None, None) => ProcessOutcome::Failed("ended without an exit code".into()),
+    }
+}
+
+/// An attempt's outcome: the agent's OOM report, when there is one, wins over
+/// the exit (the controller's rule, docs/agent.md: the agent saw the attempt
+/// over its budget past the grace period, whatever its exit says).
+pub fn outcome_of(
+    status: ExitStatus,
+    termination_message: &str,
+    stopped_by_agent: Option<&str>,
+) -> ProcessOutcome {
+    match stopped_by_agent {
+        Some(reason) => ProcessOutcome::OutOfMemory(format!("stopped by vramfit-agent: {reason}")),
+        None => classify_exit(status, termination_message),
     }
 }
 
@@ -357,6 +387,12 @@ pub fn run(args: &RunArgs) -> anyhow::Result<RunReport> {
     let spec = &job.spec;
     let all_gpus = gpu::local_gpus();
     let gpus = choose_gpus(&all_gpus, &args.devices, spec.gpus)?;
+    // Without a GPU there is nothing for the agent to read.
+    let agent = if gpus.is_empty() || args.no_agent {
+        None
+    } else {
+        Some(agent::find_agent(args.agent.as_deref())?)
+    };
     let workdir = match &args.workdir {
         Some(dir) => dir.clone(),
         None => std::env::temp_dir().join(format!(
@@ -406,7 +442,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<RunReport> {
             gpus: &gpus,
             dir: &dir,
         };
-        let (mut attempt_report, outcome, ended) = run_attempt(&plan, args)?;
+        let (mut attempt_report, outcome, ended) = run_attempt(&plan, args, agent.as_deref())?;
         attempt_report.budget_source = budget.source.to_string();
         attempt_report.predicted_bytes = budget.predicted;
         eprintln!("vramfit: {}", attempt_line(&attempt_report));
@@ -467,6 +503,7 @@ fn choose_gpus(all: &[LocalGpu], devices: &[u32], wanted: u32) -> anyhow::Result
 fn run_attempt(
     plan: &AttemptPlan<'_>,
     args: &RunArgs,
+    agent: Option<&Path>,
 ) -> anyhow::Result<(AttemptReport, ProcessOutcome, BatchShape)> {
     let (program, rest) = args.command.split_first().context("no command after --")?;
     let mut command = Command::new(program);
@@ -481,9 +518,26 @@ fn run_attempt(
     let mut child = command
         .spawn()
         .with_context(|| format!("starting {program:?}"))?;
+    let interval = Duration::from_millis(args.sample_ms.max(50));
+    let watchdog = match agent {
+        Some(agent) => match agent::AttemptWatchdog::start(
+            agent,
+            child.id(),
+            plan.budget_bytes,
+            interval,
+            plan.dir,
+        ) {
+            Ok(w) => Some(w),
+            Err(e) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(e);
+            }
+        },
+        None => None,
+    };
     let mut sampler = (!plan.gpus.is_empty())
         .then(|| gpu::PeakSampler::new(plan.gpus.iter().map(|g| g.index).collect()));
-    let interval = Duration::from_millis(args.sample_ms.max(50));
     let mut next_sample = Instant::now();
     let status = loop {
         if let Some(status) = child.try_wait()? {
@@ -498,8 +552,16 @@ fn run_attempt(
         std::thread::sleep(Duration::from_millis(50));
     };
     let seconds = started.elapsed().as_secs_f64();
+    let stopped_by_agent = match watchdog.map(agent::AttemptWatchdog::finish) {
+        Some(Ok(reason)) => reason,
+        Some(Err(e)) => {
+            eprintln!("vramfit: warning: the budget was not enforced from outside: {e}");
+            None
+        }
+        None => None,
+    };
     let message = fs::read_to_string(plan.termination_log()).unwrap_or_default();
-    let outcome = classify_exit(status, &message);
+    let outcome = outcome_of(status, &message, stopped_by_agent.as_deref());
     let reported = read_shape_files(&plan.dir.join("stats"));
     let ended = reported.as_ref().map_or(plan.shape, |(s, _)| *s);
     let peak = sampler.as_ref().and_then(|s| s.peak());
@@ -519,6 +581,7 @@ fn run_attempt(
             ProcessOutcome::Succeeded => None,
             ProcessOutcome::OutOfMemory(m) | ProcessOutcome::Failed(m) => Some(m.clone()),
         },
+        stopped_by_agent,
         absorbed_ooms: reported.map(|(_, a)| a).unwrap_or_default(),
         final_shape: Some(ended.display()),
         started_unix_ms,
@@ -643,6 +706,22 @@ mod tests {
             ProcessOutcome::Failed(m) => assert!(m.contains("signal 9"), "{m}"),
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn the_agents_report_makes_any_exit_an_oom() {
+        for status in [ExitStatus::from_raw(9), exited(0), exited(1)] {
+            match outcome_of(status, "", Some("used 30 GiB over 20 GiB")) {
+                ProcessOutcome::OutOfMemory(m) => {
+                    assert_eq!(m, "stopped by vramfit-agent: used 30 GiB over 20 GiB")
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        assert!(matches!(
+            outcome_of(ExitStatus::from_raw(9), "", None),
+            ProcessOutcome::Failed(_)
+        ));
     }
 
     #[test]

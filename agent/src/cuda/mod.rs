@@ -12,6 +12,35 @@ use cudarc::driver::DriverError;
 
 use crate::AgentError;
 
+/// Fails with [`AgentError::MissingLibrary`] unless the CUDA driver library
+/// (`libcuda.so`) can be loaded. cudarc loads it on its first call and panics
+/// when it cannot, so every path into cudarc checks this first.
+pub fn require_driver() -> Result<(), AgentError> {
+    // SAFETY: this only tries to dlopen the library cudarc itself would load.
+    if unsafe { cudarc::driver::sys::is_culib_present() } {
+        Ok(())
+    } else {
+        Err(AgentError::MissingLibrary {
+            library: "the CUDA driver library libcuda.so",
+            hint: "the NVIDIA driver provides it (in a pod: the NVIDIA runtime with NVIDIA_DRIVER_CAPABILITIES=compute)",
+        })
+    }
+}
+
+/// Fails with [`AgentError::MissingLibrary`] unless NVRTC (`libnvrtc.so`,
+/// which compiles the probe kernels) can be loaded.
+pub fn require_nvrtc() -> Result<(), AgentError> {
+    // SAFETY: as in `require_driver`.
+    if unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        Ok(())
+    } else {
+        Err(AgentError::MissingLibrary {
+            library: "NVRTC (libnvrtc.so), which compiles the probe kernels",
+            hint: "the CUDA toolkit or the nvidia-cuda-nvrtc wheel provides it; add its folder to LD_LIBRARY_PATH",
+        })
+    }
+}
+
 /// Wraps a driver error with the call that produced it.
 pub(crate) fn driver(call: &'static str) -> impl FnOnce(DriverError) -> AgentError {
     move |e| AgentError::Cuda {

@@ -8,7 +8,7 @@ use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg, result};
 use cudarc::nvrtc::compile_ptx;
 
-use super::driver;
+use super::{driver, require_driver, require_nvrtc};
 use crate::probe::{ProbeResult, expected_bandwidth_gbps, judge};
 use crate::{AgentError, Result};
 
@@ -138,6 +138,8 @@ fn launch_over(
 
 /// Runs the probe on one GPU.
 pub fn run_probe(options: ProbeOptions) -> Result<ProbeResult> {
+    require_driver()?;
+    require_nvrtc()?;
     let started = Instant::now();
     let ctx = CudaContext::new(options.device).map_err(driver("cuCtxCreate"))?;
     let stream = ctx.default_stream();

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use kube::api::{Api, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
-use vramfit::api::{GpuNode, GpuNodeStatus, OomReport};
+use vramfit::api::{GpuNode, GpuNodeStatus};
 
 /// The agent's field manager.
 pub const FIELD_MANAGER: &str = "vramfit-agent";
@@ -62,16 +62,10 @@ impl GpuNodeWriter {
         Ok(node)
     }
 
-    /// The OOM reports an earlier agent on this node left, so a restart
-    /// keeps them.
-    pub async fn previous_oom_reports(&self) -> kube::Result<Vec<OomReport>> {
-        Ok(self
-            .api
-            .get_opt(&self.name)
-            .await?
-            .and_then(|n| n.status)
-            .map(|s| s.oom_reports)
-            .unwrap_or_default())
+    /// The status an earlier agent on this node left (OOM reports, peaks),
+    /// so a restart keeps them.
+    pub async fn previous_status(&self) -> kube::Result<Option<GpuNodeStatus>> {
+        Ok(self.api.get_opt(&self.name).await?.and_then(|n| n.status))
     }
 
     /// Writes the status; returns the object as the API server now has it.

@@ -1,7 +1,8 @@
 //! Plain local processes with budgets (`--local-budget PID=BYTES`): the
 //! watchdog on a machine without a kubelet, and `vramfit run --local`.
-//! Each watched process is its own owner, `local-<pid>`; every other GPU
-//! process belongs to no one and is never stopped.
+//! Each watched process and its descendants (a launcher's workers, a shell's
+//! python) are one owner, `local-<pid>`, as a pod's processes are one pod;
+//! every other GPU process belongs to no one and is never stopped.
 
 use std::collections::BTreeMap;
 
@@ -38,9 +39,27 @@ impl LocalOwners {
     }
 }
 
+/// How far up the process tree a GPU process's watched ancestor is looked for.
+const MAX_DEPTH: usize = 64;
+
+impl LocalOwners {
+    /// The watched process `pid` is, or descends from.
+    fn watched_ancestor(&self, pid: u32) -> Option<u32> {
+        let mut current = pid;
+        for _ in 0..MAX_DEPTH {
+            if self.budgets.contains_key(&current) {
+                return Some(current);
+            }
+            current = self.proc.parent_of(current).filter(|&p| p > 1)?;
+        }
+        None
+    }
+}
+
 impl OwnerLookup for LocalOwners {
     fn owner_of(&self, pid: u32) -> Option<ProcessOwner> {
-        let budget = *self.budgets.get(&pid)?;
+        let pid = self.watched_ancestor(pid)?;
+        let budget = self.budgets[&pid];
         Some(ProcessOwner {
             owner: Owner {
                 uid: format!("local-{pid}"),
@@ -105,6 +124,44 @@ mod tests {
         let owners = LocalOwners::new(ProcFs::default(), BTreeMap::from([(10, 5)]));
         assert_eq!(owners.owner_of(10).unwrap().budget_bytes, Some(5));
         assert_eq!(owners.owner_of(11), None);
+    }
+
+    #[test]
+    fn a_watched_process_owns_its_descendants_and_nothing_else() {
+        // The shell stays (two commands), with `sleep` as its child.
+        let mut shell = std::process::Command::new("sh")
+            .args(["-c", "sleep 30; true"])
+            .spawn()
+            .unwrap();
+        let shell_pid = shell.id();
+        let proc = ProcFs::default();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let sleep_pid = loop {
+            let child = std::fs::read_dir("/proc")
+                .unwrap()
+                .flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+                .find(|&p| proc.parent_of(p) == Some(shell_pid));
+            if let Some(child) = child {
+                break child;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no child of the shell"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
+        let owners = LocalOwners::new(proc.clone(), BTreeMap::from([(shell_pid, 7)]));
+        let owner = owners.owner_of(sleep_pid).expect("the child is owned");
+        assert_eq!(owner.owner.uid, format!("local-{shell_pid}"));
+        assert_eq!(owner.budget_bytes, Some(7));
+        // This test process is the shell's parent: not owned.
+        assert_eq!(owners.owner_of(std::process::id()), None);
+        let _ = shell.kill();
+        let _ = shell.wait();
+        let _ = std::process::Command::new("kill")
+            .arg(sleep_pid.to_string())
+            .status();
     }
 
     #[test]

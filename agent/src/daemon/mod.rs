@@ -55,6 +55,9 @@ pub struct RunOptions {
     pub local_budgets: BTreeMap<u32, u64>,
     /// Probe at start.
     pub probe_at_start: bool,
+    /// Measure the CUDA context overhead at start (a bare context on every
+    /// GPU for a moment).
+    pub measure_context_overhead: bool,
     /// Most bytes a probe writes per GPU (it must leave training jobs room).
     pub probe_bytes: u64,
     /// Print the status (JSON, one line per write) on stdout.
@@ -78,6 +81,7 @@ impl RunOptions {
             labels: BTreeMap::new(),
             local_budgets: BTreeMap::new(),
             probe_at_start: true,
+            measure_context_overhead: true,
             probe_bytes: 2 << 30,
             print: false,
             status_file: None,
@@ -100,6 +104,11 @@ pub trait NodeBackend: Send {
     fn context_overhead(&mut self, reading: &Reading) -> HashMap<String, u64>;
     /// Probes the GPUs; results per GPU UUID.
     fn probe(&mut self, reading: &Reading) -> HashMap<String, ProbeStatus>;
+    /// What kept the start-up measurements or the last probe from running
+    /// (CUDA missing); it makes the agent's health Degraded.
+    fn problem(&self) -> Option<String> {
+        None
+    }
 }
 
 /// A real node: NVML for the GPUs, `/proc` and the pod watch for owners.
@@ -110,6 +119,8 @@ pub struct RealNode {
     pods: Option<Store<Pod>>,
     local: BTreeMap<u32, u64>,
     probe_bytes: u64,
+    overhead_problem: Option<String>,
+    probe_problem: Option<String>,
 }
 
 impl RealNode {
@@ -122,6 +133,8 @@ impl RealNode {
             pods,
             local: options.local_budgets.clone(),
             probe_bytes: options.probe_bytes,
+            overhead_problem: None,
+            probe_problem: None,
         }
     }
 }
@@ -178,11 +191,24 @@ impl NodeBackend for RealNode {
     }
 
     fn context_overhead(&mut self, reading: &Reading) -> HashMap<String, u64> {
-        setup::context_overhead(&self.monitor, reading)
+        let (overhead, problem) = setup::context_overhead(&self.monitor, reading);
+        self.overhead_problem = problem;
+        overhead
     }
 
     fn probe(&mut self, reading: &Reading) -> HashMap<String, ProbeStatus> {
-        setup::probe(reading, self.probe_bytes)
+        let (probes, problem) = setup::probe(reading, self.probe_bytes);
+        self.probe_problem = problem;
+        probes
+    }
+
+    fn problem(&self) -> Option<String> {
+        let problems: Vec<&str> = [&self.overhead_problem, &self.probe_problem]
+            .into_iter()
+            .flatten()
+            .map(String::as_str)
+            .collect();
+        (!problems.is_empty()).then(|| problems.join("; "))
     }
 }
 
@@ -246,14 +272,18 @@ pub async fn run_loop(
         .map(|c| GpuNodeWriter::new(c, &options.node, options.labels.clone()));
 
     let first = backend.read(Instant::now());
-    builder.context_overhead = backend.context_overhead(&first);
+    if options.measure_context_overhead {
+        builder.context_overhead = backend.context_overhead(&first);
+    }
     if options.probe_at_start {
         builder.probes = backend.probe(&first);
     }
+    builder.problem = backend.problem();
     if let Some(writer) = &writer {
-        match writer.previous_oom_reports().await {
-            Ok(reports) => builder.oom_reports = reports,
-            Err(e) => tracing::warn!("cannot read the earlier OOM reports: {e}"),
+        match writer.previous_status().await {
+            Ok(Some(previous)) => builder.resume(&previous),
+            Ok(None) => {}
+            Err(e) => tracing::warn!("cannot read the earlier status (OOM reports, peaks): {e}"),
         }
     }
 
@@ -277,6 +307,7 @@ pub async fn run_loop(
         if probe_pending {
             tracing::info!("probe requested through the GpuNode annotation");
             builder.probes = tokio::task::block_in_place(|| backend.probe(&current));
+            builder.problem = backend.problem();
             if let Some(w) = &writer
                 && let Err(e) = w.clear_probe_request().await
             {
@@ -299,8 +330,14 @@ pub async fn run_loop(
         }
         if !orders.is_empty() {
             status.oom_reports = builder.oom_reports.clone();
-            // The report goes out before the kill, so the controller knows
-            // the exit that follows is an OOM (docs/agent.md).
+            // The report goes out before the kill, so the controller (or
+            // `vramfit run --local`, reading the status file) knows the exit
+            // that follows is an OOM (docs/agent.md).
+            if let Some(path) = &options.status_file
+                && let Err(e) = write_status_file(path, &status)
+            {
+                tracing::error!("cannot write the status file before stopping: {e}");
+            }
             if let Some(w) = &writer
                 && let Err(e) = w.write(&status).await
             {
@@ -358,9 +395,15 @@ fn emit(options: &RunOptions, status: &GpuNodeStatus) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string(status)?);
     }
     if let Some(path) = &options.status_file {
-        let tmp = path.with_extension("tmp");
-        std::fs::write(&tmp, serde_json::to_vec_pretty(status)?)?;
-        std::fs::rename(&tmp, path)?;
+        write_status_file(path, status)?;
     }
+    Ok(())
+}
+
+/// Replaces the status file atomically (a reader never sees half of it).
+fn write_status_file(path: &std::path::Path, status: &GpuNodeStatus) -> anyhow::Result<()> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, serde_json::to_vec_pretty(status)?)?;
+    std::fs::rename(&tmp, path)?;
     Ok(())
 }

@@ -29,15 +29,40 @@ fn cuda_uuid(ctx: &cudarc::driver::CudaContext) -> Option<String> {
     Some(format_uuid(&uuid.bytes.map(|b| b as u8)))
 }
 
-/// Creates a bare context on each GPU and reads NVML's figure for this
-/// process on it.
+/// What keeps the agent from using CUDA, in words for its log and its
+/// status: `None` when the driver library (and, for probes, NVRTC) loads.
+/// Checked before every path into cudarc, which panics without them.
 #[cfg(feature = "cuda")]
-pub fn context_overhead(monitor: &GpuMonitor, reading: &Reading) -> HashMap<String, u64> {
+pub fn cuda_unavailable(what: &str, with_nvrtc: bool) -> Option<String> {
+    let check = crate::cuda::require_driver().and_then(|()| {
+        if with_nvrtc {
+            crate::cuda::require_nvrtc()
+        } else {
+            Ok(())
+        }
+    });
+    let error = check.err()?;
+    let problem = format!("{what}: {error}");
+    tracing::error!("{problem}; the agent reports Degraded");
+    Some(problem)
+}
+
+/// Creates a bare context on each GPU and reads NVML's figure for this
+/// process on it. The second value says why nothing was measured, when
+/// CUDA cannot be loaded.
+#[cfg(feature = "cuda")]
+pub fn context_overhead(
+    monitor: &GpuMonitor,
+    reading: &Reading,
+) -> (HashMap<String, u64>, Option<String>) {
     use cudarc::driver::CudaContext;
     let mut overhead = HashMap::new();
+    if let Some(problem) = cuda_unavailable("CUDA context overhead not measured", false) {
+        return (overhead, Some(problem));
+    }
     let (Some(api), Ok(count)) = (monitor.api(), CudaContext::device_count()) else {
-        tracing::warn!("no CUDA driver or NVML: context overhead not measured");
-        return overhead;
+        tracing::warn!("no GPU through CUDA or no NVML: context overhead not measured");
+        return (overhead, None);
     };
     let me = std::process::id();
     for ordinal in 0..count.max(0) as usize {
@@ -75,25 +100,30 @@ pub fn context_overhead(monitor: &GpuMonitor, reading: &Reading) -> HashMap<Stri
         }
         drop(ctx);
     }
-    overhead
+    (overhead, None)
 }
 
 /// Without CUDA the overhead is not measured.
 #[cfg(not(feature = "cuda"))]
-pub fn context_overhead(_: &GpuMonitor, _: &Reading) -> HashMap<String, u64> {
+pub fn context_overhead(_: &GpuMonitor, _: &Reading) -> (HashMap<String, u64>, Option<String>) {
     tracing::warn!("built without the `cuda` feature: context overhead not measured");
-    HashMap::new()
+    (HashMap::new(), None)
 }
 
-/// Runs the probe kernels on each GPU, writing at most `max_bytes`.
+/// Runs the probe kernels on each GPU, writing at most `max_bytes`. The
+/// second value says why no GPU was probed, when CUDA or NVRTC cannot be
+/// loaded.
 #[cfg(feature = "cuda")]
-pub fn probe(reading: &Reading, max_bytes: u64) -> HashMap<String, ProbeStatus> {
+pub fn probe(reading: &Reading, max_bytes: u64) -> (HashMap<String, ProbeStatus>, Option<String>) {
     use crate::cuda::{ProbeOptions, run_probe};
     use cudarc::driver::CudaContext;
     let mut results = HashMap::new();
+    if let Some(problem) = cuda_unavailable("GPUs not probed", true) {
+        return (results, Some(problem));
+    }
     let Ok(count) = CudaContext::device_count() else {
-        tracing::warn!("no CUDA driver: GPUs not probed");
-        return results;
+        tracing::warn!("no GPU through CUDA: GPUs not probed");
+        return (results, None);
     };
     for ordinal in 0..count.max(0) as usize {
         let Some(uuid) = CudaContext::new(ordinal).ok().and_then(|c| cuda_uuid(&c)) else {
@@ -125,15 +155,15 @@ pub fn probe(reading: &Reading, max_bytes: u64) -> HashMap<String, ProbeStatus> 
         };
         results.insert(uuid, status);
     }
-    results
+    (results, None)
 }
 
 /// Without CUDA no probe runs.
 #[cfg(not(feature = "cuda"))]
-pub fn probe(_: &Reading, _: u64) -> HashMap<String, ProbeStatus> {
+pub fn probe(_: &Reading, _: u64) -> (HashMap<String, ProbeStatus>, Option<String>) {
     tracing::warn!("built without the `cuda` feature: GPUs not probed");
     let _ = Timestamp::now();
-    HashMap::new()
+    (HashMap::new(), None)
 }
 
 #[cfg(test)]

@@ -105,6 +105,14 @@ pub fn parse_nspid(status: &str) -> Option<Vec<u32>> {
     pids.filter(|p| !p.is_empty())
 }
 
+/// The parent PID field of `/proc/<pid>/stat` (the command, in parentheses,
+/// may hold spaces and parentheses itself, so the fields count from the last
+/// `)`).
+pub fn parse_ppid(stat: &str) -> Option<u32> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(1)?.parse().ok()
+}
+
 /// Reads process facts from a `/proc` tree (the host's, given hostPID).
 #[derive(Clone, Debug)]
 pub struct ProcFs {
@@ -134,6 +142,12 @@ impl ProcFs {
     pub fn namespace_pid(&self, pid: u32) -> Option<u32> {
         let text = std::fs::read_to_string(self.root.join(pid.to_string()).join("status")).ok()?;
         parse_nspid(&text)?.last().copied()
+    }
+
+    /// The parent of `pid`; `None` when it has exited.
+    pub fn parent_of(&self, pid: u32) -> Option<u32> {
+        let text = std::fs::read_to_string(self.root.join(pid.to_string()).join("stat")).ok()?;
+        parse_ppid(&text)
     }
 
     /// True while `pid` exists.
@@ -238,6 +252,16 @@ mod tests {
         assert_eq!(strip_runtime_prefix(&format!("containerd://{ID}")), ID);
         assert_eq!(strip_runtime_prefix(&format!("cri-o://{ID}")), ID);
         assert_eq!(strip_runtime_prefix(ID), ID);
+    }
+
+    #[test]
+    fn the_parent_is_read_after_the_command_whatever_it_holds() {
+        assert_eq!(parse_ppid("4242 (python3) S 17 4242 17 0"), Some(17));
+        assert_eq!(parse_ppid("7 (a) b (c) R 1 7 7 0"), Some(1));
+        assert_eq!(parse_ppid("7 (truncated"), None);
+        let me = std::process::id();
+        let parent = ProcFs::default().parent_of(me).unwrap();
+        assert_eq!(parent, std::os::unix::process::parent_id());
     }
 
     #[test]

@@ -52,7 +52,14 @@ pub struct StatusBuilder {
     pub probes: HashMap<String, ProbeStatus>,
     /// OOM reports, most recent last.
     pub oom_reports: Vec<OomReport>,
+    /// What keeps the agent from measuring or probing (CUDA missing): the
+    /// agent's health is then at least Degraded, with this in its message.
+    pub problem: Option<String>,
     peaks: HashMap<(String, u32), u64>,
+    /// Peaks of the status an earlier run of the agent wrote, per (GPU
+    /// UUID, PID), with the process's pod UID: taken over at the first
+    /// reading by a process that still runs for the same pod.
+    resumed: HashMap<(String, u32), (u64, Option<String>)>,
 }
 
 impl StatusBuilder {
@@ -62,6 +69,22 @@ impl StatusBuilder {
             mode: mode.into(),
             ..Self::default()
         }
+    }
+
+    /// Carries over what an earlier run of the agent wrote (it restarted):
+    /// the OOM reports, and each process's peak, so that a peak stays "since
+    /// the pod started" and not "since the agent did".
+    pub fn resume(&mut self, previous: &GpuNodeStatus) {
+        self.oom_reports = previous.oom_reports.clone();
+        self.resumed = previous
+            .gpus
+            .iter()
+            .flat_map(|gpu| {
+                gpu.processes
+                    .iter()
+                    .map(|p| ((gpu.uuid.clone(), p.pid), (p.peak_bytes, p.pod_uid.clone())))
+            })
+            .collect();
     }
 
     /// Records that the watchdog stopped a pod.
@@ -108,14 +131,25 @@ impl StatusBuilder {
                     continue;
                 }
                 let key = (gpu.uuid.clone(), sample.pid);
-                let peak = self.peaks.entry(key.clone()).or_insert(0);
-                *peak = (*peak).max(sample.used_bytes);
-                let peak = *peak;
-                live.insert(key);
                 let owner = owner_cache
                     .entry(sample.pid)
                     .or_insert_with(|| owners.owner_of(sample.pid))
                     .clone();
+                let pod_uid = owner
+                    .as_ref()
+                    .filter(|o| !o.owner.namespace.is_empty())
+                    .map(|o| o.owner.uid.clone());
+                let peak = self.peaks.entry(key.clone()).or_insert_with(|| {
+                    // A PID the earlier run saw, still in the same pod (or
+                    // still in none): the same process.
+                    match self.resumed.get(&key) {
+                        Some((peak, uid)) if *uid == pod_uid => *peak,
+                        _ => 0,
+                    }
+                });
+                *peak = (*peak).max(sample.used_bytes);
+                let peak = *peak;
+                live.insert(key);
                 let mut process = GpuProcess {
                     pid: sample.pid,
                     used_bytes: sample.used_bytes,
@@ -178,6 +212,8 @@ impl StatusBuilder {
         }
         // Peaks are per process lifetime: forget processes that left.
         self.peaks.retain(|key, _| live.contains(key));
+        // Only processes alive at the restart take an earlier peak over.
+        self.resumed.clear();
         let status = GpuNodeStatus {
             gpu_count: devices.len() as u32,
             model: devices.first().map(|d| d.model.clone()),
@@ -187,8 +223,14 @@ impl StatusBuilder {
             agent: Some(AgentInfo {
                 version: env!("CARGO_PKG_VERSION").into(),
                 mode: self.mode.clone(),
-                health: reading.health,
-                message: reading.message.clone(),
+                health: match self.problem {
+                    Some(_) => worse(reading.health, GpuHealth::Degraded),
+                    None => reading.health,
+                },
+                message: match (&reading.message, &self.problem) {
+                    (Some(a), Some(b)) => Some(format!("{a}; {b}")),
+                    (a, b) => a.clone().or_else(|| b.clone()),
+                },
             }),
             // The controller's; never part of what the agent applies.
             allocation: None,
@@ -341,6 +383,116 @@ mod tests {
         let process = &status.gpus[0].processes[0];
         assert_eq!(process.allocator.as_ref().unwrap().reserved_bytes, 5);
         assert_eq!(process.shape.as_ref().unwrap().micro_batch, 4);
+    }
+
+    #[test]
+    fn after_a_restart_a_process_of_the_same_pod_keeps_its_peak_and_others_start_afresh() {
+        let owners = Owners {
+            pods: HashMap::from([
+                (10, pod("a-a1", 20 * GIB, None)),
+                (11, pod("b-a1", 20 * GIB, None)),
+            ]),
+            exited: HashSet::new(),
+        };
+        let mut before = StatusBuilder::new("nvml");
+        before.build(
+            &reading(&[(10, 9 * GIB), (11, 7 * GIB), (99, 3 * GIB)]),
+            &owners,
+            0,
+            "t".into(),
+        );
+        let (mut previous, _) = before.build(
+            &reading(&[(10, 5 * GIB), (11, 4 * GIB), (99, GIB)]),
+            &owners,
+            0,
+            "t".into(),
+        );
+        // PID 11 now belongs to another pod (reused).
+        previous.gpus[0]
+            .processes
+            .iter_mut()
+            .find(|p| p.pid == 11)
+            .unwrap()
+            .pod_uid = Some("uid-gone".into());
+        previous.oom_reports = vec![OomReport {
+            pod_namespace: "ml".into(),
+            pod_name: "x".into(),
+            used_bytes: 1,
+            budget_bytes: 1,
+            time: "t".into(),
+            pod_uid: None,
+            reason: None,
+        }];
+        let mut after = StatusBuilder::new("nvml");
+        after.resume(&previous);
+        assert_eq!(after.oom_reports.len(), 1);
+        let (status, _) = after.build(
+            &reading(&[(10, 5 * GIB), (11, 4 * GIB), (99, GIB)]),
+            &owners,
+            0,
+            "t".into(),
+        );
+        let peak = |pid| {
+            status.gpus[0]
+                .processes
+                .iter()
+                .find(|p| p.pid == pid)
+                .unwrap()
+                .peak_bytes
+        };
+        assert_eq!(
+            peak(10),
+            9 * GIB,
+            "same pod: the peak since the pod started"
+        );
+        assert_eq!(peak(11), 4 * GIB, "another pod: afresh");
+        assert_eq!(peak(99), 3 * GIB, "no pod before, no pod now");
+        // A process that shows up only later does not take an old peak.
+        let (status, _) = after.build(&reading(&[(10, 5 * GIB)]), &owners, 0, "t".into());
+        assert_eq!(status.gpus[0].processes[0].peak_bytes, 9 * GIB);
+        let (status, _) = after.build(
+            &reading(&[(10, 5 * GIB), (99, GIB)]),
+            &owners,
+            0,
+            "t".into(),
+        );
+        let p99 = status.gpus[0]
+            .processes
+            .iter()
+            .find(|p| p.pid == 99)
+            .unwrap();
+        assert_eq!(p99.peak_bytes, GIB);
+    }
+
+    #[test]
+    fn cuda_missing_makes_the_agent_degraded_with_the_reason_but_not_its_gpus() {
+        let owners = Owners {
+            pods: HashMap::new(),
+            exited: HashSet::new(),
+        };
+        let mut builder = StatusBuilder::new("nvml");
+        let (status, _) = builder.build(&reading(&[]), &owners, 0, "t".into());
+        assert_eq!(status.agent.as_ref().unwrap().health, GpuHealth::Healthy);
+        builder.problem = Some("GPUs not probed: libcuda.so not found".into());
+        let (status, _) = builder.build(&reading(&[]), &owners, 0, "t".into());
+        let agent = status.agent.unwrap();
+        assert_eq!(agent.health, GpuHealth::Degraded);
+        assert_eq!(
+            agent.message.as_deref(),
+            Some("GPUs not probed: libcuda.so not found")
+        );
+        assert_eq!(status.gpus[0].health, GpuHealth::Healthy);
+        // NVML's own trouble stays and comes first; Faulty is not softened.
+        let mut bad = reading(&[]);
+        bad.health = GpuHealth::Faulty;
+        bad.message = Some("NVML unavailable".into());
+        let (status, _) = builder.build(&bad, &owners, 0, "t".into());
+        let agent = status.agent.unwrap();
+        assert_eq!(agent.health, GpuHealth::Faulty);
+        assert_eq!(
+            agent.message.as_deref(),
+            Some("NVML unavailable; GPUs not probed: libcuda.so not found")
+        );
     }
 
     #[test]

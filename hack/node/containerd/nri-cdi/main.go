@@ -16,15 +16,20 @@
 // A pod without the annotation gets the GPU UUIDs of its NVIDIA_VISIBLE_DEVICES.
 //
 // containerd starts it from its NRI plugin_path (as 10-vramfit-cdi); started
-// by hand it connects to --socket.
+// by hand it connects to --socket. containerd gives a plugin it starts neither
+// arguments nor an output, so what it did goes to the file its NRI
+// configuration names (plugin_config_path/10-vramfit-cdi.conf, `log: PATH`),
+// one line per container.
 package main
 
 import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/containerd/nri/pkg/api"
 	"github.com/containerd/nri/pkg/stub"
@@ -86,23 +91,66 @@ func FromVisibleDevices(env []string) []string {
 	return out
 }
 
-type plugin struct{}
+// Config is the plugin's NRI configuration (YAML).
+type Config struct {
+	// Log is a file the plugin appends one line to per container it gave
+	// devices (and per refusal); empty: standard error.
+	Log string `json:"log"`
+}
 
-func (plugin) CreateContainer(_ context.Context, pod *api.PodSandbox, ctr *api.Container) (*api.ContainerAdjustment, []*api.ContainerUpdate, error) {
+// ParseConfig reads the plugin's configuration; unknown keys are an error.
+func ParseConfig(text string) (Config, error) {
+	var cfg Config
+	if strings.TrimSpace(text) == "" {
+		return cfg, nil
+	}
+	if err := yaml.UnmarshalStrict([]byte(text), &cfg); err != nil {
+		return cfg, fmt.Errorf("configuration: %w", err)
+	}
+	return cfg, nil
+}
+
+type plugin struct {
+	out io.Writer
+}
+
+func (p *plugin) logf(format string, args ...any) {
+	fmt.Fprintf(p.out, time.Now().UTC().Format(time.RFC3339Nano)+" vramfit-nri-cdi: "+format+"\n", args...)
+}
+
+func (p *plugin) Configure(_ context.Context, config, runtime, version string) (api.EventMask, error) {
+	cfg, err := ParseConfig(config)
+	if err != nil {
+		return 0, err
+	}
+	if cfg.Log != "" {
+		f, err := os.OpenFile(cfg.Log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+		if err != nil {
+			return 0, err
+		}
+		p.out = f
+	}
+	p.logf("connected to %s %s", runtime, version)
+	return 0, nil
+}
+
+func (p *plugin) CreateContainer(_ context.Context, pod *api.PodSandbox, ctr *api.Container) (*api.ContainerAdjustment, []*api.ContainerUpdate, error) {
 	names, err := DevicesFor(pod.GetAnnotations(), ctr.GetName())
 	if err != nil {
+		p.logf("pod %s/%s container %s refused: %v", pod.GetNamespace(), pod.GetName(), ctr.GetName(), err)
 		return nil, nil, fmt.Errorf("pod %s/%s: %w", pod.GetNamespace(), pod.GetName(), err)
 	}
+	from := "annotation"
 	if len(names) == 0 {
-		names = FromVisibleDevices(ctr.GetEnv())
+		names, from = FromVisibleDevices(ctr.GetEnv()), "NVIDIA_VISIBLE_DEVICES"
 	}
 	adjust := &api.ContainerAdjustment{}
 	for _, name := range names {
 		adjust.AddCDIDevice(&api.CDIDevice{Name: name})
 	}
 	if len(names) > 0 {
-		fmt.Fprintf(os.Stderr, "vramfit-nri-cdi: %s/%s container %s: %s\n",
-			pod.GetNamespace(), pod.GetName(), ctr.GetName(), strings.Join(names, ","))
+		p.logf("pod %s/%s container %s: %s (from the %s)",
+			pod.GetNamespace(), pod.GetName(), ctr.GetName(), strings.Join(names, ","), from)
 	}
 	return adjust, nil, nil
 }
@@ -119,7 +167,7 @@ func main() {
 			opts = append(opts, stub.WithSocketPath(*socket))
 		}
 	}
-	s, err := stub.New(plugin{}, opts...)
+	s, err := stub.New(&plugin{out: os.Stderr}, opts...)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "vramfit-nri-cdi: %v\n", err)
 		os.Exit(1)

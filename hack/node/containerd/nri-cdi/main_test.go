@@ -47,3 +47,16 @@ func TestFromVisibleDevicesTakesGPUUUIDsOnly(t *testing.T) {
 		t.Fatalf("got %v for all", got)
 	}
 }
+
+func TestParseConfigTakesTheLogFileAndRefusesUnknownKeys(t *testing.T) {
+	cfg, err := ParseConfig("log: /var/lib/node/nri-cdi.log\n")
+	if err != nil || cfg.Log != "/var/lib/node/nri-cdi.log" {
+		t.Fatalf("got %+v, %v", cfg, err)
+	}
+	if cfg, err := ParseConfig(""); err != nil || cfg.Log != "" {
+		t.Fatalf("empty: got %+v, %v", cfg, err)
+	}
+	if _, err := ParseConfig("logfile: /x\n"); err == nil {
+		t.Fatal("an unknown key: want an error")
+	}
+}
