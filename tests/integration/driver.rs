@@ -416,12 +416,12 @@ impl TestCluster {
     }
 }
 
-/// The `vramfit` binary the tests run: `VRAMFIT_BIN` when set (a release
+/// The `vramfit` binary the tests run: `VRAMFIT_TEST_BINARY` when set (a release
 /// build, or this tree's own `target/debug/deps/vramfit-<hash>` when several
 /// trees share one target folder and overwrite `target/debug/vramfit`), else
 /// the one cargo built for this test.
 pub fn vramfit_bin() -> std::path::PathBuf {
-    std::env::var_os("VRAMFIT_BIN")
+    std::env::var_os("VRAMFIT_TEST_BINARY")
         .map(Into::into)
         .unwrap_or_else(|| env!("CARGO_BIN_EXE_vramfit").into())
 }
