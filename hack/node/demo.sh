@@ -19,6 +19,13 @@ demo_python() {
   fi
 }
 
+oci_devices() {
+  local ctr=("$nodebin/ctr" --address "$dir/containerd.sock" -n k8s.io) id
+  for id in $("${ctr[@]}" containers ls -q 2>/dev/null); do
+    "${ctr[@]}" containers info "$id" 2>/dev/null
+  done | python3 "$here/node/nodecfg.py" oci-devices || true
+}
+
 demo() {
   local t0 kubeconfig vb
   kubeconfig=$dir/controlplane/kubeconfig
@@ -93,6 +100,11 @@ demo() {
     echo
     echo "== events (ml)"
     kubectl get events -n ml --sort-by=.lastTimestamp 2>&1 | tail -60
+    echo
+    # What containerd put in each training container's OCI spec: the device
+    # nodes and device-cgroup rules CDI added (and whether it is privileged).
+    echo "== OCI spec devices of the training containers (ctr containers info)"
+    oci_devices
   } >"$out/demo.log" 2>&1
 
   # Who the kubelet is to the API server (its own kubeconfig): the report

@@ -626,6 +626,38 @@ def demo_jobs(
     ]
 
 
+def oci_devices(text: str, container: str = "train") -> List[str]:
+    """One line per container named `container` in a stream of `ctr
+    containers info` JSON documents: the pod, the device nodes of its OCI
+    spec, the device-cgroup rules that allow something, and whether it has
+    CAP_SYS_ADMIN (what CDI and the runtime actually gave it)."""
+    dec = json.JSONDecoder()
+    docs, i = [], 0
+    while i < len(text):
+        if text[i] == "{":
+            doc, i = dec.raw_decode(text, i)
+            docs.append(doc)
+        else:
+            i += 1
+    lines = []
+    for d in docs:
+        labels = d.get("Labels") or {}
+        if labels.get("io.kubernetes.container.name") != container:
+            continue
+        spec = d.get("Spec") or {}
+        linux = spec.get("linux") or {}
+        nodes = [f"{n.get('path')} {n.get('type')} {n.get('major')}:{n.get('minor')}" for n in linux.get("devices") or []]
+        rules = [
+            f"{r.get('type', 'a')} {r.get('major', '*')}:{r.get('minor', '*')} {r.get('access')}"
+            for r in (linux.get("resources") or {}).get("devices") or []
+            if r.get("allow")
+        ]
+        caps = ((spec.get("process") or {}).get("capabilities") or {}).get("effective") or []
+        lines.append(f"{labels.get('io.kubernetes.pod.name')}: devices {nodes}; allowed {rules}; "
+                     f"CAP_SYS_ADMIN {'CAP_SYS_ADMIN' in caps}")
+    return sorted(lines)
+
+
 # --- command line ---------------------------------------------------------------
 
 
@@ -661,6 +693,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     i.add_argument("which", choices=["pause", "train"])
     i.add_argument("--out", required=True)
     i.add_argument("--pause", help="the pause binary (for the pause image)")
+    sub.add_parser("oci-devices", help="the device nodes of training containers (ctr containers info on stdin)")
     v = sub.add_parser("venv-base")
     v.add_argument("venv")
     j = sub.add_parser("jobs")
@@ -711,6 +744,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                              allocator_lib=args.allocator_lib)
             json.dump({"apiVersion": "v1", "kind": "List", "items": jobs}, sys.stdout, indent=1)
             sys.stdout.write("\n")
+        elif args.cmd == "oci-devices":
+            for line in oci_devices(sys.stdin.read()):
+                print(line)
         elif args.cmd == "venv-base":
             base = venv_base_prefix(args.venv)
             if base:

@@ -452,3 +452,16 @@ def test_report_checks_the_absorbed_oom(tmp_path):
     plain = {"status": {"gpus": [{"index": 0, "processes": [{"podName": "gpt2-absorb-a1", "shape": dict(shape, absorbedOoms=[])}]}]}}
     assert not results(samples=[plain])[carried]
     assert results(samples=[sample, plain])[carried]
+
+
+def test_oci_devices_reads_ctr_container_info():
+    train = {"Labels": {"io.kubernetes.container.name": "train", "io.kubernetes.pod.name": "gpt2-a1"},
+             "Spec": {"process": {"capabilities": {"effective": ["CAP_CHOWN"]}},
+                      "linux": {"devices": [{"path": "/dev/nvidia0", "type": "c", "major": 195, "minor": 0}],
+                                "resources": {"devices": [{"allow": False, "access": "rwm"},
+                                                          {"allow": True, "type": "c", "major": 195, "minor": 0, "access": "rwm"}]}}}}
+    sandbox = {"Labels": {"io.kubernetes.container.name": "POD"}, "Spec": {}}
+    text = json.dumps(sandbox, indent=2) + "\n" + json.dumps(train, indent=2) + "\n"
+    assert nodecfg.oci_devices(text) == [
+        "gpt2-a1: devices ['/dev/nvidia0 c 195:0']; allowed ['c 195:0 rwm']; CAP_SYS_ADMIN False"
+    ]
