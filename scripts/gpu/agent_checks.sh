@@ -148,7 +148,7 @@ local_start=$(date +%s.%N)
 # Through a shell, so the agent must find the python below the attempt's PID.
 timeout 150 "$vramfit" run --local "$work/local-job.yaml" --agent "$agent" --workdir "$work/local" \
   --sample-ms 200 -o json -- sh -c 'python3 "$0" --micro-from-env --hoard-gib-per-sample 1 \
-  --phase-seconds 10 --hold-seconds 0 --result "$1"; exit $?' "$trainer" "$work/local-train.json" \
+  --phase-seconds 20 --hold-seconds 0 --result "$1"; exit $?' "$trainer" "$work/local-train.json" \
   >"$work/local-run.json" 2>>"$log"
 echo "run --local rc=$? in $(python3 -c "print(round($(date +%s.%N)-$local_start, 1))") s" >>"$log"
 tail -3 "$work"/local/attempt-*/agent.log >>"$log" 2>/dev/null

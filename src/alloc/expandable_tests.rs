@@ -221,3 +221,70 @@ fn pages_moved_to_a_new_block_are_parked_and_empty_cache_really_unmaps() {
     assert_eq!(a.device().unmapped, 30 * MIB);
     assert_eq!(a.device().parked, 30 * MIB);
 }
+
+/// Driver calls (maps plus unmaps) so far.
+fn calls(a: &ExpandableAllocator<SimulatedDevice>) -> u64 {
+    a.device().map_calls + a.device().unmap_calls
+}
+
+/// One "step": a block on stream 0, then one on stream 1, each freed
+/// before the next. Moving pages at every growth moves the pages from one
+/// range to the other twice a step.
+fn two_stream_step(a: &mut ExpandableAllocator<SimulatedDevice>) {
+    let first = a.allocate(8 * MIB, 0).unwrap();
+    a.free(first).unwrap();
+    let second = a.allocate(8 * MIB, 1).unwrap();
+    a.free(second).unwrap();
+}
+
+#[test]
+fn a_repeating_step_stops_moving_pages() {
+    let mut a = allocator(1 << 40);
+    two_stream_step(&mut a);
+    assert!(a.device().unmap_calls > 0, "the first step moves pages");
+    two_stream_step(&mut a);
+    let settled = calls(&a);
+    for _ in 0..10 {
+        two_stream_step(&mut a);
+    }
+    assert_eq!(calls(&a), settled, "no driver calls once settled");
+    // Never more than not moving at all would reserve.
+    assert!(a.stats().reserved_bytes.peak <= 16 * MIB);
+}
+
+#[test]
+fn a_budget_keeps_moving_pages_rather_than_pass_it() {
+    let config = AllocatorConfig {
+        budget_bytes: Some(12 * MIB),
+        ..Default::default()
+    };
+    let mut a = ExpandableAllocator::new(SimulatedDevice::new(1 << 40), config);
+    for _ in 0..4 {
+        two_stream_step(&mut a);
+    }
+    let before = calls(&a);
+    two_stream_step(&mut a);
+    assert!(calls(&a) > before, "under the budget, pages still move");
+    assert!(a.stats().reserved_bytes.peak <= 12 * MIB);
+}
+
+#[test]
+fn resetting_peak_statistics_does_not_change_what_the_allocator_does() {
+    let run = |reset: bool| {
+        let mut a = allocator(1 << 40);
+        let big = a.allocate(40 * MIB, 0).unwrap();
+        a.free(big).unwrap();
+        a.empty_cache().unwrap();
+        if reset {
+            a.reset_peak_stats();
+        }
+        for _ in 0..3 {
+            let x = a.allocate(10 * MIB, 0).unwrap();
+            a.free(x).unwrap();
+            let y = a.allocate(10 * MIB, 1).unwrap();
+            a.free(y).unwrap();
+        }
+        (a.device().map_calls, a.device().unmap_calls)
+    };
+    assert_eq!(run(true), run(false));
+}

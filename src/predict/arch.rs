@@ -45,6 +45,41 @@ pub struct TransformerArch {
     pub qkv_bias: bool,
     /// Rows of the token-type table (BERT: 2).
     pub token_types: u64,
+    /// The Hugging Face implementation the model is built by (`None`: the
+    /// repository's own reference transformer of scripts/gpu/calibrate_predictor.py).
+    pub library: Option<HfImpl>,
+}
+
+/// Which `transformers` modelling code builds the model: the tensors its
+/// forward keeps differ by family (events/hf.rs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HfFamily {
+    /// `GPT2LMHeadModel`: fused `c_attn` (Conv1D), LayerNorm, learned positions.
+    Gpt2,
+    /// `LlamaForCausalLM`, `MistralForCausalLM`, `Qwen2ForCausalLM`: separate
+    /// q/k/v projections, RMSNorm with an fp32 upcast, rotary, SwiGLU.
+    Llama,
+    /// `BertForMaskedLM`: post-norm encoder with a transform + decoder head.
+    Bert,
+}
+
+/// The library-specific parts of a Hugging Face model that decide memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HfImpl {
+    /// Modelling code family.
+    pub family: HfFamily,
+    /// Dropout with p > 0 on embeddings, residual branches and attention
+    /// probabilities (GPT-2 and BERT default to 0.1): each keeps a one-byte
+    /// mask per element for backward.
+    pub dropout: bool,
+    /// GPT-2's `gelu_new`, built from elementwise ops (pow, tanh, mul, add)
+    /// whose intermediates autograd keeps; `false`: one fused activation.
+    pub gelu_new: bool,
+    /// `use_cache` (the config's default `true` for decoders): the forward
+    /// returns a `DynamicCache` holding a copy of every layer's keys and
+    /// values, which the docs' loop keeps in `outputs` until the next
+    /// forward returns. `gradient_checkpointing_enable()` turns it off.
+    pub use_cache: bool,
 }
 
 /// A model the analytic predictor can handle.
@@ -130,6 +165,7 @@ impl TransformerArch {
             } else {
                 0
             },
+            library: None,
         };
         arch.check()?;
         Ok(arch)

@@ -6,6 +6,13 @@
 //! Lines whose model has no analytic description (`model.torchvision`, from
 //! scripts/gpu/calibrate_libraries.py) are predicted from a captured profile
 //! when one is given for the line's name, else skipped.
+//!
+//! A line's `library` names the library that built the model
+//! (calibrate_libraries.py writes `transformers` or `torchvision`). A
+//! `huggingFace` line without it comes from calibrate_predictor.py or
+//! calibrate_zero.py, which build the repository's own reference modules from
+//! the config's shapes: it is predicted as that reference implementation
+//! ([`super::predict_reference_model`]), not as the library's code.
 
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -28,6 +35,10 @@ pub struct BenchRow {
     pub relative_error: f64,
     /// `model` (analytic) or `profile`.
     pub source: &'static str,
+    /// Predicted peak of the caching allocator's allocated bytes.
+    pub predicted_allocated_bytes: u64,
+    /// Measured `torch.cuda.max_memory_allocated()`, when the line has it.
+    pub measured_allocated_bytes: Option<u64>,
 }
 
 /// Error statistics over a set of rows.
@@ -62,12 +73,14 @@ struct Line {
     spec: Value,
     measured: Option<Measured>,
     gpu: Option<String>,
+    library: Option<String>,
 }
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct Measured {
     nvml_peak_bytes: u64,
+    max_allocated_bytes: Option<u64>,
 }
 
 fn fit() -> String {
@@ -105,6 +118,7 @@ pub fn bench_predict_with_profiles(
             continue;
         };
         let library_model = line.spec["model"].get("torchvision").is_some();
+        let reference = line.library.is_none();
         let job: JobInput = serde_json::from_value(line.spec).map_err(|e| {
             PredictError::Parse(format!("line {} ({}): spec: {e}", i + 1, line.name))
         })?;
@@ -125,8 +139,12 @@ pub fn bench_predict_with_profiles(
                 .map_err(|e| PredictError::Invalid(format!("{}: profile: {e}", line.name)))?;
             (p, "profile")
         } else {
-            let p = predict_model(&job.model, &job.shape(), profile)
-                .map_err(|e| PredictError::Invalid(format!("{}: {e}", line.name)))?;
+            let p = if reference {
+                super::predict_reference_model(&job.model, &job.shape(), profile)
+            } else {
+                predict_model(&job.model, &job.shape(), profile)
+            }
+            .map_err(|e| PredictError::Invalid(format!("{}: {e}", line.name)))?;
             (p, "model")
         };
         let measured = m.nvml_peak_bytes.max(1);
@@ -137,6 +155,8 @@ pub fn bench_predict_with_profiles(
             predicted_bytes: p.peak_bytes,
             relative_error: (p.peak_bytes as f64 - measured as f64) / measured as f64,
             source,
+            predicted_allocated_bytes: p.allocated_bytes,
+            measured_allocated_bytes: m.max_allocated_bytes,
         });
     }
     Ok(BenchReport { rows, skipped })
@@ -198,6 +218,8 @@ pub fn bench_json(r: &BenchReport) -> Value {
             "name": x.name, "split": x.split, "measuredBytes": x.measured_bytes,
             "predictedBytes": x.predicted_bytes, "relativeError": x.relative_error,
             "source": x.source,
+            "predictedAllocatedBytes": x.predicted_allocated_bytes,
+            "measuredAllocatedBytes": x.measured_allocated_bytes,
         })).collect::<Vec<_>>(),
         "skipped": r.skipped,
     })

@@ -6,7 +6,7 @@ use serde_json::{Map, Value};
 use crate::api::{HuggingFaceSpec, MlpKind, NormKind, PositionalKind, TransformerKind};
 
 use super::PredictError;
-use super::arch::TransformerArch;
+use super::arch::{HfFamily, HfImpl, TransformerArch};
 
 /// `model_type` values the predictor understands.
 pub const SUPPORTED_MODEL_TYPES: &[&str] = &["gpt2", "llama", "mistral", "qwen2", "bert"];
@@ -36,6 +36,18 @@ fn flag(cfg: &Map<String, Value>, key: &str, default: bool) -> Result<bool, Pred
         None | Some(Value::Null) => Ok(default),
         Some(Value::Bool(b)) => Ok(*b),
         Some(_) => Err(bad(key, "a boolean")),
+    }
+}
+
+/// Reads an optional probability in [0, 1] (absent or null -> `default`).
+fn prob(cfg: &Map<String, Value>, key: &str, default: f64) -> Result<f64, PredictError> {
+    match cfg.get(key) {
+        None | Some(Value::Null) => Ok(default),
+        Some(Value::Number(n)) => n
+            .as_f64()
+            .filter(|p| (0.0..=1.0).contains(p))
+            .ok_or_else(|| bad(key, "a number in [0, 1]")),
+        Some(_) => Err(bad(key, "a number in [0, 1]")),
     }
 }
 
@@ -79,6 +91,21 @@ pub fn arch_from_hugging_face(spec: &HuggingFaceSpec) -> Result<TransformerArch,
                 linear_bias: true,
                 qkv_bias: true,
                 token_types: 0,
+                library: Some(HfImpl {
+                    family: HfFamily::Gpt2,
+                    dropout: ["resid_pdrop", "embd_pdrop", "attn_pdrop"]
+                        .iter()
+                        .map(|k| prob(cfg, k, 0.1))
+                        .collect::<Result<Vec<f64>, _>>()?
+                        .iter()
+                        .any(|p| *p > 0.0),
+                    gelu_new: match cfg.get("activation_function") {
+                        None | Some(Value::Null) => true,
+                        Some(Value::String(a)) => a == "gelu_new",
+                        Some(_) => return Err(bad("activation_function", "a string")),
+                    },
+                    use_cache: flag(cfg, "use_cache", true)?,
+                }),
             }
         }
         "llama" | "mistral" | "qwen2" => {
@@ -115,6 +142,12 @@ pub fn arch_from_hugging_face(spec: &HuggingFaceSpec) -> Result<TransformerArch,
                 // Qwen2 always has query/key/value biases.
                 qkv_bias: model_type == "qwen2" || attention_bias,
                 token_types: 0,
+                library: Some(HfImpl {
+                    family: HfFamily::Llama,
+                    dropout: prob(cfg, "attention_dropout", 0.0)? > 0.0,
+                    gelu_new: false,
+                    use_cache: flag(cfg, "use_cache", true)?,
+                }),
             }
         }
         "bert" => {
@@ -139,6 +172,14 @@ pub fn arch_from_hugging_face(spec: &HuggingFaceSpec) -> Result<TransformerArch,
                 linear_bias: true,
                 qkv_bias: true,
                 token_types: opt_int(cfg, "type_vocab_size")?.unwrap_or(2),
+                library: Some(HfImpl {
+                    family: HfFamily::Bert,
+                    dropout: prob(cfg, "hidden_dropout_prob", 0.1)? > 0.0
+                        || prob(cfg, "attention_probs_dropout_prob", 0.1)? > 0.0,
+                    gelu_new: false,
+                    // An encoder returns no cache.
+                    use_cache: false,
+                }),
             }
         }
         other => {

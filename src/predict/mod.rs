@@ -159,8 +159,33 @@ pub fn predict_model_with(
     gpu: &'static GpuProfile,
     alloc: &dyn AllocatorModel,
 ) -> Result<Prediction, PredictError> {
+    predict_arch(resolve_arch(model)?, model, job, gpu, alloc)
+}
+
+/// [`predict_model`] for a `huggingFace` description of the repository's own
+/// reference transformer (scripts/gpu/calibrate_predictor.py builds its
+/// modules from the config's shapes, not from `transformers`): the library's
+/// implementation details (events/hf.rs) are left out.
+pub fn predict_reference_model(
+    model: &ModelSpec,
+    job: &JobShape,
+    gpu: &'static GpuProfile,
+) -> Result<Prediction, PredictError> {
+    let mut arch = resolve_arch(model)?;
+    if let Arch::Transformer(t) = &mut arch {
+        t.library = None;
+    }
+    predict_arch(arch, model, job, gpu, &CachingAllocatorModel::PYTORCH)
+}
+
+fn predict_arch(
+    arch: Arch,
+    model: &ModelSpec,
+    job: &JobShape,
+    gpu: &'static GpuProfile,
+    alloc: &dyn AllocatorModel,
+) -> Result<Prediction, PredictError> {
     let grad_accum = job.grad_accum()?;
-    let arch = resolve_arch(model)?;
     if model.zero_stage > 3 {
         return Err(PredictError::Invalid(format!(
             "model.zeroStage {} is out of range 0..3",

@@ -521,6 +521,8 @@ fn bench_statistics_of_a_hand_made_set() {
         predicted_bytes: (100.0 * (1.0 + err)) as u64,
         relative_error: err,
         source: "model",
+        predicted_allocated_bytes: 0,
+        measured_allocated_bytes: None,
     };
     let rows = vec![
         row("a", 0.01),
@@ -608,4 +610,190 @@ fn cpu_captured_profiles_predict_the_held_out_torchvision_runs_within_the_goal()
         "{held_out:?}"
     );
     assert!(held_out.under_predictions.is_empty(), "{held_out:?}");
+}
+
+/// The events of a Hugging Face model built from `config` (merged over a
+/// tiny GPT-2, LLaMA or BERT) at sequence 64, micro-batch 8, SGD.
+fn hf_events(
+    config: serde_json::Value,
+    precision: crate::api::Precision,
+    attention: Attention,
+    checkpointing: bool,
+) -> Vec<events::TensorEvent> {
+    let model = ModelSpec {
+        hugging_face: Some(HuggingFaceSpec {
+            config: config.as_object().unwrap().clone(),
+            seq_len: 64,
+        }),
+        ..ModelSpec::default()
+    };
+    let arch = resolve_arch(&model).unwrap();
+    let run = events::RunShape {
+        micro_batch: 8,
+        grad_accum: 1,
+        precision,
+        optimizer: crate::api::Optimizer::Sgd,
+        checkpointing,
+        attention,
+        zero_stage: 0,
+        gpus: 1,
+        cublas_workspace: 0,
+    };
+    events::training_events(&arch, &run)
+}
+
+/// Requested sizes alive when the live bytes first reach their maximum.
+fn live_at_peak(evs: &[events::TensorEvent]) -> (u64, Vec<u64>) {
+    let mut live = std::collections::BTreeMap::new();
+    let (mut cur, mut peak, mut at_peak) = (0u64, 0u64, Vec::new());
+    for e in evs {
+        match *e {
+            events::TensorEvent::Alloc { id, bytes, .. } => {
+                live.insert(id, bytes);
+                cur += bytes;
+                if cur > peak {
+                    peak = cur;
+                    at_peak = live.values().copied().collect();
+                }
+            }
+            events::TensorEvent::Free { id } => cur -= live.remove(&id).expect("freed once"),
+        }
+    }
+    (peak, at_peak)
+}
+
+fn count(sizes: &[u64], bytes: u64) -> usize {
+    sizes.iter().filter(|&&b| b == bytes).count()
+}
+
+fn tiny(model_type: &str) -> serde_json::Value {
+    match model_type {
+        "gpt2" => serde_json::json!({"model_type": "gpt2", "n_layer": 2, "n_embd": 96,
+            "n_head": 4, "n_positions": 64, "n_inner": 384, "vocab_size": 5000}),
+        "llama" => serde_json::json!({"model_type": "llama", "num_hidden_layers": 2,
+            "hidden_size": 96, "num_attention_heads": 4, "num_key_value_heads": 4,
+            "intermediate_size": 176, "vocab_size": 5000}),
+        _ => serde_json::json!({"model_type": "bert", "num_hidden_layers": 2, "hidden_size": 96,
+            "num_attention_heads": 4, "intermediate_size": 384, "vocab_size": 5000}),
+    }
+}
+
+fn with(mut base: serde_json::Value, key: &str, v: serde_json::Value) -> serde_json::Value {
+    base[key] = v;
+    base
+}
+
+#[test]
+fn hugging_face_causal_lms_keep_the_returned_logits_and_the_fp32_upcast_at_the_peak() {
+    use crate::api::Precision;
+    let (n, v) = (8 * 64, 5000);
+    for family in ["gpt2", "llama"] {
+        let (_, at) = live_at_peak(&hf_events(
+            tiny(family),
+            Precision::AmpBf16,
+            Attention::Sdpa,
+            false,
+        ));
+        // `outputs.logits` (bf16) stays; the log-softmax and its two gradients are fp32
+        assert_eq!(count(&at, n * v * 2), 1, "{family}");
+        assert_eq!(count(&at, n * v * 4), 3, "{family}");
+        let (_, at) = live_at_peak(&hf_events(
+            tiny(family),
+            Precision::Fp32,
+            Attention::Sdpa,
+            false,
+        ));
+        assert_eq!(
+            count(&at, n * v * 4),
+            4,
+            "{family} fp32: logits, log-softmax, 2 gradients"
+        );
+    }
+}
+
+#[test]
+fn bert_loss_reads_low_precision_logits_without_an_fp32_copy() {
+    use crate::api::Precision;
+    let (n, v) = (8 * 64, 5000);
+    let (_, at) = live_at_peak(&hf_events(
+        tiny("bert"),
+        Precision::AmpBf16,
+        Attention::Sdpa,
+        false,
+    ));
+    // logits and the log-softmax gradient in bf16, log-softmax and the nll gradient in fp32
+    assert_eq!((count(&at, n * v * 2), count(&at, n * v * 4)), (2, 2));
+    let (_, at) = live_at_peak(&hf_events(
+        tiny("bert"),
+        Precision::Bf16,
+        Attention::Sdpa,
+        false,
+    ));
+    assert_eq!((count(&at, n * v * 2), count(&at, n * v * 4)), (4, 0));
+}
+
+#[test]
+fn each_hugging_face_library_term_adds_memory() {
+    use crate::api::Precision;
+    let peak = |cfg: serde_json::Value, p: Precision, a: Attention| {
+        live_at_peak(&hf_events(cfg, p, a, false)).0
+    };
+    let amp = Precision::AmpBf16;
+    let gpt2 = tiny("gpt2");
+    let full = peak(gpt2.clone(), amp, Attention::Sdpa);
+    let no_dropout = ["resid_pdrop", "embd_pdrop", "attn_pdrop"]
+        .iter()
+        .fold(gpt2.clone(), |c, k| with(c, k, serde_json::json!(0.0)));
+    let (n, h, f, layers) = (8 * 64, 96, 384, 2);
+    // one byte per element of the embeddings' and both residual branches' masks
+    assert_eq!(
+        full - peak(no_dropout, amp, Attention::Sdpa),
+        (2 * layers + 1) * n * h
+    );
+    // gelu_new keeps 0.5x (bf16), x in fp32, tanh and 1 + tanh (fp32) and the
+    // bf16 cast of its output; the fused gelu keeps its input and output
+    let gelu = with(
+        gpt2.clone(),
+        "activation_function",
+        serde_json::json!("gelu"),
+    );
+    assert_eq!(
+        full - peak(gelu, amp, Attention::Sdpa),
+        layers * n * f * (2 + 3 * 4 - 2)
+    );
+    // the DynamicCache's copies of every layer's keys and values
+    let no_cache = with(gpt2.clone(), "use_cache", serde_json::json!(false));
+    assert_eq!(
+        full - peak(no_cache, amp, Attention::Sdpa),
+        layers * 2 * n * h * 2
+    );
+}
+
+#[test]
+fn a_llama_block_keeps_what_the_library_code_saves() {
+    use crate::api::Precision;
+    // SGD, gradients cleared after the step: at the loss's backward a block
+    // adds its weights and what its forward kept.
+    let (b, s, h, f, heads) = (8u64, 64u64, 96u64, 176u64, 4u64);
+    let n = b * s;
+    let weights = (4 * h * h + 3 * h * f + 2 * h) * 2;
+    let lse = b * heads * s * 4;
+    let per_block = |p: Precision, a: Attention| {
+        let two = live_at_peak(&hf_events(tiny("llama"), p, a, false)).0;
+        let cfg = with(tiny("llama"), "num_hidden_layers", serde_json::json!(3));
+        live_at_peak(&hf_events(cfg, p, a, false)).0 - two
+    };
+    // pure bf16, fused SDPA: RMSNorm's fp32 input copy, its bf16 normalised
+    // tensor and output (twice); q after rotary, the cache's keys and values,
+    // the SDPA output (already contiguous: no copy) and log-sum-exp; the four
+    // SwiGLU tensors; the block input dies at the residual add.
+    let want = weights + n * h * (4 + 2 + 2) * 2 + n * h * 2 * 4 + lse + 4 * n * f * 2 + 2 * n * 4;
+    assert_eq!(per_block(Precision::Bf16, Attention::Sdpa), want);
+    // eager: the fp32 softmax and its bf16 copy instead of log-sum-exp; the
+    // copy of the transposed product replaces the kernel's own output
+    let s2 = b * heads * s * s;
+    assert_eq!(
+        per_block(Precision::Bf16, Attention::Eager),
+        want - lse + s2 * (4 + 2)
+    );
 }

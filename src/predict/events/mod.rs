@@ -9,12 +9,13 @@
 //! (`optimizer.rs`).
 
 mod block;
+mod hf;
 mod mlp;
 mod optimizer;
 mod transformer;
 mod zero;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 
 use crate::api::{Attention, Optimizer, PositionalKind, Precision, TransformerKind};
 
@@ -115,6 +116,8 @@ pub struct Trace {
     /// The sequence so far.
     pub events: Vec<TensorEvent>,
     next: u32,
+    /// Requested bytes by id.
+    sizes: Vec<u64>,
 }
 
 impl Trace {
@@ -127,6 +130,7 @@ impl Trace {
     pub fn alloc_on(&mut self, bytes: u64, category: Category, stream: Stream) -> u32 {
         let id = self.next;
         self.next += 1;
+        self.sizes.push(bytes);
         self.events.push(TensorEvent::Alloc {
             id,
             bytes,
@@ -134,6 +138,10 @@ impl Trace {
             stream,
         });
         id
+    }
+    /// Requested bytes of the allocation with this id.
+    pub fn bytes(&self, id: u32) -> u64 {
+        self.sizes[id as usize]
     }
     fn act(&mut self, bytes: u64) -> u32 {
         self.alloc(bytes, Category::Activations)
@@ -218,6 +226,14 @@ struct Gen<'a> {
     unsharded_grads: BTreeMap<Option<u32>, Vec<u32>>,
     /// FSDP: the last reduce-scatter input, freed at the next one.
     rs_input: Option<u32>,
+    /// Hugging Face: what the last forward returned and the docs' loop keeps
+    /// in `outputs` until the next forward returns (logits, key/value cache).
+    outputs: Vec<u32>,
+    /// Hugging Face: the key/value cache of the forward being generated.
+    cache: Vec<u32>,
+    /// Tensors already released (a block input freed in forward by the
+    /// library's code, which the backward loop would free again).
+    released: HashSet<u32>,
 }
 
 impl<'a> Gen<'a> {
@@ -239,6 +255,9 @@ impl<'a> Gen<'a> {
             deferred_flat: None,
             unsharded_grads: BTreeMap::new(),
             rs_input: None,
+            outputs: Vec::new(),
+            cache: Vec::new(),
+            released: HashSet::new(),
         }
     }
 
@@ -259,7 +278,9 @@ impl<'a> Gen<'a> {
             self.param_ids.push(id);
         }
         self.ddp_buckets();
-        if let Arch::Transformer(t) = self.arch {
+        if let Arch::Transformer(t) = self.arch
+            && t.library.is_none()
+        {
             if t.positional == PositionalKind::Rotary {
                 // cos and sin tables (seq x head_dim), fp32 or the pure dtype
                 for _ in 0..2 {
@@ -354,7 +375,10 @@ impl<'a> Gen<'a> {
             Arch::Mlp { layers, hidden } => self.mlp_micro_step(*layers, *hidden),
             Arch::Transformer(t) => {
                 let t = t.clone();
-                self.transformer_micro_step(&t);
+                match t.library {
+                    Some(lib) => self.hf_micro_step(&t, lib),
+                    None => self.transformer_micro_step(&t),
+                }
             }
         }
     }

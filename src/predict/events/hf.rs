@@ -1,0 +1,742 @@
+//! One micro-step of a Hugging Face `transformers` model as the library's
+//! modelling code runs it, trained the way its docs show (`labels=`, the
+//! `outputs` of a step kept by the loop until the next forward returns).
+//!
+//! What differs from the reference transformer (`transformer.rs`, `block.rs`)
+//! and decides memory, read from the library's code and checked against CPU
+//! captures of the real models (`python -m vramfit.profile`):
+//!
+//! - the logits are returned in `outputs`, so they live through backward and
+//!   into the next forward; the loss upcasts them to fp32 (a copy under
+//!   autocast and in pure low precision) before its log-softmax;
+//! - `use_cache` (on by default for decoders, off under
+//!   `gradient_checkpointing_enable()`): each layer's keys and values are
+//!   copied into a `DynamicCache` (`torch.cat` onto an empty tensor, in the
+//!   keys' dtype) that `outputs` keeps, and attention reads the copies;
+//! - attention outputs are transposed back with `.contiguous()`, a copy the
+//!   output projection keeps;
+//! - under autocast every `Linear` casts its (fp32) input separately, so
+//!   LLaMA's q/k/v and gate/up projections and BERT's q/k/v each keep a
+//!   low-precision copy of the same activation;
+//! - dropout (GPT-2, BERT: p = 0.1 by default) keeps a one-byte mask per
+//!   element on the embeddings and on both residual branches, and in eager
+//!   attention on the probabilities (the fused SDPA kernels draw theirs);
+//! - GPT-2's `gelu_new` is composed of elementwise ops: autograd keeps
+//!   `0.5 * x`, the input of `pow` (an fp32 copy under autocast, where `pow`
+//!   runs in fp32 and so does everything after it), `tanh` and `1 + tanh`;
+//! - LLaMA's RMSNorm upcasts to fp32 and keeps the fp32 input and the
+//!   normalised fp32 tensor (its low-precision copy in pure bf16/fp16);
+//!   rotary embedding's products run in the cos/sin dtype, fp32 under
+//!   autocast, so queries and keys come out in fp32 there;
+//! - eager attention's softmax is in fp32 (LLaMA asks for it, GPT-2 and BERT
+//!   get it from autocast) and its low-precision copy is what the value
+//!   product keeps; grouped-query keys and values are repeated (`repeat_kv`)
+//!   into full-width copies; fp32 SDPA with grouped-query heads has no fused
+//!   kernel and runs PyTorch's math path, which keeps the repeated keys and
+//!   values and the fp32 probabilities.
+//!
+//! Backward frees each block's saved tensors newest first, with one gradient
+//! of each saved tensor's size alive at a time beside the residual gradient.
+
+use crate::api::Attention;
+use crate::predict::arch::{HfFamily, HfImpl, TransformerArch};
+
+use super::Gen;
+
+/// Element widths of one run.
+#[derive(Clone, Copy)]
+struct W {
+    /// Matmul outputs.
+    c: u64,
+    /// Residual stream and norm outputs (fp32 under autocast).
+    r: u64,
+    /// Parameters.
+    w: u64,
+    /// Elementwise ops that autocast runs in fp32 (`pow`, softmax, products
+    /// with fp32 rotary tables): 4 under autocast, else `c`.
+    e: u64,
+    amp: bool,
+}
+
+impl Gen<'_> {
+    fn widths(&self) -> W {
+        W {
+            c: self.d.compute,
+            r: self.d.residual,
+            w: self.d.weight,
+            e: if self.d.amp { 4 } else { self.d.compute },
+            amp: self.d.amp,
+        }
+    }
+
+    /// Frees `id` unless it was released already.
+    fn release(&mut self, id: u32) {
+        if self.released.insert(id) {
+            self.t.free(id);
+        }
+    }
+
+    /// The input `id` (`elems` elements) of an op that keeps it: under
+    /// autocast, a copy in the compute width when it is wider (then `id` is
+    /// freed if `owned`); otherwise `id` itself when `owned` (a tensor not
+    /// owned, such as a cache entry, stays alive anyway).
+    fn autocast_input(&mut self, id: u32, elems: u64, owned: bool, saved: &mut Vec<u32>) {
+        let wd = self.widths();
+        if wd.amp && self.t.bytes(id) > elems * wd.c {
+            saved.push(self.t.act(elems * wd.c));
+            if owned {
+                self.release(id);
+            }
+        } else if owned {
+            saved.push(id);
+        }
+    }
+
+    pub(super) fn hf_micro_step(&mut self, t: &TransformerArch, lib: HfImpl) {
+        let wd = self.widths();
+        let (b, s, h, v) = (self.run.micro_batch, t.seq_len, t.hidden, t.vocab);
+        let n = b * s;
+        let idx = self.t.act(n * 8);
+        let tgt = self.t.act(n * 8);
+        self.fsdp_gather(None);
+        // Tensors the model's forward holds as locals until it returns.
+        let mut locals: Vec<u32> = Vec::new();
+        let mut emb_saved: Vec<u32> = Vec::new();
+        let x = match lib.family {
+            HfFamily::Gpt2 => {
+                let tok = self.t.act(n * h * wd.w);
+                let pos = self.t.act(s * h * wd.w);
+                locals.extend([tok, pos]);
+                let sum = self.t.act(n * h * wd.w);
+                if lib.dropout {
+                    let out = self.t.act(n * h * wd.w);
+                    emb_saved.push(self.t.act(n * h));
+                    self.t.free(sum);
+                    out
+                } else {
+                    sum
+                }
+            }
+            HfFamily::Llama => {
+                let tok = self.t.act(n * h * wd.w);
+                // rotary cos and sin for the positions, in the embeddings' dtype
+                for _ in 0..2 {
+                    locals.push(self.t.act(s * t.head_dim * wd.w));
+                }
+                tok
+            }
+            HfFamily::Bert => {
+                let word = self.t.act(n * h * wd.w);
+                let types = self.t.act(n * h * wd.w);
+                let s1 = self.t.act(n * h * wd.w);
+                self.t.free(word);
+                self.t.free(types);
+                let pos = self.t.act(s * h * wd.w);
+                let s2 = self.t.act(n * h * wd.w);
+                self.t.free(s1);
+                self.t.free(pos);
+                // LayerNorm keeps its input and statistics
+                emb_saved.push(s2);
+                emb_saved.push(self.t.act(n * 8));
+                let ln = self.t.act(n * h * wd.r);
+                if lib.dropout {
+                    let out = self.t.act(n * h * wd.r);
+                    emb_saved.push(self.t.act(n * h));
+                    self.t.free(ln);
+                    out
+                } else {
+                    ln
+                }
+            }
+        };
+        let mut x = x;
+        let mut layer_saved: Vec<Vec<u32>> = Vec::new();
+        let mut layer_casts: Vec<Vec<u32>> = Vec::new();
+        for l in 0..t.layers {
+            self.fsdp_gather(Some(l as u32));
+            let casts = self.cast_weights(Some(l as u32));
+            self.workspace(0);
+            let (saved, out) = self.hf_block_forward(t, lib, n, x);
+            self.fsdp_post_forward(Some(l as u32));
+            if self.run.checkpointing {
+                // Only the block input is kept; everything else is recomputed.
+                let mut saved = saved;
+                let input = saved.pop().expect("block input");
+                for id in saved {
+                    self.release(id);
+                }
+                let mut casts = casts;
+                self.t.free_all(&mut casts);
+                layer_saved.push(vec![input]);
+                layer_casts.push(Vec::new());
+            } else {
+                layer_saved.push(saved);
+                layer_casts.push(casts);
+            }
+            x = out;
+        }
+        // head
+        let head_casts = self.cast_weights(None);
+        let mut head_saved = vec![x];
+        let head_in = match lib.family {
+            HfFamily::Gpt2 => {
+                head_saved.push(self.t.act(n * 8));
+                self.t.act(n * h * wd.r)
+            }
+            HfFamily::Llama => self.hf_rmsnorm(n, h, &mut head_saved),
+            HfFamily::Bert => {
+                // transform: dense, gelu, LayerNorm (fp32 under autocast)
+                if wd.amp {
+                    head_saved.push(self.t.act(n * h * wd.c));
+                }
+                let dense = self.t.act(n * h * wd.c);
+                head_saved.push(dense);
+                let gelu = self.t.act(n * h * wd.c);
+                if wd.amp {
+                    head_saved.push(self.t.act(n * h * 4));
+                    self.t.free(gelu);
+                } else {
+                    head_saved.push(gelu);
+                }
+                head_saved.push(self.t.act(n * 8));
+                self.t.act(n * h * wd.r)
+            }
+        };
+        if wd.amp {
+            head_saved.push(self.t.act(n * h * wd.c));
+            locals.push(head_in);
+        } else {
+            head_saved.push(head_in);
+        }
+        // logits: returned in `outputs`. The causal-LM loss upcasts them
+        // (`logits.float()`, a copy in low precision) before its
+        // log-softmax; BERT's `CrossEntropyLoss` takes them as they are:
+        // under autocast log_softmax runs with dtype=float32, which CUDA's
+        // kernel does from the low-precision input (`half_to_float`, no copy;
+        // its backward writes the low-precision gradient directly), and in
+        // pure bf16/fp16 it stays in that precision.
+        let logits = self.t.act(n * v * wd.c);
+        let upcast = lib.family != HfFamily::Bert;
+        let lsm_w = if upcast || wd.amp { 4 } else { wd.c };
+        let lsm = if upcast && wd.c != 4 {
+            let up = self.t.act(n * v * 4);
+            let lsm = self.t.act(n * v * 4);
+            self.t.free(up);
+            lsm
+        } else {
+            self.t.act(n * v * lsm_w)
+        };
+        let loss = self.t.act(512);
+        self.t.free_all(&mut locals);
+        // the previous step's outputs are released when this forward returns
+        let mut previous = std::mem::take(&mut self.outputs);
+        self.t.free_all(&mut previous);
+        self.fsdp_end_forward();
+        // backward through the loss
+        self.fsdp_root_pre_backward(t.layers.checked_sub(1).map(|l| l as u32));
+        self.workspace(1);
+        let g_nll = self.t.act(n * v * lsm_w);
+        let g_lsm = self.t.act(n * v * if upcast { 4 } else { wd.c });
+        self.t.free(g_nll);
+        self.t.free(lsm);
+        let g_logits = if upcast && wd.c != 4 {
+            let g = self.t.act(n * v * wd.c);
+            self.t.free(g_lsm);
+            g
+        } else {
+            g_lsm
+        };
+        let g_head = self.t.act(n * h * wd.c);
+        self.grads_of_layer(None);
+        self.t.free(g_logits);
+        let mut g = self.t.act(n * h * wd.r);
+        self.t.free(g_head);
+        let mut head_casts = head_casts;
+        self.t.free_all(&mut head_casts);
+        let x_last = head_saved.remove(0);
+        for id in head_saved {
+            self.release(id);
+        }
+        let mut x_in_of_next = x_last;
+        for l in (0..t.layers).rev() {
+            let mut saved = layer_saved.pop().expect("saved per layer");
+            let mut casts = layer_casts.pop().expect("casts per layer");
+            self.fsdp_pre_backward(l as u32);
+            if self.run.checkpointing {
+                casts = self.cast_weights(Some(l as u32));
+                let input = saved[0];
+                let (sv, out) = self.hf_block_forward(t, lib, n, input);
+                self.release(out);
+                saved = sv;
+            }
+            g = self.hf_block_backward(t, n, g, &mut saved);
+            self.grads_of_layer(Some(l as u32));
+            self.t.free_all(&mut casts);
+            self.fsdp_post_backward(Some(l as u32));
+            self.release(x_in_of_next);
+            x_in_of_next = saved.pop().expect("block input");
+        }
+        self.release(x_in_of_next);
+        for id in emb_saved {
+            self.release(id);
+        }
+        // embedding backward: dense gradient of the table, accumulated into .grad
+        let table = self.t.act(v * h * wd.w);
+        self.release(g);
+        self.t.free(table);
+        self.fsdp_post_backward(None);
+        self.fsdp_end_backward();
+        for id in [idx, tgt, loss] {
+            self.t.free(id);
+        }
+        self.outputs.push(logits);
+        self.outputs.append(&mut self.cache);
+    }
+
+    /// RMSNorm as LLaMA's modelling code writes it: `x.to(float32)`,
+    /// `pow(2).mean`, `rsqrt`, `x * rsqrt`, then `weight * y.to(input_dtype)`.
+    /// Pushes what autograd keeps (besides a fp32 input itself) and returns the
+    /// output.
+    fn hf_rmsnorm(&mut self, n: u64, h: u64, saved: &mut Vec<u32>) -> u32 {
+        let wd = self.widths();
+        if wd.r == 4 {
+            // fp32 input: the upcast is a no-op and the input itself is kept
+            let sq = self.t.act(n * h * 4);
+            let var = self.t.act(n * 4);
+            self.t.free(sq);
+            saved.push(self.t.act(n * 4));
+            self.t.free(var);
+            saved.push(self.t.act(n * h * 4));
+            self.t.act(n * h * wd.w)
+        } else {
+            saved.push(self.t.act(n * h * 4));
+            let sq = self.t.act(n * h * 4);
+            let var = self.t.act(n * 4);
+            self.t.free(sq);
+            saved.push(self.t.act(n * 4));
+            self.t.free(var);
+            let y = self.t.act(n * h * 4);
+            saved.push(self.t.act(n * h * wd.r));
+            self.t.free(y);
+            self.t.act(n * h * wd.w)
+        }
+    }
+
+    /// Rotary embedding of `src` (`elems` elements): `x * cos + rotate_half(x) * sin`.
+    fn hf_rope(&mut self, elems: u64, src: u32) -> u32 {
+        let wd = self.widths();
+        let t1 = self.t.act(elems * wd.e);
+        let neg = self.t.act(elems / 2 * wd.c);
+        let cat = self.t.act(elems * wd.c);
+        self.t.free(neg);
+        let t2 = self.t.act(elems * wd.e);
+        self.t.free(cat);
+        let out = self.t.act(elems * wd.e);
+        self.t.free(t1);
+        self.t.free(t2);
+        self.t.free(src);
+        out
+    }
+
+    /// Dropout of an `elems`-element activation of width `bytes_per`: keeps
+    /// the mask, returns the output (or the input without dropout).
+    fn hf_dropout(
+        &mut self,
+        lib: HfImpl,
+        x: u32,
+        elems: u64,
+        bytes_per: u64,
+        saved: &mut Vec<u32>,
+    ) -> u32 {
+        if !lib.dropout {
+            return x;
+        }
+        let out = self.t.act(elems * bytes_per);
+        saved.push(self.t.act(elems));
+        self.t.free(x);
+        out
+    }
+
+    /// Forward of one block; returns the tensors kept for backward (the block
+    /// input last) and the output.
+    fn hf_block_forward(
+        &mut self,
+        t: &TransformerArch,
+        lib: HfImpl,
+        n: u64,
+        x: u32,
+    ) -> (Vec<u32>, u32) {
+        let wd = self.widths();
+        let (h, f, kvd) = (t.hidden, t.ffn, t.kv_dim());
+        let b = self.run.micro_batch;
+        let s2 = b * t.heads * t.seq_len * t.seq_len;
+        let lse = b * t.heads * t.seq_len * 4;
+        let cache = lib.use_cache && !self.run.checkpointing;
+        let mut saved: Vec<u32> = Vec::new();
+        let ckpt = self.run.checkpointing;
+        let out = match lib.family {
+            HfFamily::Gpt2 => {
+                saved.push(self.t.act(n * 8)); // LayerNorm statistics
+                let ln1 = self.t.act(n * h * wd.r);
+                let ln1_local = if wd.amp {
+                    saved.push(self.t.act(n * h * wd.c));
+                    Some(ln1)
+                } else {
+                    saved.push(ln1);
+                    None
+                };
+                let qkv = self.t.act(n * (h + 2 * kvd) * wd.c);
+                if cache {
+                    let kc = self.t.act(n * kvd * wd.c);
+                    let vc = self.t.act(n * kvd * wd.c);
+                    self.cache.extend([kc, vc]);
+                }
+                let o = match self.run.attention {
+                    Attention::Sdpa | Attention::Flash => {
+                        saved.push(qkv);
+                        saved.push(self.t.act(n * h * wd.c));
+                        saved.push(self.t.act(lse));
+                        false
+                    }
+                    Attention::Eager => {
+                        if cache {
+                            // the query view is copied for the batched matmul
+                            saved.push(self.t.act(n * h * wd.c));
+                            self.t.free(qkv);
+                        } else {
+                            saved.push(qkv);
+                        }
+                        self.hf_eager_scores(lib, s2, true, false, &mut saved);
+                        true
+                    }
+                };
+                self.hf_attention_output(o, n * h, &mut saved);
+                let proj = self.t.act(n * h * wd.c);
+                let br = self.hf_dropout(lib, proj, n * h, wd.c, &mut saved);
+                let x1 = self.t.act(n * h * wd.r);
+                self.t.free(br);
+                if let Some(l) = ln1_local {
+                    self.t.free(l);
+                }
+                saved.push(x1);
+                saved.push(self.t.act(n * 8));
+                let ln2 = self.t.act(n * h * wd.r);
+                let ln2_local = if wd.amp {
+                    saved.push(self.t.act(n * h * wd.c));
+                    Some(ln2)
+                } else {
+                    saved.push(ln2);
+                    None
+                };
+                let fc = self.t.act(n * f * wd.c);
+                if lib.gelu_new {
+                    let nf = n * f;
+                    if wd.amp {
+                        saved.push(self.t.act(nf * wd.c)); // 0.5 * x
+                        saved.push(self.t.act(nf * 4)); // x.float() for pow
+                    } else {
+                        saved.push(fc);
+                        saved.push(self.t.act(nf * wd.c));
+                    }
+                    let cube = self.t.act(nf * wd.e);
+                    let t1 = self.t.act(nf * wd.e);
+                    self.t.free(cube);
+                    let t2 = self.t.act(nf * wd.e);
+                    self.t.free(t1);
+                    let t3 = self.t.act(nf * wd.e);
+                    self.t.free(t2);
+                    saved.push(self.t.act(nf * wd.e)); // tanh
+                    self.t.free(t3);
+                    saved.push(self.t.act(nf * wd.e)); // 1 + tanh
+                    let y = self.t.act(nf * wd.e);
+                    if wd.amp {
+                        self.t.free(fc);
+                        saved.push(self.t.act(nf * wd.c));
+                        self.t.free(y);
+                    } else {
+                        saved.push(y);
+                    }
+                } else {
+                    saved.push(fc);
+                    saved.push(self.t.act(n * f * wd.c));
+                }
+                let p2 = self.t.act(n * h * wd.c);
+                let br = self.hf_dropout(lib, p2, n * h, wd.c, &mut saved);
+                let out = self.t.act(n * h * wd.r);
+                self.t.free(br);
+                if let Some(l) = ln2_local {
+                    self.t.free(l);
+                }
+                out
+            }
+            HfFamily::Llama => {
+                let nrm = self.hf_rmsnorm(n, h, &mut saved);
+                let nrm_local = if wd.amp {
+                    for _ in 0..3 {
+                        saved.push(self.t.act(n * h * wd.c));
+                    }
+                    Some(nrm)
+                } else {
+                    saved.push(nrm);
+                    None
+                };
+                let q = self.t.act(n * h * wd.c);
+                let k = self.t.act(n * kvd * wd.c);
+                let v = self.t.act(n * kvd * wd.c);
+                let qe = self.hf_rope(n * h, q);
+                let ke = self.hf_rope(n * kvd, k);
+                let (keys, values, owned) = if cache {
+                    let kc = self.t.act(n * kvd * wd.e);
+                    self.t.free(ke);
+                    let vc = self.t.act(n * kvd * wd.e);
+                    self.t.free(v);
+                    self.cache.extend([kc, vc]);
+                    (kc, vc, false)
+                } else {
+                    (ke, v, true)
+                };
+                let gqa = t.kv_heads < t.heads;
+                let o = match self.run.attention {
+                    Attention::Sdpa | Attention::Flash if !(wd.c == 4 && gqa) => {
+                        self.autocast_input(qe, n * h, true, &mut saved);
+                        self.autocast_input(keys, n * kvd, owned, &mut saved);
+                        self.autocast_input(values, n * kvd, owned, &mut saved);
+                        saved.push(self.t.act(n * h * wd.c));
+                        saved.push(self.t.act(lse));
+                        false
+                    }
+                    Attention::Sdpa | Attention::Flash => {
+                        // fp32 with grouped-query heads: the math path
+                        saved.push(qe);
+                        saved.push(self.t.act(n * h * 4));
+                        saved.push(self.t.act(n * h * 4));
+                        if owned {
+                            self.t.free(keys);
+                            self.t.free(values);
+                        }
+                        let sc = self.t.act(s2 * 4);
+                        saved.push(self.t.act(s2 * 4));
+                        self.t.free(sc);
+                        true
+                    }
+                    Attention::Eager => {
+                        self.autocast_input(qe, n * h, true, &mut saved);
+                        self.hf_repeat_kv(gqa, keys, n * kvd, n * h, owned, &mut saved);
+                        self.hf_eager_scores(lib, s2, false, true, &mut saved);
+                        self.hf_repeat_kv(gqa, values, n * kvd, n * h, owned, &mut saved);
+                        true
+                    }
+                };
+                self.hf_attention_output(o, n * h, &mut saved);
+                let proj = self.t.act(n * h * wd.c);
+                let x1 = self.t.act(n * h * wd.r);
+                self.t.free(proj);
+                if let Some(l) = nrm_local {
+                    self.t.free(l);
+                }
+                if wd.r != 4 && !ckpt {
+                    // The norm kept an fp32 copy: the block input dies at the
+                    // residual add.
+                    self.release(x);
+                }
+                if wd.r == 4 {
+                    saved.push(x1);
+                }
+                let nrm2 = self.hf_rmsnorm(n, h, &mut saved);
+                let nrm2_local = if wd.amp {
+                    saved.push(self.t.act(n * h * wd.c));
+                    saved.push(self.t.act(n * h * wd.c));
+                    Some(nrm2)
+                } else {
+                    saved.push(nrm2);
+                    None
+                };
+                for _ in 0..4 {
+                    // gate, silu(gate), up, silu(gate) * up
+                    saved.push(self.t.act(n * f * wd.c));
+                }
+                let down = self.t.act(n * h * wd.c);
+                let out = self.t.act(n * h * wd.r);
+                self.t.free(down);
+                if let Some(l) = nrm2_local {
+                    self.t.free(l);
+                }
+                if wd.r != 4 {
+                    self.t.free(x1);
+                }
+                out
+            }
+            HfFamily::Bert => {
+                if wd.amp {
+                    for _ in 0..3 {
+                        saved.push(self.t.act(n * h * wd.c));
+                    }
+                }
+                let q = self.t.act(n * h * wd.c);
+                let k = self.t.act(n * h * wd.c);
+                let v = self.t.act(n * h * wd.c);
+                let o = match self.run.attention {
+                    Attention::Sdpa | Attention::Flash => {
+                        saved.extend([q, k, v]);
+                        saved.push(self.t.act(n * h * wd.c));
+                        saved.push(self.t.act(lse));
+                        false
+                    }
+                    Attention::Eager => {
+                        saved.extend([q, k]);
+                        self.hf_eager_scores(lib, s2, false, false, &mut saved);
+                        saved.push(v);
+                        true
+                    }
+                };
+                self.hf_attention_output(o, n * h, &mut saved);
+                let dense = self.t.act(n * h * wd.c);
+                let br = self.hf_dropout(lib, dense, n * h, wd.c, &mut saved);
+                let sum = self.t.act(n * h * wd.r);
+                self.t.free(br);
+                saved.push(sum);
+                if wd.amp && !ckpt {
+                    // only the casts of the input were kept: it dies at the add
+                    self.release(x);
+                }
+                saved.push(self.t.act(n * 8));
+                let ln1 = self.t.act(n * h * wd.r);
+                let ln1_local = if wd.amp {
+                    saved.push(self.t.act(n * h * wd.c));
+                    Some(ln1)
+                } else {
+                    saved.push(ln1);
+                    None
+                };
+                saved.push(self.t.act(n * f * wd.c));
+                saved.push(self.t.act(n * f * wd.c));
+                let d2 = self.t.act(n * h * wd.c);
+                let br = self.hf_dropout(lib, d2, n * h, wd.c, &mut saved);
+                let sum2 = self.t.act(n * h * wd.r);
+                self.t.free(br);
+                if let Some(l) = ln1_local {
+                    self.t.free(l);
+                }
+                saved.push(sum2);
+                saved.push(self.t.act(n * 8));
+                self.t.act(n * h * wd.r)
+            }
+        };
+        // the block input goes last so that the caller pops it after backward
+        saved.retain(|&id| id != x);
+        saved.push(x);
+        (saved, out)
+    }
+
+    /// The attention output as the output projection reads it,
+    /// `attn_output.transpose(1, 2).contiguous()`. The fused SDPA kernels
+    /// (flash, memory-efficient) write their output as (batch, seq, heads,
+    /// head_dim) and return it transposed, so the transpose back is already
+    /// contiguous and no copy is made (`matmul` = false); the product of eager
+    /// attention and of the math path is (batch, heads, seq, head_dim) and is
+    /// copied, the copy kept by the projection.
+    fn hf_attention_output(&mut self, matmul: bool, elems: u64, saved: &mut Vec<u32>) {
+        if matmul {
+            let c = self.widths().c;
+            let o = self.t.act(elems * c);
+            saved.push(self.t.act(elems * c));
+            self.t.free(o);
+        }
+    }
+
+    /// `repeat_kv` for eager attention: grouped-query keys or values
+    /// (`src`, `src_elems` elements) become a full-width copy (`full`
+    /// elements, same dtype); then autocast's cast for the matmul.
+    #[allow(clippy::too_many_arguments)]
+    fn hf_repeat_kv(
+        &mut self,
+        gqa: bool,
+        src: u32,
+        src_elems: u64,
+        full: u64,
+        owned: bool,
+        saved: &mut Vec<u32>,
+    ) {
+        if gqa {
+            let per = self.t.bytes(src) / src_elems.max(1);
+            let wide = self.t.act(full * per);
+            if owned {
+                self.t.free(src);
+            }
+            self.autocast_input(wide, full, true, saved);
+        } else {
+            self.autocast_input(src, full, owned, saved);
+        }
+    }
+
+    /// Eager attention's scores (`s2` elements): the matmul, the scaling, the
+    /// mask, softmax (kept: in fp32 under autocast, and always when
+    /// `softmax_fp32`, as LLaMA asks for), its low-precision copy and dropout.
+    /// `cast_first`: the probabilities are cast before dropout (GPT-2) rather
+    /// than after (BERT).
+    fn hf_eager_scores(
+        &mut self,
+        lib: HfImpl,
+        s2: u64,
+        cast_first: bool,
+        softmax_fp32: bool,
+        saved: &mut Vec<u32>,
+    ) {
+        let wd = self.widths();
+        let s1 = self.t.act(s2 * wd.c);
+        let sc = self.t.act(s2 * wd.c);
+        self.t.free(s1);
+        let masked = self.t.act(s2 * wd.c);
+        self.t.free(sc);
+        let pw = if softmax_fp32 { 4 } else { wd.e };
+        saved.push(self.t.act(s2 * pw));
+        self.t.free(masked);
+        let cast = (pw != wd.c && (cast_first || !lib.dropout)).then(|| self.t.act(s2 * wd.c));
+        if lib.dropout {
+            let width = if cast.is_some() { wd.c } else { pw };
+            let d = self.t.act(s2 * width);
+            saved.push(self.t.act(s2));
+            if let Some(pc) = cast {
+                self.t.free(pc);
+            }
+            if width != wd.c {
+                saved.push(self.t.act(s2 * wd.c));
+                self.t.free(d);
+            } else {
+                saved.push(d);
+            }
+        } else if let Some(pc) = cast {
+            saved.push(pc);
+        }
+    }
+
+    /// Backward of one block: frees the saved tensors newest first, one
+    /// gradient of each one's size alive at a time beside the residual
+    /// gradient `g`; returns the gradient of the block input, which stays
+    /// last in `saved`.
+    fn hf_block_backward(
+        &mut self,
+        t: &TransformerArch,
+        n: u64,
+        g: u32,
+        saved: &mut Vec<u32>,
+    ) -> u32 {
+        let wd = self.widths();
+        let input = saved.pop().expect("block input");
+        let mut tmp: Option<u32> = None;
+        while let Some(id) = saved.pop() {
+            let gt = self.t.act(self.t.bytes(id));
+            if let Some(p) = tmp.replace(gt) {
+                self.t.free(p);
+            }
+            self.release(id);
+        }
+        let g_in = self.t.act(n * t.hidden * wd.r);
+        if let Some(p) = tmp {
+            self.t.free(p);
+        }
+        self.release(g);
+        saved.push(input);
+        g_in
+    }
+}
