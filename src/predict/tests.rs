@@ -797,3 +797,37 @@ fn a_llama_block_keeps_what_the_library_code_saves() {
         want - lse + s2 * (4 + 2)
     );
 }
+
+#[test]
+fn the_analytic_hugging_face_path_predicts_the_library_runs() {
+    let measured = include_str!("../../data/calibration/h200-libraries.jsonl");
+    let report = bench_predict(measured, None).unwrap();
+    let hf: Vec<BenchRow> = report
+        .rows
+        .iter()
+        .filter(|r| r.name.starts_with("hf-") && r.split != "repeat")
+        .cloned()
+        .collect();
+    assert_eq!(hf.len(), 42);
+    assert!(hf.iter().all(|r| r.source == "model"));
+    // The allocated peak, what the generated sequence decides by itself, is
+    // within 2% of PyTorch's on every run.
+    for r in &hf {
+        let m = r.measured_allocated_bytes.unwrap() as f64;
+        let err = (r.predicted_allocated_bytes as f64 - m) / m;
+        assert!(err.abs() <= 0.02, "{}: allocated {:+.1}%", r.name, 100.0 * err);
+    }
+    let held_out = error_stats(&hf, Some("holdout"));
+    assert_eq!(held_out.count, 11);
+    assert!(
+        held_out.median <= 0.03 && held_out.p90 <= 0.06,
+        "{held_out:?}"
+    );
+    // One held-out run (fp32 LLaMA-GQA, the math attention path) is 5.9%
+    // under: the allocator's fragmentation there is larger than the replay's
+    // (docs/benchmarks.md). Nothing may get worse than that.
+    assert!(held_out.under_predictions.len() <= 1, "{held_out:?}");
+    assert!(hf.iter().all(|r| r.relative_error > -0.11), "{hf:?}");
+    let fit = error_stats(&hf, Some("fit"));
+    assert!(fit.median <= 0.02 && fit.p90 <= 0.09, "{fit:?}");
+}
