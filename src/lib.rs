@@ -34,6 +34,17 @@ pub enum Error {
     /// Leader election failed.
     #[error("leader election: {0}")]
     Leadership(String),
+    /// This replica lost the Lease; it stops acting at once.
+    #[error("lost leadership: {0}")]
+    LeadershipLost(String),
+    /// A background task of the controller ended, failed or panicked.
+    #[error("background task {task} stopped: {reason}")]
+    TaskStopped {
+        /// The task's name.
+        task: &'static str,
+        /// What happened.
+        reason: String,
+    },
     /// YAML output failed.
     #[error("yaml: {0}")]
     Yaml(String),

@@ -7,10 +7,9 @@
 //! than the current one), so every driver call runs with the device's
 //! primary context pushed when it is not already current, and popped after.
 
-use std::collections::HashMap;
-
 use cudarc::driver::sys::{self, CUresult, cudaError_enum};
-use vramfit::alloc::{DeviceError, DeviceMemory, DevicePtr, MemInfo, PAGE_BYTES, StreamId};
+use vramfit::alloc::{DeviceError, DeviceMemory, DevicePtr, MemInfo, StreamId};
+use vramfit_vmm::{Pages, check};
 
 use crate::state::StreamEvents;
 
@@ -87,14 +86,6 @@ impl Drop for CtxGuard {
     }
 }
 
-fn device_err(result: CUresult, bytes: u64, call: &str) -> Result<(), DeviceError> {
-    match result {
-        cudaError_enum::CUDA_SUCCESS => Ok(()),
-        cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY => Err(DeviceError::OutOfMemory { bytes }),
-        other => Err(DeviceError::Driver(format!("{call}: {other:?}"))),
-    }
-}
-
 fn enter(ctx: &Context) -> Result<CtxGuard, DeviceError> {
     ctx.enter().map_err(DeviceError::Driver)
 }
@@ -105,62 +96,29 @@ fn enter(ctx: &Context) -> Result<CtxGuard, DeviceError> {
 /// and `cuMemUnmap` is not: pages are unmapped only once the device is idle.
 fn wait_idle() -> Result<(), DeviceError> {
     // SAFETY: synchronizes the current context (entered by the caller).
-    device_err(unsafe { sys::cuCtxSynchronize() }, 0, "cuCtxSynchronize")
+    check(unsafe { sys::cuCtxSynchronize() }, 0, "cuCtxSynchronize")
 }
 
-/// [`DeviceMemory`] over the driver, one physical handle per page so that
-/// any page can be given back on its own.
+/// [`DeviceMemory`] over the driver: segments by `cuMemAlloc`, pages by
+/// [`Pages`] (shared with the agent), every call inside the device's
+/// primary context.
 pub struct CudaMemory {
     ctx: Context,
-    page: u64,
-    handles: HashMap<DevicePtr, sys::CUmemGenericAllocationHandle>,
-    /// Physical pages unmapped by `park_pages`, for the next map.
-    parked: Vec<sys::CUmemGenericAllocationHandle>,
+    pages: Pages,
 }
 
-// SAFETY: handles and the context are plain driver handles; the allocator
-// state that owns this is behind a mutex.
+// SAFETY: the context is a plain driver handle; the allocator state that
+// owns this is behind a mutex.
 unsafe impl Send for CudaMemory {}
 
 impl CudaMemory {
     /// The backend of the device behind `ctx`.
     pub fn new(ctx: Context) -> Self {
-        let mut backend = Self {
-            ctx,
-            page: PAGE_BYTES,
-            handles: HashMap::new(),
-            parked: Vec::new(),
+        let pages = {
+            let _ctx = ctx.enter();
+            Pages::new(ctx.ordinal)
         };
-        let mut granularity = 0usize;
-        let prop = backend.prop();
-        // SAFETY: valid pointers for the call's duration.
-        let result = unsafe {
-            sys::cuMemGetAllocationGranularity(
-                &mut granularity,
-                &prop,
-                sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
-            )
-        };
-        if result == cudaError_enum::CUDA_SUCCESS && granularity > 0 {
-            backend.page = PAGE_BYTES.div_ceil(granularity as u64) * granularity as u64;
-        }
-        backend
-    }
-
-    fn location(&self) -> sys::CUmemLocation {
-        sys::CUmemLocation {
-            type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
-            id: self.ctx.ordinal,
-        }
-    }
-
-    fn prop(&self) -> sys::CUmemAllocationProp {
-        // SAFETY: all-zero is the documented "no options" value of the
-        // fields not set here.
-        let mut prop: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
-        prop.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
-        prop.location = self.location();
-        prop
+        Self { ctx, pages }
     }
 }
 
@@ -169,7 +127,7 @@ impl DeviceMemory for CudaMemory {
         let _ctx = enter(&self.ctx)?;
         let mut ptr: sys::CUdeviceptr = 0;
         // SAFETY: valid out-parameter; the context is current.
-        device_err(
+        check(
             unsafe { sys::cuMemAlloc_v2(&mut ptr, bytes as usize) },
             bytes,
             "cuMemAlloc",
@@ -180,7 +138,7 @@ impl DeviceMemory for CudaMemory {
     fn free(&mut self, ptr: DevicePtr, _bytes: u64) -> Result<(), DeviceError> {
         let _ctx = enter(&self.ctx)?;
         // SAFETY: `ptr` came from `malloc` and is freed once.
-        device_err(unsafe { sys::cuMemFree_v2(ptr) }, 0, "cuMemFree")
+        check(unsafe { sys::cuMemFree_v2(ptr) }, 0, "cuMemFree")
     }
 
     fn mem_info(&self) -> MemInfo {
@@ -200,128 +158,42 @@ impl DeviceMemory for CudaMemory {
     }
 
     fn page_bytes(&self) -> u64 {
-        self.page
+        self.pages.page_bytes()
     }
 
     fn reserve_range(&mut self, bytes: u64) -> Result<DevicePtr, DeviceError> {
         let _ctx = enter(&self.ctx)?;
-        let mut ptr: sys::CUdeviceptr = 0;
-        // SAFETY: reserving addresses touches no memory.
-        device_err(
-            unsafe { sys::cuMemAddressReserve(&mut ptr, bytes as usize, self.page as usize, 0, 0) },
-            bytes,
-            "cuMemAddressReserve",
-        )?;
-        Ok(ptr)
+        self.pages.reserve(bytes)
     }
 
     fn map_pages(&mut self, at: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
         let _ctx = enter(&self.ctx)?;
-        let prop = self.prop();
-        let mut mapped = 0;
-        while mapped < bytes {
-            let addr = at + mapped;
-            let mut handle: sys::CUmemGenericAllocationHandle = 0;
-            let created = match self.parked.pop() {
-                Some(parked) => {
-                    handle = parked;
-                    cudaError_enum::CUDA_SUCCESS
-                }
-                // SAFETY: valid out-parameter and properties.
-                None => unsafe { sys::cuMemCreate(&mut handle, self.page as usize, &prop, 0) },
-            };
-            let result = device_err(created, self.page, "cuMemCreate").and_then(|()| {
-                // SAFETY: `addr` is a page of a reserved range that is not mapped.
-                let code = unsafe { sys::cuMemMap(addr, self.page as usize, 0, handle, 0) };
-                device_err(code, self.page, "cuMemMap").inspect_err(|_| {
-                    // SAFETY: the handle is ours and mapped nowhere.
-                    unsafe { sys::cuMemRelease(handle) };
-                })
-            });
-            if let Err(e) = result {
-                // Leave no half-mapped run behind: the allocator counts the
-                // run as not mapped.
-                if mapped > 0 {
-                    let _ = self.unmap_pages(at, mapped);
-                }
-                return Err(e);
-            }
-            self.handles.insert(addr, handle);
-            mapped += self.page;
-        }
-        let access = sys::CUmemAccessDesc {
-            location: self.location(),
-            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-        };
-        // SAFETY: `[at, at + bytes)` was just mapped.
-        device_err(
-            unsafe { sys::cuMemSetAccess(at, bytes as usize, &access, 1) },
-            bytes,
-            "cuMemSetAccess",
-        )
+        self.pages.map(at, bytes)
     }
 
     fn unmap_pages(&mut self, at: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
         let _ctx = enter(&self.ctx)?;
         wait_idle()?;
-        let mut done = 0;
-        while done < bytes {
-            let addr = at + done;
-            // SAFETY: the page was mapped by `map_pages`; no live block uses it.
-            device_err(
-                unsafe { sys::cuMemUnmap(addr, self.page as usize) },
-                0,
-                "cuMemUnmap",
-            )?;
-            if let Some(handle) = self.handles.remove(&addr) {
-                // SAFETY: the handle is mapped nowhere now.
-                device_err(unsafe { sys::cuMemRelease(handle) }, 0, "cuMemRelease")?;
-            }
-            done += self.page;
-        }
-        Ok(())
+        self.pages.unmap(at, bytes, false)
     }
 
     fn park_pages(&mut self, at: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
         let _ctx = enter(&self.ctx)?;
         wait_idle()?;
-        let mut done = 0;
-        while done < bytes {
-            let addr = at + done;
-            // SAFETY: the page was mapped by `map_pages`; no live block uses it.
-            device_err(
-                unsafe { sys::cuMemUnmap(addr, self.page as usize) },
-                0,
-                "cuMemUnmap",
-            )?;
-            if let Some(handle) = self.handles.remove(&addr) {
-                self.parked.push(handle);
-            }
-            done += self.page;
-        }
-        Ok(())
+        self.pages.unmap(at, bytes, true)
     }
 
     fn release_parked(&mut self) -> Result<(), DeviceError> {
-        if self.parked.is_empty() {
+        if !self.pages.has_parked() {
             return Ok(());
         }
         let _ctx = enter(&self.ctx)?;
-        for handle in std::mem::take(&mut self.parked) {
-            // SAFETY: a parked handle is mapped nowhere.
-            device_err(unsafe { sys::cuMemRelease(handle) }, 0, "cuMemRelease")?;
-        }
-        Ok(())
+        self.pages.release_parked()
     }
 
     fn release_range(&mut self, at: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
         let _ctx = enter(&self.ctx)?;
-        // SAFETY: the range was reserved here and holds no mappings.
-        device_err(
-            unsafe { sys::cuMemAddressFree(at, bytes as usize) },
-            0,
-            "cuMemAddressFree",
-        )
+        self.pages.free_range(at, bytes)
     }
 }
 

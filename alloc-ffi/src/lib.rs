@@ -302,15 +302,22 @@ pub extern "C-unwind" fn vramfit_memory_fraction(fraction: f64, device_index: c_
     })
 }
 
+/// `record_stream` calls for pointers no device handed out.
+static UNKNOWN_RECORD_STREAMS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 /// PyTorch's record-stream hook (`Tensor.record_stream`).
 #[unsafe(no_mangle)]
 pub extern "C-unwind" fn vramfit_record_stream(ptr: *mut c_void, stream: *mut c_void) {
     guarded(|| {
         let Ok(g) = global() else { return Ok(()) };
+        let mut known = false;
         for slot in &g.devices {
             if let Some(Ok(device)) = slot.get() {
-                lock(device).record_stream(ptr as u64, stream as u64);
+                known |= lock(device).record_stream(ptr as u64, stream as u64);
             }
+        }
+        if !known {
+            UNKNOWN_RECORD_STREAMS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
         Ok(())
     })
@@ -392,6 +399,8 @@ fn stats_text(device_index: c_int, kind: c_int) -> Option<String> {
             "allocatedBytes": p.allocated_bytes, "reservedBytes": p.reserved_bytes,
             "peakAllocatedBytes": p.peak_allocated_bytes, "peakReservedBytes": p.peak_reserved_bytes,
             "numOoms": p.num_ooms, "pendingFrees": state.pending_frees(),
+            "recordStreams": state.stream_counters().0, "heldBackFrees": state.stream_counters().1,
+            "unknownRecordStreams": UNKNOWN_RECORD_STREAMS.load(std::sync::atomic::Ordering::Relaxed),
             "statsDir": g.settings.stats_dir.as_ref().map(|d| d.display().to_string()),
         })
         .to_string()

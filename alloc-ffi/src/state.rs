@@ -126,6 +126,10 @@ pub struct DeviceState<E: StreamEvents> {
     lifetime_peak_reserved: u64,
     /// Out-of-memory errors since the process started.
     lifetime_ooms: u64,
+    /// `record_stream` calls that named a live block and another stream.
+    record_streams: u64,
+    /// Frees held back for other streams (each waited for events).
+    held_back_frees: u64,
 }
 
 impl<E: StreamEvents> DeviceState<E> {
@@ -155,6 +159,8 @@ impl<E: StreamEvents> DeviceState<E> {
             lifetime_peak_allocated: 0,
             lifetime_peak_reserved: 0,
             lifetime_ooms: 0,
+            record_streams: 0,
+            held_back_frees: 0,
         }
     }
 
@@ -171,6 +177,13 @@ impl<E: StreamEvents> DeviceState<E> {
     /// Blocks freed by PyTorch but held back for other streams.
     pub fn pending_frees(&self) -> usize {
         self.pending.len()
+    }
+
+    /// `(record_stream calls that named a live block of this device and
+    /// another stream, frees held back for other streams)` since the
+    /// process started: whether PyTorch's hook reaches the library at all.
+    pub fn stream_counters(&self) -> (u64, u64) {
+        (self.record_streams, self.held_back_frees)
     }
 
     /// Allocates `bytes` for `stream`. On a refusal, blocks held back for
@@ -235,14 +248,19 @@ impl<E: StreamEvents> DeviceState<E> {
         }
     }
 
-    /// PyTorch's `record_stream`: the block at `ptr` is also used on `stream`.
-    pub fn record_stream(&mut self, ptr: DevicePtr, stream: StreamId) {
-        if let Some(block) = self.live.get_mut(&ptr)
-            && block.stream != stream
-            && !block.uses.contains(&stream)
-        {
-            block.uses.push(stream);
+    /// PyTorch's `record_stream`: the block at `ptr` is also used on
+    /// `stream`. Returns whether `ptr` is a live block of this device.
+    pub fn record_stream(&mut self, ptr: DevicePtr, stream: StreamId) -> bool {
+        let Some(block) = self.live.get_mut(&ptr) else {
+            return false;
+        };
+        if block.stream != stream {
+            self.record_streams += 1;
+            if !block.uses.contains(&stream) {
+                block.uses.push(stream);
+            }
         }
+        true
     }
 
     /// PyTorch freed the block at `ptr`. A block used on other streams goes
@@ -262,6 +280,7 @@ impl<E: StreamEvents> DeviceState<E> {
             events.push(self.events.record(stream).map_err(plain)?);
         }
         self.pending.push((ptr, events));
+        self.held_back_frees += 1;
         Ok(())
     }
 

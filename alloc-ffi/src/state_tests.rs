@@ -61,9 +61,10 @@ fn a_block_used_on_another_stream_is_not_reused_before_that_stream_is_done() {
     for policy in BOTH {
         let (mut s, events) = state(policy, 1 << 40, None);
         let a = s.allocate(4 * MIB, 0).unwrap();
-        s.record_stream(a, 7);
+        assert!(s.record_stream(a, 7));
         s.free(a).unwrap();
         assert_eq!(s.pending_frees(), 1, "{policy}");
+        assert_eq!(s.stream_counters(), (1, 1), "{policy}");
         assert_eq!(*events.recorded.borrow(), vec![(1, 7)]);
         // Stream 7 still works on it: the same request gets other memory.
         let b = s.allocate(4 * MIB, 0).unwrap();
@@ -82,9 +83,11 @@ fn a_block_used_only_on_its_own_stream_is_reused_at_once() {
     for policy in BOTH {
         let (mut s, events) = state(policy, 1 << 40, None);
         let a = s.allocate(4 * MIB, 0).unwrap();
-        s.record_stream(a, 0);
+        assert!(s.record_stream(a, 0));
+        assert!(!s.record_stream(a + 4096, 3), "not a block's start");
         s.free(a).unwrap();
         assert_eq!(s.pending_frees(), 0);
+        assert_eq!(s.stream_counters(), (0, 0), "{policy}");
         assert!(events.recorded.borrow().is_empty());
         assert_eq!(s.allocate(4 * MIB, 0).unwrap(), a, "{policy}");
     }

@@ -93,6 +93,20 @@ def test_install_from_env_honours_the_opt_out(monkeypatch: pytest.MonkeyPatch) -
         allocator.install_from_env({"VRAMFIT_BUDGET_BYTES": "4G"})
 
 
+
+def test_install_from_env_leaves_the_context_its_part_of_the_budget(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls = []
+    monkeypatch.setattr(allocator, "install", lambda budget: calls.append(budget) or True)
+    env = {"VRAMFIT_BUDGET_BYTES": str(10 << 30), "VRAMFIT_CONTEXT_BYTES": str(758 << 20)}
+    assert allocator.install_from_env(env) is True
+    assert calls == [(10 << 30) - (758 << 20)]
+    with pytest.raises(ValueError, match="leaves nothing"):
+        allocator.install_from_env({"VRAMFIT_BUDGET_BYTES": "1024", "VRAMFIT_CONTEXT_BYTES": "1024"})
+    with pytest.raises(ValueError, match="VRAMFIT_CONTEXT_BYTES"):
+        allocator.install_from_env({"VRAMFIT_BUDGET_BYTES": "1024", "VRAMFIT_CONTEXT_BYTES": "1M"})
+
 FAKE_TORCH = '''
 """Stands in for torch: records what vramfit.allocator asks of it."""
 import ctypes

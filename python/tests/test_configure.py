@@ -56,6 +56,24 @@ def test_the_allocator_enforces_the_budget_when_present(monkeypatch: pytest.Monk
     assert (attempt.micro_batch, attempt.grad_accum) == (16, 4)
 
 
+
+def test_the_allocator_gets_the_budget_less_the_context(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The budget covers the whole process on the GPU (the agent's NVML
+    # watchdog measures it so); the CUDA context and libraries take their part.
+    calls = fake_allocator(monkeypatch, available=True)
+    env = dict(MANAGED, VRAMFIT_CONTEXT_BYTES=str(758 * 2**20))
+    attempt = vramfit.configure(micro_batch=128, env=env)
+    assert calls == [10 * 2**30 - 758 * 2**20]
+    assert attempt.allocator_budget_bytes == 10 * 2**30 - 758 * 2**20
+    assert attempt.enforcement == "allocator"
+
+
+def test_a_context_as_large_as_the_budget_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_allocator(monkeypatch, available=True)
+    env = dict(MANAGED, VRAMFIT_CONTEXT_BYTES=str(10 * 2**30))
+    with pytest.raises(vramfit.ConfigError, match="leaves nothing"):
+        vramfit.configure(env=env)
+
 def test_native_opts_out_of_the_allocator(monkeypatch: pytest.MonkeyPatch) -> None:
     calls = fake_allocator(monkeypatch, available=True)
     attempt = vramfit.configure(env=dict(MANAGED, VRAMFIT_ALLOCATOR="native"))

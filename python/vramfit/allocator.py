@@ -184,8 +184,9 @@ def install(budget_bytes: int, policy: Optional[str] = None) -> bool:
 
 
 def install_from_env(environ: Optional[Dict[str, str]] = None) -> bool:
-    """``install`` with the budget of ``VRAMFIT_BUDGET_BYTES`` when it is set
-    and ``VRAMFIT_ALLOCATOR`` is not 0/false/off; False otherwise."""
+    """``install`` with ``VRAMFIT_BUDGET_BYTES`` minus ``VRAMFIT_CONTEXT_BYTES``
+    when the budget is set and ``VRAMFIT_ALLOCATOR`` is not 0/false/off; False
+    otherwise."""
     env = os.environ if environ is None else environ
     if env.get(OPT_OUT_ENV, "1").strip().lower() in ("0", "false", "off", "no"):
         return False
@@ -196,7 +197,20 @@ def install_from_env(environ: Optional[Dict[str, str]] = None) -> bool:
         budget = int(text)
     except ValueError:
         raise ValueError(f"VRAMFIT_BUDGET_BYTES={text!r} is not a number of bytes") from None
-    return install(budget)
+    context_text = env.get("VRAMFIT_CONTEXT_BYTES", "").strip() or "0"
+    try:
+        context = int(context_text)
+    except ValueError:
+        raise ValueError(
+            f"VRAMFIT_CONTEXT_BYTES={context_text!r} is not a number of bytes"
+        ) from None
+    if not 0 <= context < budget:
+        raise ValueError(
+            f"VRAMFIT_CONTEXT_BYTES {context} leaves nothing of VRAMFIT_BUDGET_BYTES {budget}"
+        )
+    # The budget covers the whole process; the allocator gets what the CUDA
+    # context and libraries leave.
+    return install(budget - context)
 
 
 def installed() -> bool:

@@ -42,6 +42,9 @@ class Attempt:
     budget_bytes: Optional[int] = None
     #: Budget / GPU total, when vramfit set one.
     memory_fraction: Optional[float] = None
+    #: The part of the budget kept for memory outside the caching allocator
+    #: (CUDA context, kernels, libraries, NCCL), when vramfit said.
+    context_bytes: Optional[int] = None
     #: Exit code for the OOM protocol.
     oom_exit_code: int = OOM_EXIT_CODE
     #: Where the OOM message and memory summary go.
@@ -52,6 +55,14 @@ class Attempt:
     managed: bool = False
     #: How the budget is enforced: ``allocator``, ``fraction`` or ``none``.
     enforcement: str = "none"
+
+    @property
+    def allocator_budget_bytes(self) -> Optional[int]:
+        """What the caching allocator may reserve: the budget, which covers the
+        whole process, minus the part kept outside the allocator."""
+        if self.budget_bytes is None:
+            return None
+        return self.budget_bytes - (self.context_bytes or 0)
 
     @property
     def rank_batch(self) -> int:
@@ -123,6 +134,13 @@ def from_env(
                 f"VRAMFIT_MICRO_BATCH {micro} x VRAMFIT_GRAD_ACCUM {accum} x WORLD_SIZE {world} "
                 f"is not VRAMFIT_GLOBAL_BATCH {total}"
             )
+        budget = _int(env, "VRAMFIT_BUDGET_BYTES", None, minimum=0)
+        context = _int(env, "VRAMFIT_CONTEXT_BYTES", None, minimum=0)
+        if budget is not None and context is not None and context >= budget:
+            raise ConfigError(
+                f"VRAMFIT_CONTEXT_BYTES {context} leaves nothing of VRAMFIT_BUDGET_BYTES "
+                f"{budget} for the allocator"
+            )
         return Attempt(
             micro_batch=micro,
             grad_accum=accum,
@@ -131,8 +149,9 @@ def from_env(
             attempt=_int(env, "VRAMFIT_ATTEMPT", 1) or 1,
             world_size=world,
             local_rank=local_rank,
-            budget_bytes=_int(env, "VRAMFIT_BUDGET_BYTES", None, minimum=0),
+            budget_bytes=budget,
             memory_fraction=_float(env, "VRAMFIT_MEMORY_FRACTION"),
+            context_bytes=context,
             oom_exit_code=exit_code,
             termination_log=log,
             stats_dir=stats_dir,

@@ -45,11 +45,15 @@ def _apply_fraction(attempt: Attempt, device: Optional[int]) -> bool:
         raise ConfigError(
             f"device {index} is not visible ({torch.cuda.device_count()} CUDA device(s))"
         )
+    # PyTorch's fraction caps what its allocator reserves, so it gets the
+    # allocator's part of the budget; VRAMFIT_MEMORY_FRACTION (the whole
+    # budget over the GPU) serves only when no budget in bytes was given.
     fraction = attempt.memory_fraction
-    if fraction is None:
-        assert attempt.budget_bytes is not None
+    allocator_budget = attempt.allocator_budget_bytes
+    if allocator_budget is not None:
         total = torch.cuda.get_device_properties(index).total_memory
-        fraction = min(1.0, attempt.budget_bytes / total)
+        fraction = min(1.0, allocator_budget / total)
+    assert fraction is not None
     if torch.cuda.is_initialized() and torch.cuda.memory_reserved(index) > 0:
         warnings.warn(
             "vramfit.configure() ran after CUDA memory was allocated; the budget only "
@@ -94,7 +98,8 @@ def configure(
     )
     enforcement = "none"
     if attempt.managed and (attempt.budget_bytes or attempt.memory_fraction):
-        if attempt.budget_bytes and _install_allocator(attempt.budget_bytes, source):
+        allocator_budget = attempt.allocator_budget_bytes
+        if allocator_budget and _install_allocator(allocator_budget, source):
             enforcement = "allocator"
         elif _apply_fraction(attempt, device):
             enforcement = "fraction"
@@ -124,7 +129,13 @@ def configure(
 
 def _describe_budget(attempt: Attempt) -> str:
     if attempt.budget_bytes:
-        return f"{attempt.budget_bytes / 2**30:.2f} GiB"
+        text = f"{attempt.budget_bytes / 2**30:.2f} GiB"
+        if attempt.context_bytes:
+            text += (
+                f" ({attempt.context_bytes / 2**30:.2f} GiB of it kept for the CUDA context"
+                " and libraries)"
+            )
+        return text
     if attempt.memory_fraction:
         return f"{attempt.memory_fraction:.3f} of the GPU"
     return "none"

@@ -10,16 +10,22 @@ and prints a summary with PASS/FAIL per check.
 
 Cases:
   correctness (per policy): torch.cuda memory statistics under the library,
-    empty_cache, record_stream on a busy side stream, budget OOM as
+    empty_cache, record_stream on a busy side stream (with the library's
+    counters showing whether PyTorch's hook reached it; the same probe
+    under PyTorch's own allocator is the control), budget OOM as
     torch.OutOfMemoryError (also from backward), the published stats file,
     CUDA graph capture refused, fork.
   bench: vramfit-agent bench alloc.
-  train (5 models x native / pytorch policy / vramfit policy): median step
-    time, reserved peak, nvidia-smi per-process peak vs budget + context.
+  train (5 models x native / pytorch policy / vramfit policy, 14 steps, the
+    median of the last 8 timed): step time, reserved peak, nvidia-smi
+    per-process peak vs budget + context, driver calls per step (the vramfit
+    policy must make none in the last 4 steps).
   budget_oom (per policy): a budget below the need fails in step 0 with
     the budget message.
   pair: two processes with budgets on the GPU; the one over budget (it keeps
-    memory each step) fails alone; the other's losses equal its solo run.
+    memory each step) fails alone; the other's losses equal the same run
+    alone (both with torch.use_deterministic_algorithms, so that equal means
+    bitwise equal).
 """
 
 import argparse
@@ -145,6 +151,63 @@ def barrier(directory, parties, name):
         time.sleep(0.05)
 
 
+def record_stream_probe(torch, va=None):
+    """A block freed while a busy side stream still reads it (record_stream)
+    must not be handed out again before that stream is done.
+
+    Every kernel used is launched once first: with CUDA's lazy module
+    loading, the first launch of a kernel can wait for the device, which
+    lets the side stream finish before the free and makes an early reuse
+    legitimate (run 2 saw exactly that). Whether the side stream was still
+    busy when the block was asked for again is recorded; if it was not, the
+    probe proves nothing and says so."""
+    n = 64 * MIB // 4
+    side = torch.cuda.Stream()
+    warm = torch.ones(n, device="cuda")
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(1000)
+        (warm * 2).fill_(-7.0)
+    torch.empty(n, device="cuda").fill_(-7.0)
+    (warm == 2).all().item()
+    torch.cuda.synchronize()
+    del warm
+    src = torch.ones(n, device="cuda")
+    ptr = src.data_ptr()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(400_000_000)  # keep the side stream busy (~0.2 s)
+        out = src * 2
+    src.record_stream(side)
+    del src
+    counters = {}
+    if va is not None:
+        own = va.memory_stats()
+        counters = {k: own.get(f"vramfit.{k}") for k in ("recordStreams", "heldBackFrees", "unknownRecordStreams", "pendingFrees")}
+    reused = torch.empty(n, device="cuda")
+    busy = not side.query()
+    early = reused.data_ptr() == ptr
+    reused.fill_(-7.0)
+    side.synchronize()
+    correct = bool((out == 2).all().item())
+    return {"sideBusyAtReuse": busy, "reusedEarly": early, "resultCorrect": correct,
+            "afterFree": counters, "ok": busy and not early and correct}
+
+
+def worker_record_stream(args):
+    """The record_stream probe alone, under any allocator (native: the control)."""
+    err = install_allocator(args.alloc, args.budget)
+    if err:
+        emit({"alloc": args.alloc, "error": err})
+        return 3
+    import torch
+
+    va = None
+    if args.alloc != "native":
+        from vramfit import allocator as va
+    emit({"alloc": args.alloc, "recordStream": record_stream_probe(torch, va)})
+    return 0
+
+
 def worker_train(args):
     result = {"model": args.model, "alloc": args.alloc, "budget": args.budget, "pid": os.getpid()}
     err = install_allocator(args.alloc, args.budget)
@@ -159,6 +222,10 @@ def worker_train(args):
     torch.manual_seed(args.seed)
     torch.backends.cudnn.benchmark = False
     torch.backends.cudnn.deterministic = True
+    if args.deterministic:
+        # Bitwise-repeatable kernels, so that two runs' losses can be
+        # compared exactly (run 2: 5e-5 apart without it).
+        torch.use_deterministic_algorithms(True, warn_only=True)
     model, opt, make, loss_of = build_model(args.model, torch)
     barrier(args.barrier, args.parties, args.name)
     kept = []
@@ -273,24 +340,9 @@ def worker_correctness(args):
     check("empty_cache gives a freed 256 MiB block back", empty_cache)
 
     def record_stream():
-        side = torch.cuda.Stream()
-        n = 64 * MIB // 4
-        src = torch.ones(n, device="cuda")
-        ptr = src.data_ptr()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            torch.cuda._sleep(400_000_000)  # keep the side stream busy
-            out = src * 2
-        src.record_stream(side)
-        del src
-        reused = torch.empty(n, device="cuda")
-        early = reused.data_ptr() == ptr
-        reused.fill_(-7.0)
-        side.synchronize()
-        correct = bool((out == 2).all().item())
-        result["recordStream"] = {"reusedEarly": early, "resultCorrect": correct,
-                                  "pendingAfterFree": va.memory_stats().get("vramfit.pendingFrees")}
-        return (not early) and correct
+        probe = record_stream_probe(torch, va)
+        result["recordStream"] = probe
+        return probe["ok"]
 
     check("record_stream: a block in use on a busy stream is not reused early", record_stream)
 
@@ -438,7 +490,7 @@ class Runner:
         self.lib = lib
         self.log = log
         self.stats_dir = tempfile.mkdtemp(prefix="vramfit-stats-")
-        self.deadline = time.time() + 300
+        self.deadline = time.time() + 340
 
     def env(self, extra=None):
         env = dict(os.environ)
@@ -487,10 +539,14 @@ class Runner:
         return self.finish(self.start(argv, extra), label, min(timeout, left))
 
 
-def train_args(model, alloc, budget=0, steps=8, warmup=3, keep_mib=0, barrier_dir="", parties=1, name=""):
-    return ["worker-train", "--model", model, "--alloc", alloc, "--budget", str(budget), "--steps", str(steps),
+# 14 steps, the first 6 not timed: the vramfit policy settles its page
+# layout in the first steps, and a median of 8 steps is steadier than of 5.
+def train_args(model, alloc, budget=0, steps=14, warmup=6, keep_mib=0, barrier_dir="", parties=1, name="",
+               deterministic=False):
+    argv = ["worker-train", "--model", model, "--alloc", alloc, "--budget", str(budget), "--steps", str(steps),
             "--warmup", str(warmup), "--keep-mib", str(keep_mib), "--barrier", barrier_dir,
             "--parties", str(parties), "--name", name or f"{model}-{alloc}"]
+    return argv + (["--deterministic"] if deterministic else [])
 
 
 def round_up(n, to=2 * MIB):
@@ -519,6 +575,19 @@ def orchestrate(args):
             add(f"correctness[{policy}] ran", False, f"rc={r.get('rc')} {r.get('error', '')} {r.get('stderrTail', '')[-300:]}")
         for name, c in (r.get("checks") or {}).items():
             add(f"correctness[{policy}] {name}", c.get("ok"), c.get("error", ""))
+
+    # The record_stream probe under PyTorch's own allocator: the control
+    # that shows the probe's premise holds on this machine.
+    r = runner.run(["worker-record-stream", "--alloc", "native"], "record-stream-native", 60)
+    cases["record-stream-native"] = r
+    probe = r.get("recordStream") or {}
+    add("record_stream[native] control: PyTorch's allocator passes the same probe", probe.get("ok"),
+        json.dumps(probe) if probe else r.get("error", "") + r.get("stderrTail", "")[-300:])
+    for policy in ("pytorch", "vramfit"):
+        p = (cases.get(f"correctness-{policy}") or {}).get("recordStream")
+        if p:
+            add(f"record_stream[{policy}] the library's hook saw the call and held the free back",
+                (p.get("afterFree") or {}).get("heldBackFrees", 0) >= 1, json.dumps(p))
 
     # 3. training runs
     models = ["gpt2", "llama", "bert", "resnet50", "vit"]
@@ -562,8 +631,13 @@ def orchestrate(args):
         bdir = tempfile.mkdtemp(prefix="vramfit-barrier-")
         budget_a = solo["budgetBytes"]
         budget_b = round_up(native.get("maxReserved", 8 * GIB) + 2 * GIB)
-        a = runner.start(train_args("gpt2", "vramfit", budget_a, barrier_dir=bdir, parties=2, name="a"))
-        b = runner.start(train_args("gpt2", "vramfit", budget_b, steps=30, keep_mib=768, barrier_dir=bdir, parties=2, name="b"))
+        # The reference: the same run alone, deterministic like the pair.
+        solo = runner.run(train_args("gpt2", "vramfit", budget_a, deterministic=True), "pair-solo", 150)
+        cases["pair-solo"] = solo
+        a = runner.start(train_args("gpt2", "vramfit", budget_a, barrier_dir=bdir, parties=2, name="a",
+                                    deterministic=True))
+        b = runner.start(train_args("gpt2", "vramfit", budget_b, steps=40, keep_mib=768, barrier_dir=bdir, parties=2,
+                                    name="b"))
         ra = runner.finish(a, "pair-a", 180)
         rb = runner.finish(b, "pair-b", 180)
         ra["budgetBytes"], rb["budgetBytes"] = budget_a, budget_b
@@ -627,6 +701,10 @@ def orchestrate(args):
                 add(f"train[{model}] pytorch policy reserves what native does (within 2%)", abs(reserved_vs) <= 2,
                     f"{reserved_vs:+.1f}%")
             add(f"train[{model}] {policy}: step time within 1% of native", overhead <= 1.0, f"{overhead:+.2f}%")
+            calls = r.get("deviceCallsPerStep") or []
+            if policy == "vramfit" and len(calls) >= 4:
+                add(f"train[{model}] vramfit: no driver calls in the last 4 steps", sum(calls[-4:]) == 0,
+                    f"calls per step {calls}")
             if policy == "vramfit" and model in ("gpt2", "llama", "bert"):
                 add(f"train[{model}] vramfit policy reserved peak >= 10% below native", reserved_vs <= -10,
                     f"{reserved_vs:+.1f}%")
@@ -675,9 +753,12 @@ def main():
         p.add_argument("--barrier", default="")
         p.add_argument("--parties", type=int, default=1)
         p.add_argument("--name", default="")
+        p.add_argument("--deterministic", action="store_true")
         args = p.parse_args()
         if mode == "worker-train":
             sys.exit(worker_train(args))
+        if mode == "worker-record-stream":
+            sys.exit(worker_record_stream(args))
         sys.exit(worker_correctness(args))
     p = argparse.ArgumentParser()
     p.add_argument("out_dir")

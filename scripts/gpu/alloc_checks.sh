@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# libvramfit_alloc.so on the GPU machine, in one go (about 4 minutes):
+# libvramfit_alloc.so on the GPU machine, in one go (about 5.5 minutes):
 # correctness under PyTorch (statistics, empty_cache, streams, budget OOM,
 # graphs, fork), `vramfit-agent bench alloc`, five short training runs under
 # PyTorch's allocator and ours (both policies), a budget below the need, and

@@ -16,7 +16,8 @@
 //! The allocators never touch CUDA themselves: they call a [`DeviceMemory`]
 //! backend. [`SimulatedDevice`] hands out addresses and enforces a capacity,
 //! so the policies are testable and benchmarkable without a GPU; the agent
-//! crate provides a cudarc-backed backend.
+//! and `libvramfit_alloc.so` provide cudarc-backed backends over the page
+//! mapping of the `vramfit-vmm` crate.
 
 mod config;
 mod device;

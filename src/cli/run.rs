@@ -25,7 +25,7 @@ use serde::Serialize;
 use super::{OutputFormat, read_text};
 use crate::api::{AbsorbedOom, TrainingJob};
 use crate::controller::backoff::{BatchShape, OomDecision, after_oom};
-use crate::controller::budget::attempt_budget;
+use crate::controller::budget::{attempt_budget, outside_allocator_bytes};
 use crate::controller::exit::{OOM_EXIT_CODE, first_line, is_oom_exit};
 use crate::controller::quantity::human_bytes;
 
@@ -224,6 +224,11 @@ impl AttemptPlan<'_> {
         let spec = &self.job.spec;
         let mut env = vec![
             ("VRAMFIT_BUDGET_BYTES", self.budget_bytes.to_string()),
+            (
+                "VRAMFIT_CONTEXT_BYTES",
+                // The budget is predicted for the default profile.
+                outside_allocator_bytes(None, spec.gpus).to_string(),
+            ),
             ("VRAMFIT_MICRO_BATCH", self.shape.micro.to_string()),
             ("VRAMFIT_GRAD_ACCUM", self.shape.accum.to_string()),
             ("VRAMFIT_GLOBAL_BATCH", spec.batch.global.to_string()),
@@ -779,6 +784,11 @@ mod tests {
         assert_eq!(env["VRAMFIT_MIN_MICRO_BATCH"], "2");
         assert_eq!(env["VRAMFIT_ATTEMPT"], "2");
         assert_eq!(env["VRAMFIT_BUDGET_BYTES"], (25u64 << 30).to_string());
+        assert_eq!(
+            env["VRAMFIT_CONTEXT_BYTES"],
+            crate::predict::default_gpu().context_bytes.to_string(),
+            "the part of the budget kept outside the allocator"
+        );
         assert_eq!(env["VRAMFIT_MEMORY_FRACTION"], "0.250000");
         assert_eq!(env["CUDA_VISIBLE_DEVICES"], "3");
         assert_eq!(

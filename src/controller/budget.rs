@@ -4,10 +4,22 @@
 use crate::api::{GpuModelBudget, MemoryBreakdown, TrainingJob};
 use crate::predict::job::{BatchInput, JobInput, auto_micro_batch};
 use crate::predict::{
-    GpuProfile, JobShape, default_gpu, gpu_profile, predict_from_profile, predict_model,
+    GpuProfile, JobShape, context_bytes, default_gpu, gpu_profile, predict_from_profile,
+    predict_model,
 };
 
 use super::quantity::parse_quantity;
+
+/// The part of a per-GPU budget kept for memory the process holds outside
+/// the caching allocator (CUDA context, kernels, libraries; NCCL with more
+/// than one GPU), as the predictor counts it for `gpu_model` (the default
+/// profile when unnamed or unknown). The budget covers the whole process, as
+/// the agent's NVML watchdog measures it; the allocator may reserve the rest
+/// (`VRAMFIT_CONTEXT_BYTES`, docs/node-protocol.md).
+pub fn outside_allocator_bytes(gpu_model: Option<&str>, gpus: u32) -> u64 {
+    let gpu = gpu_model.and_then(gpu_profile).unwrap_or_else(default_gpu);
+    context_bytes(gpu, gpus)
+}
 
 /// What the budget is based on.
 #[derive(Clone, Debug, PartialEq)]

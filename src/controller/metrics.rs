@@ -17,6 +17,14 @@ pub struct PhaseLabel {
     pub phase: String,
 }
 
+/// Label set with the kind of a reconcile error.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ErrorLabel {
+    /// `conflict`, `not_found`, `throttled`, `server`, `rejected`,
+    /// `transport`, `finalizer`, ... (see `controller::retry::error_kind`).
+    pub error: String,
+}
+
 /// Every metric the controller exports.
 pub struct Metrics {
     registry: Mutex<Registry>,
@@ -36,6 +44,12 @@ pub struct Metrics {
     pub committed_bytes: Gauge,
     /// GPU memory of the usable GPUs, bytes.
     pub total_bytes: Gauge,
+    /// Reconciles run.
+    pub reconcile_runs: Counter,
+    /// Reconciles that failed, by the kind of error.
+    pub reconcile_errors: Family<ErrorLabel, Counter>,
+    /// Seconds one reconcile takes.
+    pub reconcile_seconds: Histogram,
 }
 
 impl Default for Metrics {
@@ -52,6 +66,9 @@ impl Default for Metrics {
             placements: Counter::default(),
             committed_bytes: Gauge::default(),
             total_bytes: Gauge::default(),
+            reconcile_runs: Counter::default(),
+            reconcile_errors: Family::default(),
+            reconcile_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 16)),
         };
         {
             let mut r = metrics.registry.lock().expect("registry lock");
@@ -91,6 +108,21 @@ impl Default for Metrics {
                 "GPU memory of the usable GPUs",
                 metrics.total_bytes.clone(),
             );
+            r.register(
+                "reconcile_runs",
+                "Reconciles run",
+                metrics.reconcile_runs.clone(),
+            );
+            r.register(
+                "reconcile_errors",
+                "Reconciles that failed, by kind of error",
+                metrics.reconcile_errors.clone(),
+            );
+            r.register(
+                "reconcile_duration_seconds",
+                "Seconds one reconcile takes",
+                metrics.reconcile_seconds.clone(),
+            );
         }
         metrics
     }
@@ -120,6 +152,12 @@ mod tests {
                 phase: "Pending".into(),
             })
             .set(1);
+        metrics
+            .reconcile_errors
+            .get_or_create(&ErrorLabel {
+                error: "conflict".into(),
+            })
+            .inc();
         metrics
     }
 

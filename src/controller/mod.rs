@@ -14,9 +14,11 @@ pub mod metrics;
 pub mod pod;
 pub mod quantity;
 mod reconcile;
+pub mod retry;
 pub mod scheduler;
 pub mod signature;
 pub mod status;
+pub mod supervise;
 pub mod transition;
 
 use std::collections::HashMap;
@@ -24,7 +26,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::Api;
@@ -213,9 +215,11 @@ impl Context {
     }
 }
 
-/// Runs the controller until it fails or loses its Lease.
+/// Runs the controller until a termination signal (`Ok`), until it loses its
+/// Lease (`Error::LeadershipLost`) or until a background task stops.
 pub async fn run(client: Client, options: ControllerOptions) -> Result<()> {
     let metrics = Arc::new(Metrics::default());
+    let mut tasks = supervise::Supervisor::default();
     if let Some(addr) = options.metrics_addr {
         let ui = UiSource {
             client: client.clone(),
@@ -223,12 +227,25 @@ pub async fn run(client: Client, options: ControllerOptions) -> Result<()> {
             node_selector: options.node_selector.clone(),
             heartbeat_ttl: options.heartbeat_ttl,
         };
-        tokio::spawn(serve_metrics(addr, metrics.clone(), ui));
+        // Bound before the election, so a standby serves /healthz and /ui too
+        // and a taken address fails the start-up rather than a task later.
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|source| Error::Io {
+                path: format!("--metrics-addr {addr}"),
+                source,
+            })?;
+        tasks.spawn(
+            "metrics server",
+            serve_metrics(listener, metrics.clone(), ui),
+        );
     }
-    let _leadership = match &options.lease {
-        Some(lease) => Some(acquire_leadership(client.clone(), lease).await?),
-        None => None,
-    };
+    let mut lease_manager = None;
+    if let Some(lease) = &options.lease {
+        let (lost, manager) = acquire_leadership(client.clone(), lease).await?;
+        tasks.spawn("lease", lost);
+        lease_manager = Some(manager);
+    }
     let jobs_api: Api<TrainingJob> = match &options.namespace {
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
@@ -275,63 +292,62 @@ pub async fn run(client: Client, options: ControllerOptions) -> Result<()> {
     });
     let (trigger, triggers) = futures::channel::mpsc::unbounded::<ObjectRef<TrainingJob>>();
 
-    // GpuNode changes wake the scheduler and re-run the jobs placed there
-    // (measured peaks, agent OOM reports).
-    let gpu_node_stream = watcher(Api::<GpuNode>::all(client.clone()), node_config.clone())
-        .default_backoff()
-        .reflect(gpu_node_writer)
-        .applied_objects();
+    // Every GpuNode change wakes the scheduler. Most are heartbeats; the jobs
+    // placed on a node only read its processes and OOM reports, so only a
+    // change of those re-runs them.
+    let gpu_node_stream = {
+        let ctx = ctx.clone();
+        watcher(Api::<GpuNode>::all(client.clone()), node_config.clone())
+            .default_backoff()
+            .reflect(gpu_node_writer)
+            .applied_objects()
+            .inspect_ok(move |_| ctx.wake_scheduler())
+            .predicate_filter(
+                |node: &GpuNode| Some(job_facing_fingerprint(node)),
+                Default::default(),
+            )
+    };
+    let jobs_on_node = {
+        let jobs = jobs.clone();
+        move |gpu_node: GpuNode| {
+            let name = gpu_node.name_any();
+            jobs.state()
+                .into_iter()
+                .filter(|job| recorded(job).is_some_and(|p| p.node == name))
+                .map(|job| ObjectRef::from_obj(job.as_ref()))
+                .collect::<Vec<_>>()
+        }
+    };
     let node_stream = watcher(Api::<Node>::all(client.clone()), node_config)
         .default_backoff()
         .reflect(node_writer)
         .applied_objects();
     {
         let ctx = ctx.clone();
-        let trigger = trigger.clone();
-        let jobs = jobs.clone();
-        tokio::spawn(async move {
-            let mut stream = std::pin::pin!(gpu_node_stream);
-            // Most updates are heartbeats; the jobs on a node only read its
-            // processes and OOM reports, so they are re-run when those change.
-            let mut seen: HashMap<String, u64> = HashMap::new();
-            while let Some(event) = stream.next().await {
-                if let Ok(gpu_node) = event {
-                    ctx.wake_scheduler();
-                    let name = gpu_node.name_any();
-                    let fingerprint = job_facing_fingerprint(&gpu_node);
-                    if seen.insert(name.clone(), fingerprint) == Some(fingerprint) {
-                        continue;
-                    }
-                    for job in jobs.state() {
-                        if recorded(&job).is_some_and(|p| p.node == name) {
-                            let _ = trigger.unbounded_send(ObjectRef::from_obj(job.as_ref()));
-                        }
-                    }
-                }
-            }
-        });
-    }
-    {
-        let ctx = ctx.clone();
-        tokio::spawn(async move {
+        tasks.spawn("Node watch", async move {
             let mut stream = std::pin::pin!(node_stream);
             while stream.next().await.is_some() {
                 ctx.wake_scheduler();
             }
+            Ok(())
         });
     }
-    tokio::spawn(scheduling_loop(
-        ctx.clone(),
-        jobs.clone(),
-        gpu_nodes,
-        nodes,
-        options.clone(),
-        trigger,
-    ));
+    tasks.spawn(
+        "scheduling loop",
+        scheduling_loop(
+            ctx.clone(),
+            jobs.clone(),
+            gpu_nodes,
+            nodes,
+            options.clone(),
+            trigger,
+        ),
+    );
 
     tracing::info!(namespace = ?options.namespace, policy = ?options.policy, "controller started");
-    controller
+    let controller = controller
         .owns_stream(pod_stream)
+        .watches_stream(gpu_node_stream, jobs_on_node)
         .reconcile_on(triggers)
         .shutdown_on_signal()
         .run(reconcile::reconcile, reconcile::error_policy, ctx)
@@ -339,9 +355,28 @@ pub async fn run(client: Client, options: ControllerOptions) -> Result<()> {
             if let Err(error) = result {
                 tracing::debug!(%error, "reconcile error");
             }
-        })
-        .await;
-    Ok(())
+        });
+    // Whatever ends first ends the process; the rest is dropped at once (an
+    // in-flight reconcile stops at its next request), so a replica that lost
+    // its Lease writes nothing more.
+    let result = tokio::select! {
+        () = controller => {
+            tracing::info!("controller stopped on a termination signal");
+            Ok(())
+        }
+        error = tasks.first_exit() => {
+            tracing::error!(%error, "controller stopping");
+            Err(error)
+        }
+    };
+    // Dropping the tasks drops the Lease's watch; its manager then releases
+    // the Lease if this replica still holds it, so a standby takes over at
+    // once instead of after the Lease's 15 s.
+    drop(tasks);
+    if let Some(manager) = lease_manager {
+        let _ = tokio::time::timeout(Duration::from_secs(2), manager).await;
+    }
+    result
 }
 
 /// Hash of what the reconciles of the jobs on a node read from its `GpuNode`:
@@ -369,12 +404,12 @@ async fn scheduling_loop(
     nodes: Store<Node>,
     options: ControllerOptions,
     trigger: futures::channel::mpsc::UnboundedSender<ObjectRef<TrainingJob>>,
-) {
+) -> Result<()> {
     // A cycle on a half-filled job cache could hand out memory that a job not
     // yet seen already holds, so the first cycle waits for complete caches.
-    wait_ready(&jobs).await;
-    wait_ready(&gpu_nodes).await;
-    wait_ready(&nodes).await;
+    wait_ready(&jobs).await?;
+    wait_ready(&gpu_nodes).await?;
+    wait_ready(&nodes).await?;
     tracing::debug!("caches ready; scheduling starts");
     // The allocation last written into each GpuNode's status.
     let mut written: HashMap<String, crate::api::NodeAllocation> = HashMap::new();
@@ -503,17 +538,19 @@ async fn write_allocations(
 /// Waits for a reflector's first complete list. The store's readiness signal
 /// wakes only the last task that polled it, and the controller's runner polls
 /// the same one, so poll again on a short timer rather than wait for a wake-up.
-async fn wait_ready<K>(store: &Store<K>)
+async fn wait_ready<K>(store: &Store<K>) -> Result<()>
 where
     K: kube::Resource + Clone + 'static,
     K::DynamicType: Eq + std::hash::Hash + Clone,
 {
     loop {
         match tokio::time::timeout(Duration::from_millis(100), store.wait_until_ready()).await {
-            Ok(Ok(())) => return,
+            Ok(Ok(())) => return Ok(()),
             Ok(Err(_)) => {
-                tracing::error!("a watch cache was dropped before its first list");
-                return;
+                return Err(Error::TaskStopped {
+                    task: "watch cache",
+                    reason: "dropped before its first list".into(),
+                });
             }
             Err(_) => continue,
         }
@@ -599,7 +636,11 @@ impl UiSource {
     }
 }
 
-async fn serve_metrics(addr: SocketAddr, metrics: Arc<Metrics>, ui: UiSource) {
+async fn serve_metrics(
+    listener: tokio::net::TcpListener,
+    metrics: Arc<Metrics>,
+    ui: UiSource,
+) -> Result<()> {
     use axum::http::{StatusCode, header};
     use axum::response::{IntoResponse, Redirect};
     use axum::{Router, routing::get};
@@ -648,22 +689,28 @@ async fn serve_metrics(addr: SocketAddr, metrics: Arc<Metrics>, ui: UiSource) {
                 }
             }),
         );
-    match tokio::net::TcpListener::bind(addr).await {
-        Ok(listener) => {
-            if let Err(error) = axum::serve(listener, app).await {
-                tracing::error!(%error, "metrics server stopped");
-            }
-        }
-        Err(error) => tracing::error!(%error, %addr, "cannot serve metrics"),
-    }
+    let addr = listener
+        .local_addr()
+        .map_or_else(|_| "?".into(), |a| a.to_string());
+    axum::serve(listener, app)
+        .await
+        .map_err(|source| Error::Io {
+            path: format!("metrics server on {addr}"),
+            source,
+        })
 }
 
-/// Holds the Lease while the controller runs; losing it ends the process so
-/// that a replica that is not the leader never writes.
+/// Waits until this replica holds the Lease. Returns the lease manager's task
+/// and a future that ends with `Error::LeadershipLost` when another replica takes
+/// it (or the lease manager stops): the controller then stops acting at once
+/// and the process exits, to campaign again as a standby when restarted.
 async fn acquire_leadership(
     client: Client,
     lease: &LeaseOptions,
-) -> Result<tokio::task::JoinHandle<()>> {
+) -> Result<(
+    impl std::future::Future<Output = Result<()>> + Send + 'static,
+    tokio::task::JoinHandle<kube_lease_manager::Result<kube_lease_manager::LeaseManager>>,
+)> {
     use kube_lease_manager::LeaseManagerBuilder;
     let manager = LeaseManagerBuilder::new(client, &lease.name)
         .with_namespace(&lease.namespace)
@@ -673,7 +720,7 @@ async fn acquire_leadership(
         .build()
         .await
         .map_err(|e| Error::Leadership(e.to_string()))?;
-    let (mut channel, _task) = manager.watch().await;
+    let (mut channel, manager_task) = manager.watch().await;
     tracing::info!(lease = %lease.name, identity = %lease.identity, "waiting for leadership");
     while !*channel.borrow_and_update() {
         if channel.changed().await.is_err() {
@@ -681,14 +728,22 @@ async fn acquire_leadership(
         }
     }
     tracing::info!(lease = %lease.name, "became leader");
-    Ok(tokio::spawn(async move {
+    let name = lease.name.clone();
+    let lost = async move {
         loop {
-            if channel.changed().await.is_err() || !*channel.borrow_and_update() {
-                tracing::error!("lost leadership; exiting");
-                std::process::exit(1);
+            if channel.changed().await.is_err() {
+                return Err(Error::LeadershipLost(format!(
+                    "the manager of Lease {name} stopped"
+                )));
+            }
+            if !*channel.borrow_and_update() {
+                return Err(Error::LeadershipLost(format!(
+                    "Lease {name} is held by another replica or could not be renewed"
+                )));
             }
         }
-    }))
+    };
+    Ok((lost, manager_task))
 }
 
 #[cfg(test)]

@@ -10,6 +10,7 @@ use kube::Resource;
 use kube::api::ObjectMeta;
 
 use super::backoff::BatchShape;
+use super::budget::outside_allocator_bytes;
 use super::exit::OOM_EXIT_CODE;
 use crate::api::{PlacementStatus, TrainingJob};
 
@@ -89,6 +90,10 @@ pub fn training_pod(
             format!("{:.6}", placement.memory_fraction),
         ),
         ("VRAMFIT_BUDGET_BYTES", placement.budget_bytes.to_string()),
+        (
+            "VRAMFIT_CONTEXT_BYTES",
+            outside_allocator_bytes(placement.gpu_model.as_deref(), job.spec.gpus).to_string(),
+        ),
         ("VRAMFIT_MICRO_BATCH", shape.micro.to_string()),
         ("VRAMFIT_GRAD_ACCUM", shape.accum.to_string()),
         ("VRAMFIT_GLOBAL_BATCH", job.spec.batch.global.to_string()),
@@ -266,6 +271,35 @@ mod tests {
         assert_eq!(
             (owner.kind.as_str(), owner.uid.as_str(), owner.controller),
             ("TrainingJob", "u-1", Some(true))
+        );
+    }
+
+    /// The budget covers the whole process (the agent's NVML watchdog checks
+    /// it so); the pod is told how much of it is kept outside the allocator,
+    /// for the GPU model it was placed on and with NCCL's share when the job
+    /// spans GPUs.
+    #[test]
+    fn pod_is_told_the_part_of_its_budget_kept_outside_the_allocator() {
+        let shape = BatchShape { micro: 8, accum: 8 };
+        let h200 = crate::predict::gpu_profile("H200").unwrap();
+        let pod = training_pod(&job(), &placement(), shape, 2, DEFAULT_STATS_ROOT).unwrap();
+        assert_eq!(
+            env_of(&pod)["VRAMFIT_CONTEXT_BYTES"],
+            h200.context_bytes.to_string(),
+            "no model named: the default profile's context"
+        );
+
+        let l4 = crate::predict::gpu_profile("L4").unwrap();
+        assert_ne!(l4.context_bytes, h200.context_bytes);
+        let mut job = job();
+        job.spec.gpus = 2;
+        let mut placed = placement();
+        placed.gpu_model = Some("L4".into());
+        let pod = training_pod(&job, &placed, shape, 2, DEFAULT_STATS_ROOT).unwrap();
+        assert_eq!(
+            env_of(&pod)["VRAMFIT_CONTEXT_BYTES"],
+            (l4.context_bytes + l4.nccl_bytes).to_string(),
+            "the placed model's context plus NCCL's memory for two GPUs"
         );
     }
 

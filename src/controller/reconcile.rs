@@ -2,7 +2,6 @@
 //! the attempt's pod, follow it, and back off on out-of-memory.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use k8s_openapi::jiff::Timestamp;
@@ -14,7 +13,9 @@ use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 
 use super::backoff::BatchShape;
 use super::exit::pod_outcome;
+use super::metrics::ErrorLabel;
 use super::pod::{pod_name, training_pod};
+use super::retry;
 use super::scheduler::Verdict;
 use super::status::{publish, reason, write_status};
 use super::transition::{self, Effect, PodFacts, PredictFacts, Requeue, Step, Transition};
@@ -22,24 +23,47 @@ use super::{Context, FINALIZER};
 use crate::api::{PlacementStatus, TrainingJob, TrainingJobStatus};
 use crate::{Error, Result};
 
-/// Reconciles one TrainingJob.
+/// Reconciles one TrainingJob, counted and timed.
 pub async fn reconcile(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action> {
+    let started = std::time::Instant::now();
+    let result = reconcile_job(job, &ctx).await;
+    ctx.metrics.reconcile_runs.inc();
+    ctx.metrics
+        .reconcile_seconds
+        .observe(started.elapsed().as_secs_f64());
+    result
+}
+
+async fn reconcile_job(job: Arc<TrainingJob>, ctx: &Arc<Context>) -> Result<Action> {
     let namespace = job.namespace().unwrap_or_default();
     let api: Api<TrainingJob> = Api::namespaced(ctx.client.clone(), &namespace);
     finalizer(&api, FINALIZER, job, |event| async {
         match event {
-            Finalizer::Apply(job) => apply(&job, &ctx).await,
-            Finalizer::Cleanup(job) => cleanup(&job, &ctx).await,
+            Finalizer::Apply(job) => apply(&job, ctx).await,
+            Finalizer::Cleanup(job) => cleanup(&job, ctx).await,
         }
     })
     .await
     .map_err(|e| Error::Finalizer(Box::new(e)))
 }
 
-/// Requeue delay after an error.
-pub fn error_policy(_job: Arc<TrainingJob>, error: &Error, _ctx: Arc<Context>) -> Action {
-    tracing::warn!(%error, "reconcile failed");
-    Action::requeue(Duration::from_secs(5))
+/// Counts the error by kind and retries after a delay that depends on it.
+pub fn error_policy(job: Arc<TrainingJob>, error: &Error, ctx: Arc<Context>) -> Action {
+    let kind = retry::error_kind(error);
+    let delay = retry::retry_delay(error);
+    ctx.metrics
+        .reconcile_errors
+        .get_or_create(&ErrorLabel { error: kind.into() })
+        .inc();
+    tracing::warn!(
+        job = %job.name_any(),
+        namespace = job.namespace().unwrap_or_default(),
+        error_kind = kind,
+        retry_seconds = delay.as_secs_f64(),
+        %error,
+        "reconcile failed"
+    );
+    Action::requeue(delay)
 }
 
 async fn apply(job: &TrainingJob, ctx: &Context) -> Result<Action> {

@@ -150,6 +150,30 @@ fn next_step_follows_the_phase_machine() {
             "done",
         ),
         (
+            "a job that failed while valid stays done after a spec change",
+            Some(with(predicted(1, Phase::Failed), &|s| {
+                set_condition(
+                    &mut s.conditions,
+                    CONDITION_INVALID,
+                    false,
+                    "Valid",
+                    "",
+                    Some(1),
+                );
+                set_condition(
+                    &mut s.conditions,
+                    CONDITION_COMPLETE,
+                    true,
+                    "Failed",
+                    "",
+                    Some(1),
+                );
+            })),
+            2,
+            false,
+            "done",
+        ),
+        (
             "an invalid job stays done while its spec is unchanged",
             Some(invalid_failed.clone()),
             1,

@@ -4,6 +4,8 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::ConfigMap;
+use std::time::Duration;
+
 use kube::api::{Api, PostParams};
 use serde_json::json;
 use vramfit::api::{Phase, TrainingJob};
@@ -630,4 +632,68 @@ async fn auto_micro_and_the_budget_follow_the_gpu_model_the_job_lands_on() {
         (placement.budget_bytes, status.micro_batch),
         (h200.budget_bytes, Some(32))
     );
+}
+
+#[tokio::test]
+async fn a_leader_whose_lease_is_taken_stops_at_once_and_exits() {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use kube::api::{Patch, PatchParams};
+    let cluster = TestCluster::new("lease-lost").await;
+    cluster.add_gpu_node("n1", &[("H100-80GB", 80 * GIB)]).await;
+    let mut leader = cluster.start_logged_controller(
+        &[
+            "--lease-namespace",
+            &cluster.namespace,
+            "--lease-name",
+            "taken",
+        ],
+        "127.0.0.1:0",
+    );
+    cluster
+        .apply_job(mlp_job("before", 64, 8, 1, Some("10Gi")))
+        .await;
+    cluster.wait_phase("before", Phase::Placed).await;
+
+    // Another holder writes itself into the Lease, as a replica that saw it
+    // expire during a partition would.
+    let leases: Api<Lease> = Api::namespaced(cluster.client.clone(), &cluster.namespace);
+    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+        k8s_openapi::jiff::Timestamp::now(),
+    );
+    leases
+        .patch(
+            "taken",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {
+                "holderIdentity": "intruder",
+                "leaseDurationSeconds": 600,
+                "acquireTime": now,
+                "renewTime": now,
+            }})),
+        )
+        .await
+        .expect("the Lease is taken over");
+    // It notices at its next renewal (every 10 s) and exits with an error.
+    let code = leader.wait_exit(Duration::from_secs(40)).await;
+    assert_eq!(code, Some(1), "log:\n{}", leader.log_text());
+    let log = leader.log_text();
+    assert!(log.contains("lost leadership"), "{log}");
+    // The intruder's hold stands: the stopped leader did not release it.
+    let lease = leases.get("taken").await.unwrap();
+    assert_eq!(
+        lease.spec.and_then(|s| s.holder_identity).as_deref(),
+        Some("intruder")
+    );
+}
+
+#[tokio::test]
+async fn a_metrics_address_in_use_fails_the_start_with_a_clear_error() {
+    let cluster = TestCluster::new("metrics-taken").await;
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let mut controller = cluster.start_logged_controller(&["--no-leader-election"], &addr);
+    let code = controller.wait_exit(Duration::from_secs(20)).await;
+    assert_eq!(code, Some(1));
+    let log = controller.log_text();
+    assert!(log.contains(&format!("--metrics-addr {addr}")), "{log}");
 }

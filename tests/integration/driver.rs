@@ -371,8 +371,33 @@ impl TestCluster {
         self.spawn_controller_at(extra, "127.0.0.1:0")
     }
 
+    /// Starts `vramfit controller` with `extra` arguments and its output
+    /// (log lines and the final error) in a file, for tests that read what it says.
+    pub fn start_logged_controller(&self, extra: &[&str], metrics_addr: &str) -> ControllerProcess {
+        let log = std::env::temp_dir().join(format!(
+            "vramfit-{}-{}.log",
+            self.namespace,
+            Instant::now().elapsed().as_nanos() ^ u128::from(std::process::id())
+        ));
+        let file = std::fs::File::create(&log).expect("controller log file");
+        let stdout = file.try_clone().expect("controller log file");
+        let mut process = self.spawn_with_output(extra, metrics_addr, stdout.into(), file.into());
+        process.log = Some(log);
+        process
+    }
+
     fn spawn_controller_at(&self, extra: &[&str], metrics_addr: &str) -> ControllerProcess {
-        let child = Command::new(env!("CARGO_BIN_EXE_vramfit"))
+        self.spawn_with_output(extra, metrics_addr, Stdio::null(), Stdio::inherit())
+    }
+
+    fn spawn_with_output(
+        &self,
+        extra: &[&str],
+        metrics_addr: &str,
+        stdout: Stdio,
+        stderr: Stdio,
+    ) -> ControllerProcess {
+        let child = Command::new(vramfit_bin())
             .args(["controller", "--cycle-seconds", "1"])
             .args(extra)
             .args(["--namespace", &self.namespace])
@@ -383,23 +408,59 @@ impl TestCluster {
             .args(["--metrics-addr", metrics_addr])
             .env("KUBECONFIG", controlplane::kubeconfig())
             .env("RUST_LOG", "warn,vramfit=info")
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
+            .stdout(stdout)
+            .stderr(stderr)
             .spawn()
             .expect("vramfit controller starts");
-        ControllerProcess { child }
+        ControllerProcess { child, log: None }
     }
+}
+
+/// The `vramfit` binary the tests run: `VRAMFIT_TEST_BINARY` when set (a release
+/// build, or this tree's own `target/debug/deps/vramfit-<hash>` when several
+/// trees share one target folder and overwrite `target/debug/vramfit`), else
+/// the one cargo built for this test.
+pub fn vramfit_bin() -> std::path::PathBuf {
+    std::env::var_os("VRAMFIT_TEST_BINARY")
+        .map(Into::into)
+        .unwrap_or_else(|| env!("CARGO_BIN_EXE_vramfit").into())
 }
 
 /// The controller process; killed (SIGKILL) when dropped.
 pub struct ControllerProcess {
     child: Child,
+    log: Option<std::path::PathBuf>,
 }
 
 impl ControllerProcess {
     /// The process id (the replica's Lease identity is `vramfit-<pid>`).
     pub fn id(&self) -> u32 {
         self.child.id()
+    }
+
+    /// Waits up to `timeout` for the process to exit by itself; its exit code
+    /// (`None` when killed by a signal), or a panic when it keeps running.
+    pub async fn wait_exit(&mut self, timeout: Duration) -> Option<i32> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("waiting for the controller") {
+                return status.code();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the controller still runs after {timeout:?}; its log:\n{}",
+                self.log_text()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// What the controller logged, for one started with its log in a file.
+    pub fn log_text(&self) -> String {
+        self.log
+            .as_ref()
+            .map(|p| std::fs::read_to_string(p).unwrap_or_default())
+            .unwrap_or_default()
     }
 
     /// Kills the controller at once, as a node failure would.
@@ -413,6 +474,9 @@ impl Drop for ControllerProcess {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        if let Some(log) = &self.log {
+            let _ = std::fs::remove_file(log);
+        }
     }
 }
 

@@ -1,0 +1,145 @@
+//! What a failed reconcile is, as a metric label, and how soon it is retried:
+//! a conflict (the cache is behind) at once, a throttled or failing API server
+//! after a while, a request the server rejects only after a long pause.
+
+use std::time::Duration;
+
+use kube::runtime::finalizer::Error as FinalizerError;
+
+use crate::Error;
+
+/// Retry of a write that lost a race (409): the watch brings the newer object
+/// within moments.
+pub const CONFLICT_RETRY: Duration = Duration::from_secs(1);
+/// Retry after a transport error or a server error (5xx).
+pub const SERVER_RETRY: Duration = Duration::from_secs(5);
+/// Retry after the API server asked to slow down (429).
+pub const THROTTLED_RETRY: Duration = Duration::from_secs(15);
+/// Retry of a request the server rejected (other 4xx) or a local failure:
+/// retrying sooner would fail the same way.
+pub const REJECTED_RETRY: Duration = Duration::from_secs(60);
+
+/// The metric label of a reconcile error (`vramfit_reconcile_errors_total{error}`).
+pub fn error_kind(error: &Error) -> &'static str {
+    match error {
+        Error::Kube(e) => kube_kind(e),
+        Error::Finalizer(e) => match e.as_ref() {
+            FinalizerError::ApplyFailed(inner) | FinalizerError::CleanupFailed(inner) => {
+                error_kind(inner)
+            }
+            FinalizerError::AddFinalizer(e) | FinalizerError::RemoveFinalizer(e) => kube_kind(e),
+            _ => "finalizer",
+        },
+        Error::Json(_) | Error::Yaml(_) => "serialisation",
+        Error::Io { .. } => "io",
+        Error::Leadership(_) | Error::LeadershipLost(_) => "leadership",
+        Error::TaskStopped { .. } => "task",
+    }
+}
+
+fn kube_kind(error: &kube::Error) -> &'static str {
+    match error {
+        kube::Error::Api(status) => match status.code {
+            409 => "conflict",
+            404 => "not_found",
+            429 => "throttled",
+            500.. => "server",
+            _ => "rejected",
+        },
+        _ => "transport",
+    }
+}
+
+/// How long to wait before reconciling a job again after `error`.
+pub fn retry_delay(error: &Error) -> Duration {
+    match error_kind(error) {
+        "conflict" | "not_found" => CONFLICT_RETRY,
+        "server" | "transport" => SERVER_RETRY,
+        "throttled" => THROTTLED_RETRY,
+        _ => REJECTED_RETRY,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn api(code: u16) -> Error {
+        let status = kube::core::Status::failure("x", "y").with_code(code);
+        Error::Kube(kube::Error::Api(Box::new(status)))
+    }
+
+    #[test]
+    fn each_error_gets_its_label_and_retry() {
+        let transport = Error::Kube(kube::Error::Service("connection refused".into()));
+        let in_finalizer = |e: Error| Error::Finalizer(Box::new(FinalizerError::ApplyFailed(e)));
+        let adding = |code: u16| {
+            let Error::Kube(e) = api(code) else {
+                unreachable!()
+            };
+            Error::Finalizer(Box::new(FinalizerError::AddFinalizer(e)))
+        };
+        let cases = [
+            (api(409), "conflict", CONFLICT_RETRY),
+            (api(404), "not_found", CONFLICT_RETRY),
+            (api(429), "throttled", THROTTLED_RETRY),
+            (api(500), "server", SERVER_RETRY),
+            (api(503), "server", SERVER_RETRY),
+            (api(499), "rejected", REJECTED_RETRY),
+            (api(422), "rejected", REJECTED_RETRY),
+            (api(403), "rejected", REJECTED_RETRY),
+            (transport, "transport", SERVER_RETRY),
+            (in_finalizer(api(409)), "conflict", CONFLICT_RETRY),
+            (
+                Error::Finalizer(Box::new(FinalizerError::CleanupFailed(api(500)))),
+                "server",
+                SERVER_RETRY,
+            ),
+            (adding(503), "server", SERVER_RETRY),
+            (
+                Error::Finalizer(Box::new(FinalizerError::RemoveFinalizer(
+                    kube::Error::Service("reset".into()),
+                ))),
+                "transport",
+                SERVER_RETRY,
+            ),
+            (
+                Error::Finalizer(Box::new(FinalizerError::UnnamedObject)),
+                "finalizer",
+                REJECTED_RETRY,
+            ),
+            (Error::Yaml("bad".into()), "serialisation", REJECTED_RETRY),
+            (
+                Error::Json(serde_json::from_str::<u8>("x").unwrap_err()),
+                "serialisation",
+                REJECTED_RETRY,
+            ),
+            (
+                Error::Io {
+                    path: "p".into(),
+                    source: std::io::Error::other("x"),
+                },
+                "io",
+                REJECTED_RETRY,
+            ),
+            (
+                Error::LeadershipLost("x".into()),
+                "leadership",
+                REJECTED_RETRY,
+            ),
+            (Error::Leadership("x".into()), "leadership", REJECTED_RETRY),
+            (
+                Error::TaskStopped {
+                    task: "t",
+                    reason: "r".into(),
+                },
+                "task",
+                REJECTED_RETRY,
+            ),
+        ];
+        for (error, kind, delay) in cases {
+            assert_eq!(error_kind(&error), kind, "{error}");
+            assert_eq!(retry_delay(&error), delay, "{error}");
+        }
+    }
+}

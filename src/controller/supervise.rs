@@ -1,0 +1,160 @@
+//! Supervision of the controller's background tasks (the scheduling loop, the
+//! Node watch, the metrics server, the Lease): each runs for the life of the
+//! process, so one that ends, fails or panics ends the process with its name
+//! and reason instead of leaving placement stopped while the rest looks alive.
+
+use std::future::Future;
+
+use futures::future::select_all;
+use tokio::task::JoinHandle;
+
+use crate::{Error, Result};
+
+/// Named tasks that must run as long as the controller; aborted on drop.
+#[derive(Default)]
+pub struct Supervisor {
+    tasks: Vec<(&'static str, JoinHandle<Result<()>>)>,
+}
+
+impl Supervisor {
+    /// Spawns `task` under `name`.
+    pub fn spawn(
+        &mut self,
+        name: &'static str,
+        task: impl Future<Output = Result<()>> + Send + 'static,
+    ) {
+        self.tasks.push((name, tokio::spawn(task)));
+    }
+
+    /// Waits until the first task ends and says which one and why. Pending
+    /// forever without tasks.
+    pub async fn first_exit(&mut self) -> Error {
+        if self.tasks.is_empty() {
+            return std::future::pending().await;
+        }
+        let handles = self.tasks.iter_mut().map(|(_, handle)| handle);
+        let (result, index, _) = select_all(handles).await;
+        let (task, _) = self.tasks.remove(index);
+        match result {
+            Ok(Err(error)) => match error {
+                // Already says what happened.
+                Error::LeadershipLost(_) => error,
+                error => Error::TaskStopped {
+                    task,
+                    reason: error.to_string(),
+                },
+            },
+            Ok(Ok(())) => Error::TaskStopped {
+                task,
+                reason: "it ended".into(),
+            },
+            Err(join) => Error::TaskStopped {
+                task,
+                reason: if join.is_panic() {
+                    format!("it panicked: {}", panic_text(join.into_panic()))
+                } else {
+                    "it was cancelled".into()
+                },
+            },
+        }
+    }
+}
+
+impl Drop for Supervisor {
+    fn drop(&mut self) {
+        for (_, handle) in &self.tasks {
+            handle.abort();
+        }
+    }
+}
+
+fn panic_text(payload: Box<dyn std::any::Any + Send>) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "(no message)".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+
+    async fn forever() -> Result<()> {
+        std::future::pending().await
+    }
+
+    #[tokio::test]
+    async fn a_panicking_task_is_reported_by_name_with_its_message() {
+        let mut supervisor = Supervisor::default();
+        supervisor.spawn("watch", forever());
+        supervisor.spawn("scheduling loop", async {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            panic!("index out of range");
+        });
+        let error = supervisor.first_exit().await.to_string();
+        assert_eq!(
+            error,
+            "background task scheduling loop stopped: it panicked: index out of range"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_task_that_fails_or_ends_is_reported() {
+        let mut supervisor = Supervisor::default();
+        supervisor.spawn("metrics server", async {
+            Err(Error::Io {
+                path: "127.0.0.1:1".into(),
+                source: std::io::Error::other("address in use"),
+            })
+        });
+        assert_eq!(
+            supervisor.first_exit().await.to_string(),
+            "background task metrics server stopped: 127.0.0.1:1: address in use"
+        );
+        let mut supervisor = Supervisor::default();
+        supervisor.spawn("node watch", async { Ok(()) });
+        assert_eq!(
+            supervisor.first_exit().await.to_string(),
+            "background task node watch stopped: it ended"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_lost_lease_is_reported_as_itself() {
+        let mut supervisor = Supervisor::default();
+        supervisor.spawn("lease", async {
+            Err(Error::LeadershipLost("the Lease has another holder".into()))
+        });
+        assert!(matches!(
+            supervisor.first_exit().await,
+            Error::LeadershipLost(_)
+        ));
+    }
+
+    #[tokio::test]
+    async fn the_other_tasks_stop_when_the_supervisor_is_dropped() {
+        let stopped = Arc::new(AtomicBool::new(false));
+        struct SetOnDrop(Arc<AtomicBool>);
+        impl Drop for SetOnDrop {
+            fn drop(&mut self) {
+                self.0.store(true, Ordering::SeqCst);
+            }
+        }
+        let mut supervisor = Supervisor::default();
+        let guard = SetOnDrop(stopped.clone());
+        supervisor.spawn("cycle", async move {
+            let _guard = guard;
+            forever().await
+        });
+        supervisor.spawn("short", async { Ok(()) });
+        let _ = supervisor.first_exit().await;
+        assert!(!stopped.load(Ordering::SeqCst), "still running");
+        drop(supervisor);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(stopped.load(Ordering::SeqCst), "aborted");
+    }
+}
