@@ -401,6 +401,8 @@ fn stats_text(device_index: c_int, kind: c_int) -> Option<String> {
             "numOoms": p.num_ooms, "pendingFrees": state.pending_frees(),
             "recordStreams": state.stream_counters().0, "heldBackFrees": state.stream_counters().1,
             "unknownRecordStreams": UNKNOWN_RECORD_STREAMS.load(std::sync::atomic::Ordering::Relaxed),
+            "livePageHighWaterBytes": state.page_figures().map(|f| f.0),
+            "headroomBytes": state.page_figures().map(|f| f.1),
             "statsDir": g.settings.stats_dir.as_ref().map(|d| d.display().to_string()),
         })
         .to_string()

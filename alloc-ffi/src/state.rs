@@ -179,6 +179,11 @@ impl<E: StreamEvents> DeviceState<E> {
         self.pending.len()
     }
 
+    /// The page policy's `(live-page high-water mark, headroom)` in bytes.
+    pub fn page_figures(&self) -> Option<(u64, u64)> {
+        self.alloc.page_figures()
+    }
+
     /// `(record_stream calls that named a live block of this device and
     /// another stream, frees held back for other streams)` since the
     /// process started: whether PyTorch's hook reaches the library at all.

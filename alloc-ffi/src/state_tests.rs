@@ -65,6 +65,11 @@ fn a_block_used_on_another_stream_is_not_reused_before_that_stream_is_done() {
         s.free(a).unwrap();
         assert_eq!(s.pending_frees(), 1, "{policy}");
         assert_eq!(s.stream_counters(), (1, 1), "{policy}");
+        assert_eq!(
+            s.page_figures().is_some(),
+            policy == Policy::Vramfit,
+            "{policy}"
+        );
         assert_eq!(*events.recorded.borrow(), vec![(1, 7)]);
         // Stream 7 still works on it: the same request gets other memory.
         let b = s.allocate(4 * MIB, 0).unwrap();

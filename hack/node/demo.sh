@@ -70,8 +70,13 @@ demo() {
   # processes (and their allocator counters) are gone from the last one.
   local samples=$dir/gpunode-samples.jsonl
   : >"$samples"
+  local podlogs=$dir/pod-logs
+  rm -rf "$podlogs" && mkdir -p "$podlogs"
   while :; do
     { kubectl get gpunode "$node" -o json 2>/dev/null | tr -d '\n'; echo; } >>"$samples"
+    # The controller deletes an attempt's pod when it starts the next, and
+    # the kubelet its logs with it: keep a copy for the report.
+    cp -r /var/log/pods/ml_* "$podlogs/" 2>/dev/null || true
     left=$(kubectl get tj -n ml -o jsonpath='{range .items[*]}{.status.phase}{"\n"}{end}' | grep -cvxE 'Succeeded|Failed' || true)
     [[ $left == 0 ]] && break
     if (( $(date +%s) > deadline )); then
@@ -127,10 +132,11 @@ EOF
   kubectl get pods -n ml -o json >"$dir/pods.json"
   kubectl get gpunode "$node" -o json >"$dir/gpunode.json"
   kubectl get events -n ml -o json >"$dir/events.json"
+  cp -r /var/log/pods/ml_* "$podlogs/" 2>/dev/null || true
   local rc=0
   python3 "$here/node/report.py" --apply-ms "$t0" --end-ms "$t1" --gpu "$gpu" \
     --jobs "$dir/tj.json" --pods "$dir/pods.json" --gpunode "$dir/gpunode.json" \
-    --logs /var/log/pods --cdi "$cdi" --samples "$samples" --kubelet-identity "$ident" --node "$node" --events "$dir/events.json" --out "$out/demo.json" >"$dir/summary.txt" || rc=$?
+    --logs "$podlogs" --cdi "$cdi" --samples "$samples" --kubelet-identity "$ident" --node "$node" --events "$dir/events.json" --out "$out/demo.json" >"$dir/summary.txt" || rc=$?
   cat "$out/demo.log"
   echo
   cat "$dir/summary.txt"

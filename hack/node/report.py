@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -23,6 +24,8 @@ from typing import Dict, List, Optional
 MARK = "vramfit-train: "
 #: The capability a privileged container has and a default one lacks.
 CAP_SYS_ADMIN = 21
+#: What every budget error of vramfit's allocator says (python/vramfit/allocator.py).
+BUDGET_MARKER = "vramfit budget exceeded"
 
 
 def parse_events(text: str) -> List[dict]:
@@ -46,6 +49,35 @@ def pod_events(logs_root: Path, namespace: str, pod: str, uid: str) -> List[dict
         for f in sorted(folder.glob("*/*.log")):
             events.extend(parse_events(f.read_text(errors="replace")))
     return events
+
+
+def kept_pod_events(logs_root: Path, namespace: str, pod: str) -> Optional[List[dict]]:
+    """The events of a pod that is gone (the controller deletes an attempt's
+    pod when it starts the next), from the copy of its log folder the demo
+    kept; None when there is none."""
+    folders = sorted(logs_root.glob(f"{namespace}_{pod}_*"))
+    if not folders:
+        return None
+    events: List[dict] = []
+    for folder in folders:
+        for f in sorted(folder.glob("*/*.log")):
+            events.extend(parse_events(f.read_text(errors="replace")))
+    return events
+
+
+def oom_event_ms(k8s_events: Optional[dict], job: str) -> Dict[int, int]:
+    """attempt -> time of the controller's OutOfMemory event for it
+    ("attempt N at micro-batch ..."), in ms (the event's second resolution)."""
+    out: Dict[int, int] = {}
+    for e in (k8s_events or {}).get("items", []):
+        obj = e.get("involvedObject") or {}
+        if obj.get("kind") != "TrainingJob" or obj.get("name") != job or e.get("reason") != "OutOfMemory":
+            continue
+        m = re.match(r"attempt (\d+) ", e.get("message") or "")
+        t = rfc3339_ms(e.get("firstTimestamp") or e.get("eventTime") or e.get("lastTimestamp"))
+        if m and t:
+            out.setdefault(int(m.group(1)), t)
+    return out
 
 
 def rfc3339_ms(value: Optional[str]) -> Optional[int]:
@@ -128,11 +160,18 @@ def summarize(jobs: dict, pods: dict, gpu_node: dict, apply_ms: int, logs_root: 
         name = j["metadata"]["name"]
         st = j.get("status") or {}
         attempts = []
+        ooms_at = oom_event_ms(k8s_events, name)
         for n in range(1, max(st.get("attempt") or 0, 1) + 1):
             pod = pods_by_name.get(f"{name}-a{n}")
             if pod is None:
-                continue
-            events = pod_events(logs_root, pod["metadata"]["namespace"], pod["metadata"]["name"], pod["metadata"]["uid"])
+                kept = kept_pod_events(logs_root, j["metadata"].get("namespace") or "ml", f"{name}-a{n}")
+                if kept is None:
+                    continue
+                # Deleted by the controller; its log survived in the demo's copy.
+                pod = {"metadata": {"name": f"{name}-a{n}"}, "deleted": True}
+                events = kept
+            else:
+                events = pod_events(logs_root, pod["metadata"]["namespace"], pod["metadata"]["name"], pod["metadata"]["uid"])
             term = None
             for cs in (pod.get("status") or {}).get("containerStatuses") or []:
                 term = (cs.get("state") or {}).get("terminated") or term
@@ -143,6 +182,7 @@ def summarize(jobs: dict, pods: dict, gpu_node: dict, apply_ms: int, logs_root: 
                     "attempt": n,
                     "pod": pod["metadata"]["name"],
                     "phase": (pod.get("status") or {}).get("phase"),
+                    "podDeleted": bool(pod.get("deleted")),
                     "privileged": pod_privileged(pod),
                     "exitCode": term.get("exitCode") if term else None,
                     "reason": term.get("reason") if term else None,
@@ -151,17 +191,21 @@ def summarize(jobs: dict, pods: dict, gpu_node: dict, apply_ms: int, logs_root: 
                     "firstStepMs": step1["unixMs"] if step1 else None,
                     "oomMs": oom["unixMs"] if oom else None,
                     "budgetOom": oom.get("budgetOom") if oom else None,
+                    "oomEventMs": ooms_at.get(n),
                     "lastStep": next((e for e in reversed(events) if e.get("event") == "step"), None),
                     "done": first(events, "done"),
                 }
             )
         times = {}
         if attempts and attempts[0]["firstStepMs"]:
-            times["applyToFirstStepMs"] = attempts[0]["firstStepMs"] - apply_ms
+            key = "applyToFirstStepMs" if attempts[0]["attempt"] == 1 else f"applyToFirstStepMs[a{attempts[0]['attempt']}]"
+            times[key] = attempts[0]["firstStepMs"] - apply_ms
         for prev, nxt in zip(attempts, attempts[1:]):
+            if nxt["attempt"] != prev["attempt"] + 1:
+                continue
             # An OOM the process reported itself, else the end of a pod the
-            # agent's watchdog stopped.
-            ended = prev["oomMs"] or prev["finishedMs"]
+            # agent's watchdog stopped, else the controller's OutOfMemory event.
+            ended = prev["oomMs"] or prev["finishedMs"] or prev["oomEventMs"]
             if ended and nxt["firstStepMs"]:
                 times[f"oomToNextFirstStepMs[a{prev['attempt']}->a{nxt['attempt']}]"] = nxt["firstStepMs"] - ended
         out_jobs.append(
@@ -275,9 +319,18 @@ def checks(summary: dict, gpu: bool) -> List[tuple]:
                    + ", ".join(f"{p} peak reserved {gib(e['peakReservedBytes'])} of {gib(e['budgetBytes'])} GiB"
                                for p, e in sorted(seen.items()))))
     if oom:
+        # From the process (its oom event) and from the controller's record
+        # (the termination message in status.history): both must say the
+        # allocator's budget error (BUDGET_MARKER) where they are known.
         budget = [a["pod"] for a in oom["attempts"] if a.get("budgetOom")]
-        result.append(("gpt2-oom: the OOM is the allocator's budget error", bool(budget),
-                       f"attempts whose OOM came from the allocator: {budget}"))
+        ooms = [h for h in oom["history"] if h.get("outcome") == "OutOfMemory"]
+        recorded = [h.get("attempt") for h in ooms if BUDGET_MARKER in (h.get("message") or "")]
+        not_budget = [a["pod"] for a in oom["attempts"] if a.get("budgetOom") is False]
+        ok = bool(ooms) and len(recorded) == len(ooms) and not not_budget
+        result.append(("gpt2-oom: the OOM is the allocator's budget error", ok,
+                       f"OOM attempts recorded with the allocator's message: {recorded} of "
+                       f"{[h.get('attempt') for h in ooms]}; processes that said so: {budget}; "
+                       f"that said otherwise: {not_budget}"))
     ab = jobs.get("gpt2-absorb")
     if ab:
         # Absorbed in the process: one attempt, the job's status lists the

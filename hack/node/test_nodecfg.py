@@ -366,7 +366,10 @@ def test_report_checks_the_allocator(tmp_path):
         pod("resnet50-a1", "u3", [{"event": "start", "enforcement": "allocator", "unixMs": 1}]),
     ]}
     jobs = {"items": [
-        {"metadata": {"name": "gpt2-oom"}, "status": {"phase": "Succeeded", "attempt": 2, "gpu": "0"}},
+        {"metadata": {"name": "gpt2-oom"}, "status": {"phase": "Succeeded", "attempt": 2, "gpu": "0", "history": [
+            {"attempt": 1, "outcome": "OutOfMemory", "microBatch": 32,
+             "message": "CUDA out of memory: vramfit budget exceeded on GPU 0. Tried to allocate 384.00 MiB"},
+            {"attempt": 2, "outcome": "Succeeded", "microBatch": 16}]}},
         {"metadata": {"name": "resnet50"}, "status": {"phase": "Succeeded", "attempt": 1, "gpu": "0"}},
     ]}
     node = {"status": {"gpus": [{"index": 0, "uuid": "GPU-a"}]}}
@@ -393,6 +396,53 @@ def test_report_checks_the_allocator(tmp_path):
     r = results([sample("gpt2-oom-a1", "resnet50-a1")])[1]
     assert not r["the allocator enforces every job's budget"]
     assert not r["gpt2-oom: the OOM is the allocator's budget error"]
+    # The process's own word is gone with its pod: the controller's record decides.
+    (logs / "ml_gpt2-oom-a1_u1" / "train" / "0.log").write_text(cri_log({"event": "start", "unixMs": 1}))
+    assert results([sample("gpt2-oom-a1")])[1]["gpt2-oom: the OOM is the allocator's budget error"]
+    # PyTorch's own OOM (the memory fraction, or the driver) is not the allocator's.
+    jobs["items"][0]["status"]["history"][0]["message"] = "CUDA out of memory. Tried to allocate 384.00 MiB. GPU 0"
+    assert not results([sample("gpt2-oom-a1")])[1]["gpt2-oom: the OOM is the allocator's budget error"]
+
+
+def test_report_reads_the_kept_logs_of_deleted_pods(tmp_path):
+    # gpt2-oom-a1 is gone from the API (the controller deleted it), its log
+    # folder kept by the demo; the OOM time comes from its oom event, and for
+    # a pod without one (stopped by the watchdog) from the controller's event.
+    d = tmp_path / "ml_gpt2-oom-a1_gone" / "train"
+    d.mkdir(parents=True)
+    (d / "0.log").write_text(cri_log({"event": "start", "unixMs": 1500}, {"event": "step", "step": 1, "unixMs": 2000},
+                                     {"event": "oom", "budgetOom": True, "unixMs": 4000}))
+    d2 = tmp_path / "ml_gpt2-oom-a2_u2" / "train"
+    d2.mkdir(parents=True)
+    (d2 / "0.log").write_text(cri_log({"event": "step", "step": 1, "unixMs": 9000}))
+    d3 = tmp_path / "ml_bypass-a1_gone" / "train"
+    d3.mkdir(parents=True)
+    (d3 / "0.log").write_text(cri_log({"event": "bypass", "unixMs": 3000}))
+    d4 = tmp_path / "ml_bypass-a2_u4" / "train"
+    d4.mkdir(parents=True)
+    (d4 / "0.log").write_text(cri_log({"event": "step", "step": 1, "unixMs": 12000}))
+    pods = {"items": [{"metadata": {"name": "gpt2-oom-a2", "namespace": "ml", "uid": "u2"}, "status": {"phase": "Succeeded"}},
+                      {"metadata": {"name": "bypass-a2", "namespace": "ml", "uid": "u4"}, "status": {"phase": "Succeeded"}}]}
+    jobs = {"items": [{"metadata": {"name": "gpt2-oom", "namespace": "ml"}, "status": {"phase": "Succeeded", "attempt": 2}},
+                      {"metadata": {"name": "bypass", "namespace": "ml"}, "status": {"phase": "Succeeded", "attempt": 2}}]}
+    events = {"items": [{"reason": "OutOfMemory", "message": "attempt 1 at micro-batch 8: the node agent stopped the pod",
+                         "firstTimestamp": "1970-01-01T00:00:05Z", "involvedObject": {"kind": "TrainingJob", "name": "bypass"}}]}
+    s = report.summarize(jobs, pods, {"status": {}}, apply_ms=1000, logs_root=tmp_path, k8s_events=events)
+    by = {j["name"]: j for j in s["jobs"]}
+    assert [a["pod"] for a in by["gpt2-oom"]["attempts"]] == ["gpt2-oom-a1", "gpt2-oom-a2"]
+    assert by["gpt2-oom"]["attempts"][0]["podDeleted"] and by["gpt2-oom"]["attempts"][0]["budgetOom"] is True
+    assert by["gpt2-oom"]["times"] == {"applyToFirstStepMs": 1000, "oomToNextFirstStepMs[a1->a2]": 5000}
+    assert by["bypass"]["times"] == {"oomToNextFirstStepMs[a1->a2]": 7000}
+
+
+def test_report_names_a_first_step_that_is_not_attempt_one(tmp_path):
+    d = tmp_path / "ml_gpt2-oom-a3_u3" / "train"
+    d.mkdir(parents=True)
+    (d / "0.log").write_text(cri_log({"event": "step", "step": 1, "unixMs": 9000}))
+    pods = {"items": [{"metadata": {"name": "gpt2-oom-a3", "namespace": "ml", "uid": "u3"}, "status": {"phase": "Succeeded"}}]}
+    jobs = {"items": [{"metadata": {"name": "gpt2-oom"}, "status": {"phase": "Succeeded", "attempt": 3}}]}
+    s = report.summarize(jobs, pods, {"status": {}}, apply_ms=1000, logs_root=tmp_path)
+    assert s["jobs"][0]["times"] == {"applyToFirstStepMs[a3]": 8000}
 
 
 def test_privileged_fallback_only_when_asked(monkeypatch):

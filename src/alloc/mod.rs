@@ -35,7 +35,7 @@ pub use config::{
 };
 pub use device::{DeviceError, DeviceMemory, DevicePtr, MemInfo, SimulatedDevice, StreamId};
 pub use error::{AllocError, format_size};
-pub use expandable::ExpandableAllocator;
+pub use expandable::{ExpandableAllocator, HEADROOM_CAP_DIVISOR, SLACK_PER_MOVE_PAGES};
 pub use pytorch::PytorchAllocator;
 pub use replay::{
     AllocEvent, ReplayReport, replay_events, replay_events_observed, replay_snapshot,
@@ -66,6 +66,11 @@ pub trait GpuAllocator {
     /// Replays use it to mirror `torch.cuda.empty_cache()` calls.
     fn release_cached_segment(&mut self, _ptr: DevicePtr) -> Result<bool, AllocError> {
         self.empty_cache().map(|()| true)
+    }
+    /// For a policy that maps pages: `(live-page high-water mark, headroom)`
+    /// in bytes (see `ExpandableAllocator`); `None` for segment policies.
+    fn page_figures(&self) -> Option<(u64, u64)> {
+        None
     }
 }
 
