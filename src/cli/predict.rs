@@ -29,6 +29,10 @@ pub struct PredictArgs {
     /// does for `batch.autoMicro`, and print it with its prediction.
     #[arg(long)]
     pub fit: Option<String>,
+    /// Also write the allocation sequence the analytic model generated as a
+    /// `vramfit.profile/v1` file (to inspect it or compare it with a capture).
+    #[arg(long, conflicts_with = "fit")]
+    pub events_out: Option<PathBuf>,
     /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value_t)]
     pub output: OutputFormat,
@@ -72,6 +76,18 @@ pub fn run(args: &PredictArgs) -> anyhow::Result<String> {
         p
     } else {
         let micro = args.micro.unwrap_or(job.batch.micro);
+        if let Some(path) = &args.events_out {
+            if job.model.profile.is_some() {
+                anyhow::bail!("--events-out: a profile-based job generates no sequence");
+            }
+            let shape = crate::predict::JobShape {
+                micro_batch: micro,
+                ..job.shape()
+            };
+            let doc = crate::predict::generated_profile(&job.model, &shape, gpu)?;
+            std::fs::write(path, serde_json::to_string(&doc)?)
+                .with_context(|| format!("writing {}", path.display()))?;
+        }
         job::predict_job_at(&job, micro, gpu, profile.as_deref())?
     };
     Ok(match args.output {
