@@ -587,7 +587,7 @@ def orchestrate(args):
         p = (cases.get(f"correctness-{policy}") or {}).get("recordStream")
         if p:
             add(f"record_stream[{policy}] the library's hook saw the call and held the free back",
-                (p.get("afterFree") or {}).get("heldBackFrees", 0) >= 1, json.dumps(p))
+                ((p.get("afterFree") or {}).get("heldBackFrees") or 0) >= 1, json.dumps(p))
 
     # 3. training runs
     models = ["gpt2", "llama", "bert", "resnet50", "vit"]
