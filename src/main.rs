@@ -69,12 +69,7 @@ fn main() -> anyhow::Result<std::process::ExitCode> {
 }
 
 fn run_controller(args: cli::controller::ControllerArgs) -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,kube=warn".into()),
-        )
-        .init();
+    cli::logging::init(args.log_format)?;
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(async {
         let client = kube::Client::try_default().await?;

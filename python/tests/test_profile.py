@@ -135,3 +135,22 @@ def test_checkpointed_recomputation_follows_cuda_behaviour_too() -> None:
     # a 1-byte dropout mask in the forward and again in the recomputation
     assert seq.count(8 * 256) >= 2 * p["capture"]["steps"]
     assert p["capture"]["checkpointing"] is True
+
+
+def test_fused_attention_output_is_transposed_back_without_a_copy() -> None:
+    q, k, v = (torch.zeros(2, 4, 16, 8, requires_grad=True) for _ in range(3))
+    with profile._function_mode():
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    # laid out (batch, seq, heads, dim) as the CUDA kernels write it
+    assert y.shape == (2, 4, 16, 8) and y.transpose(1, 2).is_contiguous()
+
+
+def test_low_precision_softmax_into_fp32_makes_no_upcast_copy() -> None:
+    b, c = 8, 3000
+    amp = run("profile_models:mlp", config={"classes": c}, batch=b, precision="amp-bf16")
+    seq = sizes_in_order(amp)
+    steps = amp["capture"]["steps"]
+    # fp32: log-softmax and the nll gradient; bf16: the logits and their
+    # gradient, written by the fused backward; no fp32 copy of the logits
+    assert seq.count(b * c * 4) == 2 * steps
+    assert seq.count(b * c * 2) == 2 * steps

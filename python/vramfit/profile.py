@@ -161,7 +161,11 @@ def _function_mode() -> Any:
     class FusedSdpa(torch.autograd.Function):
         @staticmethod
         def forward(ctx, q, k, v):  # type: ignore[no-untyped-def]
-            out = q.new_empty(q.shape[:-1] + (v.shape[-1],))
+            # The flash and memory-efficient kernels write (batch, seq, heads,
+            # dim) and return it transposed: `out.transpose(1, 2).contiguous()`
+            # is then already contiguous and copies nothing.
+            b, h, s = q.shape[:-1]
+            out = q.new_empty((b, s, h, v.shape[-1])).transpose(1, 2)
             lse = q.new_empty(q.shape[:-1], dtype=torch.float32)
             ctx.save_for_backward(q, k, v, out, lse)
             return out
@@ -173,6 +177,40 @@ def _function_mode() -> Any:
             dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
             del delta
             return dq, dk, dv
+
+    class HalfToFloatSoftmax(torch.autograd.Function):
+        """(log-)softmax of a bf16/fp16 input into fp32, as CUDA's kernels do
+        it when asked for dtype=float32 (`half_to_float`): no upcast copy of
+        the input, and the backward writes the gradient in the input's
+        precision directly."""
+
+        @staticmethod
+        def forward(ctx, x, dim, log):  # type: ignore[no-untyped-def]
+            out = x.new_empty(x.shape, dtype=torch.float32)
+            ctx.save_for_backward(out)
+            ctx.in_dtype = x.dtype
+            return out
+
+        @staticmethod
+        def backward(ctx, grad):  # type: ignore[no-untyped-def]
+            return grad.new_empty(grad.shape, dtype=ctx.in_dtype), None, None
+
+    softmaxes = {F.softmax: False, torch.softmax: False, T.softmax: False,
+                 F.log_softmax: True, torch.log_softmax: True, T.log_softmax: True}
+
+    def half_to_float(func: Any, args: Any, kwargs: Any, autocast: bool) -> Any:
+        """The fused (log-)softmax for a low-precision input asked for (or,
+        under autocast, given) fp32; None when the call is something else."""
+        x = args[0] if args else None
+        if not isinstance(x, torch.Tensor) or x.dtype not in low:
+            return None
+        dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
+        dtype = kwargs.get("dtype")
+        if not isinstance(dim, int) or len(args) > 2:
+            return None
+        if dtype is torch.float32 or (autocast and dtype is None):
+            return HalfToFloatSoftmax.apply(x, dim, softmaxes[func])
+        return None
 
     class CudaBehaviour(TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
@@ -198,6 +236,18 @@ def _function_mode() -> Any:
                 inplace = kwargs.get("inplace", args[3] if len(args) > 3 else False)
                 if training and 0 < p < 1 and not inplace and x.numel() > 0:
                     return torch.native_dropout(x, p, True)[0]
+            if func in softmaxes:
+                fused = half_to_float(func, args, kwargs, autocast)
+                if fused is not None:
+                    return fused
+            if (autocast and func is F.cross_entropy and args and isinstance(args[0], torch.Tensor)
+                    and args[0].dtype in low and args[0].dim() == 2
+                    and not kwargs.get("label_smoothing")):
+                # cross_entropy is log_softmax (fp32 by autocast, fused as
+                # above) and nll_loss on its fp32 output
+                lsm = HalfToFloatSoftmax.apply(args[0], 1, True)
+                kw = {n: kwargs[n] for n in ("weight", "ignore_index", "reduction") if n in kwargs}
+                return F.nll_loss(lsm, args[1] if len(args) > 1 else kwargs["target"], **kw)
             if autocast and func in fp32_ops:
                 args, kwargs = up(args), {k: up(v) for k, v in kwargs.items()}
             elif autocast and func in fp32_opt_dtype and kwargs.get("dtype") is None:

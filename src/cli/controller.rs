@@ -43,6 +43,9 @@ pub struct ControllerArgs {
     /// node agent's `--stats-root`.
     #[arg(long, default_value = crate::controller::pod::DEFAULT_STATS_ROOT)]
     pub stats_root: String,
+    /// Log lines as text (colour only on a terminal) or as JSON objects.
+    #[arg(long, value_enum, env = "VRAMFIT_LOG_FORMAT", default_value = "text")]
+    pub log_format: crate::cli::logging::LogFormat,
 }
 
 impl ControllerArgs {

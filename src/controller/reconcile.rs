@@ -143,7 +143,7 @@ async fn carry_out(
             gpus = transition.status.gpu.as_deref(),
             batch = transition.status.batch_shape.as_deref(),
             budget_bytes = transition.status.budget_bytes,
-            message = transition.status.message.as_deref(),
+            status_message = transition.status.message.as_deref(),
             "decision"
         );
     }

@@ -178,13 +178,11 @@ pub fn predict_reference_model(
     predict_arch(arch, model, job, gpu, &CachingAllocatorModel::PYTORCH)
 }
 
-fn predict_arch(
-    arch: Arch,
+fn run_shape(
     model: &ModelSpec,
     job: &JobShape,
     gpu: &'static GpuProfile,
-    alloc: &dyn AllocatorModel,
-) -> Result<Prediction, PredictError> {
+) -> Result<RunShape, PredictError> {
     let grad_accum = job.grad_accum()?;
     if model.zero_stage > 3 {
         return Err(PredictError::Invalid(format!(
@@ -192,7 +190,7 @@ fn predict_arch(
             model.zero_stage
         )));
     }
-    let run = RunShape {
+    Ok(RunShape {
         micro_batch: u64::from(job.micro_batch),
         grad_accum: u64::from(grad_accum),
         precision: model.precision,
@@ -202,7 +200,64 @@ fn predict_arch(
         zero_stage: model.zero_stage,
         gpus: u64::from(job.gpus),
         cublas_workspace: gpu.cublas_workspace_bytes,
-    };
+    })
+}
+
+/// The allocation sequence the analytic model generates for `model` and
+/// `job` on `gpu`, as a `vramfit.profile/v1` document (docs/profile-format.md):
+/// to inspect it or compare it with a captured profile. FSDP (ZeRO stage 2
+/// and 3 on several GPUs) puts buffers on streams the format cannot express
+/// and is refused.
+pub fn generated_profile(
+    model: &ModelSpec,
+    job: &JobShape,
+    gpu: &'static GpuProfile,
+) -> Result<serde_json::Value, PredictError> {
+    let arch = resolve_arch(model)?;
+    let run = run_shape(model, job, gpu)?;
+    if run.zero_stage >= 2 && run.gpus > 1 {
+        return Err(PredictError::Unsupported(
+            "--events-out: FSDP's stream buffers cannot be written as a profile".into(),
+        ));
+    }
+    let events = training_events(&arch, &run);
+    let mut sizes: Vec<u64> = events
+        .iter()
+        .filter_map(|e| match e {
+            events::TensorEvent::Alloc { bytes, .. } => Some(*bytes),
+            events::TensorEvent::Free { .. } => None,
+        })
+        .collect();
+    sizes.sort_unstable();
+    sizes.dedup();
+    let coded: Vec<i64> = events
+        .iter()
+        .map(|e| match e {
+            events::TensorEvent::Alloc { bytes, .. } => {
+                sizes.binary_search(bytes).expect("a listed size") as i64
+            }
+            events::TensorEvent::Free { id } => -i64::from(*id) - 1,
+        })
+        .collect();
+    Ok(serde_json::json!({
+        "format": "vramfit.profile/v1",
+        "microBatch": job.micro_batch,
+        "gradAccum": run.grad_accum,
+        "sizes": sizes,
+        "events": coded,
+        "source": "vramfit predict --events-out (the analytic model's sequence)",
+    }))
+}
+
+fn predict_arch(
+    arch: Arch,
+    model: &ModelSpec,
+    job: &JobShape,
+    gpu: &'static GpuProfile,
+    alloc: &dyn AllocatorModel,
+) -> Result<Prediction, PredictError> {
+    let grad_accum = job.grad_accum()?;
+    let run = run_shape(model, job, gpu)?;
     let events = training_events(&arch, &run);
     let mut outcome = alloc.replay(&events)?;
     // The fp32 logits-sized blocks of the loss (upcast, log-softmax and their

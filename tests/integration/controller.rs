@@ -646,6 +646,8 @@ async fn a_leader_whose_lease_is_taken_stops_at_once_and_exits() {
             &cluster.namespace,
             "--lease-name",
             "taken",
+            "--log-format",
+            "json",
         ],
         "127.0.0.1:0",
     );
@@ -678,6 +680,26 @@ async fn a_leader_whose_lease_is_taken_stops_at_once_and_exits() {
     assert_eq!(code, Some(1), "log:\n{}", leader.log_text());
     let log = leader.log_text();
     assert!(log.contains("lost leadership"), "{log}");
+    // The log is JSON, one decision a line; what follows the last one is
+    // the process's final error.
+    let (log_lines, exit_error) = log.split_at(log.find("\nError: ").unwrap_or(log.len()));
+    assert!(exit_error.contains("lost leadership"), "{log}");
+    let lines: Vec<serde_json::Value> = log_lines
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    let placed = lines
+        .iter()
+        .find(|l| l["message"] == "decision" && l["decision"] == "placed" && l["job"] == "before")
+        .unwrap_or_else(|| panic!("no placement decision in {log}"));
+    assert_eq!(placed["node"], cluster.node_name("n1"));
+    assert_eq!(placed["gpus"], "0");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["level"] == "ERROR" && l["message"] == "controller stopping"),
+        "{log}"
+    );
     // The intruder's hold stands: the stopped leader did not release it.
     let lease = leases.get("taken").await.unwrap();
     assert_eq!(

@@ -247,7 +247,7 @@ impl Gen<'_> {
             g_lsm
         };
         let g_head = self.t.act(n * h * wd.c);
-        self.grads_of_layer(None);
+        let tied_contribution = self.hf_head_grads(t);
         self.t.free(g_logits);
         let mut g = self.t.act(n * h * wd.r);
         self.t.free(g_head);
@@ -280,10 +280,8 @@ impl Gen<'_> {
         for id in emb_saved {
             self.release(id);
         }
-        // embedding backward: dense gradient of the table, accumulated into .grad
-        let table = self.t.act(v * h * wd.w);
+        self.hf_embedding_grads(t, tied_contribution);
         self.release(g);
-        self.t.free(table);
         self.fsdp_post_backward(None);
         self.fsdp_end_backward();
         for id in [idx, tgt, loss] {
@@ -291,6 +289,72 @@ impl Gen<'_> {
         }
         self.outputs.push(logits);
         self.outputs.append(&mut self.cache);
+    }
+
+    /// Indices of the embedding tables (word, positions, token types): their
+    /// gradients come from the embedding backward, at the end.
+    fn hf_embedding_tables(&self, t: &TransformerArch) -> Vec<usize> {
+        let mut tables = vec![0];
+        if t.positions > 0 {
+            tables.push(1);
+        }
+        if t.token_types > 0 {
+            tables.push(tables.len());
+        }
+        tables
+    }
+
+    /// The head's weight gradients at the loss's backward. With a tied head
+    /// the word embedding's gradient from the head waits in autograd's input
+    /// buffer (returned) until the embedding's own contribution arrives.
+    fn hf_head_grads(&mut self, t: &TransformerArch) -> Option<u32> {
+        if self.fsdp() {
+            self.grads_of_layer(None);
+            return None;
+        }
+        let tables = self.hf_embedding_tables(t);
+        let idx: Vec<usize> = (0..self.params.len())
+            .filter(|&i| self.params[i].layer.is_none() && !tables.contains(&i))
+            .collect();
+        for i in idx.into_iter().rev() {
+            self.weight_grad(i);
+        }
+        t.tied
+            .then(|| self.t.act(self.params[0].numel() * self.widths().c))
+    }
+
+    /// The embedding backward: a dense gradient of each table; with a tied
+    /// head the word table's two contributions are summed into a new tensor,
+    /// which becomes `.grad` (added into it on later accumulation steps).
+    fn hf_embedding_grads(&mut self, t: &TransformerArch, tied: Option<u32>) {
+        if self.fsdp() {
+            let table = self.t.act(self.params[0].numel() * self.widths().w);
+            self.t.free(table);
+            return;
+        }
+        let w = self.widths().w;
+        for i in self.hf_embedding_tables(t).into_iter().rev() {
+            if i != 0 || tied.is_none() {
+                self.weight_grad(i);
+                continue;
+            }
+            let numel = self.params[0].numel();
+            let dense = self.t.act(numel * w);
+            match self.grad_ids[0] {
+                None => {
+                    let sum = self.t.alloc(numel * w, super::Category::Gradients);
+                    self.grad_ids[0] = Some(sum);
+                }
+                Some(_) => {
+                    let sum = self.t.act(numel * w);
+                    self.t.free(sum);
+                }
+            }
+            if let Some(c) = tied {
+                self.t.free(c);
+            }
+            self.t.free(dense);
+        }
     }
 
     /// RMSNorm as LLaMA's modelling code writes it: `x.to(float32)`,
@@ -515,7 +579,9 @@ impl Gen<'_> {
                             self.t.free(values);
                         }
                         let sc = self.t.act(s2 * 4);
-                        saved.push(self.t.act(s2 * 4));
+                        let p = self.t.act(s2 * 4);
+                        self.softmax.insert(p, (s2, 4, false));
+                        saved.push(p);
                         self.t.free(sc);
                         true
                     }
@@ -689,7 +755,9 @@ impl Gen<'_> {
         let masked = self.t.act(s2 * wd.c);
         self.t.free(sc);
         let pw = if softmax_fp32 { 4 } else { wd.e };
-        saved.push(self.t.act(s2 * pw));
+        let p = self.t.act(s2 * pw);
+        self.softmax.insert(p, (s2, wd.c, true));
+        saved.push(p);
         self.t.free(masked);
         let cast = (pw != wd.c && (cast_first || !lib.dropout)).then(|| self.t.act(s2 * wd.c));
         if lib.dropout {
@@ -725,7 +793,29 @@ impl Gen<'_> {
         let input = saved.pop().expect("block input");
         let mut tmp: Option<u32> = None;
         while let Some(id) = saved.pop() {
-            let gt = self.t.act(self.t.bytes(id));
+            let bytes = self.t.bytes(id);
+            if let Some((elems, scores_w, scaled)) = self.softmax.remove(&id) {
+                // softmax backward reads the gradient of its output and
+                // writes that of the scores (in the scores' width) while the
+                // first is alive; eager's scaling of the scores writes one more.
+                let g_out = self.t.act(bytes);
+                if let Some(p) = tmp.take() {
+                    self.t.free(p);
+                }
+                let g_scores = self.t.act(elems * scores_w);
+                self.t.free(g_out);
+                let g = if scaled {
+                    let g2 = self.t.act(elems * scores_w);
+                    self.t.free(g_scores);
+                    g2
+                } else {
+                    g_scores
+                };
+                tmp = Some(g);
+                self.release(id);
+                continue;
+            }
+            let gt = self.t.act(bytes);
             if let Some(p) = tmp.replace(gt) {
                 self.t.free(p);
             }

@@ -1,0 +1,116 @@
+//! The controller's log: one line per event, as text for people (colour only
+//! on a terminal) or as JSON objects for log pipelines (`--log-format json`).
+
+use clap::ValueEnum;
+use tracing_subscriber::EnvFilter;
+use tracing_subscriber::fmt::MakeWriter;
+
+/// How log lines are written.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// `TIME LEVEL target: message key=value ...`.
+    #[default]
+    Text,
+    /// One JSON object a line: `timestamp`, `level`, `target`, `message` and
+    /// the event's fields at the top level.
+    Json,
+}
+
+/// The filter when `RUST_LOG` is not set.
+pub const DEFAULT_FILTER: &str = "info,kube=warn";
+
+/// A subscriber writing to `writer`. `colour` applies to text only.
+pub fn subscriber<W>(
+    format: LogFormat,
+    filter: EnvFilter,
+    writer: W,
+    colour: bool,
+) -> Box<dyn tracing::Subscriber + Send + Sync>
+where
+    W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
+{
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(writer);
+    match format {
+        LogFormat::Text => Box::new(builder.with_ansi(colour).finish()),
+        LogFormat::Json => Box::new(
+            builder
+                .json()
+                .flatten_event(true)
+                .with_current_span(false)
+                .with_span_list(false)
+                .finish(),
+        ),
+    }
+}
+
+/// Installs the process's subscriber: standard output, `RUST_LOG` or
+/// [`DEFAULT_FILTER`], colour only when standard output is a terminal.
+pub fn init(format: LogFormat) -> anyhow::Result<()> {
+    use std::io::IsTerminal as _;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| DEFAULT_FILTER.into());
+    let colour = std::io::stdout().is_terminal();
+    tracing::subscriber::set_global_default(subscriber(format, filter, std::io::stdout, colour))
+        .map_err(|e| anyhow::anyhow!("installing the log subscriber: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::{Arc, Mutex};
+
+    /// A writer into a shared buffer.
+    #[derive(Clone, Default)]
+    struct Buffer(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Buffer {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn logged(format: LogFormat, colour: bool) -> String {
+        let buffer = Buffer::default();
+        let writer = buffer.clone();
+        let subscriber = subscriber(
+            format,
+            EnvFilter::new("info"),
+            move || writer.clone(),
+            colour,
+        );
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::info!(job = "train", decision = "placed", attempt = 2, "decision");
+            tracing::debug!("filtered out");
+        });
+        String::from_utf8(buffer.0.lock().unwrap().clone()).unwrap()
+    }
+
+    #[test]
+    fn json_lines_carry_the_fields_at_the_top_level() {
+        let text = logged(LogFormat::Json, true);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 1, "{text}");
+        let line: serde_json::Value = serde_json::from_str(lines[0]).expect("one JSON object");
+        assert_eq!(line["message"], "decision");
+        assert_eq!(line["level"], "INFO");
+        assert_eq!(line["job"], "train");
+        assert_eq!(line["decision"], "placed");
+        assert_eq!(line["attempt"], 2);
+        assert!(line["timestamp"].is_string());
+        assert!(!text.contains('\u{1b}'), "no colour codes in JSON");
+    }
+
+    #[test]
+    fn text_has_colour_codes_only_when_asked() {
+        let plain = logged(LogFormat::Text, false);
+        assert!(plain.contains("decision"), "{plain}");
+        assert!(plain.contains("job=\"train\""), "{plain}");
+        assert!(!plain.contains('\u{1b}'), "{plain:?}");
+        assert!(logged(LogFormat::Text, true).contains('\u{1b}'));
+    }
+}
