@@ -426,8 +426,10 @@ pub fn run(args: &RunArgs) -> anyhow::Result<RunReport> {
     };
     let mut oom_retries = 0;
     for attempt in 1.. {
+        let capacity = gpus.iter().map(|g| g.total_bytes).min();
         let budget = attempt_budget(&job, shape.micro, profile.as_deref(), None)
-            .map_err(anyhow::Error::msg)?;
+            .map_err(anyhow::Error::msg)?
+            .after_ooms(oom_retries, job.spec.headroom(), capacity);
         if let Some(small) = gpus.iter().find(|g| g.total_bytes < budget.budget) {
             bail!(
                 "the budget of {} at micro-batch {} does not fit GPU {} ({})",

@@ -21,6 +21,22 @@ pub fn outside_allocator_bytes(gpu_model: Option<&str>, gpus: u32) -> u64 {
     context_bytes(gpu, gpus)
 }
 
+/// The least a budget grows for each OOM the job had (with a headroom
+/// below 5%, or none, a retry would otherwise get the ratio that just failed).
+pub const MIN_OOM_GROWTH: f64 = 1.05;
+
+/// The factor by which a retry's predicted or measured budget is raised after
+/// `ooms` OOMs of the job: each OOM proved the budget of its attempt, the
+/// prediction plus `headroom`, too small for that attempt, so the prediction
+/// was low by at least that ratio and the next one is scaled by it, compounded
+/// per OOM (at least [`MIN_OOM_GROWTH`] each). Budgets the user requested are
+/// not scaled (see [`Budget::after_ooms`]).
+pub fn oom_correction(ooms: u32, headroom: f64) -> f64 {
+    (1.0 + headroom)
+        .max(MIN_OOM_GROWTH)
+        .powi(ooms.min(64) as i32)
+}
+
 /// What the budget is based on.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Budget {
@@ -32,6 +48,25 @@ pub struct Budget {
     pub budget: u64,
     /// `request`, `measured`, `model` or `profile`.
     pub source: &'static str,
+}
+
+impl Budget {
+    /// This budget after `ooms` OOMs of the job ([`oom_correction`]), capped
+    /// at `capacity` (the largest GPU it could run on) when one is given. A
+    /// requested budget stays as the user set it.
+    pub fn after_ooms(mut self, ooms: u32, headroom: f64, capacity: Option<u64>) -> Self {
+        let factor = oom_correction(ooms, headroom);
+        if self.source == "request" || factor <= 1.0 {
+            return self;
+        }
+        let scale = |bytes: u64| {
+            let scaled = (bytes as f64 * factor).ceil() as u64;
+            capacity.map_or(scaled, |c| scaled.min(c.max(bytes)))
+        };
+        self.predicted = scale(self.predicted);
+        self.budget = scale(self.budget);
+        self
+    }
 }
 
 /// Computes the budget for `micro`. `profile_text` is the ConfigMap content for
@@ -370,5 +405,23 @@ mod per_model_tests {
         // Without auto the spec's micro-batch is used everywhere.
         let fixed = gpu_model_budgets(&job, 32, false, &cluster(), None, &|_| None);
         assert!(fixed.iter().all(|b| b.micro_batch == 32));
+    }
+
+    #[test]
+    fn the_oom_correction_compounds_the_headroom_with_a_floor() {
+        let cases = [
+            (0, 0.5, 1.0),
+            (1, 0.1, 1.1),
+            (3, 0.1, 1.331),
+            (1, 0.0, MIN_OOM_GROWTH),
+            (2, 0.01, MIN_OOM_GROWTH * MIN_OOM_GROWTH),
+        ];
+        for (ooms, headroom, want) in cases {
+            let got = oom_correction(ooms, headroom);
+            assert!(
+                (got - want).abs() < 1e-9,
+                "{ooms} OOMs, headroom {headroom}: {got}"
+            );
+        }
     }
 }

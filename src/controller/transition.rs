@@ -26,7 +26,7 @@ use crate::api::{
 
 use super::absorbed::{absorbed_message, newly_absorbed};
 use super::backoff::{BatchShape, OomDecision, after_oom};
-use super::budget::{Budget, attempt_budget, gpu_model_budgets};
+use super::budget::{Budget, attempt_budget, gpu_model_budgets, oom_correction};
 use super::exit::PodOutcome;
 use super::pod::pod_name;
 use super::quantity::human_bytes;
@@ -256,8 +256,17 @@ pub fn predict(
     if let Err(message) = spec.pod_template() {
         return invalid(job, status, &message);
     }
+    // Each OOM of the job proved its attempt's budget too small: a retry's
+    // predicted (or measured) budget is raised by that ratio, up to the
+    // largest GPU it could use.
+    let ooms = status
+        .history
+        .iter()
+        .filter(|r| r.outcome == OUTCOME_OOM)
+        .count() as u32;
+    let largest = facts.gpu_models.iter().map(|(_, c)| *c).max();
     let budget: Budget = match attempt_budget(job, micro, profile, (facts.measured)(&signature)) {
-        Ok(budget) => budget,
+        Ok(budget) => budget.after_ooms(ooms, spec.headroom(), largest),
         Err(message) => return invalid(job, status, &message),
     };
     // The budget for each GPU model the job could land on; the cycle gives it
@@ -267,6 +276,22 @@ pub fn predict(
         gpu_model_budgets(job, micro, auto, facts.gpu_models, profile, &|m| {
             (facts.measured)(&model_signature(spec, m))
         });
+    for b in &mut status.gpu_model_budgets {
+        let capacity = facts
+            .gpu_models
+            .iter()
+            .find(|(m, _)| *m == b.gpu_model)
+            .map(|(_, c)| *c);
+        let scaled = Budget {
+            predicted: b.predicted_bytes,
+            breakdown: None,
+            budget: b.budget_bytes,
+            source: budget.source,
+        }
+        .after_ooms(ooms, spec.headroom(), capacity);
+        b.predicted_bytes = scaled.predicted;
+        b.budget_bytes = scaled.budget;
+    }
     status.attempt = attempt;
     status.phase = if attempt > 1 {
         Phase::Retrying
@@ -283,11 +308,19 @@ pub fn predict(
     status.grad_accum = Some(shape.accum);
     status.batch_shape = Some(shape.display());
     status.observed_generation = generation;
+    let raised = if ooms > 0 && budget.source != "request" {
+        format!(
+            ", raised x{:.2} after {ooms} OOM(s)",
+            oom_correction(ooms, spec.headroom())
+        )
+    } else {
+        String::new()
+    };
     let start = facts.learned.map_or(String::new(), |(m, from)| {
         format!("; starts at micro-batch {m}, where job {from} of the same model absorbed its OOMs")
     });
     status.message = Some(format!(
-        "budget {} per GPU ({} from {}){start}",
+        "budget {} per GPU ({} from {}{raised}){start}",
         human_bytes(budget.budget),
         human_bytes(budget.predicted),
         budget.source

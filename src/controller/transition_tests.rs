@@ -391,6 +391,96 @@ fn a_retry_is_predicted_at_its_backed_off_micro_batch() {
     );
 }
 
+/// Each OOM proved its attempt's budget too small: the retry's prediction is
+/// raised by the headroom's ratio per OOM (at least 5%), up to the largest
+/// GPU; a requested budget stays as the user set it.
+#[test]
+fn a_retry_after_ooms_gets_a_raised_budget_and_a_request_stays() {
+    let oom = |attempt: u32| AttemptRecord {
+        attempt,
+        micro_batch: 8,
+        grad_accum: 1,
+        outcome: OUTCOME_OOM.into(),
+        message: None,
+    };
+    let retry = |ooms: u32| TrainingJobStatus {
+        micro_batch: Some(4),
+        attempt: ooms + 1,
+        history: (1..=ooms).map(oom).collect(),
+        ..Default::default()
+    };
+    let models = [("H200".to_string(), 141 * GIB)];
+    // (what, spec, OOMs so far, the expected factor)
+    let cases: [(&str, serde_json::Value, u32, f64); 5] = [
+        ("no OOM yet", json!({"memory": {"headroom": 0.2}}), 0, 1.0),
+        (
+            "one OOM, headroom 20%",
+            json!({"memory": {"headroom": 0.2}}),
+            1,
+            1.2,
+        ),
+        (
+            "two OOMs compound",
+            json!({"memory": {"headroom": 0.2}}),
+            2,
+            1.44,
+        ),
+        (
+            "no headroom: 5% per OOM",
+            json!({"memory": {"headroom": 0.0}}),
+            2,
+            1.1025,
+        ),
+        (
+            "a request is kept",
+            json!({"memory": {"request": "3Gi"}}),
+            2,
+            1.0,
+        ),
+    ];
+    for (what, spec, ooms, factor) in cases {
+        let job = job_with(spec, None);
+        let base = predict(&job, retry(0), facts(1, &|_| None, &models)).status;
+        let t = predict(&job, retry(ooms), facts(ooms + 1, &|_| None, &models));
+        let expected = |bytes: u64| (bytes as f64 * factor).ceil() as u64;
+        let (b0, b) = (base.budget_bytes.unwrap(), t.status.budget_bytes.unwrap());
+        assert!(
+            expected(b0).abs_diff(b) <= 1,
+            "{what}: {b} vs {b0} x {factor}"
+        );
+        let (p0, p) = (
+            base.predicted_bytes.unwrap(),
+            t.status.predicted_bytes.unwrap(),
+        );
+        assert!(
+            expected(p0).abs_diff(p) <= 1,
+            "{what}: predicted {p} vs {p0} x {factor}"
+        );
+        let m0 = base.gpu_model_budgets[0].budget_bytes;
+        let m = t.status.gpu_model_budgets[0].budget_bytes;
+        assert!(
+            expected(m0).abs_diff(m) <= 1,
+            "{what}: per-model {m} vs {m0} x {factor}"
+        );
+        let message = t.status.message.unwrap();
+        assert_eq!(
+            message.contains(&format!("raised x{factor:.2} after {ooms} OOM(s)")),
+            factor > 1.0,
+            "{what}: {message}"
+        );
+    }
+    // Never above the largest GPU the job could use.
+    let job = job_with(json!({"memory": {"headroom": 0.2}}), None);
+    let base = predict(&job, retry(0), facts(1, &|_| None, &models)).status;
+    let small = [("H200".to_string(), base.budget_bytes.unwrap() + 1)];
+    let t = predict(&job, retry(3), facts(4, &|_| None, &small));
+    assert_eq!(t.status.budget_bytes, Some(base.budget_bytes.unwrap() + 1));
+    assert_eq!(
+        t.status.gpu_model_budgets[0].budget_bytes,
+        base.budget_bytes.unwrap() + 1
+    );
+}
+
 #[test]
 fn a_learned_start_applies_unless_the_status_has_a_micro_batch() {
     let job = job(None);
