@@ -146,17 +146,21 @@ async fn oom_halves_micro_batch_and_doubles_accumulation_in_a_new_pod() {
                 .is_some_and(|s| s.attempt == 2 && s.phase == Phase::Placed)
         })
         .await;
-    let status = job.status.unwrap();
+    let status = job.status.clone().unwrap();
     assert_eq!((status.micro_batch, status.grad_accum), (Some(4), Some(16)));
     assert_eq!(status.batch_shape.as_deref(), Some("4x16"));
     assert_eq!(
         job.spec.batch.global, 64,
         "the global batch is never changed"
     );
-    assert!(
-        status.budget_bytes.unwrap() < first_budget,
-        "re-predicted for the smaller micro-batch"
-    );
+    // Re-predicted for the smaller micro-batch, and raised by what the OOM
+    // proved missing (this MLP's memory is mostly its parameters, so halving
+    // the micro-batch alone would have left the budget that just failed).
+    let at_four = vramfit::controller::budget::attempt_budget(&job, 4, None, None).unwrap();
+    let raised = (at_four.budget as f64 * 1.05).ceil() as u64;
+    let budget = status.budget_bytes.unwrap();
+    assert!(budget.abs_diff(raised) <= 1, "{budget} vs {raised}");
+    assert_ne!(budget, first_budget);
     assert_eq!(status.history[0].outcome, "OutOfMemory");
     let pod = cluster.wait_pod("oom-a2").await;
     let env = env_of(&pod);
