@@ -197,9 +197,12 @@ def summarize(jobs: dict, pods: dict, gpu_node: dict, apply_ms: int, logs_root: 
                 }
             )
         times = {}
-        if attempts and attempts[0]["firstStepMs"]:
-            key = "applyToFirstStepMs" if attempts[0]["attempt"] == 1 else f"applyToFirstStepMs[a{attempts[0]['attempt']}]"
-            times[key] = attempts[0]["firstStepMs"] - apply_ms
+        # Apply to the first training step: of attempt 1, else of the first
+        # attempt that trained (after OOMs before any step), named so.
+        stepped = next((a for a in attempts if a["firstStepMs"]), None)
+        if stepped:
+            key = "applyToFirstStepMs" if stepped["attempt"] == 1 else f"applyToFirstStepMs[a{stepped['attempt']}]"
+            times[key] = stepped["firstStepMs"] - apply_ms
         for prev, nxt in zip(attempts, attempts[1:]):
             if nxt["attempt"] != prev["attempt"] + 1:
                 continue

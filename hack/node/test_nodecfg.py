@@ -299,9 +299,10 @@ def test_report_times_and_checks(tmp_path):
     node = {"status": {"oomReports": [{"podName": "bypass-a1", "podNamespace": "ml"}]}}
     s = report.summarize(jobs, pods, node, apply_ms=1000, logs_root=logs)
     by = {j["name"]: j for j in s["jobs"]}
-    assert by["gpt2-oom"]["times"] == {"oomToNextFirstStepMs[a1->a2]": 5000}
+    # Attempt 1 never trained: apply to the first step of attempt 2.
+    assert by["gpt2-oom"]["times"] == {"applyToFirstStepMs[a2]": 8000, "oomToNextFirstStepMs[a1->a2]": 5000}
     # Stopped by the agent: no oom event, the container's end counts.
-    assert by["bypass"]["times"] == {"oomToNextFirstStepMs[a1->a2]": 3000}
+    assert by["bypass"]["times"] == {"applyToFirstStepMs[a2]": 7000, "oomToNextFirstStepMs[a1->a2]": 3000}
     results = {n: ok for n, ok, _ in report.checks(s, gpu=True)}
     assert results["gpt2-oom: CUDA OOM, micro halved, then success"]
     assert results["bypass: stopped by the agent's watchdog, treated as OOM"]
@@ -432,7 +433,8 @@ def test_report_reads_the_kept_logs_of_deleted_pods(tmp_path):
     assert [a["pod"] for a in by["gpt2-oom"]["attempts"]] == ["gpt2-oom-a1", "gpt2-oom-a2"]
     assert by["gpt2-oom"]["attempts"][0]["podDeleted"] and by["gpt2-oom"]["attempts"][0]["budgetOom"] is True
     assert by["gpt2-oom"]["times"] == {"applyToFirstStepMs": 1000, "oomToNextFirstStepMs[a1->a2]": 5000}
-    assert by["bypass"]["times"] == {"oomToNextFirstStepMs[a1->a2]": 7000}
+    # bypass-a1 never trained: apply to the first step of attempt 2.
+    assert by["bypass"]["times"] == {"applyToFirstStepMs[a2]": 11000, "oomToNextFirstStepMs[a1->a2]": 7000}
 
 
 def test_report_names_a_first_step_that_is_not_attempt_one(tmp_path):

@@ -226,6 +226,9 @@ def worker_train(args):
         # Bitwise-repeatable kernels, so that two runs' losses can be
         # compared exactly (run 2: 5e-5 apart without it).
         torch.use_deterministic_algorithms(True, warn_only=True)
+        # cuDNN's attention backward has no deterministic algorithm (run 3
+        # warned so, and two solo runs differed by 6.5e-5): take another.
+        torch.backends.cuda.enable_cudnn_sdp(False)
     model, opt, make, loss_of = build_model(args.model, torch)
     barrier(args.barrier, args.parties, args.name)
     kept = []
@@ -587,7 +590,7 @@ def orchestrate(args):
         p = (cases.get(f"correctness-{policy}") or {}).get("recordStream")
         if p:
             add(f"record_stream[{policy}] the library's hook saw the call and held the free back",
-                (p.get("afterFree") or {}).get("heldBackFrees", 0) >= 1, json.dumps(p))
+                ((p.get("afterFree") or {}).get("heldBackFrees") or 0) >= 1, json.dumps(p))
 
     # 3. training runs
     models = ["gpt2", "llama", "bert", "resnet50", "vit"]
@@ -642,15 +645,24 @@ def orchestrate(args):
         rb = runner.finish(b, "pair-b", 180)
         ra["budgetBytes"], rb["budgetBytes"] = budget_a, budget_b
         cases["pair-a"], cases["pair-b"] = ra, rb
-        same = ra.get("losses") == solo.get("losses")
-        diff = None
-        if ra.get("losses") and solo.get("losses") and len(ra["losses"]) == len(solo["losses"]):
-            diff = max(abs(x - y) for x, y in zip(ra["losses"], solo["losses"]))
+        def max_diff(x, y):
+            if x and y and len(x) == len(y):
+                return max(abs(p - q) for p, q in zip(x, y))
+            return None
+
+        diff = max_diff(ra.get("losses"), solo.get("losses"))
+        # The noise floor: the same run alone twice (the timed one and the
+        # deterministic one). Equal within it means the neighbour changed
+        # nothing; exactly equal is reported beside.
+        noise = max_diff((train.get(("gpt2", "vramfit")) or {}).get("losses"), solo.get("losses"))
+        same = diff is not None and (diff == 0 or (noise is not None and diff <= noise))
         add("pair: the process over its budget fails with the budget OOM",
             rb.get("rc") == 42 and (rb.get("oom") or {}).get("budget"), (rb.get("oom") or {}).get("message", "")[:200])
         add("pair: the other one finishes", ra.get("rc") == 0, ra.get("error", ""))
-        add("pair: its losses equal the solo run's", same, f"max abs diff {diff}")
+        add("pair: its losses equal the solo run's (within the difference between two solo runs)", same,
+            f"max abs diff {diff}, two solo runs {noise}")
         results["pairLossDiff"] = diff
+        results["soloLossNoise"] = noise
 
     for model in models[1:]:
         train_model(model)

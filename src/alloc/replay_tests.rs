@@ -337,3 +337,89 @@ fn steady_state_figures() {
         );
     }
 }
+
+/// Steps of Hugging Face models recorded on the meta device
+/// (scripts/meta_step_trace.py): the events and where each step starts.
+fn meta_step_traces() -> Vec<(String, Vec<AllocEvent>, Vec<usize>)> {
+    use std::io::Read;
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/steps");
+    ["hf_llama", "hf_gpt2", "hf_bert"]
+        .iter()
+        .map(|name| {
+            let file = std::fs::File::open(dir.join(format!("{name}.json.gz"))).unwrap();
+            let mut text = String::new();
+            flate2::read::GzDecoder::new(file)
+                .read_to_string(&mut text)
+                .unwrap();
+            let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+            let (mut events, mut starts) = (Vec::new(), vec![]);
+            for v in doc["events"].as_array().unwrap() {
+                if v["op"] == "step" {
+                    starts.push(events.len());
+                } else {
+                    events.push(serde_json::from_value::<AllocEvent>(v.clone()).unwrap());
+                }
+            }
+            // Markers end steps; the first step starts after the parameters.
+            let first = events
+                .iter()
+                .position(|e| matches!(e, AllocEvent::Alloc { id, .. } if *id < 1 << 40))
+                .unwrap();
+            starts.pop();
+            starts.insert(0, first);
+            (name.to_string(), events, starts)
+        })
+        .collect()
+}
+
+/// The committed traces move few pages; real Hugging Face steps moved 80-100
+/// pages a step on the H200 (run 2, LLaMA) under the rule without
+/// hysteresis, and so do these steps recorded on the meta device (95 a step
+/// for LLaMA, forever). With it, the last three of ten steps make none.
+#[test]
+fn vramfit_policy_settles_on_hugging_face_steps() {
+    for (name, events, starts) in meta_step_traces() {
+        assert_eq!(starts.len(), 10, "{name}");
+        let (calls, peak, tight) = vramfit_calls_per_step(&events, &starts);
+        assert_eq!(
+            calls[calls.len() - 3..],
+            [0, 0, 0],
+            "{name}: driver calls per step {calls:?}"
+        );
+        assert!(
+            peak as f64 <= tight as f64 * 1.03,
+            "{name}: {} MiB vs {} MiB",
+            peak >> 20,
+            tight >> 20
+        );
+        let pytorch = replay_events(&events, Policy::Pytorch)
+            .unwrap()
+            .peak_reserved_bytes;
+        assert!(
+            peak < pytorch,
+            "{name}: {} vs {} MiB",
+            peak >> 20,
+            pytorch >> 20
+        );
+    }
+}
+
+/// `cargo test -p vramfit --lib hugging_face_step_figures -- --ignored --nocapture`
+#[test]
+#[ignore = "prints the figures of docs/benchmarks.md"]
+fn hugging_face_step_figures() {
+    for (name, events, starts) in meta_step_traces() {
+        let (calls, peak, tight) = vramfit_calls_per_step(&events, &starts);
+        let pytorch = replay_events(&events, Policy::Pytorch)
+            .unwrap()
+            .peak_reserved_bytes;
+        println!(
+            "{name}: driver calls per step {calls:?}; reserved peak {} MiB (moving at every \
+             growth: {} MiB; pytorch policy {} MiB, {:+.1}%)",
+            peak >> 20,
+            tight >> 20,
+            pytorch >> 20,
+            (peak as f64 / pytorch as f64 - 1.0) * 100.0,
+        );
+    }
+}

@@ -828,10 +828,9 @@ fn the_analytic_hugging_face_path_predicts_the_library_runs() {
         held_out.median <= 0.03 && held_out.p90 <= 0.06,
         "{held_out:?}"
     );
-    // One held-out run (fp32 LLaMA-GQA, the math attention path) is 5.9%
-    // under: the allocator's fragmentation there is larger than the replay's
-    // (docs/benchmarks.md). Nothing may get worse than that.
-    assert!(held_out.under_predictions.len() <= 1, "{held_out:?}");
+    // No held-out run under by more than 5% (the softmax-backward rule was
+    // added after seeing one, docs/benchmarks.md); fit rows not below -11%.
+    assert!(held_out.under_predictions.is_empty(), "{held_out:?}");
     assert!(hf.iter().all(|r| r.relative_error > -0.11), "{hf:?}");
     let fit = error_stats(&hf, Some("fit"));
     assert!(fit.median <= 0.02 && fit.p90 <= 0.09, "{fit:?}");
@@ -858,26 +857,37 @@ fn the_generated_sequence_written_as_a_profile_replays_to_the_same_allocated_pea
     );
 }
 
+/// The most tensors of exactly `bytes` alive at once.
+fn most_alive(evs: &[events::TensorEvent], bytes: u64) -> usize {
+    let mut live = std::collections::BTreeMap::new();
+    let (mut n, mut most) = (0usize, 0usize);
+    for e in evs {
+        match *e {
+            events::TensorEvent::Alloc { id, bytes: b, .. } => {
+                live.insert(id, b);
+                n += usize::from(b == bytes);
+                most = most.max(n);
+            }
+            events::TensorEvent::Free { id } => n -= usize::from(live.remove(&id) == Some(bytes)),
+        }
+    }
+    most
+}
+
+#[test]
+fn softmax_backward_holds_the_gradients_of_its_output_and_of_the_scores_together() {
+    use crate::api::Precision;
+    // fp32 LLaMA with grouped-query heads: SDPA's math path keeps each
+    // layer's fp32 probabilities; backward adds two of that size at once.
+    let gqa = with(tiny("llama"), "num_key_value_heads", serde_json::json!(2));
+    let s2 = 8 * 4 * 64 * 64 * 4;
+    let evs = hf_events(gqa, Precision::Fp32, Attention::Sdpa, false);
+    assert_eq!(most_alive(&evs, s2), 2 + 2);
+}
+
 #[test]
 fn a_tied_heads_two_gradient_contributions_are_summed_into_a_new_tensor() {
     use crate::api::Precision;
-    let most_alive = |evs: &[events::TensorEvent], bytes: u64| {
-        let mut live = std::collections::BTreeMap::new();
-        let (mut n, mut most) = (0usize, 0usize);
-        for e in evs {
-            match *e {
-                events::TensorEvent::Alloc { id, bytes: b, .. } => {
-                    live.insert(id, b);
-                    n += usize::from(b == bytes);
-                    most = most.max(n);
-                }
-                events::TensorEvent::Free { id } => {
-                    n -= usize::from(live.remove(&id) == Some(bytes))
-                }
-            }
-        }
-        most
-    };
     let table = 5000 * 96 * 2;
     // GPT-2 (tied): the weight, the head's contribution waiting in autograd's
     // buffer, the embedding's dense gradient and their sum

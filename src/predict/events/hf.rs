@@ -579,7 +579,9 @@ impl Gen<'_> {
                             self.t.free(values);
                         }
                         let sc = self.t.act(s2 * 4);
-                        saved.push(self.t.act(s2 * 4));
+                        let p = self.t.act(s2 * 4);
+                        self.softmax.insert(p, (s2, 4, false));
+                        saved.push(p);
                         self.t.free(sc);
                         true
                     }
@@ -753,7 +755,9 @@ impl Gen<'_> {
         let masked = self.t.act(s2 * wd.c);
         self.t.free(sc);
         let pw = if softmax_fp32 { 4 } else { wd.e };
-        saved.push(self.t.act(s2 * pw));
+        let p = self.t.act(s2 * pw);
+        self.softmax.insert(p, (s2, wd.c, true));
+        saved.push(p);
         self.t.free(masked);
         let cast = (pw != wd.c && (cast_first || !lib.dropout)).then(|| self.t.act(s2 * wd.c));
         if lib.dropout {
@@ -789,7 +793,29 @@ impl Gen<'_> {
         let input = saved.pop().expect("block input");
         let mut tmp: Option<u32> = None;
         while let Some(id) = saved.pop() {
-            let gt = self.t.act(self.t.bytes(id));
+            let bytes = self.t.bytes(id);
+            if let Some((elems, scores_w, scaled)) = self.softmax.remove(&id) {
+                // softmax backward reads the gradient of its output and
+                // writes that of the scores (in the scores' width) while the
+                // first is alive; eager's scaling of the scores writes one more.
+                let g_out = self.t.act(bytes);
+                if let Some(p) = tmp.take() {
+                    self.t.free(p);
+                }
+                let g_scores = self.t.act(elems * scores_w);
+                self.t.free(g_out);
+                let g = if scaled {
+                    let g2 = self.t.act(elems * scores_w);
+                    self.t.free(g_scores);
+                    g2
+                } else {
+                    g_scores
+                };
+                tmp = Some(g);
+                self.release(id);
+                continue;
+            }
+            let gt = self.t.act(bytes);
             if let Some(p) = tmp.replace(gt) {
                 self.t.free(p);
             }

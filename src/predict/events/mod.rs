@@ -234,6 +234,10 @@ struct Gen<'a> {
     /// Tensors already released (a block input freed in forward by the
     /// library's code, which the backward loop would free again).
     released: HashSet<u32>,
+    /// Hugging Face: kept softmax outputs of eager and math-path attention:
+    /// their elements, the width of the scores they were computed from and
+    /// whether the scores were scaled after the product (eager).
+    softmax: BTreeMap<u32, (u64, u64, bool)>,
 }
 
 impl<'a> Gen<'a> {
@@ -258,6 +262,7 @@ impl<'a> Gen<'a> {
             outputs: Vec::new(),
             cache: Vec::new(),
             released: HashSet::new(),
+            softmax: BTreeMap::new(),
         }
     }
 
