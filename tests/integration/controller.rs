@@ -155,7 +155,8 @@ async fn oom_halves_micro_batch_and_doubles_accumulation_in_a_new_pod() {
     );
     assert!(
         status.budget_bytes.unwrap() < first_budget,
-        "re-predicted for the smaller micro-batch"
+        "re-predicted for the smaller micro-batch: {} after {first_budget} ({status:?})",
+        status.budget_bytes.unwrap()
     );
     assert_eq!(status.history[0].outcome, "OutOfMemory");
     let pod = cluster.wait_pod("oom-a2").await;
