@@ -27,12 +27,18 @@ if [[ ${#files[@]} -eq 0 ]]; then
     src/controller/scheduler.rs
     src/controller/signature.rs
     src/controller/quantity.rs
+    src/controller/transition.rs
+    src/controller/retry.rs
+    src/controller/supervise.rs
   )
 fi
 args=()
 for f in "${files[@]}"; do args+=(--file "$f"); done
 
 # --in-place: mutate this tree rather than a copy, so the existing target
-# directory's incremental build is reused (run it in a tree nobody edits).
+# directory's incremental build is reused. Run it in a tree nobody edits, and
+# with no other tree building into the same target folder: worktrees share
+# artifact hashes there, and another tree's build can make a mutant's test run
+# an unmutated binary (a false "missed").
 exec nice -n 15 cargo mutants --in-place --no-shuffle -p vramfit "${args[@]}" \
   --timeout 120 --build-timeout 900 --cargo-arg=--lib -- -- controller::

@@ -87,6 +87,13 @@ mod tests {
         std::future::pending().await
     }
 
+    /// The first exit, failing the test instead of hanging when none comes.
+    async fn first(supervisor: &mut Supervisor) -> Error {
+        tokio::time::timeout(Duration::from_secs(5), supervisor.first_exit())
+            .await
+            .expect("a task ended")
+    }
+
     #[tokio::test]
     async fn a_panicking_task_is_reported_by_name_with_its_message() {
         let mut supervisor = Supervisor::default();
@@ -95,7 +102,7 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(10)).await;
             panic!("index out of range");
         });
-        let error = supervisor.first_exit().await.to_string();
+        let error = first(&mut supervisor).await.to_string();
         assert_eq!(
             error,
             "background task scheduling loop stopped: it panicked: index out of range"
@@ -112,13 +119,13 @@ mod tests {
             })
         });
         assert_eq!(
-            supervisor.first_exit().await.to_string(),
+            first(&mut supervisor).await.to_string(),
             "background task metrics server stopped: 127.0.0.1:1: address in use"
         );
         let mut supervisor = Supervisor::default();
         supervisor.spawn("node watch", async { Ok(()) });
         assert_eq!(
-            supervisor.first_exit().await.to_string(),
+            first(&mut supervisor).await.to_string(),
             "background task node watch stopped: it ended"
         );
     }
@@ -130,7 +137,7 @@ mod tests {
             Err(Error::LeadershipLost("the Lease has another holder".into()))
         });
         assert!(matches!(
-            supervisor.first_exit().await,
+            first(&mut supervisor).await,
             Error::LeadershipLost(_)
         ));
     }
@@ -151,7 +158,7 @@ mod tests {
             forever().await
         });
         supervisor.spawn("short", async { Ok(()) });
-        let _ = supervisor.first_exit().await;
+        let _ = first(&mut supervisor).await;
         assert!(!stopped.load(Ordering::SeqCst), "still running");
         drop(supervisor);
         tokio::time::sleep(Duration::from_millis(20)).await;

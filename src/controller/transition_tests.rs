@@ -1070,3 +1070,27 @@ fn oom_absorbed_in_process_update_the_shape_and_publish_an_event_each() {
     assert_eq!(again.status, t.status);
     assert!(again.effects.is_empty());
 }
+
+#[test]
+fn gpu_model_budgets_pick_their_own_micro_batch_only_for_an_auto_first_attempt() {
+    let models = [("H200".to_string(), 141 * GIB)];
+    let at = |auto: bool, attempt: u32| {
+        let job = job_with(
+            json!({"batch": {"global": 8, "micro": 8, "autoMicro": auto}}),
+            None,
+        );
+        let status = TrainingJobStatus {
+            micro_batch: Some(4),
+            attempt,
+            ..Default::default()
+        };
+        let t = predict(&job, status, facts(attempt, &|_| None, &models));
+        t.status.gpu_model_budgets[0].micro_batch
+    };
+    // The attempt's micro-batch, unless autoMicro chooses on the first attempt
+    // (the largest that fits an H200: the spec's 8).
+    assert_eq!(at(false, 1), 4);
+    assert_eq!(at(false, 2), 4);
+    assert_eq!(at(true, 2), 4);
+    assert_eq!(at(true, 1), 8);
+}
