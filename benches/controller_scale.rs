@@ -734,33 +734,18 @@ fn api_request_counts(kubeconfig: &Path) -> Result<BTreeMap<String, u64>> {
         .args(["get", "--raw", "/metrics"])
         .output()?;
     let text = String::from_utf8_lossy(&output.stdout);
-    let mut counts = BTreeMap::new();
-    for line in text.lines() {
-        let Some(rest) = line.strip_prefix("apiserver_request_total{") else {
-            continue;
-        };
-        let Some((labels, value)) = rest.rsplit_once("} ") else {
-            continue;
-        };
-        let label = |name: &str| {
-            labels
-                .split(',')
-                .find_map(|kv| kv.strip_prefix(&format!("{name}=\"")))
-                .map(|v| v.trim_end_matches('"').to_string())
-                .unwrap_or_default()
-        };
-        let resource = label("resource");
-        if resource.is_empty() {
-            continue;
-        }
-        let subresource = label("subresource");
-        let key = if subresource.is_empty() {
-            format!("{} {resource}", label("verb"))
-        } else {
-            format!("{} {resource}/{subresource}", label("verb"))
-        };
-        *counts.entry(key).or_default() += value.parse::<f64>().unwrap_or(0.0) as u64;
-    }
+    let counts = vramfit_agent::sim::fleet::request_totals(&text)
+        .into_iter()
+        .filter(|((_, resource, _), _)| !resource.is_empty())
+        .map(|((verb, resource, subresource), value)| {
+            let key = if subresource.is_empty() {
+                format!("{verb} {resource}")
+            } else {
+                format!("{verb} {resource}/{subresource}")
+            };
+            (key, value as u64)
+        })
+        .collect();
     Ok(counts)
 }
 

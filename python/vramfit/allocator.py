@@ -190,27 +190,14 @@ def install_from_env(environ: Optional[Dict[str, str]] = None) -> bool:
     env = os.environ if environ is None else environ
     if env.get(OPT_OUT_ENV, "1").strip().lower() in ("0", "false", "off", "no"):
         return False
-    text = env.get("VRAMFIT_BUDGET_BYTES", "").strip()
-    if not text:
+    from .attempt import budget_from_env
+
+    budget, context = budget_from_env(env)
+    if budget is None:
         return False
-    try:
-        budget = int(text)
-    except ValueError:
-        raise ValueError(f"VRAMFIT_BUDGET_BYTES={text!r} is not a number of bytes") from None
-    context_text = env.get("VRAMFIT_CONTEXT_BYTES", "").strip() or "0"
-    try:
-        context = int(context_text)
-    except ValueError:
-        raise ValueError(
-            f"VRAMFIT_CONTEXT_BYTES={context_text!r} is not a number of bytes"
-        ) from None
-    if not 0 <= context < budget:
-        raise ValueError(
-            f"VRAMFIT_CONTEXT_BYTES {context} leaves nothing of VRAMFIT_BUDGET_BYTES {budget}"
-        )
     # The budget covers the whole process; the allocator gets what the CUDA
     # context and libraries leave.
-    return install(budget - context)
+    return install(budget - (context or 0))
 
 
 def installed() -> bool:

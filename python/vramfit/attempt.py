@@ -70,6 +70,20 @@ class Attempt:
         return self.micro_batch * self.grad_accum
 
 
+def budget_from_env(env: Mapping[str, str]) -> "tuple[Optional[int], Optional[int]]":
+    """``VRAMFIT_BUDGET_BYTES`` (the whole process on the GPU) and
+    ``VRAMFIT_CONTEXT_BYTES`` (its part outside the caching allocator), each
+    None when unset; a context that leaves nothing of the budget is refused."""
+    budget = _int(env, "VRAMFIT_BUDGET_BYTES", None, minimum=0)
+    context = _int(env, "VRAMFIT_CONTEXT_BYTES", None, minimum=0)
+    if budget is not None and context is not None and context >= budget:
+        raise ConfigError(
+            f"VRAMFIT_CONTEXT_BYTES {context} leaves nothing of VRAMFIT_BUDGET_BYTES "
+            f"{budget} for the allocator"
+        )
+    return budget, context
+
+
 def _int(env: Mapping[str, str], name: str, default: Optional[int] = None, minimum: int = 1) -> Optional[int]:
     raw = env.get(name)
     if raw is None or raw.strip() == "":
@@ -134,13 +148,7 @@ def from_env(
                 f"VRAMFIT_MICRO_BATCH {micro} x VRAMFIT_GRAD_ACCUM {accum} x WORLD_SIZE {world} "
                 f"is not VRAMFIT_GLOBAL_BATCH {total}"
             )
-        budget = _int(env, "VRAMFIT_BUDGET_BYTES", None, minimum=0)
-        context = _int(env, "VRAMFIT_CONTEXT_BYTES", None, minimum=0)
-        if budget is not None and context is not None and context >= budget:
-            raise ConfigError(
-                f"VRAMFIT_CONTEXT_BYTES {context} leaves nothing of VRAMFIT_BUDGET_BYTES "
-                f"{budget} for the allocator"
-            )
+        budget, context = budget_from_env(env)
         return Attempt(
             micro_batch=micro,
             grad_accum=accum,

@@ -69,6 +69,26 @@ impl SimAgent {
         }
     }
 
+    /// Starts the agent on the cluster's own client and waits for its first
+    /// status, with the GPU count of `spec` (`COUNTxMODEL`).
+    async fn started(cluster: &TestCluster, node: &str, spec: &str) -> Self {
+        let agent = Self::start(cluster, node, spec, cluster.client.clone());
+        let gpus: u32 = spec
+            .split('x')
+            .next()
+            .and_then(|n| n.parse().ok())
+            .expect("COUNTxMODEL");
+        wait_status(
+            &cluster.client,
+            node,
+            "the agent's first status",
+            Duration::from_secs(30),
+            |s| s.gpu_count == gpus,
+        )
+        .await;
+        agent
+    }
+
     fn is_running(&self) -> bool {
         !self.task.is_finished()
     }
@@ -138,15 +158,7 @@ fn job_with(
 async fn simulated_agent_runs_a_job_through_an_oom_and_back_off_to_success() {
     let cluster = TestCluster::new("agent-oom").await;
     let node = cluster.node_name("n1");
-    let _agent = SimAgent::start(&cluster, &node, "1xH100-80GB", cluster.client.clone());
-    wait_status(
-        &cluster.client,
-        &node,
-        "the agent's first status",
-        Duration::from_secs(30),
-        |s| s.gpu_count == 1,
-    )
-    .await;
+    let _agent = SimAgent::started(&cluster, &node, "1xH100-80GB").await;
     let _controller = cluster.start_controller();
     // Fixed budget 30 GiB; the true peak is 10 GiB + 2 GiB per sample: 42 GiB
     // at micro 16 (over: the allocator refuses, exit 42), 26 GiB at micro 8.
@@ -187,15 +199,7 @@ async fn simulated_agent_runs_a_job_through_an_oom_and_back_off_to_success() {
 async fn watchdog_stops_an_unbounded_pod_over_budget_and_the_controller_backs_off() {
     let cluster = TestCluster::new("agent-dog").await;
     let node = cluster.node_name("n1");
-    let _agent = SimAgent::start(&cluster, &node, "1xH100-80GB", cluster.client.clone());
-    wait_status(
-        &cluster.client,
-        &node,
-        "the agent's first status",
-        Duration::from_secs(30),
-        |s| s.gpu_count == 1,
-    )
-    .await;
+    let _agent = SimAgent::started(&cluster, &node, "1xH100-80GB").await;
     let _controller = cluster.start_controller();
     // No allocator holds the process to its 20 GiB budget: at micro 8 it
     // grows to 26 GiB, past 21 GiB (5 % tolerance), and the watchdog stops
@@ -377,15 +381,7 @@ async fn agent_keeps_running_through_an_api_server_outage_and_its_heartbeat_resu
 async fn a_pod_deleted_while_measured_leaves_the_gpu_node_and_is_never_reported() {
     let cluster = TestCluster::new("agent-delete").await;
     let node = cluster.node_name("n1");
-    let _agent = SimAgent::start(&cluster, &node, "1xH200", cluster.client.clone());
-    wait_status(
-        &cluster.client,
-        &node,
-        "the agent's first status",
-        Duration::from_secs(30),
-        |s| s.gpu_count == 1,
-    )
-    .await;
+    let _agent = SimAgent::started(&cluster, &node, "1xH200").await;
     // A pod bound to the node directly, as the controller binds its pods.
     let pod: Pod = serde_json::from_value(json!({
         "metadata": {"name": "measured", "annotations": {

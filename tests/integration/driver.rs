@@ -96,6 +96,22 @@ impl TestCluster {
     }
 
     /// Writes the GpuNode status as the node agent does, with a fresh heartbeat.
+    /// A process of `pod` in this cluster's namespace, as the agent reports it.
+    fn pod_process(&self, pid: u32, pod: &str, used: u64, peak: u64) -> GpuProcess {
+        GpuProcess {
+            pid,
+            used_bytes: used,
+            peak_bytes: peak,
+            pod_namespace: Some(self.namespace.clone()),
+            pod_name: Some(pod.to_string()),
+            training_job: None,
+            pod_uid: None,
+            container: None,
+            allocator: None,
+            shape: None,
+        }
+    }
+
     pub async fn agent_report(&self, node: &str, mut status: GpuNodeStatus) {
         status.heartbeat = Some(Timestamp::now().to_string());
         GpuNodeWriter::new(self.client.clone(), node, self.labels())
@@ -247,18 +263,7 @@ impl TestCluster {
         let gpu_nodes: Api<GpuNode> = Api::all(self.client.clone());
         let current = gpu_nodes.get_status(node).await.expect("GpuNode");
         let mut status = current.status.expect("GpuNode status");
-        status.gpus[gpu].processes = vec![GpuProcess {
-            pid: 4242,
-            used_bytes: used,
-            peak_bytes: peak,
-            pod_namespace: Some(self.namespace.clone()),
-            pod_name: Some(pod.to_string()),
-            training_job: None,
-            pod_uid: None,
-            container: None,
-            allocator: None,
-            shape: None,
-        }];
+        status.gpus[gpu].processes = vec![self.pod_process(4242, pod, used, peak)];
         status.gpus[gpu].used_bytes = used;
         self.agent_report(node, status).await;
     }
@@ -308,20 +313,12 @@ impl TestCluster {
             )
             .collect();
         status.gpus[gpu].processes = vec![GpuProcess {
-            pid: 4243,
-            used_bytes: GIB,
-            peak_bytes: GIB,
-            pod_namespace: Some(self.namespace.clone()),
-            pod_name: Some(pod.to_string()),
-            training_job: None,
-            pod_uid: None,
-            container: None,
-            allocator: None,
             shape: Some(ObservedShape {
                 micro_batch: micro,
                 grad_accum: accum,
                 absorbed_ooms,
             }),
+            ..self.pod_process(4243, pod, GIB, GIB)
         }];
         self.agent_report(node, status).await;
     }
