@@ -1,44 +1,72 @@
 #!/usr/bin/env bash
-# Mutation testing of the controller's decision code with cargo-mutants:
-# every mutant (a changed operator, a function returning a default, a deleted
-# match arm, ...) must make a unit test fail. Unit tests only, so each mutant
-# costs one incremental build of the library's test binary.
+# Mutation testing with cargo-mutants: every mutant (a changed operator, a
+# function returning a default, a deleted match arm, ...) must make a unit test
+# fail. Unit tests only, so each mutant costs one incremental build of the
+# library's test binary.
 #
-#   hack/mutants.sh            # the decision files listed below
-#   hack/mutants.sh FILE...    # other files
+#   hack/mutants.sh                 # the controller's decision files (tests controller::)
+#   hack/mutants.sh place           # the packer, src/place (tests place::)
+#   hack/mutants.sh alloc           # the caching allocator, src/alloc (tests alloc::)
+#   hack/mutants.sh FILE...         # other files (tests controller::, or MUTANTS_TESTS)
 #
-# Installs cargo-mutants when missing. Results land in mutants.out/ (caught,
-# missed, timeout, unviable lists; outcomes.json). Runs under nice: it is a
-# long CPU job on a shared machine.
+# Extra cargo-mutants flags go in MUTANTS_ARGS, e.g. MUTANTS_ARGS=--iterate
+# (only the mutants missed or not yet tested in the last run) or
+# MUTANTS_ARGS="--output /tmp/run1". Installs cargo-mutants when missing.
+# Results land in mutants.out/ (caught, missed, timeout, unviable lists;
+# outcomes.json; one log per mutant). Runs under nice: it is a long CPU job on
+# a shared machine. The lists of the recorded runs are in docs/mutants/.
+#
+# MUTANTS_SKIP_DEV_AGENT=1 drops the `vramfit-agent` dev-dependency from
+# Cargo.toml for the run (restored on exit, also on Ctrl-C): cargo builds every
+# dev-dependency even for the library's unit tests, so each mutant otherwise
+# compiles the vramfit library twice (once for the agent) and the agent once.
+# The unit tests do not use the agent.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 if ! command -v cargo-mutants >/dev/null; then
-  nice -n 15 cargo install --locked cargo-mutants
+  nice -n 19 cargo install --locked cargo-mutants
 fi
 
-files=("$@")
-if [[ ${#files[@]} -eq 0 ]]; then
-  files=(
-    src/controller/inventory.rs
-    src/controller/budget.rs
-    src/controller/backoff.rs
-    src/controller/exit.rs
-    src/controller/scheduler.rs
-    src/controller/signature.rs
-    src/controller/quantity.rs
-    src/controller/transition.rs
-    src/controller/retry.rs
-    src/controller/supervise.rs
-  )
-fi
+tests=${MUTANTS_TESTS:-controller::}
+files=()
+case "${1:-}" in
+  "")
+    files=(
+      src/controller/inventory.rs
+      src/controller/budget.rs
+      src/controller/backoff.rs
+      src/controller/exit.rs
+      src/controller/scheduler.rs
+      src/controller/signature.rs
+      src/controller/quantity.rs
+      src/controller/transition.rs
+      src/controller/retry.rs
+      src/controller/supervise.rs
+      src/controller/absorbed.rs
+    )
+    ;;
+  place | alloc)
+    files=("src/$1/**")
+    tests=${MUTANTS_TESTS:-$1::}
+    ;;
+  *) files=("$@") ;;
+esac
 args=()
 for f in "${files[@]}"; do args+=(--file "$f"); done
+
+if [[ ${MUTANTS_SKIP_DEV_AGENT:-0} == 1 ]]; then
+  backup=$(mktemp -d)
+  cp Cargo.toml Cargo.lock "$backup/"
+  trap 'cp "$backup/Cargo.toml" "$backup/Cargo.lock" . && rm -r "$backup"' EXIT
+  sed -i '/^vramfit-agent = { path = "agent" }$/d' Cargo.toml
+fi
 
 # --in-place: mutate this tree rather than a copy, so the existing target
 # directory's incremental build is reused. Run it in a tree nobody edits, and
 # with no other tree building into the same target folder: worktrees share
 # artifact hashes there, and another tree's build can make a mutant's test run
 # an unmutated binary (a false "missed").
-exec nice -n 15 cargo mutants --in-place --no-shuffle -p vramfit "${args[@]}" \
-  --timeout 120 --build-timeout 900 --cargo-arg=--lib -- -- controller::
+# shellcheck disable=SC2086 # MUTANTS_ARGS is a list of flags
+nice -n 19 cargo mutants --in-place --no-shuffle -p vramfit "${args[@]}" \
+  --timeout 120 --build-timeout 900 ${MUTANTS_ARGS:-} --cargo-arg=--lib -- -- "$tests"
