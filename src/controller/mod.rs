@@ -6,8 +6,10 @@
 //! docs/controller.md.
 
 pub mod absorbed;
+pub mod allocation;
 pub mod backoff;
 pub mod budget;
+pub mod events;
 pub mod exit;
 pub mod inventory;
 pub mod metrics;
@@ -107,8 +109,8 @@ impl Default for ControllerOptions {
 pub struct Context {
     /// API client.
     pub client: Client,
-    /// Event recorder.
-    pub recorder: Recorder,
+    /// Where the reconciles queue their events.
+    pub events: events::EventQueue,
     /// Prometheus metrics.
     pub metrics: Arc<Metrics>,
     /// Decisions of the scheduling cycle not yet written to status.
@@ -139,7 +141,7 @@ impl Context {
             .iter()
             .filter_map(|j| j.status.as_ref())
             .filter(|s| {
-                s.model_signature.as_deref() == Some(signature) && s.phase == Phase::Succeeded
+                s.phase == Phase::Succeeded && s.model_signature.as_deref() == Some(signature)
             })
             .filter_map(|s| s.measured_peak_bytes)
             .max()
@@ -273,15 +275,18 @@ pub async fn run(client: Client, options: ControllerOptions) -> Result<()> {
         kube::runtime::controller::Config::default().concurrency(RECONCILE_CONCURRENCY),
     );
     let jobs = controller.store();
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: "vramfit-controller".into(),
+            instance: std::env::var("POD_NAME").ok(),
+        },
+    );
+    let (event_queue, queued_events) = events::EventQueue::new();
+    tasks.spawn("event publisher", events::send_all(recorder, queued_events));
     let ctx = Arc::new(Context {
         client: client.clone(),
-        recorder: Recorder::new(
-            client.clone(),
-            Reporter {
-                controller: "vramfit-controller".into(),
-                instance: std::env::var("POD_NAME").ok(),
-            },
-        ),
+        events: event_queue,
         metrics,
         assignments: Assignments::default(),
         jobs: jobs.clone(),
@@ -292,15 +297,20 @@ pub async fn run(client: Client, options: ControllerOptions) -> Result<()> {
     });
     let (trigger, triggers) = futures::channel::mpsc::unbounded::<ObjectRef<TrainingJob>>();
 
-    // Every GpuNode change wakes the scheduler. Most are heartbeats; the jobs
-    // placed on a node only read its processes and OOM reports, so only a
-    // change of those re-runs them.
+    // A GpuNode change wakes the scheduler unless it only changed the
+    // allocation the controller itself writes there. Most are heartbeats; the
+    // jobs placed on a node only read its processes and OOM reports, so only
+    // a change of those re-runs them.
     let gpu_node_stream = {
         let ctx = ctx.clone();
         watcher(Api::<GpuNode>::all(client.clone()), node_config.clone())
             .default_backoff()
             .reflect(gpu_node_writer)
             .applied_objects()
+            .predicate_filter(
+                |node: &GpuNode| Some(scheduler_facing_fingerprint(node)),
+                Default::default(),
+            )
             .inspect_ok(move |_| ctx.wake_scheduler())
             .predicate_filter(
                 |node: &GpuNode| Some(job_facing_fingerprint(node)),
@@ -332,6 +342,17 @@ pub async fn run(client: Client, options: ControllerOptions) -> Result<()> {
             Ok(())
         });
     }
+    let allocations = Arc::new(Notify::new());
+    tasks.spawn(
+        "allocation writer",
+        allocation::run(
+            client.clone(),
+            jobs.clone(),
+            gpu_nodes.clone(),
+            allocations.clone(),
+            heartbeat_ttl(&options),
+        ),
+    );
     tasks.spawn(
         "scheduling loop",
         scheduling_loop(
@@ -341,6 +362,7 @@ pub async fn run(client: Client, options: ControllerOptions) -> Result<()> {
             nodes,
             options.clone(),
             trigger,
+            allocations,
         ),
     );
 
@@ -379,6 +401,33 @@ pub async fn run(client: Client, options: ControllerOptions) -> Result<()> {
     result
 }
 
+/// Hash of what the scheduler reads from a `GpuNode`: all of it but the
+/// `status.allocation` the controller writes (the scheduler never reads it,
+/// and a wake-up for each of its own writes would cost a cycle each).
+fn scheduler_facing_fingerprint(gpu_node: &GpuNode) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    gpu_node.metadata.labels.hash(&mut hasher);
+    gpu_node
+        .metadata
+        .deletion_timestamp
+        .is_some()
+        .hash(&mut hasher);
+    serde_json::to_string(&gpu_node.spec)
+        .unwrap_or_default()
+        .hash(&mut hasher);
+    if let Some(status) = gpu_node.status.as_ref() {
+        let status = crate::api::GpuNodeStatus {
+            allocation: None,
+            ..status.clone()
+        };
+        serde_json::to_string(&status)
+            .unwrap_or_default()
+            .hash(&mut hasher);
+    }
+    hasher.finish()
+}
+
 /// Hash of what the reconciles of the jobs on a node read from its `GpuNode`:
 /// per-process usage (measured peaks) and the agent's OOM reports.
 fn job_facing_fingerprint(gpu_node: &GpuNode) -> u64 {
@@ -397,6 +446,10 @@ fn job_facing_fingerprint(gpu_node: &GpuNode) -> u64 {
     hasher.finish()
 }
 
+fn heartbeat_ttl(options: &ControllerOptions) -> SignedDuration {
+    SignedDuration::try_from(options.heartbeat_ttl).unwrap_or(SignedDuration::from_secs(120))
+}
+
 async fn scheduling_loop(
     ctx: Arc<Context>,
     jobs: Store<TrainingJob>,
@@ -404,6 +457,7 @@ async fn scheduling_loop(
     nodes: Store<Node>,
     options: ControllerOptions,
     trigger: futures::channel::mpsc::UnboundedSender<ObjectRef<TrainingJob>>,
+    allocations: Arc<Notify>,
 ) -> Result<()> {
     // A cycle on a half-filled job cache could hand out memory that a job not
     // yet seen already holds, so the first cycle waits for complete caches.
@@ -411,10 +465,7 @@ async fn scheduling_loop(
     wait_ready(&gpu_nodes).await?;
     wait_ready(&nodes).await?;
     tracing::debug!("caches ready; scheduling starts");
-    // The allocation last written into each GpuNode's status.
-    let mut written: HashMap<String, crate::api::NodeAllocation> = HashMap::new();
-    let ttl =
-        SignedDuration::try_from(options.heartbeat_ttl).unwrap_or(SignedDuration::from_secs(120));
+    let ttl = heartbeat_ttl(&options);
     loop {
         let started = Instant::now();
         let job_list = jobs.state();
@@ -468,7 +519,8 @@ async fn scheduling_loop(
             }
         }
         update_gauges(&ctx.metrics, &job_refs, &view, &ledger);
-        write_allocations(&ctx.client, &mut written, &job_list, &gpu_node_list, ttl).await;
+        // The GpuNodes' allocations follow on their own task.
+        allocations.notify_one();
         ctx.metrics
             .cycle_seconds
             .observe(started.elapsed().as_secs_f64());
@@ -480,59 +532,6 @@ async fn scheduling_loop(
         // one cycle take the whole burst instead of one cycle per wake-up.
         tokio::time::sleep(CYCLE_BATCH_WINDOW).await;
     }
-}
-
-/// Field manager of the `allocation` the controller writes into GpuNode status
-/// (the agent owns the rest of the status).
-const ALLOCATION_FIELD_MANAGER: &str = "vramfit-controller-allocation";
-
-/// Writes each GpuNode's `status.allocation` (committed and free memory, for
-/// `kubectl get gn`) when it changed since the last write. A failed write is
-/// retried in the next cycle.
-async fn write_allocations(
-    client: &Client,
-    written: &mut HashMap<String, crate::api::NodeAllocation>,
-    jobs: &[Arc<TrainingJob>],
-    gpu_nodes: &[Arc<GpuNode>],
-    ttl: SignedDuration,
-) {
-    use kube::api::{Patch, PatchParams};
-    let jobs: Vec<TrainingJob> = jobs.iter().map(|j| j.as_ref().clone()).collect();
-    let nodes: Vec<GpuNode> = gpu_nodes.iter().map(|n| n.as_ref().clone()).collect();
-    let view = crate::status::cluster_status(&jobs, &nodes, Timestamp::now(), ttl);
-    let api: Api<GpuNode> = Api::all(client.clone());
-    for node in &view.nodes {
-        let allocation = crate::status::node_allocation(node);
-        let current = nodes
-            .iter()
-            .find(|n| n.name_any() == node.name)
-            .and_then(|n| n.status.as_ref())
-            .and_then(|s| s.allocation.as_ref());
-        if written.get(&node.name) == Some(&allocation) && current == Some(&allocation) {
-            continue;
-        }
-        let patch = serde_json::json!({
-            "apiVersion": <GpuNode as kube::Resource>::api_version(&()),
-            "kind": <GpuNode as kube::Resource>::kind(&()),
-            "status": {"allocation": allocation},
-        });
-        match api
-            .patch_status(
-                &node.name,
-                &PatchParams::apply(ALLOCATION_FIELD_MANAGER).force(),
-                &Patch::Apply(&patch),
-            )
-            .await
-        {
-            Ok(_) => {
-                written.insert(node.name.clone(), allocation);
-            }
-            Err(error) => {
-                tracing::warn!(%error, node = %node.name, "could not write the GpuNode allocation");
-            }
-        }
-    }
-    written.retain(|name, _| view.nodes.iter().any(|n| &n.name == name));
 }
 
 /// Waits for a reflector's first complete list. The store's readiness signal
@@ -848,5 +847,52 @@ mod tests {
             Some(1)
         );
         assert_eq!(gauge(&text, "vramfit_gpu_memory_total_bytes"), Some(0));
+    }
+
+    fn reported_node(heartbeat: &str, used: u64, allocation: Option<&str>) -> GpuNode {
+        let mut status = serde_json::json!({
+            "gpus": [{"index": 0, "uuid": "GPU-0", "model": "H200", "totalBytes": 80 * GIB,
+                      "usedBytes": used, "health": "Healthy"}],
+            "gpuCount": 1, "heartbeat": heartbeat,
+        });
+        if let Some(committed) = allocation {
+            status["allocation"] = serde_json::json!({
+                "committedBytes": 1, "freeBytes": 2, "committed": committed, "free": "2 B",
+                "used": "0 B", "gpuFree": "0:2B", "jobs": 1,
+            });
+        }
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "vramfit.dev/v1alpha1", "kind": "GpuNode",
+            "metadata": {"name": "n"}, "spec": {}, "status": status,
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn the_controllers_own_allocation_writes_do_not_wake_the_scheduler() {
+        let t = "2026-12-01T12:00:00Z";
+        let plain = reported_node(t, 0, None);
+        let written = reported_node(t, 0, Some("1 B"));
+        let rewritten = reported_node(t, 0, Some("9 B"));
+        assert_eq!(
+            scheduler_facing_fingerprint(&plain),
+            scheduler_facing_fingerprint(&written)
+        );
+        assert_eq!(
+            scheduler_facing_fingerprint(&written),
+            scheduler_facing_fingerprint(&rewritten)
+        );
+        // What the agent reports does wake it: a heartbeat, the memory in use,
+        // the node's spec.
+        let later = reported_node("2026-12-01T12:00:10Z", 0, Some("1 B"));
+        let busier = reported_node(t, GIB, Some("1 B"));
+        let mut cordoned = written.clone();
+        cordoned.spec.cordoned = true;
+        for changed in [&later, &busier, &cordoned] {
+            assert_ne!(
+                scheduler_facing_fingerprint(&written),
+                scheduler_facing_fingerprint(changed)
+            );
+        }
     }
 }
