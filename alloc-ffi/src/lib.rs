@@ -405,6 +405,7 @@ fn stats_text(device_index: c_int, kind: c_int) -> Option<String> {
             "livePageHighWaterBytes": state.page_figures().map(|f| f.0),
             "headroomBytes": state.page_figures().map(|f| f.1),
             "deviceWaits": state.core_stats().num_device_waits,
+            "movedBytes": state.core_stats().moved_bytes,
             "statsDir": g.settings.stats_dir.as_ref().map(|d| d.display().to_string()),
         })
         .to_string()

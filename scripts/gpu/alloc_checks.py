@@ -268,7 +268,7 @@ def worker_train(args):
     model, opt, make, loss_of = build_model(args.model, torch)
     barrier(args.barrier, args.parties, args.name)
     kept = []
-    times, losses, device_calls = [], [], []
+    times, losses, device_calls, moved, waits = [], [], [], [], []
     for step in range(args.steps):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
@@ -302,6 +302,9 @@ def worker_train(args):
         if args.alloc != "native":
             stats = torch.cuda.memory_stats()
             device_calls.append(stats.get("num_device_alloc", 0) + stats.get("num_device_free", 0))
+            own = va.memory_stats()
+            moved.append(own.get("vramfit.movedBytes") or 0)
+            waits.append(own.get("vramfit.deviceWaits") or 0)
     timed = times[args.warmup:] or times
     if args.trace_steps and args.alloc == "native":
         # Untimed steps with PyTorch's allocation history on: the GPU's own
@@ -325,6 +328,9 @@ def worker_train(args):
         result["numDeviceAlloc"] = own.get("num_device_alloc")
         # Driver calls (segment or page maps and unmaps) made in each step.
         result["deviceCallsPerStep"] = [b - a for a, b in zip([0] + device_calls, device_calls)]
+        # MiB of pages moved, and waits for the device, in each step.
+        result["movedMibPerStep"] = [(b - a) >> 20 for a, b in zip([0] + moved, moved)]
+        result["waitsPerStep"] = [b - a for a, b in zip([0] + waits, waits)]
     emit(result)
     return 0
 
@@ -836,6 +842,8 @@ def orchestrate(args):
                 p["smiVsNativePct"] = (p["smiPeakMib"] / native["smiPeakMib"] - 1) * 100
             p["budget"] = ok[0]["budgetBytes"]
             p["deviceCallsPerStep"] = ok[-1].get("deviceCallsPerStep")
+            p["movedMibPerStep"] = ok[-1].get("movedMibPerStep")
+            p["waitsPerStep"] = ok[-1].get("waitsPerStep")
             p["vramfit"] = ok[-1].get("vramfit")
             row[policy] = p
             limit = p["budget"] + context + 64 * MIB
@@ -892,6 +900,8 @@ def orchestrate(args):
         if v:
             print(f"{row['model']}: vramfit live-page high-water {(v.get('vramfit.livePageHighWaterBytes') or 0) / MIB:.0f} MiB,"
                   f" headroom {(v.get('vramfit.headroomBytes') or 0) / MIB:.0f} MiB;"
+                  f" MiB moved per step {row['vramfit'].get('movedMibPerStep')},"
+                  f" waits per step {row['vramfit'].get('waitsPerStep')};"
                   f" per-run step ms native {row['native']['perRun']} vramfit {row['vramfit']['perRun']}")
     bench = cases.get("bench") or {}
     for row in bench.get("rows", []):

@@ -448,6 +448,7 @@ impl<D: DeviceMemory> ExpandableAllocator<D> {
                 let at = self.ranges[r].base + run_start as u64 * page;
                 if park {
                     self.device.park_pages(at, bytes)?;
+                    self.stats.moved_bytes += bytes;
                 } else {
                     self.device.unmap_pages(at, bytes)?;
                 }

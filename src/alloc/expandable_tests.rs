@@ -340,6 +340,7 @@ fn pages_the_device_may_still_use_are_not_moved_for_the_ceiling() {
     assert_eq!(a.device().unmap_calls, 1);
     assert_eq!(a.device().wait_calls, 0);
     assert_eq!(a.stats().reserved_bytes.current, 30 * MIB);
+    assert_eq!(a.stats().moved_bytes, 10 * MIB);
     assert_eq!(a.stats().num_device_waits, 0);
     a.free(big).unwrap();
 }

@@ -54,6 +54,10 @@ pub struct MemoryStats {
     /// might still use (vramfit policy, [`super::DeviceMemory::wait_frees`]).
     #[serde(default)]
     pub num_device_waits: u64,
+    /// Bytes of pages unmapped to back other blocks or to stay under a
+    /// limit (vramfit policy; `empty_cache` not counted).
+    #[serde(default)]
+    pub moved_bytes: u64,
 }
 
 impl MemoryStats {
