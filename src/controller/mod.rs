@@ -472,52 +472,19 @@ async fn scheduling_loop(
         let job_refs: Vec<&TrainingJob> = job_list.iter().map(|j| j.as_ref()).collect();
         let gpu_node_list = gpu_nodes.state();
         let node_list = nodes.state();
-        let view = cluster_view(
+        let outcome = run_cycle(
+            &ctx.assignments,
+            &job_refs,
             &gpu_node_list.iter().map(|n| n.as_ref()).collect::<Vec<_>>(),
             &node_list.iter().map(|n| n.as_ref()).collect::<Vec<_>>(),
             Timestamp::now(),
             ttl,
+            options.policy,
         );
-        let mut ledger = recorded_placements(job_refs.iter().copied());
-        ledger.extend(ctx.assignments.pending_ledger(&job_refs));
-        let waiting: Vec<&TrainingJob> = job_refs
-            .iter()
-            .copied()
-            .filter(|job| {
-                let uid = job.metadata.uid.as_deref().unwrap_or_default();
-                is_waiting(
-                    job,
-                    ctx.assignments
-                        .placement(uid, current_attempt(job))
-                        .is_some(),
-                )
-            })
-            .collect();
-        tracing::debug!(
-            nodes = view.inventory.nodes.len(),
-            placed = ledger.len(),
-            waiting = waiting.len(),
-            "scheduling cycle"
-        );
-        if !waiting.is_empty() {
-            let by_key: HashMap<String, &TrainingJob> = waiting
-                .iter()
-                .map(|j| (inventory::job_key(j), *j))
-                .collect();
-            let verdicts = plan_cycle(&view, &ledger, &waiting, Policy::new(options.policy, 42));
-            for (key, verdict) in verdicts {
-                let Some(job) = by_key.get(&key) else {
-                    continue;
-                };
-                let uid = job.metadata.uid.as_deref().unwrap_or_default();
-                if let Verdict::Place(p) = &verdict {
-                    ledger.push(inventory::recorded_placement(job, p));
-                }
-                if ctx.assignments.record(uid, current_attempt(job), verdict) {
-                    let _ = trigger.unbounded_send(ObjectRef::from_obj(*job));
-                }
-            }
+        for job in &outcome.changed {
+            let _ = trigger.unbounded_send(ObjectRef::from_obj(*job));
         }
+        let (view, ledger) = (outcome.view, outcome.ledger);
         update_gauges(&ctx.metrics, &job_refs, &view, &ledger);
         // The GpuNodes' allocations follow on their own task.
         allocations.notify_one();
@@ -531,6 +498,78 @@ async fn scheduling_loop(
         // Wake-ups come in bursts (one per predicted job); a short pause lets
         // one cycle take the whole burst instead of one cycle per wake-up.
         tokio::time::sleep(CYCLE_BATCH_WINDOW).await;
+    }
+}
+
+/// What one scheduling cycle decided.
+pub struct CycleOutcome<'a> {
+    /// The inventory it placed on.
+    pub view: ClusterView,
+    /// Every placement after the cycle: recorded in status, assigned and not
+    /// yet recorded, and made by this cycle.
+    pub ledger: Vec<crate::place::Placement>,
+    /// Jobs that were waiting.
+    pub waiting: usize,
+    /// Jobs whose verdict changed (their reconcile must run).
+    pub changed: Vec<&'a TrainingJob>,
+}
+
+/// One scheduling cycle over a snapshot of the caches: rebuilds the ledger,
+/// places the waiting jobs and records the verdicts in `assignments`.
+pub fn run_cycle<'a>(
+    assignments: &Assignments,
+    jobs: &[&'a TrainingJob],
+    gpu_nodes: &[&GpuNode],
+    nodes: &[&Node],
+    now: Timestamp,
+    ttl: SignedDuration,
+    policy: PolicyKind,
+) -> CycleOutcome<'a> {
+    let view = cluster_view(gpu_nodes, nodes, now, ttl);
+    let mut ledger = recorded_placements(jobs.iter().copied());
+    ledger.extend(assignments.pending_ledger(jobs));
+    let waiting: Vec<&'a TrainingJob> = jobs
+        .iter()
+        .copied()
+        .filter(|job| {
+            let uid = job.metadata.uid.as_deref().unwrap_or_default();
+            is_waiting(
+                job,
+                assignments.placement(uid, current_attempt(job)).is_some(),
+            )
+        })
+        .collect();
+    tracing::debug!(
+        nodes = view.inventory.nodes.len(),
+        placed = ledger.len(),
+        waiting = waiting.len(),
+        "scheduling cycle"
+    );
+    let mut changed = Vec::new();
+    if !waiting.is_empty() {
+        let by_key: HashMap<String, &'a TrainingJob> = waiting
+            .iter()
+            .map(|j| (inventory::job_key(j), *j))
+            .collect();
+        let verdicts = plan_cycle(&view, &ledger, &waiting, Policy::new(policy, 42));
+        for (key, verdict) in verdicts {
+            let Some(job) = by_key.get(&key) else {
+                continue;
+            };
+            let uid = job.metadata.uid.as_deref().unwrap_or_default();
+            if let Verdict::Place(p) = &verdict {
+                ledger.push(inventory::recorded_placement(job, p));
+            }
+            if assignments.record(uid, current_attempt(job), verdict) {
+                changed.push(*job);
+            }
+        }
+    }
+    CycleOutcome {
+        view,
+        ledger,
+        waiting: waiting.len(),
+        changed,
     }
 }
 
