@@ -27,25 +27,48 @@ use crate::controlplane;
 use crate::driver::{GIB, TestCluster, mlp_job};
 
 /// A simulated agent running in this process; stopped when dropped.
-struct SimAgent {
+pub struct SimAgent {
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<anyhow::Result<()>>,
 }
 
 impl SimAgent {
     fn start(cluster: &TestCluster, node: &str, spec: &str, client: Client) -> Self {
-        // The agent's log on the test's output (shown for failing tests).
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter("warn,vramfit_agent=info")
-            .with_test_writer()
-            .try_init();
-        let mut options = RunOptions::new(node);
-        options.interval = Duration::from_millis(200);
-        options.publish = PublishPolicy {
+        let publish = PublishPolicy {
             threshold_bytes: 64 << 20,
             min_gap: Duration::from_secs(1),
             heartbeat: Duration::from_secs(1),
         };
+        Self::start_with(
+            cluster,
+            node,
+            spec,
+            client,
+            Duration::from_secs(2),
+            (Duration::from_millis(200), publish),
+            "warn,vramfit_agent=info",
+        )
+    }
+
+    /// An agent whose pods run `run_for` by default, reading every
+    /// `interval` and writing its status by `publish`, logging at `log`.
+    pub fn start_with(
+        cluster: &TestCluster,
+        node: &str,
+        spec: &str,
+        client: Client,
+        run_for: Duration,
+        (interval, publish): (Duration, PublishPolicy),
+        log: &str,
+    ) -> Self {
+        // The agent's log on the test's output (shown for failing tests).
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(log)
+            .with_test_writer()
+            .try_init();
+        let mut options = RunOptions::new(node);
+        options.interval = interval;
+        options.publish = publish;
         options.watchdog = WatchdogConfig {
             tolerance: 0.05,
             grace: Duration::from_secs(1),
@@ -56,7 +79,7 @@ impl SimAgent {
         let task = tokio::spawn(run_simulated(
             options,
             spec,
-            Duration::from_secs(2),
+            run_for,
             NodeResources::default(),
             Some(client),
             async {
@@ -247,14 +270,16 @@ async fn watchdog_stops_an_unbounded_pod_over_budget_and_the_controller_backs_of
 /// A TCP proxy in front of the API server that a test can take down and
 /// bring back on the same port: the agent sees the API server go away and
 /// come back while the other tests keep using it.
-struct Proxy {
-    port: u16,
+pub struct Proxy {
+    /// The port it listens on.
+    pub port: u16,
     target: std::net::SocketAddr,
     tasks: Arc<Mutex<Vec<JoinHandle<()>>>>,
 }
 
 impl Proxy {
-    async fn start(target: std::net::SocketAddr) -> Self {
+    /// Listens on a free port and forwards to `target`.
+    pub async fn start(target: std::net::SocketAddr) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let proxy = Self {
@@ -282,14 +307,14 @@ impl Proxy {
     }
 
     /// Closes the port and every open connection.
-    fn down(&self) {
+    pub fn down(&self) {
         for task in self.tasks.lock().unwrap().drain(..) {
             task.abort();
         }
     }
 
     /// Listens on the same port again.
-    fn up(&self) {
+    pub fn up(&self) {
         let socket = TcpSocket::new_v4().unwrap();
         socket.set_reuseaddr(true).unwrap();
         socket
@@ -309,7 +334,8 @@ async fn client_through(proxy: &Proxy) -> Client {
     Client::try_from(config).unwrap()
 }
 
-async fn api_server_addr() -> std::net::SocketAddr {
+/// The address of the shared control plane's API server.
+pub async fn api_server_addr() -> std::net::SocketAddr {
     let kubeconfig = Kubeconfig::read_from(controlplane::kubeconfig()).unwrap();
     let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await
