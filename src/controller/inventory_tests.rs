@@ -342,3 +342,60 @@ fn a_recorded_placement_holds_its_budget_on_each_of_its_gpus() {
         (5 * GIB, 500, GIB)
     );
 }
+
+#[test]
+fn a_toleration_names_its_key_or_with_an_empty_key_tolerates_any() {
+    let gpu = [("H200", 141 * GIB, "Healthy")];
+    let taint = json!({"taints": [{"key": "gpu", "value": "reserved", "effect": "NoSchedule"}]});
+    // (tolerations, placed)
+    let cases = [
+        (json!([{"key": "other", "operator": "Exists"}]), false),
+        (
+            json!([{"key": "other", "operator": "Equal", "value": "reserved"}]),
+            false,
+        ),
+        (json!([{"key": "", "operator": "Exists"}]), true),
+        (json!([{"key": "gpu", "operator": "Exists"}]), true),
+    ];
+    for (tolerations, placed) in cases {
+        let view = view_of(&[gpu_node("a", 0, &gpu)], &[node("a", taint.clone())]);
+        let job = job(
+            json!({}),
+            json!({"containers": containers(), "tolerations": tolerations}),
+        );
+        assert_eq!(
+            placed_on(&verdict(&view, &job)).is_some(),
+            placed,
+            "{tolerations}"
+        );
+    }
+}
+
+#[test]
+fn node_taints_are_carried_with_their_effect_and_unknown_effects_dropped() {
+    let view = view_of(
+        &[gpu_node("a", 0, &[("H200", 141 * GIB, "Healthy")])],
+        &[node(
+            "a",
+            json!({"taints": [
+                {"key": "soft", "effect": "PreferNoSchedule"},
+                {"key": "hard", "value": "v", "effect": "NoSchedule"},
+                {"key": "evict", "effect": "NoExecute"},
+                {"key": "odd", "effect": "Sometimes"}
+            ]}),
+        )],
+    );
+    let taint = |key: &str, value: &str, effect| Taint {
+        key: key.into(),
+        value: value.into(),
+        effect,
+    };
+    assert_eq!(
+        view.inventory.nodes[0].taints,
+        [
+            taint("soft", "", TaintEffect::PreferNoSchedule),
+            taint("hard", "v", TaintEffect::NoSchedule),
+            taint("evict", "", TaintEffect::NoExecute),
+        ]
+    );
+}

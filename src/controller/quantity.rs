@@ -121,9 +121,24 @@ mod tests {
     }
 
     #[test]
+    fn only_e_takes_an_exponent_and_a_number_has_one_sign_and_digits_around_its_point() {
+        for text in ["1x3", "1y", "++5", "+-5", "1.+5", "1.-5", "1e", "1e+"] {
+            assert_eq!(parse_quantity(text, 1), None, "{text}");
+        }
+    }
+
+    #[test]
     fn bytes_print_in_binary_units() {
         assert_eq!(human_bytes(512), "512 B");
         assert_eq!(human_bytes(31_200 * 1024 * 1024), "30.5 GiB");
         assert_eq!(human_bytes(24 * 1024 * 1024 * 1024), "24.0 GiB");
+    }
+
+    #[test]
+    fn tib_is_the_largest_unit() {
+        assert_eq!(human_bytes(1023), "1023 B");
+        assert_eq!(human_bytes(1024), "1.0 KiB");
+        assert_eq!(human_bytes(2048 << 40), "2048.0 TiB");
+        assert_eq!(human_bytes(u64::MAX), "16777216.0 TiB");
     }
 }

@@ -1,6 +1,7 @@
 use super::*;
 use crate::api::TrainingJobStatus;
 use crate::place::{GpuSpec, Inventory, NodeSpec, PolicyKind};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde_json::json;
 
 const GIB: u64 = 1 << 30;
@@ -260,5 +261,220 @@ fn a_job_predicted_per_gpu_model_gets_the_budget_of_the_model_it_lands_on() {
             );
         }
         other => panic!("placed: {other:?}"),
+    }
+}
+
+#[test]
+fn the_current_attempt_is_the_status_attempt_and_at_least_one() {
+    let mut j = job("j", 0, "2026-01-01T00:00:00Z", GIB);
+    // (status attempt, current attempt); no status at all is the first attempt.
+    for (attempt, current) in [(None, 1), (Some(0), 1), (Some(1), 1), (Some(3), 3)] {
+        j.status = attempt.map(|attempt| TrainingJobStatus {
+            attempt,
+            ..Default::default()
+        });
+        assert_eq!(current_attempt(&j), current, "status attempt {attempt:?}");
+    }
+    // The cycle's placement is for the current attempt.
+    j.status = Some(TrainingJobStatus {
+        attempt: 3,
+        budget_bytes: Some(10 * GIB),
+        ..Default::default()
+    });
+    let verdicts = plan_cycle(
+        &one_gpu_cluster(100 * GIB),
+        &[],
+        &[&j],
+        Policy::new(PolicyKind::BestFit, 42),
+    );
+    let Verdict::Place(p) = &verdicts[0].1 else {
+        panic!("not placed: {:?}", verdicts[0].1)
+    };
+    assert_eq!((p.attempt, p.budget_bytes), (3, 10 * GIB));
+    assert_eq!(p.gpus[0].uuid, "GPU-0");
+}
+
+#[test]
+fn a_job_waits_only_when_predicted_alive_unplaced_and_unassigned() {
+    let waiting = || job("j", 0, "2026-01-01T00:00:00Z", 10 * GIB);
+    // Each row differs from the waiting job in one fact.
+    let no_status = {
+        let mut j = waiting();
+        j.status = None;
+        j
+    };
+    let deleted = {
+        let mut j = waiting();
+        j.metadata.deletion_timestamp = Some(Time("2026-01-02T00:00:00Z".parse().unwrap()));
+        j
+    };
+    let finished = {
+        let mut j = waiting();
+        j.status.as_mut().unwrap().phase = crate::api::Phase::Succeeded;
+        j
+    };
+    let failed = {
+        let mut j = waiting();
+        j.status.as_mut().unwrap().phase = crate::api::Phase::Failed;
+        j
+    };
+    let unpredicted = {
+        let mut j = waiting();
+        j.status.as_mut().unwrap().budget_bytes = None;
+        j
+    };
+    let placed = {
+        let mut j = waiting();
+        j.status.as_mut().unwrap().placement = Some(on_gpu0(10 * GIB));
+        j
+    };
+    let placed_before = {
+        // A placement of an earlier attempt does not count.
+        let mut j = waiting();
+        let status = j.status.as_mut().unwrap();
+        status.placement = Some(on_gpu0(10 * GIB));
+        status.attempt = 2;
+        j
+    };
+    let cases = [
+        ("predicted, alive, not placed", waiting(), false, true),
+        ("assigned by the cycle", waiting(), true, false),
+        ("no status", no_status, false, false),
+        ("being deleted", deleted, false, false),
+        ("succeeded", finished, false, false),
+        ("failed", failed, false, false),
+        ("not predicted", unpredicted, false, false),
+        ("placed in status", placed, false, false),
+        ("placed for an earlier attempt", placed_before, false, true),
+    ];
+    for (what, job, assigned, expected) in cases {
+        assert_eq!(is_waiting(&job, assigned), expected, "{what}");
+    }
+}
+
+#[test]
+fn models_with_their_own_budget_are_not_tried_again_with_the_top_level_one() {
+    // The H200 was predicted at 150 GiB (more than it has); the top-level
+    // budget of 30 GiB is for models without their own prediction (the L4,
+    // too small for it), not a second chance on the H200.
+    let view = h200_and_l4();
+    let mut j = job("j", 0, "2026-01-01T00:00:00Z", 30 * GIB);
+    j.status.as_mut().unwrap().gpu_model_budgets = vec![per_model("H200", 8, 150 * GIB)];
+    let verdicts = plan_cycle(&view, &[], &[&j], Policy::new(PolicyKind::BestFit, 42));
+    match &verdicts[0].1 {
+        Verdict::Wait {
+            message,
+            never_fits,
+        } => {
+            assert!(never_fits, "{message}");
+            assert!(
+                message.contains("H200:") && message.contains("other models:"),
+                "{message}"
+            );
+        }
+        other => panic!("placed: {other:?}"),
+    }
+}
+
+fn wait(message: &str) -> Verdict {
+    Verdict::Wait {
+        message: message.into(),
+        never_fits: false,
+    }
+}
+
+#[test]
+fn a_recorded_verdict_reports_whether_it_changed_and_is_kept_per_attempt() {
+    let assignments = Assignments::default();
+    // (verdict, changed?)
+    let steps = [
+        (wait("no room"), true),
+        (wait("no room"), false),
+        (wait("still no room"), true),
+        (Verdict::Place(on_gpu0(GIB)), true),
+    ];
+    for (i, (verdict, changed)) in steps.into_iter().enumerate() {
+        assert_eq!(
+            assignments.record("uid-a", 1, verdict.clone()),
+            changed,
+            "step {i}: {verdict:?}"
+        );
+        if let Verdict::Wait { .. } = verdict {
+            assert_eq!(assignments.waiting("uid-a", 1), Some(verdict));
+            assert_eq!(assignments.placement("uid-a", 1), None);
+        }
+    }
+    assert_eq!(assignments.placement("uid-a", 1), Some(on_gpu0(GIB)));
+    assert_eq!(
+        assignments.waiting("uid-a", 1),
+        None,
+        "placed: no longer waits"
+    );
+    // Per job and attempt.
+    assert_eq!(assignments.placement("uid-a", 2), None);
+    assert_eq!(assignments.placement("uid-b", 1), None);
+    assert_eq!(assignments.waiting("uid-b", 1), None);
+}
+
+#[test]
+fn forgetting_a_job_drops_only_its_own_entries() {
+    let assignments = Assignments::default();
+    for uid in ["uid-a", "uid-b"] {
+        assignments.record(uid, 1, Verdict::Place(on_gpu0(GIB)));
+        assignments.record(uid, 2, wait("no room"));
+    }
+    assignments.forget("uid-a");
+    assert_eq!(assignments.placement("uid-a", 1), None);
+    assert_eq!(assignments.waiting("uid-a", 2), None);
+    assert_eq!(assignments.placement("uid-b", 1), Some(on_gpu0(GIB)));
+    assert_eq!(assignments.waiting("uid-b", 2), Some(wait("no room")));
+}
+
+#[test]
+fn an_assignment_leaves_the_ledger_once_its_job_moved_on() {
+    let assigned = || job("a", 0, "2026-01-01T00:00:00Z", 10 * GIB);
+    let with_status = |f: &dyn Fn(&mut TrainingJobStatus)| {
+        let mut j = assigned();
+        f(j.status.as_mut().unwrap());
+        j
+    };
+    // (what, the job as the cycle sees it, still in the ledger?)
+    let cases = [
+        ("status does not show it yet", assigned(), true),
+        (
+            "status shows it",
+            with_status(&|s| s.placement = Some(on_gpu0(10 * GIB))),
+            false,
+        ),
+        (
+            "the job moved to attempt 2",
+            with_status(&|s| s.attempt = 2),
+            false,
+        ),
+        (
+            "the job succeeded",
+            with_status(&|s| s.phase = crate::api::Phase::Succeeded),
+            false,
+        ),
+        (
+            "the job failed",
+            with_status(&|s| s.phase = crate::api::Phase::Failed),
+            false,
+        ),
+    ];
+    for (what, job, kept) in cases {
+        let assignments = Assignments::default();
+        assignments.record("uid-a", 1, Verdict::Place(on_gpu0(10 * GIB)));
+        let ledger = assignments.pending_ledger(&[&job]);
+        assert_eq!(ledger.len(), usize::from(kept), "{what}");
+        if kept {
+            assert_eq!(
+                (ledger[0].job_id.as_str(), ledger[0].gpu_budget),
+                ("ml/a", 10 * GIB),
+                "{what}"
+            );
+        }
+        // Dropped entries stay dropped; kept ones stay kept.
+        assert_eq!(assignments.placement("uid-a", 1).is_some(), kept, "{what}");
     }
 }
