@@ -13,7 +13,7 @@ use kube::api::{Api, DeleteParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 use serde_json::json;
-use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use vramfit::api::{GpuNode, GpuNodeStatus, Phase};
@@ -269,12 +269,15 @@ async fn watchdog_stops_an_unbounded_pod_over_budget_and_the_controller_backs_of
 
 /// A TCP proxy in front of the API server that a test can take down and
 /// bring back on the same port: the agent sees the API server go away and
-/// come back while the other tests keep using it.
+/// come back while the other tests keep using it. While down it keeps its
+/// port (another socket could take it otherwise) and drops every connection
+/// it accepts.
 pub struct Proxy {
     /// The port it listens on.
     pub port: u16,
-    target: std::net::SocketAddr,
-    tasks: Arc<Mutex<Vec<JoinHandle<()>>>>,
+    up: Arc<std::sync::atomic::AtomicBool>,
+    accept: JoinHandle<()>,
+    connections: Arc<Mutex<Vec<JoinHandle<()>>>>,
 }
 
 impl Proxy {
@@ -282,45 +285,52 @@ impl Proxy {
     pub async fn start(target: std::net::SocketAddr) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
-        let proxy = Self {
-            port,
-            target,
-            tasks: Arc::default(),
-        };
-        proxy.serve(listener);
-        proxy
-    }
-
-    fn serve(&self, listener: TcpListener) {
-        let (target, tasks) = (self.target, self.tasks.clone());
-        let accept = tokio::spawn(async move {
-            while let Ok((mut inbound, _)) = listener.accept().await {
-                let connection = tokio::spawn(async move {
-                    if let Ok(mut outbound) = TcpStream::connect(target).await {
-                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+        let up = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let connections: Arc<Mutex<Vec<JoinHandle<()>>>> = Arc::default();
+        let accept = {
+            let (up, connections) = (up.clone(), connections.clone());
+            tokio::spawn(async move {
+                while let Ok((mut inbound, _)) = listener.accept().await {
+                    if !up.load(std::sync::atomic::Ordering::SeqCst) {
+                        drop(inbound);
+                        continue;
                     }
-                });
-                tasks.lock().unwrap().push(connection);
-            }
-        });
-        self.tasks.lock().unwrap().push(accept);
+                    let connection = tokio::spawn(async move {
+                        if let Ok(mut outbound) = TcpStream::connect(target).await {
+                            let _ =
+                                tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                        }
+                    });
+                    connections.lock().unwrap().push(connection);
+                }
+            })
+        };
+        Self {
+            port,
+            up,
+            accept,
+            connections,
+        }
     }
 
-    /// Closes the port and every open connection.
+    /// Closes every open connection and drops the new ones.
     pub fn down(&self) {
-        for task in self.tasks.lock().unwrap().drain(..) {
+        self.up.store(false, std::sync::atomic::Ordering::SeqCst);
+        for task in self.connections.lock().unwrap().drain(..) {
             task.abort();
         }
     }
 
-    /// Listens on the same port again.
+    /// Forwards again.
     pub fn up(&self) {
-        let socket = TcpSocket::new_v4().unwrap();
-        socket.set_reuseaddr(true).unwrap();
-        socket
-            .bind(format!("127.0.0.1:{}", self.port).parse().unwrap())
-            .unwrap();
-        self.serve(socket.listen(64).unwrap());
+        self.up.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.accept.abort();
+        self.down();
     }
 }
 
