@@ -54,6 +54,28 @@ pub const DEFERRED_MOVE_PAGES: u64 = 16;
 /// with at most 2.1% (a 5% cap kept gpt2_checkpointing moving pages).
 pub const HEADROOM_CAP_DIVISOR: u64 = 10;
 
+/// The policy's constants, for experiments on traces (the defaults are the
+/// constants above).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tuning {
+    /// [`SLACK_PER_MOVE_PAGES`].
+    pub slack_per_move_pages: u64,
+    /// [`HEADROOM_CAP_DIVISOR`].
+    pub headroom_cap_divisor: u64,
+    /// [`DEFERRED_MOVE_PAGES`].
+    pub deferred_move_pages: u64,
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Self {
+            slack_per_move_pages: SLACK_PER_MOVE_PAGES,
+            headroom_cap_divisor: HEADROOM_CAP_DIVISOR,
+            deferred_move_pages: DEFERRED_MOVE_PAGES,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy)]
 struct Piece {
     size: u64,
@@ -108,12 +130,18 @@ pub struct ExpandableAllocator<D: DeviceMemory> {
     allowance: u64,
     /// Frees so far (each free's number, for [`DeviceMemory::note_free`]).
     free_seq: u64,
+    tuning: Tuning,
     stats: MemoryStats,
 }
 
 impl<D: DeviceMemory> ExpandableAllocator<D> {
     /// An empty allocator over `device`.
     pub fn new(device: D, config: AllocatorConfig) -> Self {
+        Self::with_tuning(device, config, Tuning::default())
+    }
+
+    /// An empty allocator over `device` with other constants.
+    pub fn with_tuning(device: D, config: AllocatorConfig, tuning: Tuning) -> Self {
         let page = device.page_bytes();
         Self {
             device,
@@ -127,6 +155,7 @@ impl<D: DeviceMemory> ExpandableAllocator<D> {
             live_pages_peak: 0,
             allowance: 0,
             free_seq: 0,
+            tuning,
             stats: MemoryStats::default(),
         }
     }
@@ -492,8 +521,9 @@ impl<D: DeviceMemory> ExpandableAllocator<D> {
             } else {
                 // Moving pages only to stay under the ceiling: a pattern
                 // that needs it once will likely need it again next step.
-                let cap = self.live_page_high_water_bytes() / HEADROOM_CAP_DIVISOR;
-                self.allowance = (self.allowance + SLACK_PER_MOVE_PAGES * self.page).min(cap);
+                let cap = self.live_page_high_water_bytes() / self.tuning.headroom_cap_divisor;
+                self.allowance =
+                    (self.allowance + self.tuning.slack_per_move_pages * self.page).min(cap);
             }
             // Pages the device is done with first: moving them costs no
             // wait. Short of those, the ceiling is passed by a little for
@@ -502,7 +532,9 @@ impl<D: DeviceMemory> ExpandableAllocator<D> {
             // and takes the rest.
             let got = self.reclaim_free_pages(want, true, true)?;
             let short = want.saturating_sub(got);
-            if self.reclaimable && (over_limit > got || short > DEFERRED_MOVE_PAGES * self.page) {
+            if self.reclaimable
+                && (over_limit > got || short > self.tuning.deferred_move_pages * self.page)
+            {
                 self.device.wait_frees()?;
                 self.stats.num_device_waits += 1;
                 self.reclaim_free_pages(short, true, false)?;
