@@ -237,6 +237,8 @@ def trace_steps(torch, steps, make, loss_of, opt):
     torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python", max_entries=2_000_000)
     ends = []
     for step in range(steps):
+        # As the timed steps do it (the last step's batch and loss stay
+        # alive until the new ones replace them).
         batch = make(100 + step)
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = loss_of(batch)
@@ -244,7 +246,6 @@ def trace_steps(torch, steps, make, loss_of, opt):
         opt.step()
         opt.zero_grad(set_to_none=True)
         loss.item()
-        del loss, batch
         torch.cuda.synchronize()
         ends.append(time.time() * 1e6)
     with tempfile.NamedTemporaryFile(suffix=".pickle") as f:
