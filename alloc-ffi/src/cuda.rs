@@ -213,6 +213,14 @@ impl DeviceMemory for CudaMemory {
         Ok(())
     }
 
+    fn wait_free(&mut self, stream: StreamId, seq: u64) -> Result<(), DeviceError> {
+        if self.fences.wait_until(stream, seq, Instant::now()).is_err() {
+            // No event to wait for (e.g. the stream is gone): the device.
+            return self.wait_frees();
+        }
+        Ok(())
+    }
+
     fn release_parked(&mut self) -> Result<(), DeviceError> {
         if !self.pages.has_parked() {
             return Ok(());

@@ -119,6 +119,34 @@ impl<E: StreamEvents> FreeFences<E> {
         }
     }
 
+    /// Waits until the device has passed free `seq` of `stream`: for the
+    /// first event recorded after it, or for one recorded now if there is
+    /// none (`cuEventSynchronize`, not the whole device).
+    pub fn wait_until(&mut self, stream: StreamId, seq: u64, now: Instant) -> Result<(), String> {
+        self.asked = now;
+        let Some(fences) = self.streams.get_mut(&stream) else {
+            return Ok(());
+        };
+        poll(&mut self.events, fences);
+        if fences.done >= seq {
+            return Ok(());
+        }
+        if !fences.in_flight.iter().any(|(stamp, _)| *stamp >= seq) {
+            let event = self.events.record(stream)?;
+            fences.in_flight.push_back((fences.latest, event));
+            fences.last_record = Some(now);
+            self.recorded += 1;
+        }
+        let (_, event) = fences
+            .in_flight
+            .iter()
+            .find(|(stamp, _)| *stamp >= seq)
+            .expect("an event after the free");
+        self.events.wait(event)?;
+        poll(&mut self.events, fences);
+        Ok(())
+    }
+
     /// The device is idle (after `cuCtxSynchronize`): every free so far is
     /// behind it.
     pub fn all_done(&mut self) {
@@ -152,12 +180,14 @@ mod tests {
     use super::*;
 
     /// Events that complete when the test says so: event `n` is the n-th
-    /// recorded; `completed` is how many have completed.
+    /// recorded; `completed` is how many have completed (waiting for one
+    /// completes it and those before).
     #[derive(Default, Clone)]
     struct Fake {
         recorded: Rc<RefCell<Vec<StreamId>>>,
         completed: Rc<RefCell<usize>>,
         spare: Rc<RefCell<Vec<usize>>>,
+        waited: Rc<RefCell<Vec<usize>>>,
     }
 
     impl StreamEvents for Fake {
@@ -170,7 +200,10 @@ mod tests {
         fn done(&mut self, event: &usize) -> Result<bool, String> {
             Ok(*event <= *self.completed.borrow())
         }
-        fn wait(&mut self, _event: &usize) -> Result<(), String> {
+        fn wait(&mut self, event: &usize) -> Result<(), String> {
+            self.waited.borrow_mut().push(*event);
+            let mut completed = self.completed.borrow_mut();
+            *completed = (*completed).max(*event);
             Ok(())
         }
         fn recycle(&mut self, event: usize) {
@@ -230,6 +263,28 @@ mod tests {
         assert_eq!(f.recorded(), 1);
         *fake.completed.borrow_mut() = 1;
         assert_eq!(f.done(0, late), 2);
+    }
+
+    #[test]
+    fn waiting_for_a_free_waits_for_the_first_event_after_it() {
+        let fake = Fake::default();
+        let t0 = Instant::now();
+        let mut f = fences(&fake, t0);
+        let ms = Duration::from_millis(2);
+        f.note(0, 1, t0); // event 1, stamp 1
+        f.note(0, 2, t0 + ms); // event 2, stamp 2
+        f.note(0, 3, t0 + ms * 2); // event 3, stamp 3
+        f.wait_until(0, 2, t0 + ms * 2).unwrap();
+        assert_eq!(*fake.waited.borrow(), vec![2], "not event 3");
+        assert_eq!(f.done(0, t0), 2);
+        // A free after the last event: one is recorded now and waited for.
+        f.note(0, 4, t0 + ms * 2); // within the interval: no event
+        f.wait_until(0, 4, t0 + ms * 2).unwrap();
+        assert_eq!(*fake.waited.borrow(), vec![2, 4]);
+        assert_eq!(f.done(0, t0), 4);
+        // Already passed: nothing to wait for.
+        f.wait_until(0, 3, t0).unwrap();
+        assert_eq!(fake.waited.borrow().len(), 2);
     }
 
     #[test]

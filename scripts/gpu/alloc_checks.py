@@ -4,7 +4,12 @@ Usage: python3 alloc_checks.py OUT_DIR --lib PATH [--agent PATH] [--quick]
        python3 alloc_checks.py worker-train ... / worker-correctness ...  (internal)
 
 Every case runs in its own subprocess with a timeout, so a broken library
-costs one case, not the machine. The orchestrator samples nvidia-smi's
+costs one case, not the machine. Training runs are forked from a zygote
+that has imported torch, transformers and torchvision once (and never
+touched CUDA; a self-test child must see CUDA work first), which saves a few
+seconds of each process's start for more interleaved rounds; a child that
+dies without a result drops the zygote (that case again, and all later ones,
+as processes of their own). `--no-zygote` starts every run as a process. The orchestrator samples nvidia-smi's
 per-process memory while cases run, writes OUT_DIR/results.json (everything)
 and prints a summary with PASS/FAIL per check.
 
@@ -232,6 +237,8 @@ def trace_steps(torch, steps, make, loss_of, opt):
     torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python", max_entries=2_000_000)
     ends = []
     for step in range(steps):
+        # As the timed steps do it (the last step's batch and loss stay
+        # alive until the new ones replace them).
         batch = make(100 + step)
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = loss_of(batch)
@@ -239,7 +246,6 @@ def trace_steps(torch, steps, make, loss_of, opt):
         opt.step()
         opt.zero_grad(set_to_none=True)
         loss.item()
-        del loss, batch
         torch.cuda.synchronize()
         ends.append(time.time() * 1e6)
     with tempfile.NamedTemporaryFile(suffix=".pickle") as f:
@@ -565,6 +571,180 @@ class SmiSampler:
         self.thread.join(timeout=15)
 
 
+def worker_selftest(args):
+    """What a child of the zygote must be able to do: CUDA (or, with
+    `--model cpu`, only the plumbing) and the environment it was given."""
+    import torch
+
+    device = "cpu" if args.model == "cpu" else "cuda"
+    ok = float(torch.ones(4, device=device).sum().item()) == 4.0
+    emit({"ok": ok, "env": os.environ.get("VRAMFIT_SELFTEST"), "pid": os.getpid()})
+    return 0
+
+
+def cuda_loaded():
+    """Whether libcuda is mapped into this process (a fork must not follow)."""
+    try:
+        with open("/proc/self/maps") as f:
+            return "libcuda.so" in f.read()
+    except OSError:
+        return False
+
+
+def zygote():
+    """Imports what the training runs need once (torch, transformers'
+    models, torchvision: a few seconds of every process's start), then
+    forks a child per request. CUDA is never touched here: a child forked
+    after CUDA was initialised could not use it, so the zygote refuses to
+    start if libcuda is loaded. Protocol, one line each: requests on stdin
+    {"argv", "env", "out", "err"}; answers "PID <pid>", "EXIT <pid> <rc>"."""
+    import select
+    import traceback
+
+    os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
+    import torch  # noqa: F401
+    import transformers
+
+    for name in ("GPT2LMHeadModel", "LlamaForCausalLM", "BertForMaskedLM", "GPT2Config", "LlamaConfig",
+                 "BertConfig"):
+        getattr(transformers, name)
+    try:
+        import torchvision
+
+        torchvision.models.resnet50, torchvision.models.vit_b_16
+    except ImportError:
+        pass
+    if cuda_loaded():
+        print("NOTREADY libcuda is loaded after the imports", flush=True)
+        return 1
+    print("READY", flush=True)
+    children, buf, open_ = set(), b"", True
+    while open_ or children:
+        if open_:
+            readable, _, _ = select.select([0], [], [], 0.05)
+            if readable:
+                chunk = os.read(0, 1 << 16)
+                if not chunk:
+                    open_ = False
+                buf += chunk
+        else:
+            time.sleep(0.05)
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            req = json.loads(line)
+            pid = os.fork()
+            if pid == 0:
+                code = 1
+                try:
+                    out = os.open(req["out"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                    err = os.open(req["err"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                    null = os.open(os.devnull, os.O_RDONLY)
+                    os.dup2(null, 0)
+                    os.dup2(out, 1)
+                    os.dup2(err, 2)
+                    os.environ.clear()
+                    os.environ.update(req["env"])
+                    sys.path.insert(0, os.path.join(REPO, "python"))
+                    sys.argv = [os.path.abspath(__file__)] + req["argv"]
+                    try:
+                        main()
+                        code = 0
+                    except SystemExit as exc:
+                        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+                except BaseException:
+                    traceback.print_exc()
+                finally:
+                    try:
+                        sys.stdout.flush()
+                        sys.stderr.flush()
+                    finally:
+                        os._exit(code)
+            children.add(pid)
+            print(f"PID {pid}", flush=True)
+        while children:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                break
+            children.discard(pid)
+            print(f"EXIT {pid} {os.waitstatus_to_exitcode(status)}", flush=True)
+    return 0
+
+
+class ZygoteChild:
+    def __init__(self, pid, out, err):
+        self.pid, self.out, self.err = pid, out, err
+
+
+class Zygote:
+    """The orchestrator's end of [`zygote`]."""
+
+    def __init__(self, env, log_path):
+        self.exits = {}
+        self.buf = b""
+        self.dir = tempfile.mkdtemp(prefix="vramfit-zygote-")
+        self.count = 0
+        self.err = open(log_path, "w")
+        self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "zygote"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self.err, env=env)
+
+    def ready(self, timeout):
+        line = self.line(timeout)
+        return line == "READY", line
+
+    def line(self, timeout):
+        import select
+
+        deadline = time.time() + timeout
+        while b"\n" not in self.buf:
+            left = deadline - time.time()
+            if left <= 0:
+                return None
+            readable, _, _ = select.select([self.proc.stdout], [], [], left)
+            if readable:
+                chunk = os.read(self.proc.stdout.fileno(), 1 << 16)
+                if not chunk:
+                    return None
+                self.buf += chunk
+        line, self.buf = self.buf.split(b"\n", 1)
+        return line.decode().strip()
+
+    def start(self, argv, env):
+        self.count += 1
+        out = os.path.join(self.dir, f"{self.count}.out")
+        err = os.path.join(self.dir, f"{self.count}.err")
+        self.proc.stdin.write((json.dumps({"argv": argv, "env": env, "out": out, "err": err}) + "\n").encode())
+        self.proc.stdin.flush()
+        while True:
+            line = self.line(30)
+            if line is None:
+                raise RuntimeError("the zygote did not answer")
+            if line.startswith("PID "):
+                return ZygoteChild(int(line.split()[1]), out, err)
+            self.note(line)
+
+    def note(self, line):
+        if line.startswith("EXIT "):
+            _, pid, rc = line.split()
+            self.exits[int(pid)] = int(rc)
+
+    def wait(self, pid, timeout):
+        deadline = time.time() + timeout
+        while pid not in self.exits:
+            line = self.line(max(0.0, deadline - time.time()))
+            if line is None:
+                return None
+            self.note(line)
+        return self.exits.pop(pid)
+
+    def close(self):
+        try:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=30)
+        except Exception:
+            self.proc.kill()
+        self.err.close()
+
+
 class Runner:
     def __init__(self, out_dir, lib, log):
         self.out_dir = out_dir
@@ -574,6 +754,41 @@ class Runner:
         # The whole script must stay within 6 minutes of GPU time (the shell
         # wrapper stops it at 420 s).
         self.deadline = time.time() + 345
+        self.zygote = None
+        self.zygote_note = "not started"
+
+    def spawn_zygote(self):
+        """Starts the zygote's imports (they overlap the cases before training)."""
+        try:
+            self.spawned = Zygote(self.env(), os.path.join(tempfile.mkdtemp(prefix="vramfit-zygote-log-"), "zygote.log"))
+        except Exception as exc:
+            self.zygote_note = f"did not start: {exc}"
+
+    def start_zygote(self, selftest_model="cuda"):
+        """Training runs start from a zygote that has imported torch,
+        transformers and torchvision, if one comes up and its child passes
+        the self-test (CUDA works in it, its environment is the one asked)."""
+        zygote = getattr(self, "spawned", None)
+        if zygote is None:
+            return
+        ok, why = zygote.ready(45)
+        if not ok:
+            self.zygote_note = f"not ready: {why}"
+            zygote.close()
+            return
+        self.zygote = zygote
+        r = self.run(["worker-selftest", "--model", selftest_model], "zygote-selftest", 60,
+                     extra={"VRAMFIT_SELFTEST": "yes"})
+        if r.get("ok") and r.get("env") == "yes" and r.get("viaZygote"):
+            self.zygote_note = f"in use (self-test {r.get('wallSeconds')} s)"
+        else:
+            self.zygote_note = f"self-test failed: {json.dumps(r)[:500]}"
+            self.stop_zygote()
+
+    def stop_zygote(self):
+        if self.zygote:
+            self.zygote.close()
+            self.zygote = None
 
     def env(self, extra=None):
         env = dict(os.environ)
@@ -587,25 +802,48 @@ class Runner:
         return env
 
     def start(self, argv, extra=None):
+        if self.zygote and argv[0] in ("worker-train", "worker-selftest"):
+            try:
+                return self.zygote.start(argv, self.env(extra))
+            except Exception as exc:
+                self.log.write(f"## zygote failed ({exc}): processes from now on\n")
+                self.zygote_note = f"failed: {exc}"
+                self.zygote = None
         return subprocess.Popen(
             [sys.executable, os.path.abspath(__file__)] + argv,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=self.env(extra),
         )
 
     def finish(self, proc, label, timeout):
-        try:
-            out, err = proc.communicate(timeout=timeout)
-            rc = proc.returncode
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out, err = proc.communicate()
-            rc = "timeout"
+        if isinstance(proc, ZygoteChild):
+            rc = self.zygote.wait(proc.pid, timeout) if self.zygote else None
+            if rc is None:
+                try:
+                    os.kill(proc.pid, 9)
+                except OSError:
+                    pass
+                if self.zygote:
+                    self.zygote.wait(proc.pid, 10)
+                rc = "timeout"
+            out, err = (open(path, errors="replace").read() if os.path.exists(path) else ""
+                        for path in (proc.out, proc.err))
+        else:
+            try:
+                out, err = proc.communicate(timeout=timeout)
+                rc = proc.returncode
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                out, err = proc.communicate()
+                rc = "timeout"
         result = None
         for line in out.splitlines():
             if line.startswith("RESULT "):
                 result = json.loads(line[len("RESULT "):])
+        seen = result is not None
         result = result or {}
         result["rc"] = rc
+        result["viaZygote"] = isinstance(proc, ZygoteChild)
+        result["resultSeen"] = seen
         result.setdefault("pid", proc.pid)
         if rc not in (0, 42) or "error" in result:
             tail = (err or "")[-3000:]
@@ -621,6 +859,15 @@ class Runner:
             return {"rc": "skipped", "error": "skipped: the script's time budget is spent"}
         started = time.time()
         result = self.finish(self.start(argv, extra), label, min(timeout, left))
+        if result.get("viaZygote") and not result.get("resultSeen") and result.get("rc") not in (0, 42):
+            # A child of the zygote that died without a word: the zygote may
+            # be the cause; this case again, and every later one, as a
+            # process of its own.
+            self.log.write(f"## {label}: the zygote's child failed (rc={result['rc']}): processes from now on\n")
+            self.zygote_note = f"dropped after {label} (rc={result['rc']})"
+            self.stop_zygote()
+            left = self.deadline - time.time()
+            result = self.finish(self.start(argv, extra), label, min(timeout, left))
         result["wallSeconds"] = round(time.time() - started, 2)
         return result
 
@@ -672,6 +919,8 @@ def orchestrate(args):
         checks.append((name, bool(ok), detail))
 
     t0 = time.time()
+    if not args.no_zygote:
+        runner.spawn_zygote()
     # 1. correctness, per policy
     for policy in ("pytorch", "vramfit"):
         r = runner.run(["worker-correctness", "--alloc", policy, "--budget", str(2 * GIB)], f"correctness-{policy}", 150)
@@ -743,6 +992,9 @@ def orchestrate(args):
     def first_ok(model, alloc):
         return next((r for r in runs.get((model, alloc), []) if r.get("rc") == 0), {})
 
+    if not args.no_zygote:
+        runner.start_zygote()
+    results["zygote"] = runner.zygote_note
     # gpt2 first: the budget and pair cases below build on its runs.
     train_round("gpt2", 0)
 
@@ -819,6 +1071,8 @@ def orchestrate(args):
                 train_round(model, rnd)
 
     sampler.stop()
+    runner.stop_zygote()
+    results["zygoteAtEnd"] = runner.zygote_note
     results["elapsedSeconds"] = time.time() - t0
     # NVML (nvidia-smi) figures
     for key, r in cases.items():
@@ -918,6 +1172,7 @@ def orchestrate(args):
         print(f"bench {row['name']:<26} alloc p50 {row['allocP50Us']:.2f} us p99 {row['allocP99Us']:.2f} us"
               f"  {row['opsPerSecond']:.0f} ops/s  peak {row['peakReservedBytes'] / MIB:.0f} MiB")
     print("traces: " + ", ".join(f"{m} {len(t['snapshotGzB64']) * 3 // 4 // 1024} KiB" for m, t in traces.items()))
+    print(f"training processes forked from a zygote: {results['zygote']}; at the end: {results['zygoteAtEnd']}")
     failed = sum(1 for _, ok, _ in checks if not ok)
     print(f"\n{len(checks) - failed}/{len(checks)} checks passed in {results['elapsedSeconds']:.0f} s")
     return 0 if failed == 0 else 1
@@ -945,12 +1200,17 @@ def main():
             sys.exit(worker_train(args))
         if mode == "worker-record-stream":
             sys.exit(worker_record_stream(args))
+        if mode == "worker-selftest":
+            sys.exit(worker_selftest(args))
         sys.exit(worker_correctness(args))
+    if len(sys.argv) > 1 and sys.argv[1] == "zygote":
+        sys.exit(zygote())
     p = argparse.ArgumentParser()
     p.add_argument("out_dir")
     p.add_argument("--lib", required=True)
     p.add_argument("--agent")
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--no-zygote", action="store_true", help="start every training run as a process of its own")
     sys.exit(orchestrate(p.parse_args()))
 
 

@@ -99,6 +99,11 @@ pub trait DeviceMemory {
     fn wait_frees(&mut self) -> Result<(), DeviceError> {
         Ok(())
     }
+    /// Waits until the device has passed free `seq` of `stream` (an event
+    /// recorded after it), not for the work queued since.
+    fn wait_free(&mut self, _stream: StreamId, _seq: u64) -> Result<(), DeviceError> {
+        self.wait_frees()
+    }
 }
 
 /// A device that exists only as bookkeeping: it hands out increasing,
@@ -132,6 +137,8 @@ pub struct SimulatedDevice {
     waited_free: u64,
     /// Number of [`DeviceMemory::wait_frees`] calls.
     pub wait_calls: u64,
+    /// Number of [`DeviceMemory::wait_free`] calls.
+    pub wait_free_calls: u64,
 }
 
 /// Where simulated addresses start when no address was suggested: far above
@@ -156,6 +163,7 @@ impl SimulatedDevice {
             noted_free: 0,
             waited_free: 0,
             wait_calls: 0,
+            wait_free_calls: 0,
         }
     }
 
@@ -272,6 +280,12 @@ impl DeviceMemory for SimulatedDevice {
     fn wait_frees(&mut self) -> Result<(), DeviceError> {
         self.waited_free = self.noted_free;
         self.wait_calls += 1;
+        Ok(())
+    }
+
+    fn wait_free(&mut self, _stream: StreamId, seq: u64) -> Result<(), DeviceError> {
+        self.waited_free = self.waited_free.max(seq.min(self.noted_free));
+        self.wait_free_calls += 1;
         Ok(())
     }
 }

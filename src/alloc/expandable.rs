@@ -436,24 +436,7 @@ impl<D: DeviceMemory> ExpandableAllocator<D> {
             vec![u64::MAX; self.ranges.len()]
         };
         let mut skipped = false;
-        let mut spans: Vec<(u64, usize, usize, usize)> = Vec::new();
-        for (r, range) in self.ranges.iter().enumerate() {
-            for &(size, offset) in &range.free {
-                let first = offset.div_ceil(page) as usize;
-                // Nothing lives past the end of the range, so a free piece
-                // that reaches it owns its last, partly covered page too.
-                let end = offset + size;
-                let last = if end == range.end {
-                    end.div_ceil(page)
-                } else {
-                    end / page
-                };
-                let last = (last as usize).min(range.mapped.len());
-                if first < last {
-                    spans.push((size, r, first, last));
-                }
-            }
-        }
+        let mut spans = self.free_spans();
         spans.sort_unstable_by(|a, b| b.cmp(a));
         let mut freed = 0;
         for (_, r, first, last) in spans {
@@ -496,6 +479,57 @@ impl<D: DeviceMemory> ExpandableAllocator<D> {
         Ok(freed)
     }
 
+    /// The pages lying wholly inside free pieces: `(piece size, range,
+    /// first page, end page)`.
+    fn free_spans(&self) -> Vec<(u64, usize, usize, usize)> {
+        let page = self.page;
+        let mut spans = Vec::new();
+        for (r, range) in self.ranges.iter().enumerate() {
+            for &(size, offset) in &range.free {
+                let first = offset.div_ceil(page) as usize;
+                // Nothing lives past the end of the range, so a free piece
+                // that reaches it owns its last, partly covered page too.
+                let end = offset + size;
+                let last = if end == range.end {
+                    end.div_ceil(page)
+                } else {
+                    end / page
+                };
+                let last = (last as usize).min(range.mapped.len());
+                if first < last {
+                    spans.push((size, r, first, last));
+                }
+            }
+        }
+        spans
+    }
+
+    /// Waits until `want` more bytes of mapped free pages are behind the
+    /// device, the pages freed longest ago first: for each stream, only up
+    /// to the last free among them ([`DeviceMemory::wait_free`]), not for
+    /// the work queued since.
+    fn wait_for_free_pages(&mut self, want: u64) -> Result<(), DeviceError> {
+        let mut pages: Vec<(u64, usize)> = Vec::new();
+        for (_, r, first, last) in self.free_spans() {
+            let range = &self.ranges[r];
+            for p in first..last {
+                if range.mapped[p] {
+                    pages.push((range.freed_at.get(p).copied().unwrap_or(0), r));
+                }
+            }
+        }
+        pages.sort_unstable();
+        let mut until: HashMap<StreamId, u64> = HashMap::new();
+        for &(seq, r) in pages.iter().take(want.div_ceil(self.page) as usize) {
+            let at = until.entry(self.ranges[r].stream).or_insert(0);
+            *at = (*at).max(seq);
+        }
+        for (stream, seq) in until {
+            self.device.wait_free(stream, seq)?;
+        }
+        Ok(())
+    }
+
     /// Backs a freshly carved block with pages, moving free pages first
     /// when the new pages would pass the ceiling or a limit.
     fn back_with_pages(&mut self, r: usize, offset: u64, size: u64) -> Result<bool, AllocError> {
@@ -528,16 +562,21 @@ impl<D: DeviceMemory> ExpandableAllocator<D> {
             // Pages the device is done with first: moving them costs no
             // wait. Short of those, the ceiling is passed by a little for
             // a while (the pages left behind move once the device is past
-            // them); a limit, or a larger shortfall, waits for the device
-            // and takes the rest.
-            let got = self.reclaim_free_pages(want, true, true)?;
-            let short = want.saturating_sub(got);
+            // them); a limit, or a larger shortfall, waits until the device
+            // is past the frees of the pages it takes (the oldest), and a
+            // limit still short waits for the device to be idle.
+            let mut got = self.reclaim_free_pages(want, true, true)?;
             if self.reclaimable
-                && (over_limit > got || short > self.tuning.deferred_move_pages * self.page)
+                && (over_limit > got
+                    || want - got.min(want) > self.tuning.deferred_move_pages * self.page)
             {
-                self.device.wait_frees()?;
                 self.stats.num_device_waits += 1;
-                self.reclaim_free_pages(short, true, false)?;
+                self.wait_for_free_pages(want - got.min(want))?;
+                got += self.reclaim_free_pages(want - got.min(want), true, true)?;
+                if over_limit > got && self.reclaimable {
+                    self.device.wait_frees()?;
+                    self.reclaim_free_pages(over_limit - got, true, false)?;
+                }
             }
         }
         let mapped = if self.stats.reserved_bytes.current + needed > allowed {

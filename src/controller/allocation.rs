@@ -30,6 +30,7 @@ use kube::{Client, ResourceExt};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use super::fence::Fence;
 use crate::Result;
 use crate::api::{GpuNode, NodeAllocation, TrainingJob};
 
@@ -140,12 +141,14 @@ where
 
 /// The writer task: wakes when the scheduling cycle says placements may have
 /// changed (`wake`), or when a coalesced write falls due, and writes what is
-/// due. Runs for the life of the controller.
+/// due. Runs for the life of the controller; ends with the fence's error once
+/// this replica may no longer write as the leader (no write goes out after).
 pub async fn run(
     client: Client,
     jobs: Store<TrainingJob>,
     gpu_nodes: Store<GpuNode>,
     wake: Arc<Notify>,
+    fence: Arc<Fence>,
     heartbeat_ttl: SignedDuration,
 ) -> Result<()> {
     let api: Api<GpuNode> = Api::all(client);
@@ -156,6 +159,7 @@ pub async fn run(
             () = wake.notified() => {}
             () = tokio::time::sleep_until(next) => {}
         }
+        fence.check()?;
         let job_list = jobs.state();
         let node_list = gpu_nodes.state();
         let in_status: HashMap<String, Option<NodeAllocation>> = node_list
@@ -181,9 +185,9 @@ pub async fn run(
         states.retain(|name, _| in_status.contains_key(name));
         let results: Vec<(String, Wanted, bool)> = futures::stream::iter(writes)
             .map(|(name, want)| {
-                let api = api.clone();
+                let (api, fence) = (api.clone(), fence.clone());
                 async move {
-                    let ok = write(&api, &name, &want.allocation).await;
+                    let ok = fence.check().is_ok() && write(&api, &name, &want.allocation).await;
                     (name, want, ok)
                 }
             })

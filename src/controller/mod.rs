@@ -11,6 +11,7 @@ pub mod backoff;
 pub mod budget;
 pub mod events;
 pub mod exit;
+pub mod fence;
 pub mod inventory;
 pub mod metrics;
 pub mod pod;
@@ -121,6 +122,8 @@ pub struct Context {
     wake: Notify,
     /// Node folder of the pods' stats folders.
     pub stats_root: String,
+    /// Closed once this replica may no longer act as the leader.
+    pub fence: Arc<fence::Fence>,
 }
 
 impl Context {
@@ -243,10 +246,12 @@ pub async fn run(client: Client, options: ControllerOptions) -> Result<()> {
         );
     }
     let mut lease_manager = None;
+    let mut leader_fence = Arc::new(fence::Fence::unfenced());
     if let Some(lease) = &options.lease {
-        let (lost, manager) = acquire_leadership(client.clone(), lease).await?;
+        let (lost, manager, channel, fence) = acquire_leadership(client.clone(), lease).await?;
         tasks.spawn("lease", lost);
-        lease_manager = Some(manager);
+        lease_manager = Some((manager, channel));
+        leader_fence = fence;
     }
     let jobs_api: Api<TrainingJob> = match &options.namespace {
         Some(ns) => Api::namespaced(client.clone(), ns),
@@ -294,6 +299,7 @@ pub async fn run(client: Client, options: ControllerOptions) -> Result<()> {
         pods: pods.clone(),
         wake: Notify::new(),
         stats_root: options.stats_root.clone(),
+        fence: leader_fence,
     });
     let (trigger, triggers) = futures::channel::mpsc::unbounded::<ObjectRef<TrainingJob>>();
 
@@ -350,6 +356,7 @@ pub async fn run(client: Client, options: ControllerOptions) -> Result<()> {
             jobs.clone(),
             gpu_nodes.clone(),
             allocations.clone(),
+            ctx.fence.clone(),
             heartbeat_ttl(&options),
         ),
     );
@@ -391,11 +398,18 @@ pub async fn run(client: Client, options: ControllerOptions) -> Result<()> {
             Err(error)
         }
     };
-    // Dropping the tasks drops the Lease's watch; its manager then releases
-    // the Lease if this replica still holds it, so a standby takes over at
-    // once instead of after the Lease's 15 s.
     drop(tasks);
-    if let Some(manager) = lease_manager {
+    if let Some((manager, channel)) = lease_manager {
+        // A replica that lost the Lease (or let it run out) releases nothing:
+        // the lease manager's view may be older than the loss, and its
+        // release would clear the new holder's hold.
+        if matches!(result, Err(Error::LeadershipLost(_))) {
+            manager.abort();
+        }
+        // Otherwise (a termination signal, a task that stopped), the last
+        // receiver of its channel gone, the manager releases the Lease, so a
+        // standby takes over at once instead of after the Lease's 15 s.
+        drop(channel);
         let _ = tokio::time::timeout(Duration::from_secs(2), manager).await;
     }
     result
@@ -467,6 +481,8 @@ async fn scheduling_loop(
     tracing::debug!("caches ready; scheduling starts");
     let ttl = heartbeat_ttl(&options);
     loop {
+        // A replica past its Lease decides nothing more (and the process ends).
+        ctx.fence.check()?;
         let started = Instant::now();
         let job_list = jobs.state();
         let job_refs: Vec<&TrainingJob> = job_list.iter().map(|j| j.as_ref()).collect();
@@ -486,6 +502,8 @@ async fn scheduling_loop(
         }
         let (view, ledger) = (outcome.view, outcome.ledger);
         update_gauges(&ctx.metrics, &job_refs, &view, &ledger);
+        // A replica past its Lease decides nothing more (and the process ends).
+        ctx.fence.check()?;
         // The GpuNodes' allocations follow on their own task.
         allocations.notify_one();
         ctx.metrics
@@ -738,19 +756,26 @@ async fn serve_metrics(
         })
 }
 
-/// Waits until this replica holds the Lease. Returns the lease manager's task
-/// and a future that ends with `Error::LeadershipLost` when another replica takes
-/// it (or the lease manager stops): the controller then stops acting at once
-/// and the process exits, to campaign again as a standby when restarted.
+/// Waits until this replica holds the Lease. Returns the lease manager's task,
+/// a receiver of its channel (dropping the last one releases the Lease), the
+/// fence the writes check, and a future that ends with
+/// `Error::LeadershipLost` when another replica takes the Lease, when the
+/// Lease expires before this replica is seen renewing it (the API server away
+/// longer than the Lease, or this process paused past it), or when the lease
+/// manager stops: the controller then stops acting at once and the process
+/// exits, to campaign again as a standby when restarted.
 async fn acquire_leadership(
     client: Client,
     lease: &LeaseOptions,
 ) -> Result<(
     impl std::future::Future<Output = Result<()>> + Send + 'static,
     tokio::task::JoinHandle<kube_lease_manager::Result<kube_lease_manager::LeaseManager>>,
+    tokio::sync::watch::Receiver<bool>,
+    Arc<fence::Fence>,
 )> {
+    use k8s_openapi::api::coordination::v1::Lease;
     use kube_lease_manager::LeaseManagerBuilder;
-    let manager = LeaseManagerBuilder::new(client, &lease.name)
+    let manager = LeaseManagerBuilder::new(client.clone(), &lease.name)
         .with_namespace(&lease.namespace)
         .with_identity(&lease.identity)
         .with_duration(15)
@@ -765,23 +790,93 @@ async fn acquire_leadership(
             return Err(Error::Leadership("lease manager stopped".into()));
         }
     }
+    // The fence opens until the expiry of the Lease as this replica took it.
+    let leases: Api<Lease> = Api::namespaced(client, &lease.namespace);
+    let taken = leases
+        .get(&lease.name)
+        .await
+        .map_err(|e| Error::Leadership(format!("reading Lease {}: {e}", lease.name)))?;
+    let until = fence::hold_until(&taken, &lease.identity).ok_or_else(|| {
+        Error::Leadership(format!(
+            "Lease {} is not held by {} after it was taken",
+            lease.name, lease.identity
+        ))
+    })?;
+    let leader_fence = Arc::new(fence::Fence::until(until));
     tracing::info!(lease = %lease.name, "became leader");
-    let name = lease.name.clone();
+    // Held by the caller until it decides whether the Lease is released (the
+    // manager releases it once every receiver is gone).
+    let kept = channel.clone();
+    let (name, identity, fence) = (
+        lease.name.clone(),
+        lease.identity.clone(),
+        leader_fence.clone(),
+    );
     let lost = async move {
+        // Each renewal shows in the Lease's watch and moves the fence on.
+        let renewals = watcher(
+            leases,
+            watcher::Config::default().fields(&format!("metadata.name={name}")),
+        )
+        .default_backoff()
+        .applied_objects();
+        let mut renewals = std::pin::pin!(renewals);
         loop {
-            if channel.changed().await.is_err() {
-                return Err(Error::LeadershipLost(format!(
-                    "the manager of Lease {name} stopped"
-                )));
-            }
-            if !*channel.borrow_and_update() {
-                return Err(Error::LeadershipLost(format!(
-                    "Lease {name} is held by another replica or could not be renewed"
-                )));
+            let left = fence
+                .deadline()
+                .and_then(|d| d.duration_since(std::time::SystemTime::now()).ok())
+                .unwrap_or_default();
+            tokio::select! {
+                changed = channel.changed() => {
+                    if changed.is_err() {
+                        fence.lose();
+                        return Err(Error::LeadershipLost(format!(
+                            "the manager of Lease {name} stopped"
+                        )));
+                    }
+                    if !*channel.borrow_and_update() {
+                        fence.lose();
+                        return Err(Error::LeadershipLost(format!(
+                            "Lease {name} is held by another replica or could not be renewed"
+                        )));
+                    }
+                }
+                seen = renewals.next() => match seen {
+                    Some(Ok(seen)) => match fence::hold_until(&seen, &identity) {
+                        Some(until) => fence.renewed(until),
+                        None => {
+                            fence.lose();
+                            let holder = seen.spec.and_then(|s| s.holder_identity);
+                            return Err(Error::LeadershipLost(format!(
+                                "Lease {name} is held by {}",
+                                holder.as_deref().unwrap_or("nobody")
+                            )));
+                        }
+                    },
+                    // The watch retries by itself.
+                    Some(Err(error)) => tracing::debug!(%error, "Lease watch"),
+                    None => {
+                        fence.lose();
+                        return Err(Error::LeadershipLost(format!("the watch of Lease {name} ended")));
+                    }
+                },
+                // The deadline passed, or a write found the fence closed.
+                () = async {
+                    tokio::select! {
+                        () = tokio::time::sleep(left) => {}
+                        () = fence.closed() => {}
+                    }
+                } => {
+                    if fence.check().is_err() {
+                        return Err(Error::LeadershipLost(format!(
+                            "Lease {name} expired before this replica was seen renewing it"
+                        )));
+                    }
+                }
             }
         }
     };
-    Ok((lost, manager_task))
+    Ok((lost, manager_task, kept, leader_fence))
 }
 
 #[cfg(test)]
