@@ -200,8 +200,14 @@ impl Context {
         let mut models = std::collections::BTreeMap::<String, u64>::new();
         for node in self.gpu_nodes.state() {
             for gpu in node.status.iter().flat_map(|s| s.gpus.iter()) {
-                let entry = models.entry(gpu.model.clone()).or_default();
-                *entry = (*entry).max(gpu.total_bytes);
+                // Runs for every prediction over every GPU: the name is
+                // copied only the first time its model is seen.
+                match models.get_mut(&gpu.model) {
+                    Some(largest) => *largest = (*largest).max(gpu.total_bytes),
+                    None => {
+                        models.insert(gpu.model.clone(), gpu.total_bytes);
+                    }
+                }
             }
         }
         models.into_iter().collect()
