@@ -191,6 +191,59 @@ mod tests {
         assert_eq!(open.deadline(), None);
     }
 
+    /// A reconcile of a replica whose fence closed fails with the lost
+    /// leadership before it sends anything: its client points at a port where
+    /// nothing listens, so any request would fail with a connection error.
+    #[tokio::test]
+    async fn a_reconcile_behind_a_closed_fence_fails_before_any_request() {
+        use crate::api::TrainingJob;
+        use crate::controller::{Context, metrics::Metrics, reconcile, scheduler::Assignments};
+        use kube::runtime::events::{Recorder, Reporter};
+        use kube::runtime::reflector;
+        use std::sync::Arc;
+        let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
+        let client = kube::Client::try_from(config).unwrap();
+        let context = |fence: Fence| {
+            Arc::new(Context {
+                client: client.clone(),
+                recorder: Recorder::new(
+                    client.clone(),
+                    Reporter {
+                        controller: "test".into(),
+                        instance: None,
+                    },
+                ),
+                metrics: Arc::new(Metrics::default()),
+                assignments: Assignments::default(),
+                jobs: reflector::store().0,
+                gpu_nodes: reflector::store().0,
+                pods: reflector::store().0,
+                wake: tokio::sync::Notify::new(),
+                stats_root: "/var/run/vramfit/pods".into(),
+                fence: Arc::new(fence),
+            })
+        };
+        let job: Arc<TrainingJob> = Arc::new(
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "vramfit.dev/v1alpha1", "kind": "TrainingJob",
+                "metadata": {"name": "j", "namespace": "ml", "uid": "u-1"},
+                "spec": {"batch": {"global": 8, "micro": 8},
+                         "model": {"mlp": {"layers": 2, "hidden": 64}}, "template": {}}
+            }))
+            .unwrap(),
+        );
+        let past = Fence::until(SystemTime::now() - Duration::from_secs(1));
+        let error = reconcile::reconcile(job.clone(), context(past))
+            .await
+            .unwrap_err();
+        assert!(matches!(error, Error::LeadershipLost(_)), "{error}");
+        // An open fence lets it go on to the API server (and fail there).
+        let error = reconcile::reconcile(job, context(Fence::unfenced()))
+            .await
+            .unwrap_err();
+        assert!(!matches!(error, Error::LeadershipLost(_)), "{error}");
+    }
+
     #[tokio::test]
     async fn a_failed_check_wakes_the_task_waiting_for_the_close() {
         let fence = std::sync::Arc::new(Fence::until(at(100)));
