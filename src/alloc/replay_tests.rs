@@ -508,3 +508,26 @@ fn tuning_figures() {
         }
     }
 }
+
+/// The H200's own steps (alloc_checks run 4, native runs): the vramfit
+/// policy replays them below the pytorch policy. It does not settle on them
+/// (2-4 driver calls in every repeated step), as BERT did not on the GPU.
+#[test]
+fn vramfit_policy_reserves_less_than_pytorch_on_the_h200_steps() {
+    let traces = gpu_step_traces();
+    assert_eq!(traces.len(), 3, "gpu_bert, gpu_gpt2, gpu_llama");
+    for (name, events, starts) in traces {
+        assert_eq!(starts.len(), 10, "{name}");
+        let (_, peak, tight) = vramfit_calls_per_step(&events, &starts);
+        let pytorch = replay_events(&events, Policy::Pytorch)
+            .unwrap()
+            .peak_reserved_bytes;
+        assert!(
+            peak < pytorch,
+            "{name}: {} vs {} MiB",
+            peak >> 20,
+            pytorch >> 20
+        );
+        assert!(peak as f64 <= tight as f64 * 1.05, "{name}");
+    }
+}
