@@ -198,7 +198,6 @@ mod tests {
     async fn a_reconcile_behind_a_closed_fence_fails_before_any_request() {
         use crate::api::TrainingJob;
         use crate::controller::{Context, metrics::Metrics, reconcile, scheduler::Assignments};
-        use kube::runtime::events::{Recorder, Reporter};
         use kube::runtime::reflector;
         use std::sync::Arc;
         let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
@@ -206,13 +205,7 @@ mod tests {
         let context = |fence: Fence| {
             Arc::new(Context {
                 client: client.clone(),
-                recorder: Recorder::new(
-                    client.clone(),
-                    Reporter {
-                        controller: "test".into(),
-                        instance: None,
-                    },
-                ),
+                events: crate::controller::events::EventQueue::new().0,
                 metrics: Arc::new(Metrics::default()),
                 assignments: Assignments::default(),
                 jobs: reflector::store().0,

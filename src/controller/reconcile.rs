@@ -17,7 +17,7 @@ use super::metrics::ErrorLabel;
 use super::pod::{pod_name, still_wanted, training_pod};
 use super::retry;
 use super::scheduler::Verdict;
-use super::status::{publish, reason, write_status};
+use super::status::{reason, write_status};
 use super::transition::{self, Effect, PodFacts, PredictFacts, Requeue, Step, Transition};
 use super::{Context, FINALIZER};
 use crate::api::{PlacementStatus, TrainingJob, TrainingJobStatus};
@@ -162,7 +162,7 @@ async fn carry_out(
                 } else {
                     EventType::Normal
                 };
-                publish(&ctx.recorder, job, kind, reason, note).await;
+                ctx.events.publish(job, kind, reason, note).await;
             }
             Effect::DeletePod(pod) => {
                 let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
@@ -265,14 +265,14 @@ async fn follow_pod(
         ctx.fence.check()?;
         match pods.create(&PostParams::default(), &pod).await {
             Ok(_) => {
-                publish(
-                    &ctx.recorder,
-                    job,
-                    EventType::Normal,
-                    reason::POD_CREATED,
-                    format!("created pod {name}"),
-                )
-                .await
+                ctx.events
+                    .publish(
+                        job,
+                        EventType::Normal,
+                        reason::POD_CREATED,
+                        format!("created pod {name}"),
+                    )
+                    .await
             }
             Err(kube::Error::Api(e)) if e.code == 409 => {}
             Err(e) => return Err(Error::Kube(e)),
