@@ -531,3 +531,45 @@ fn vramfit_policy_reserves_less_than_pytorch_on_the_h200_steps() {
         assert!(peak as f64 <= tight as f64 * 1.05, "{name}");
     }
 }
+
+/// Which allocations move pages in steps 8-10 of the H200's steps:
+/// `cargo test -p vramfit --lib h200_step_move_figures -- --ignored --nocapture`
+#[test]
+#[ignore = "prints the figures of docs/benchmarks.md"]
+fn h200_step_move_figures() {
+    use crate::alloc::{AllocatorConfig, ExpandableAllocator, GpuAllocator, SimulatedDevice};
+    for (name, events, starts) in gpu_step_traces() {
+        let mut a =
+            ExpandableAllocator::new(SimulatedDevice::new(1 << 44), AllocatorConfig::default());
+        let mut ptrs = std::collections::HashMap::new();
+        let mut step = 0;
+        for (i, event) in events.iter().enumerate() {
+            if starts.contains(&i) {
+                step += 1;
+            }
+            match *event {
+                AllocEvent::Alloc { id, bytes, stream } => {
+                    let before = (a.stats().moved_bytes, a.stats().num_device_allocs);
+                    ptrs.insert(id, a.allocate(bytes, stream).unwrap());
+                    let moved = a.stats().moved_bytes - before.0;
+                    if step >= 8 && (moved > 0 || a.stats().num_device_allocs > before.1) {
+                        println!(
+                            "{name} step {step} event {i}: alloc {} MiB stream {stream}: moved {} MiB, live {} MiB, reserved {} MiB, headroom {} MiB",
+                            bytes >> 20,
+                            moved >> 20,
+                            a.stats().allocated_bytes.current >> 20,
+                            a.stats().reserved_bytes.current >> 20,
+                            a.headroom_bytes() >> 20
+                        );
+                    }
+                }
+                AllocEvent::Free { id } => {
+                    if let Some(ptr) = ptrs.remove(&id) {
+                        a.free(ptr).unwrap();
+                    }
+                }
+                AllocEvent::ReleaseSegment { .. } => {}
+            }
+        }
+    }
+}
