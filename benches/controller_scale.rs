@@ -22,7 +22,7 @@ use clap::Parser;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, PartialObjectMeta, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Config, ResourceExt};
@@ -145,6 +145,28 @@ struct Report {
     api_requests: BTreeMap<String, u64>,
     apiserver_peak_rss_bytes: Option<u64>,
     etcd_peak_rss_bytes: Option<u64>,
+    /// `jobs / secondsToAllPods`: jobs per second from apply to pod created.
+    jobs_per_second: Option<f64>,
+    /// Requests on TrainingJobs, their status, pods and events (the driver's
+    /// create included) per job.
+    api_requests_per_job: f64,
+    /// All requests the API server served during the run, per job.
+    all_api_requests_per_job: f64,
+    /// CPU seconds (user + system) over the run, when this benchmark
+    /// started the control plane.
+    apiserver_cpu_seconds: Option<f64>,
+    etcd_cpu_seconds: Option<f64>,
+    /// CPU seconds of this driver (its watches, creates and simulated agents).
+    driver_cpu_seconds: f64,
+    /// Reconciles the controller ran, and their mean duration.
+    reconcile_runs: u64,
+    reconcile_seconds_mean: f64,
+    /// Load average (1 minute) when the jobs were created, and at the end.
+    load_average_at_start: Option<f64>,
+    load_average_at_end: Option<f64>,
+    /// Seconds after the last pod until the controller's event creates
+    /// stopped (the request counts and CPU figures are taken after them).
+    events_settle_seconds: f64,
 }
 
 fn main() -> Result<()> {
@@ -295,8 +317,28 @@ async fn run(args: Args) -> Result<()> {
         })
     };
 
+    let pod_watch = {
+        let seen = seen.clone();
+        let pods_api: Api<PartialObjectMeta<Pod>> = Api::namespaced(client.clone(), &namespace);
+        let stream = watcher(pods_api, watcher::Config::default())
+            .default_backoff()
+            .applied_objects();
+        tokio::spawn(async move {
+            let mut stream = std::pin::pin!(stream);
+            while let Some(event) = stream.next().await {
+                if let Ok(pod) = event {
+                    seen.lock().expect("seen lock").observe_pod(&pod.name_any());
+                }
+            }
+        })
+    };
+
     let api_before = api_request_counts(&plane.kubeconfig).unwrap_or_default();
     let cpu_before = cpu_seconds(pid).unwrap_or(0.0);
+    let plane_cpu = |name: &str| plane.pid(name).and_then(cpu_seconds);
+    let (apiserver_cpu_before, etcd_cpu_before) = (plane_cpu("apiserver"), plane_cpu("etcd"));
+    let driver_cpu_before = cpu_seconds(std::process::id()).unwrap_or(0.0);
+    let load_average_at_start = load_average();
     let specs = job_specs(&args);
     let demand: u64 = specs
         .iter()
@@ -351,31 +393,58 @@ async fn run(args: Args) -> Result<()> {
     };
     let placed = placed_times.len();
 
-    // Pods follow the placements.
-    let pods_api: Api<Pod> = Api::namespaced(client.clone(), &namespace);
+    // Pods follow the placements (seen through the driver's pod watch).
     let pods_deadline = Instant::now() + Duration::from_secs(120);
     let mut pods = 0;
     let mut seconds_to_all_pods = None;
     while settled && Instant::now() < pods_deadline {
-        pods = pods_api
-            .list_metadata(&ListParams::default())
-            .await?
-            .items
-            .len();
+        let (count, last) = {
+            let s = seen.lock().expect("seen lock");
+            (s.pods.len(), s.pods.values().copied().fold(0.0, f64::max))
+        };
+        pods = count;
         if pods >= placed {
-            seconds_to_all_pods = Some(started.elapsed().as_secs_f64());
+            seconds_to_all_pods = Some(last);
             break;
         }
-        tokio::time::sleep(Duration::from_millis(250)).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 
+    // Events go out from the controller's queue after the decisions they
+    // tell of: count the requests once the event creates have stopped.
+    let settle_started = Instant::now();
+    let mut api_after = api_request_counts(&plane.kubeconfig).unwrap_or_default();
+    let events_of = |counts: &BTreeMap<String, u64>| {
+        counts.get("POST events").copied().unwrap_or(0)
+            + counts.get("PATCH events").copied().unwrap_or(0)
+    };
+    let mut quiet = 0;
+    while quiet < 2 && settle_started.elapsed() < Duration::from_secs(60) {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let now = api_request_counts(&plane.kubeconfig).unwrap_or_default();
+        quiet = if events_of(&now) == events_of(&api_after) {
+            quiet + 1
+        } else {
+            0
+        };
+        api_after = now;
+    }
+    let events_settle_seconds = settle_started.elapsed().as_secs_f64();
     let metrics_text = scrape(metrics_port).await.unwrap_or_default();
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     let controller_peak_rss_bytes = parse_vm_hwm_bytes(&status).unwrap_or(0);
     let controller_cpu_seconds = cpu_seconds(pid).unwrap_or(0.0) - cpu_before;
-    let api_after = api_request_counts(&plane.kubeconfig).unwrap_or_default();
+    let apiserver_cpu_seconds = plane_cpu("apiserver")
+        .zip(apiserver_cpu_before)
+        .map(|(a, b)| round(a - b, 2));
+    let etcd_cpu_seconds = plane_cpu("etcd")
+        .zip(etcd_cpu_before)
+        .map(|(a, b)| round(a - b, 2));
+    let driver_cpu_seconds = cpu_seconds(std::process::id()).unwrap_or(0.0) - driver_cpu_before;
+    let load_average_at_end = load_average();
     drop(controller);
     watch.abort();
+    pod_watch.abort();
     heartbeats.abort();
 
     let (overcommitted_gpus, max_gpu_commit_ratio, committed) =
@@ -389,6 +458,18 @@ async fn run(args: Args) -> Result<()> {
             api_requests.insert(key, delta);
         }
     }
+    let job_requests: u64 = api_requests
+        .iter()
+        .filter(|(key, _)| {
+            let resource = key.split_once(' ').map_or("", |(_, r)| r);
+            resource.starts_with("trainingjobs") || resource == "pods" || resource == "events"
+        })
+        .filter(|(key, _)| !key.starts_with("WATCH") && !key.starts_with("LIST"))
+        .map(|(_, n)| n)
+        .sum();
+    let all_requests: u64 = api_requests.values().sum();
+    let per_job = |n: u64| round(n as f64 / args.jobs.max(1) as f64, 2);
+    let reconcile_seconds = histogram(&metrics_text, "vramfit_reconcile_duration_seconds");
     let report = Report {
         nodes: args.nodes,
         gpus: args.nodes * args.gpus,
@@ -426,6 +507,19 @@ async fn run(args: Args) -> Result<()> {
         api_requests,
         apiserver_peak_rss_bytes: plane.pid("apiserver").and_then(peak_rss),
         etcd_peak_rss_bytes: plane.pid("etcd").and_then(peak_rss),
+        jobs_per_second: seconds_to_all_pods
+            .filter(|s| *s > 0.0)
+            .map(|s| round(args.jobs as f64 / s, 1)),
+        api_requests_per_job: per_job(job_requests),
+        all_api_requests_per_job: per_job(all_requests),
+        apiserver_cpu_seconds,
+        etcd_cpu_seconds,
+        driver_cpu_seconds: round(driver_cpu_seconds, 2),
+        reconcile_runs: reconcile_seconds.count as u64,
+        reconcile_seconds_mean: round(reconcile_seconds.mean(), 5),
+        load_average_at_start,
+        load_average_at_end,
+        events_settle_seconds: round(events_settle_seconds, 1),
     };
     if plane.dir.is_none() {
         cleanup(&client, &namespace, &tag).await;
@@ -451,9 +545,19 @@ struct Seen {
     started: Option<Instant>,
     placed: HashMap<String, f64>,
     waiting: HashMap<String, f64>,
+    /// Seconds from the first create to each pod's first sighting.
+    pods: HashMap<String, f64>,
 }
 
 impl Seen {
+    fn observe_pod(&mut self, name: &str) {
+        let Some(started) = self.started else {
+            return;
+        };
+        let now = started.elapsed().as_secs_f64();
+        self.pods.entry(name.to_string()).or_insert(now);
+    }
+
     fn observe(&mut self, job: &TrainingJob) {
         let Some(started) = self.started else {
             return;
@@ -747,6 +851,16 @@ fn api_request_counts(kubeconfig: &Path) -> Result<BTreeMap<String, u64>> {
         })
         .collect();
     Ok(counts)
+}
+
+/// The 1-minute load average.
+fn load_average() -> Option<f64> {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
 }
 
 fn peak_rss(pid: u32) -> Option<u64> {

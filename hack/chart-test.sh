@@ -144,7 +144,7 @@ for verb in list watch; do
   must controller "$verb" gpunodes.vramfit.dev
   must controller "$verb" nodes
 done
-for verb in get create patch; do must controller "$verb" leases.coordination.k8s.io -n "$ns"; done
+for verb in get list watch create patch; do must controller "$verb" leases.coordination.k8s.io -n "$ns"; done
 mustnt controller get leases.coordination.k8s.io -n ml
 mustnt controller get secrets -n ml
 mustnt controller list secrets -n "$ns"

@@ -7,6 +7,9 @@
 #   hack/controlplane.sh up   [--dir D]   start in the background, print the kubeconfig path
 #   hack/controlplane.sh run  [--dir D]   start in the foreground; stops both on TERM/INT
 #   hack/controlplane.sh down [--dir D]   stop what `up` started
+#   hack/controlplane.sh restart apiserver|etcd [--dir D] [--down S]
+#                                         stop one of them, wait S seconds, start it again
+#                                         (same port, same etcd data); for fault tests
 #   hack/controlplane.sh crds [--kubeconfig K]   install crds/ and wait until they are served
 #   hack/controlplane.sh pki  [--dir D]   only make the certificates (hack/gpunode.sh ships them)
 #   hack/controlplane.sh node-cert NAME [--dir D]   a kubelet's client certificate (system:node:NAME)
@@ -106,22 +109,21 @@ current-context: vramfit-local
 EOF
 }
 
-start() {
-  build
-  mkdir -p "$dir"
-  rm -f "$dir/kubeconfig" "$dir/ready"
-  certs
-  local etcd_port peer_port api_port pki=$dir/pki
-  etcd_port=$(free_port)
-  peer_port=$(free_port)
-  api_port=$(free_port)
-  rm -rf "$dir/etcd-data"
+start_etcd() {
+  local etcd_port peer_port
+  read -r etcd_port peer_port _ <"$dir/ports"
   "${launcher[@]}" "$bin/etcd" --data-dir "$dir/etcd-data" --name vramfit \
     --listen-client-urls "http://127.0.0.1:$etcd_port" --advertise-client-urls "http://127.0.0.1:$etcd_port" \
     --listen-peer-urls "http://127.0.0.1:$peer_port" --initial-advertise-peer-urls "http://127.0.0.1:$peer_port" \
     --initial-cluster "vramfit=http://127.0.0.1:$peer_port" \
-    --unsafe-no-fsync --log-level warn >"$dir/etcd.log" 2>&1 &
+    --unsafe-no-fsync --log-level warn >>"$dir/etcd.log" 2>&1 &
   echo $! >"$dir/etcd.pid"
+  disown $!
+}
+
+start_apiserver() {
+  local etcd_port api_port pki=$dir/pki
+  read -r etcd_port _ api_port <"$dir/ports"
   "${launcher[@]}" "$bin/kube-apiserver" --etcd-servers "http://127.0.0.1:$etcd_port" \
     --bind-address 127.0.0.1 --secure-port "$api_port" \
     --tls-cert-file "$pki/apiserver.crt" --tls-private-key-file "$pki/apiserver.key" \
@@ -130,16 +132,19 @@ start() {
     --service-account-key-file "$pki/sa.pub" --service-account-signing-key-file "$pki/sa.key" \
     --service-account-issuer https://kubernetes.default.svc --service-cluster-ip-range 10.96.0.0/16 \
     --allow-privileged --disable-admission-plugins ServiceAccount \
-    >"$dir/apiserver.log" 2>&1 &
+    >>"$dir/apiserver.log" 2>&1 &
   echo $! >"$dir/apiserver.pid"
-  kubeconfig "$api_port"
+  disown $!
+}
+
+# Waits until the API server answers /readyz (which includes etcd) and the
+# default namespace exists.
+wait_ready() {
   local i
   for i in $(seq 1 240); do
     if kubectl --kubeconfig "$dir/kubeconfig" get --raw /readyz >/dev/null 2>&1; then
-      # The default namespace appears shortly after readyz; wait for it too.
       if KUBECONFIG=$dir/kubeconfig kubectl get namespace default >/dev/null 2>&1; then
         touch "$dir/ready"
-        log "ready at https://127.0.0.1:$api_port (KUBECONFIG=$dir/kubeconfig)"
         return 0
       fi
     fi
@@ -154,22 +159,61 @@ start() {
   return 1
 }
 
-stop() {
-  # The API server first, while etcd still answers its graceful shutdown; a
-  # process that has not exited after 5 s is killed.
-  local p pid i
-  for p in apiserver etcd; do
-    [[ -f $dir/$p.pid ]] || continue
-    pid=$(cat "$dir/$p.pid")
-    kill "$pid" 2>/dev/null || true
-    for i in $(seq 1 50); do
-      kill -0 "$pid" 2>/dev/null || break
-      sleep 0.1
-    done
-    kill -9 "$pid" 2>/dev/null || true
-    rm -f "$dir/$p.pid"
+start() {
+  build
+  mkdir -p "$dir"
+  rm -f "$dir/kubeconfig" "$dir/ready" "$dir/restarting" "$dir/etcd.log" "$dir/apiserver.log"
+  certs
+  local api_port
+  api_port=$(free_port)
+  # The ports stay the same over `restart`, so clients keep their kubeconfig.
+  echo "$(free_port) $(free_port) $api_port" >"$dir/ports"
+  rm -rf "$dir/etcd-data"
+  start_etcd
+  start_apiserver
+  kubeconfig "$api_port"
+  wait_ready || return 1
+  log "ready at https://127.0.0.1:$api_port (KUBECONFIG=$dir/kubeconfig)"
+}
+
+# stop_process NAME: TERM (the API server's graceful shutdown), KILL after 5 s.
+stop_process() {
+  local p=$1 pid i
+  [[ -f $dir/$p.pid ]] || return 0
+  pid=$(cat "$dir/$p.pid")
+  kill "$pid" 2>/dev/null || true
+  for i in $(seq 1 50); do
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1
   done
+  kill -9 "$pid" 2>/dev/null || true
+  rm -f "$dir/$p.pid"
+}
+
+# restart apiserver|etcd: stops one process, waits --down seconds, starts it
+# again on the same port (etcd on the same data) and waits until the API
+# server is ready. `run` keeps watching meanwhile instead of giving up.
+restart_process() {
+  local p=$1
+  [[ $p == apiserver || $p == etcd ]] || { log "restart: apiserver or etcd, not '$p'"; exit 2; }
+  [[ -f $dir/ports && -f $dir/$p.pid ]] || { log "restart: nothing runs in $dir"; exit 1; }
+  touch "$dir/restarting"
   rm -f "$dir/ready"
+  stop_process "$p"
+  sleep "$down"
+  "start_$p"
+  wait_ready || { rm -f "$dir/restarting"; return 1; }
+  rm -f "$dir/restarting"
+  log "$p restarted after ${down}s down"
+}
+
+stop() {
+  # The API server first, while etcd still answers its graceful shutdown.
+  local p
+  for p in apiserver etcd; do
+    stop_process "$p"
+  done
+  rm -f "$dir/ready" "$dir/restarting"
 }
 
 install_crds() {
@@ -187,12 +231,16 @@ cmd=${1:-}
 shift || true
 kubeconfig_arg=
 node_name=
+restart_what=
+down=0
 while [[ $# -gt 0 ]]; do
   case $1 in
     --dir) dir=$2; shift 2 ;;
     --kubeconfig) kubeconfig_arg=$2; shift 2 ;;
+    --down) down=$2; shift 2 ;;
     *)
       if [[ $cmd == node-cert && -z $node_name ]]; then node_name=$1; shift
+      elif [[ $cmd == restart && -z $restart_what ]]; then restart_what=$1; shift
       else log "unknown argument $1"; exit 2; fi ;;
   esac
 done
@@ -208,8 +256,10 @@ case $cmd in
     stop
     start
     echo "$dir/kubeconfig"
-    # Stay in the foreground until asked to stop (or until a process dies).
-    while kill -0 "$(cat "$dir/apiserver.pid")" 2>/dev/null && kill -0 "$(cat "$dir/etcd.pid")" 2>/dev/null; do
+    # Stay in the foreground until asked to stop (or until a process dies
+    # other than during a `restart`).
+    while [[ -f $dir/restarting ]] || { kill -0 "$(cat "$dir/apiserver.pid" 2>/dev/null)" 2>/dev/null \
+      && kill -0 "$(cat "$dir/etcd.pid" 2>/dev/null)" 2>/dev/null; }; do
       sleep 1 &
       wait $! || true
     done
@@ -218,8 +268,9 @@ case $cmd in
     exit 1
     ;;
   down) stop ;;
+  restart) restart_process "$restart_what" ;;
   pki) certs ;;
   node-cert) [[ -n $node_name ]] || { log "node-cert needs a node name"; exit 2; }; node_cert "$node_name" ;;
   crds) install_crds "${kubeconfig_arg:-$dir/kubeconfig}" ;;
-  *) sed -n '2,16p' "$0"; exit 2 ;;
+  *) sed -n '2,19p' "$0"; exit 2 ;;
 esac

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
 use clap::{Args, ValueEnum};
+use vramfit::cli::logging::{self, LogFormat, LogStream};
 use vramfit_agent::daemon::local::{parse_duration, parse_local_budget};
 use vramfit_agent::daemon::{RunOptions, run_real};
 use vramfit_agent::node::publish::PublishPolicy;
@@ -57,6 +58,10 @@ pub struct RunArgs {
     /// Label of the GpuNode (KEY=VALUE, repeatable).
     #[arg(long = "label", value_name = "KEY=VALUE")]
     labels: Vec<String>,
+    /// Log lines (on standard error) as text, coloured only when standard
+    /// error is a terminal, or as JSON objects, one a line.
+    #[arg(long, value_enum, env = "VRAMFIT_LOG_FORMAT", default_value = "text")]
+    log_format: LogFormat,
     /// Watch a plain local process and its descendants with a budget per GPU
     /// instead of pods (PID=BYTES, repeatable; BYTES may end in Ki, Mi, Gi).
     /// Runs without an API server.
@@ -166,13 +171,7 @@ impl RunArgs {
 
 /// Runs the agent.
 pub fn run(args: RunArgs) -> Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,kube=warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    logging::init_on(args.log_format, logging::DEFAULT_FILTER, LogStream::Stderr)?;
     args.check()?;
     let options = args.options()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -260,13 +259,7 @@ pub struct FleetArgs {
 pub fn bench_agents(args: FleetArgs) -> Result<()> {
     use kube::config::{KubeConfigOptions, Kubeconfig};
     use vramfit_agent::sim::fleet::{FleetOptions, bench_agents};
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "warn,kube=error".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    logging::init_on(LogFormat::Text, "warn,kube=error", LogStream::Stderr)?;
     parse_sim_spec(&args.simulate).map_err(anyhow::Error::msg)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

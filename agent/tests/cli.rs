@@ -267,3 +267,81 @@ fn the_agent_of_a_local_run_stops_when_its_parent_goes() {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// Runs a standalone agent for a moment with `extra` arguments and returns
+/// what it logged on standard error (a pipe, not a terminal).
+fn logged_by_a_short_run(extra: &[&str], envs: &[(&str, &str)]) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("status.json");
+    let child = agent()
+        .args([
+            "run",
+            "--node",
+            "n",
+            "--standalone",
+            "--no-probe",
+            "--interval",
+            "100ms",
+        ])
+        .args(extra)
+        .envs(envs.iter().copied())
+        .env("RUST_LOG", "debug")
+        .arg("--status-file")
+        .arg(&file)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !file.exists() {
+        assert!(Instant::now() < deadline, "no status written");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // SAFETY: kill(2) with the child's PID and a signal number.
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+    let output = child.wait_with_output().unwrap();
+    assert!(output.status.success(), "{:?}", output.status);
+    String::from_utf8(output.stderr).unwrap()
+}
+
+#[test]
+fn log_format_json_writes_one_object_a_line_and_text_has_no_colour_off_a_terminal() {
+    for (extra, envs) in [
+        (&["--log-format", "json"][..], &[][..]),
+        (&[][..], &[("VRAMFIT_LOG_FORMAT", "json")][..]),
+    ] {
+        let log = logged_by_a_short_run(extra, envs);
+        let lines: Vec<&str> = log.lines().filter(|l| !l.trim().is_empty()).collect();
+        assert!(!lines.is_empty(), "nothing logged");
+        for line in lines {
+            let object: serde_json::Value = serde_json::from_str(line)
+                .unwrap_or_else(|e| panic!("{extra:?} {envs:?}: not JSON ({e}): {line}"));
+            assert!(object["level"].is_string(), "{line}");
+            assert!(object["timestamp"].is_string(), "{line}");
+            assert!(
+                object.get("message").is_some() || object.get("target").is_some(),
+                "{line}"
+            );
+        }
+        assert!(!log.contains('\u{1b}'), "{log:?}");
+    }
+    let text = logged_by_a_short_run(&[], &[]);
+    assert!(!text.trim().is_empty(), "nothing logged");
+    assert!(
+        serde_json::from_str::<serde_json::Value>(text.lines().next().unwrap()).is_err(),
+        "text by default: {text}"
+    );
+    assert!(
+        !text.contains('\u{1b}'),
+        "colour codes off a terminal: {text:?}"
+    );
+    let refused = agent()
+        .args(["run", "--node", "n", "--once", "--log-format", "yaml"])
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("--log-format"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+}

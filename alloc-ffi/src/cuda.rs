@@ -1,6 +1,7 @@
 //! The CUDA driver under the allocator: segments (`cuMemAlloc`), virtual
 //! ranges and pages (`cuMemAddressReserve`, `cuMemCreate`, `cuMemMap`), and
-//! events for blocks used on several streams.
+//! events for blocks used on several streams and for unmapping pages in
+//! stream order ([`crate::fences`]).
 //!
 //! PyTorch calls the allocator on whatever thread allocates or frees, with
 //! whatever context is current there (a free may come for another device
@@ -8,9 +9,12 @@
 //! primary context pushed when it is not already current, and popped after.
 
 use cudarc::driver::sys::{self, CUresult, cudaError_enum};
+use std::time::Instant;
+
 use vramfit::alloc::{DeviceError, DeviceMemory, DevicePtr, MemInfo, StreamId};
 use vramfit_vmm::{Pages, check};
 
+use crate::fences::{FENCE_INTERVAL, FreeFences, QUIET_AFTER};
 use crate::state::StreamEvents;
 
 /// A device's primary context, retained once for the process.
@@ -90,10 +94,7 @@ fn enter(ctx: &Context) -> Result<CtxGuard, DeviceError> {
     ctx.enter().map_err(DeviceError::Driver)
 }
 
-/// Waits for all work queued on the device's context. A page freed by
-/// PyTorch may still be read or written by kernels queued before the free
-/// (PyTorch frees when the host drops the tensor, reuse is stream-ordered),
-/// and `cuMemUnmap` is not: pages are unmapped only once the device is idle.
+/// Waits for all work queued on the device's context.
 fn wait_idle() -> Result<(), DeviceError> {
     // SAFETY: synchronizes the current context (entered by the caller).
     check(unsafe { sys::cuCtxSynchronize() }, 0, "cuCtxSynchronize")
@@ -102,9 +103,17 @@ fn wait_idle() -> Result<(), DeviceError> {
 /// [`DeviceMemory`] over the driver: segments by `cuMemAlloc`, pages by
 /// [`Pages`] (shared with the agent), every call inside the device's
 /// primary context.
+///
+/// A page freed by PyTorch may still be read or written by kernels queued
+/// before the free (PyTorch frees when the host drops the tensor; reuse is
+/// stream-ordered, `cuMemUnmap` is not). The policy unmaps only pages whose
+/// last free the device has passed, which [`FreeFences`] tells from events
+/// recorded on the freeing streams, or waits for the device first
+/// (`wait_frees`: `cuCtxSynchronize`) when a limit needs the others.
 pub struct CudaMemory {
     ctx: Context,
     pages: Pages,
+    fences: FreeFences<CudaEvents>,
 }
 
 // SAFETY: the context is a plain driver handle; the allocator state that
@@ -118,7 +127,13 @@ impl CudaMemory {
             let _ctx = ctx.enter();
             Pages::new(ctx.ordinal)
         };
-        Self { ctx, pages }
+        let fences = FreeFences::new(
+            CudaEvents::new(ctx),
+            FENCE_INTERVAL,
+            QUIET_AFTER,
+            Instant::now(),
+        );
+        Self { ctx, pages, fences }
     }
 }
 
@@ -171,16 +186,39 @@ impl DeviceMemory for CudaMemory {
         self.pages.map(at, bytes)
     }
 
+    // The policy unmaps only pages the device has passed (`frees_done`) or
+    // waits first (`wait_frees`).
     fn unmap_pages(&mut self, at: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
         let _ctx = enter(&self.ctx)?;
-        wait_idle()?;
         self.pages.unmap(at, bytes, false)
     }
 
     fn park_pages(&mut self, at: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
         let _ctx = enter(&self.ctx)?;
-        wait_idle()?;
         self.pages.unmap(at, bytes, true)
+    }
+
+    fn note_free(&mut self, stream: StreamId, seq: u64) {
+        self.fences.note(stream, seq, Instant::now());
+    }
+
+    fn frees_done(&mut self, stream: StreamId) -> u64 {
+        self.fences.done(stream, Instant::now())
+    }
+
+    fn wait_frees(&mut self) -> Result<(), DeviceError> {
+        let _ctx = enter(&self.ctx)?;
+        wait_idle()?;
+        self.fences.all_done();
+        Ok(())
+    }
+
+    fn wait_free(&mut self, stream: StreamId, seq: u64) -> Result<(), DeviceError> {
+        if self.fences.wait_until(stream, seq, Instant::now()).is_err() {
+            // No event to wait for (e.g. the stream is gone): the device.
+            return self.wait_frees();
+        }
+        Ok(())
     }
 
     fn release_parked(&mut self) -> Result<(), DeviceError> {

@@ -23,6 +23,7 @@
 //! unset: none), `VRAMFIT_STATS_DIR` (where the counters are published).
 
 mod cuda;
+pub mod fences;
 mod publish;
 mod raise;
 pub mod state;
@@ -403,6 +404,8 @@ fn stats_text(device_index: c_int, kind: c_int) -> Option<String> {
             "unknownRecordStreams": UNKNOWN_RECORD_STREAMS.load(std::sync::atomic::Ordering::Relaxed),
             "livePageHighWaterBytes": state.page_figures().map(|f| f.0),
             "headroomBytes": state.page_figures().map(|f| f.1),
+            "deviceWaits": state.core_stats().num_device_waits,
+            "movedBytes": state.core_stats().moved_bytes,
             "statsDir": g.settings.stats_dir.as_ref().map(|d| d.display().to_string()),
         })
         .to_string()

@@ -4,7 +4,12 @@ Usage: python3 alloc_checks.py OUT_DIR --lib PATH [--agent PATH] [--quick]
        python3 alloc_checks.py worker-train ... / worker-correctness ...  (internal)
 
 Every case runs in its own subprocess with a timeout, so a broken library
-costs one case, not the machine. The orchestrator samples nvidia-smi's
+costs one case, not the machine. Training runs are forked from a zygote
+that has imported torch, transformers and torchvision once (and never
+touched CUDA; a self-test child must see CUDA work first), which saves a few
+seconds of each process's start for more interleaved rounds; a child that
+dies without a result drops the zygote (that case again, and all later ones,
+as processes of their own). `--no-zygote` starts every run as a process. The orchestrator samples nvidia-smi's
 per-process memory while cases run, writes OUT_DIR/results.json (everything)
 and prints a summary with PASS/FAIL per check.
 
@@ -17,9 +22,16 @@ Cases:
     CUDA graph capture refused, fork.
   bench: vramfit-agent bench alloc.
   train (5 models x native / pytorch policy / vramfit policy, 14 steps, the
-    median of the last 8 timed): step time, reserved peak, nvidia-smi
-    per-process peak vs budget + context, driver calls per step (the vramfit
-    policy must make none in the last 4 steps).
+    median of the last 8 timed), in interleaved rounds (each round runs a
+    model's three configurations back to back, the order rotating between
+    rounds; rounds 2 and 3 while the time allows): step time (the median of
+    the runs' medians against native's, the spread between runs, each run
+    against the native run of its round), reserved peak, nvidia-smi
+    per-process peak vs budget + context and vs native, driver calls per step
+    (the vramfit policy must make none in the last 4 steps of every run).
+    With --trace, round 1's native runs of GPT-2, LLaMA and BERT record 4 more steps
+    of PyTorch's allocation history (results.json "traces": the snapshot
+    pickle, gzip, base64), the GPU's real step layout for the CPU replays.
   budget_oom (per policy): a budget below the need fails in step 0 with
     the budget message.
   pair: two processes with budgets on the GPU; the one over budget (it keeps
@@ -85,20 +97,25 @@ def build_model(name, torch):
     if name in ("gpt2", "llama", "bert"):
         import transformers
 
+        # Weights are initialised on the GPU (a CPU init costs ~1 s of
+        # every process's start).
         if name == "gpt2":
             config = transformers.GPT2Config(n_positions=1024, n_embd=768, n_layer=12, n_head=12)
-            model = transformers.GPT2LMHeadModel(config)
+            with torch.device("cuda"):
+                model = transformers.GPT2LMHeadModel(config)
             batch, seq, vocab = 8, 1024, config.vocab_size
         elif name == "llama":
             config = transformers.LlamaConfig(
                 vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=12,
                 num_attention_heads=16, num_key_value_heads=4, max_position_embeddings=2048,
             )
-            model = transformers.LlamaForCausalLM(config)
+            with torch.device("cuda"):
+                model = transformers.LlamaForCausalLM(config)
             batch, seq, vocab = 4, 2048, 32000
         else:
             config = transformers.BertConfig()
-            model = transformers.BertForMaskedLM(config)
+            with torch.device("cuda"):
+                model = transformers.BertForMaskedLM(config)
             batch, seq, vocab = 32, 512, config.vocab_size
         model = model.cuda()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -115,11 +132,13 @@ def build_model(name, torch):
     import torchvision
 
     if name == "resnet50":
-        model = torchvision.models.resnet50()
+        with torch.device("cuda"):
+            model = torchvision.models.resnet50()
         batch = 128
         opt_factory = lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9)  # noqa: E731
     elif name == "vit":
-        model = torchvision.models.vit_b_16()
+        with torch.device("cuda"):
+            model = torchvision.models.vit_b_16()
         batch = 64
         opt_factory = lambda p: torch.optim.AdamW(p, lr=1e-4)  # noqa: E731
     else:
@@ -208,6 +227,36 @@ def worker_record_stream(args):
     return 0
 
 
+def trace_steps(torch, steps, make, loss_of, opt):
+    """`steps` more training steps under torch.cuda.memory._record_memory_history;
+    returns the snapshot (pickle, gzip, base64) and when each step ended."""
+    import base64
+    import gzip
+
+    torch.cuda.synchronize()
+    torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python", max_entries=2_000_000)
+    ends = []
+    for step in range(steps):
+        # As the timed steps do it (the last step's batch and loss stay
+        # alive until the new ones replace them).
+        batch = make(100 + step)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = loss_of(batch)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        loss.item()
+        torch.cuda.synchronize()
+        ends.append(time.time() * 1e6)
+    with tempfile.NamedTemporaryFile(suffix=".pickle") as f:
+        torch.cuda.memory._dump_snapshot(f.name)
+        raw = open(f.name, "rb").read()
+    torch.cuda.memory._record_memory_history(enabled=None)
+    packed = gzip.compress(raw, compresslevel=9)
+    return {"steps": steps, "stepEndsUs": ends, "pickleBytes": len(raw),
+            "snapshotGzB64": base64.b64encode(packed).decode("ascii")}
+
+
 def worker_train(args):
     result = {"model": args.model, "alloc": args.alloc, "budget": args.budget, "pid": os.getpid()}
     err = install_allocator(args.alloc, args.budget)
@@ -232,7 +281,7 @@ def worker_train(args):
     model, opt, make, loss_of = build_model(args.model, torch)
     barrier(args.barrier, args.parties, args.name)
     kept = []
-    times, losses, device_calls = [], [], []
+    times, losses, device_calls, moved, waits = [], [], [], [], []
     for step in range(args.steps):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
@@ -266,7 +315,15 @@ def worker_train(args):
         if args.alloc != "native":
             stats = torch.cuda.memory_stats()
             device_calls.append(stats.get("num_device_alloc", 0) + stats.get("num_device_free", 0))
+            own = va.memory_stats()
+            moved.append(own.get("vramfit.movedBytes") or 0)
+            waits.append(own.get("vramfit.deviceWaits") or 0)
     timed = times[args.warmup:] or times
+    if args.trace_steps and args.alloc == "native":
+        # Untimed steps with PyTorch's allocation history on: the GPU's own
+        # step layout (autocast copies, cuBLAS workspaces, attention kernels),
+        # which the CPU replays take over (tests/data/steps).
+        result["trace"] = trace_steps(torch, args.trace_steps, make, loss_of, opt)
     result.update(
         stepMsMedian=statistics.median(timed),
         stepMs=[round(t, 3) for t in times],
@@ -276,7 +333,8 @@ def worker_train(args):
         reservedEnd=torch.cuda.memory_reserved(),
         allocatedEnd=torch.cuda.memory_allocated(),
         numAllocRetries=torch.cuda.memory_stats().get("num_alloc_retries"),
-        smiEndMib=smi_used_mib(os.getpid()),
+        # nvidia-smi costs ~0.5 s a call: only native's figure is used (the context).
+        smiEndMib=smi_used_mib(os.getpid()) if args.alloc == "native" else None,
     )
     if args.alloc != "native":
         own = va.memory_stats()
@@ -284,6 +342,9 @@ def worker_train(args):
         result["numDeviceAlloc"] = own.get("num_device_alloc")
         # Driver calls (segment or page maps and unmaps) made in each step.
         result["deviceCallsPerStep"] = [b - a for a, b in zip([0] + device_calls, device_calls)]
+        # MiB of pages moved, and waits for the device, in each step.
+        result["movedMibPerStep"] = [(b - a) >> 20 for a, b in zip([0] + moved, moved)]
+        result["waitsPerStep"] = [b - a for a, b in zip([0] + waits, waits)]
     emit(result)
     return 0
 
@@ -455,26 +516,47 @@ def worker_correctness(args):
 
 
 class SmiSampler:
-    """Peak nvidia-smi used MiB per PID while cases run."""
+    """Peak nvidia-smi used MiB per PID while cases run.
+
+    One nvidia-smi in loop mode (`-lms`), which keeps NVML open, instead of
+    a new nvidia-smi every period (each start initialises NVML, which costs
+    the host and the driver more than the query: a possible source of the
+    step-time noise of run 3). Falls back to polling when loop mode exits."""
 
     def __init__(self, period=0.15):
         self.period = period
         self.peaks = {}
+        self.mode = "loop"
         self.stop_flag = threading.Event()
+        self.proc = None
         self.thread = threading.Thread(target=self.run, daemon=True)
 
+    def take(self, line):
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 2 and parts[0].isdigit() and parts[1].isdigit():
+            pid = int(parts[0])
+            self.peaks[pid] = max(self.peaks.get(pid, 0), int(parts[1]))
+
     def run(self):
+        query = ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"]
+        started = time.time()
+        try:
+            self.proc = subprocess.Popen(query + [f"-lms={int(self.period * 1000)}"], stdout=subprocess.PIPE,
+                                         stderr=subprocess.DEVNULL, text=True)
+            for line in self.proc.stdout:
+                self.take(line)
+                if self.stop_flag.is_set():
+                    break
+        except Exception:
+            pass
+        if self.stop_flag.is_set() and time.time() - started > 5:
+            return
+        self.mode = "poll"
         while not self.stop_flag.is_set():
             try:
-                out = subprocess.run(
-                    ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-                    capture_output=True, text=True, timeout=10,
-                ).stdout
+                out = subprocess.run(query, capture_output=True, text=True, timeout=10).stdout
                 for line in out.splitlines():
-                    parts = [p.strip() for p in line.split(",")]
-                    if len(parts) == 2 and parts[1].isdigit():
-                        pid = int(parts[0])
-                        self.peaks[pid] = max(self.peaks.get(pid, 0), int(parts[1]))
+                    self.take(line)
             except Exception:
                 pass
             self.stop_flag.wait(self.period)
@@ -484,7 +566,182 @@ class SmiSampler:
 
     def stop(self):
         self.stop_flag.set()
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
         self.thread.join(timeout=15)
+
+
+def worker_selftest(args):
+    """What a child of the zygote must be able to do: CUDA (or, with
+    `--model cpu`, only the plumbing) and the environment it was given."""
+    import torch
+
+    device = "cpu" if args.model == "cpu" else "cuda"
+    ok = float(torch.ones(4, device=device).sum().item()) == 4.0
+    emit({"ok": ok, "env": os.environ.get("VRAMFIT_SELFTEST"), "pid": os.getpid()})
+    return 0
+
+
+def cuda_loaded():
+    """Whether libcuda is mapped into this process (a fork must not follow)."""
+    try:
+        with open("/proc/self/maps") as f:
+            return "libcuda.so" in f.read()
+    except OSError:
+        return False
+
+
+def zygote():
+    """Imports what the training runs need once (torch, transformers'
+    models, torchvision: a few seconds of every process's start), then
+    forks a child per request. CUDA is never touched here: a child forked
+    after CUDA was initialised could not use it, so the zygote refuses to
+    start if libcuda is loaded. Protocol, one line each: requests on stdin
+    {"argv", "env", "out", "err"}; answers "PID <pid>", "EXIT <pid> <rc>"."""
+    import select
+    import traceback
+
+    os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
+    import torch  # noqa: F401
+    import transformers
+
+    for name in ("GPT2LMHeadModel", "LlamaForCausalLM", "BertForMaskedLM", "GPT2Config", "LlamaConfig",
+                 "BertConfig"):
+        getattr(transformers, name)
+    try:
+        import torchvision
+
+        torchvision.models.resnet50, torchvision.models.vit_b_16
+    except ImportError:
+        pass
+    # Run 4: the imports load libcuda (loading is not initialising; a
+    # child's self-test, which creates a CUDA context, is the proof).
+    print("READY" + (" (libcuda loaded)" if cuda_loaded() else ""), flush=True)
+    children, buf, open_ = set(), b"", True
+    while open_ or children:
+        if open_:
+            readable, _, _ = select.select([0], [], [], 0.05)
+            if readable:
+                chunk = os.read(0, 1 << 16)
+                if not chunk:
+                    open_ = False
+                buf += chunk
+        else:
+            time.sleep(0.05)
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            req = json.loads(line)
+            pid = os.fork()
+            if pid == 0:
+                code = 1
+                try:
+                    out = os.open(req["out"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                    err = os.open(req["err"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                    null = os.open(os.devnull, os.O_RDONLY)
+                    os.dup2(null, 0)
+                    os.dup2(out, 1)
+                    os.dup2(err, 2)
+                    os.environ.clear()
+                    os.environ.update(req["env"])
+                    sys.path.insert(0, os.path.join(REPO, "python"))
+                    sys.argv = [os.path.abspath(__file__)] + req["argv"]
+                    try:
+                        main()
+                        code = 0
+                    except SystemExit as exc:
+                        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+                except BaseException:
+                    traceback.print_exc()
+                finally:
+                    try:
+                        sys.stdout.flush()
+                        sys.stderr.flush()
+                    finally:
+                        os._exit(code)
+            children.add(pid)
+            print(f"PID {pid}", flush=True)
+        while children:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                break
+            children.discard(pid)
+            print(f"EXIT {pid} {os.waitstatus_to_exitcode(status)}", flush=True)
+    return 0
+
+
+class ZygoteChild:
+    def __init__(self, pid, out, err):
+        self.pid, self.out, self.err = pid, out, err
+
+
+class Zygote:
+    """The orchestrator's end of [`zygote`]."""
+
+    def __init__(self, env, log_path):
+        self.exits = {}
+        self.buf = b""
+        self.dir = tempfile.mkdtemp(prefix="vramfit-zygote-")
+        self.count = 0
+        self.err = open(log_path, "w")
+        self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "zygote"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self.err, env=env)
+
+    def ready(self, timeout):
+        line = self.line(timeout)
+        return bool(line) and line.startswith("READY"), line
+
+    def line(self, timeout):
+        import select
+
+        deadline = time.time() + timeout
+        while b"\n" not in self.buf:
+            left = deadline - time.time()
+            if left <= 0:
+                return None
+            readable, _, _ = select.select([self.proc.stdout], [], [], left)
+            if readable:
+                chunk = os.read(self.proc.stdout.fileno(), 1 << 16)
+                if not chunk:
+                    return None
+                self.buf += chunk
+        line, self.buf = self.buf.split(b"\n", 1)
+        return line.decode().strip()
+
+    def start(self, argv, env):
+        self.count += 1
+        out = os.path.join(self.dir, f"{self.count}.out")
+        err = os.path.join(self.dir, f"{self.count}.err")
+        self.proc.stdin.write((json.dumps({"argv": argv, "env": env, "out": out, "err": err}) + "\n").encode())
+        self.proc.stdin.flush()
+        while True:
+            line = self.line(30)
+            if line is None:
+                raise RuntimeError("the zygote did not answer")
+            if line.startswith("PID "):
+                return ZygoteChild(int(line.split()[1]), out, err)
+            self.note(line)
+
+    def note(self, line):
+        if line.startswith("EXIT "):
+            _, pid, rc = line.split()
+            self.exits[int(pid)] = int(rc)
+
+    def wait(self, pid, timeout):
+        deadline = time.time() + timeout
+        while pid not in self.exits:
+            line = self.line(max(0.0, deadline - time.time()))
+            if line is None:
+                return None
+            self.note(line)
+        return self.exits.pop(pid)
+
+    def close(self):
+        try:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=30)
+        except Exception:
+            self.proc.kill()
+        self.err.close()
 
 
 class Runner:
@@ -493,7 +750,44 @@ class Runner:
         self.lib = lib
         self.log = log
         self.stats_dir = tempfile.mkdtemp(prefix="vramfit-stats-")
-        self.deadline = time.time() + 340
+        # The whole script must stay within 6 minutes of GPU time (the shell
+        # wrapper stops it at 420 s).
+        self.deadline = time.time() + 345
+        self.zygote = None
+        self.zygote_note = "not started"
+
+    def spawn_zygote(self):
+        """Starts the zygote's imports (they overlap the cases before training)."""
+        try:
+            self.spawned = Zygote(self.env(), os.path.join(tempfile.mkdtemp(prefix="vramfit-zygote-log-"), "zygote.log"))
+        except Exception as exc:
+            self.zygote_note = f"did not start: {exc}"
+
+    def start_zygote(self, selftest_model="cuda"):
+        """Training runs start from a zygote that has imported torch,
+        transformers and torchvision, if one comes up and its child passes
+        the self-test (CUDA works in it, its environment is the one asked)."""
+        zygote = getattr(self, "spawned", None)
+        if zygote is None:
+            return
+        ok, why = zygote.ready(45)
+        if not ok:
+            self.zygote_note = f"not ready: {why}"
+            zygote.close()
+            return
+        self.zygote = zygote
+        r = self.run(["worker-selftest", "--model", selftest_model], "zygote-selftest", 60,
+                     extra={"VRAMFIT_SELFTEST": "yes"})
+        if r.get("ok") and r.get("env") == "yes" and r.get("viaZygote"):
+            self.zygote_note = f"in use (self-test {r.get('wallSeconds')} s; {why})"
+        else:
+            self.zygote_note = f"self-test failed: {json.dumps(r)[:500]}"
+            self.stop_zygote()
+
+    def stop_zygote(self):
+        if self.zygote:
+            self.zygote.close()
+            self.zygote = None
 
     def env(self, extra=None):
         env = dict(os.environ)
@@ -507,25 +801,48 @@ class Runner:
         return env
 
     def start(self, argv, extra=None):
+        if self.zygote and argv[0] in ("worker-train", "worker-selftest"):
+            try:
+                return self.zygote.start(argv, self.env(extra))
+            except Exception as exc:
+                self.log.write(f"## zygote failed ({exc}): processes from now on\n")
+                self.zygote_note = f"failed: {exc}"
+                self.zygote = None
         return subprocess.Popen(
             [sys.executable, os.path.abspath(__file__)] + argv,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=self.env(extra),
         )
 
     def finish(self, proc, label, timeout):
-        try:
-            out, err = proc.communicate(timeout=timeout)
-            rc = proc.returncode
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out, err = proc.communicate()
-            rc = "timeout"
+        if isinstance(proc, ZygoteChild):
+            rc = self.zygote.wait(proc.pid, timeout) if self.zygote else None
+            if rc is None:
+                try:
+                    os.kill(proc.pid, 9)
+                except OSError:
+                    pass
+                if self.zygote:
+                    self.zygote.wait(proc.pid, 10)
+                rc = "timeout"
+            out, err = (open(path, errors="replace").read() if os.path.exists(path) else ""
+                        for path in (proc.out, proc.err))
+        else:
+            try:
+                out, err = proc.communicate(timeout=timeout)
+                rc = proc.returncode
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                out, err = proc.communicate()
+                rc = "timeout"
         result = None
         for line in out.splitlines():
             if line.startswith("RESULT "):
                 result = json.loads(line[len("RESULT "):])
+        seen = result is not None
         result = result or {}
         result["rc"] = rc
+        result["viaZygote"] = isinstance(proc, ZygoteChild)
+        result["resultSeen"] = seen
         result.setdefault("pid", proc.pid)
         if rc not in (0, 42) or "error" in result:
             tail = (err or "")[-3000:]
@@ -539,21 +856,52 @@ class Runner:
         if left < 20:
             self.log.write(f"## {label}: skipped, out of time\n")
             return {"rc": "skipped", "error": "skipped: the script's time budget is spent"}
-        return self.finish(self.start(argv, extra), label, min(timeout, left))
+        started = time.time()
+        result = self.finish(self.start(argv, extra), label, min(timeout, left))
+        if result.get("viaZygote") and not result.get("resultSeen") and result.get("rc") not in (0, 42):
+            # A child of the zygote that died without a word: the zygote may
+            # be the cause; this case again, and every later one, as a
+            # process of its own.
+            self.log.write(f"## {label}: the zygote's child failed (rc={result['rc']}): processes from now on\n")
+            self.zygote_note = f"dropped after {label} (rc={result['rc']})"
+            self.stop_zygote()
+            left = self.deadline - time.time()
+            result = self.finish(self.start(argv, extra), label, min(timeout, left))
+        result["wallSeconds"] = round(time.time() - started, 2)
+        return result
 
 
 # 14 steps, the first 6 not timed: the vramfit policy settles its page
 # layout in the first steps, and a median of 8 steps is steadier than of 5.
 def train_args(model, alloc, budget=0, steps=14, warmup=6, keep_mib=0, barrier_dir="", parties=1, name="",
-               deterministic=False):
+               deterministic=False, trace_steps=0):
     argv = ["worker-train", "--model", model, "--alloc", alloc, "--budget", str(budget), "--steps", str(steps),
             "--warmup", str(warmup), "--keep-mib", str(keep_mib), "--barrier", barrier_dir,
-            "--parties", str(parties), "--name", name or f"{model}-{alloc}"]
+            "--parties", str(parties), "--name", name or f"{model}-{alloc}", "--trace-steps", str(trace_steps)]
     return argv + (["--deterministic"] if deterministic else [])
 
 
 def round_up(n, to=2 * MIB):
     return (n + to - 1) // to * to
+
+
+def summarize(ok):
+    """One configuration's runs: the median of the runs' step medians, their
+    spread, the highest reserved and nvidia-smi peaks."""
+    medians = [r["stepMsMedian"] for r in ok]
+    mid = statistics.median(medians)
+    smi = [r.get("smiPeakMib") for r in ok if r.get("smiPeakMib")]
+    return {"runs": len(ok), "stepMs": mid, "perRun": [round(m, 2) for m in medians],
+            "spreadPct": (max(medians) - min(medians)) / mid * 100,
+            "maxReserved": max(r["maxReserved"] for r in ok), "smiPeakMib": max(smi) if smi else None}
+
+
+def fmt_range(values):
+    if not values:
+        return "-"
+    if len(values) == 1:
+        return f"{values[0]:+.1f}%"
+    return f"{min(values):+.1f}..{max(values):+.1f}%"
 
 
 def orchestrate(args):
@@ -570,6 +918,8 @@ def orchestrate(args):
         checks.append((name, bool(ok), detail))
 
     t0 = time.time()
+    if not args.no_zygote:
+        runner.spawn_zygote()
     # 1. correctness, per policy
     for policy in ("pytorch", "vramfit"):
         r = runner.run(["worker-correctness", "--alloc", policy, "--budget", str(2 * GIB)], f"correctness-{policy}", 150)
@@ -592,32 +942,64 @@ def orchestrate(args):
             add(f"record_stream[{policy}] the library's hook saw the call and held the free back",
                 ((p.get("afterFree") or {}).get("heldBackFrees") or 0) >= 1, json.dumps(p))
 
-    # 3. training runs
+    # 3. training runs, in interleaved rounds: every round runs each
+    # model's three configurations back to back, in an order that changes
+    # from round to round, so that drift between processes (+-10-40% in run 3)
+    # falls on all three alike. Round 1 starts with native: the budgets
+    # come from its reserved peak (with --trace, its runs of the
+    # transformers record four more untimed steps of allocation history).
     models = ["gpt2", "llama", "bert", "resnet50", "vit"]
     if args.quick:
         models = ["gpt2"]
-    train = {}
+    # Each process costs ~10 s before its first step (run 3: 294 s for 23
+    # processes), so the second round leaves the pytorch policy out (it
+    # reserves exactly what native does, and round 1 and 3 time it).
+    orders = (("native", "pytorch", "vramfit"), ("vramfit", "native"), ("pytorch", "vramfit", "native"))
+    traced = ("gpt2", "llama", "bert")
+    runs = {}  # (model, alloc) -> results in run order
+    budgets = {}
+    round_seconds = {}
+    traces = {}
+    results["traces"] = traces
 
-    def train_model(model):
-        native = runner.run(train_args(model, "native"), f"train-{model}-native", 150)
-        train[(model, "native")] = native
-        cases[f"train-{model}-native"] = native
-        if native.get("rc") != 0 or "maxReserved" not in native:
-            add(f"train[{model}] native ran", False, native.get("error", "") + native.get("stderrTail", "")[-300:])
-            return
-        budget = round_up(int(native["maxReserved"] * 1.15) + 256 * MIB)
-        for policy in ("pytorch", "vramfit"):
-            r = runner.run(train_args(model, policy, budget), f"train-{model}-{policy}", 150)
-            r["budgetBytes"] = budget
-            train[(model, policy)] = r
-            cases[f"train-{model}-{policy}"] = r
-            add(f"train[{model}] {policy} ran", r.get("rc") == 0, r.get("error", "") + r.get("stderrTail", "")[-300:])
+    def train_round(model, rnd):
+        started = time.time()
+        for alloc in orders[rnd % len(orders)]:
+            if alloc == "native":
+                argv = train_args(model, "native", trace_steps=4 if args.trace and rnd == 0 and model in traced else 0)
+            elif model in budgets:
+                argv = train_args(model, alloc, budgets[model])
+            else:
+                return
+            label = f"train-{model}-{alloc}-r{rnd + 1}"
+            r = runner.run(argv, label, 150)
+            r["round"] = rnd + 1
+            trace = r.pop("trace", None)
+            if trace:
+                traces[model] = trace
+            if alloc != "native":
+                r["budgetBytes"] = budgets[model]
+            cases[label] = r
+            runs.setdefault((model, alloc), []).append(r)
+            if alloc == "native" and rnd == 0:
+                if r.get("rc") != 0 or "maxReserved" not in r:
+                    add(f"train[{model}] native ran", False, r.get("error", "") + r.get("stderrTail", "")[-300:])
+                    return
+                budgets[model] = round_up(int(r["maxReserved"] * 1.15) + 256 * MIB)
+        round_seconds.setdefault(model, time.time() - started)
 
+    def first_ok(model, alloc):
+        return next((r for r in runs.get((model, alloc), []) if r.get("rc") == 0), {})
+
+    if not args.no_zygote:
+        runner.start_zygote()
+    results["zygote"] = runner.zygote_note
     # gpt2 first: the budget and pair cases below build on its runs.
-    train_model("gpt2")
+    train_round("gpt2", 0)
+
     # 4. budget below the need
     for policy in ("pytorch", "vramfit"):
-        native = train.get(("gpt2", "native"), {})
+        native = first_ok("gpt2", "native")
         need = native.get("maxReserved", 8 * GIB)
         budget = round_up(int(need * 0.4))
         r = runner.run(train_args("gpt2", policy, budget, steps=2, warmup=0), f"budget-oom-{policy}", 150)
@@ -628,8 +1010,8 @@ def orchestrate(args):
             (oom.get("message") or r.get("error") or "")[:300])
 
     # 5. two processes on the GPU
-    solo = train.get(("gpt2", "vramfit"))
-    native = train.get(("gpt2", "native"), {})
+    solo = first_ok("gpt2", "vramfit")
+    native = first_ok("gpt2", "native")
     if solo and solo.get("rc") == 0:
         bdir = tempfile.mkdtemp(prefix="vramfit-barrier-")
         budget_a = solo["budgetBytes"]
@@ -654,7 +1036,7 @@ def orchestrate(args):
         # The noise floor: the same run alone twice (the timed one and the
         # deterministic one). Equal within it means the neighbour changed
         # nothing; exactly equal is reported beside.
-        noise = max_diff((train.get(("gpt2", "vramfit")) or {}).get("losses"), solo.get("losses"))
+        noise = max_diff(first_ok("gpt2", "vramfit").get("losses"), solo.get("losses"))
         same = diff is not None and (diff == 0 or (noise is not None and diff <= noise))
         add("pair: the process over its budget fails with the budget OOM",
             rb.get("rc") == 42 and (rb.get("oom") or {}).get("budget"), (rb.get("oom") or {}).get("message", "")[:200])
@@ -665,7 +1047,7 @@ def orchestrate(args):
         results["soloLossNoise"] = noise
 
     for model in models[1:]:
-        train_model(model)
+        train_round(model, 0)
 
     # 2. bench
     if args.agent and os.path.exists(args.agent):
@@ -678,7 +1060,18 @@ def orchestrate(args):
         rows = {row["name"]: row for row in bench.get("rows", [])}
         add("bench alloc ran", bool(rows), json.dumps(bench)[:300] if not rows else "")
 
+    # More rounds while the time allows (the whole script must stay within
+    # 6 minutes of GPU time): the models whose speed is in question first.
+    rounds_end = t0 + 330
+    priority = [m for m in ("bert", "llama", "gpt2", "vit", "resnet50") if m in models]
+    for rnd in (1, 2):
+        for model in priority:
+            if model in budgets and time.time() + round_seconds.get(model, 60) + 5 <= rounds_end:
+                train_round(model, rnd)
+
     sampler.stop()
+    runner.stop_zygote()
+    results["zygoteAtEnd"] = runner.zygote_note
     results["elapsedSeconds"] = time.time() - t0
     # NVML (nvidia-smi) figures
     for key, r in cases.items():
@@ -686,42 +1079,61 @@ def orchestrate(args):
             r["smiPeakMib"] = sampler.peaks.get(r["pid"])
     table = []
     for model in models:
-        n = train.get((model, "native"))
-        if not n or n.get("rc") != 0:
+        natives = [r for r in runs.get((model, "native"), []) if r.get("rc") == 0 and "stepMsMedian" in r]
+        if not natives:
             continue
+        n = natives[0]
         context = max(0, n.get("smiEndMib", 0) * MIB - n.get("reservedEnd", 0))
-        row = {"model": model, "nativeStepMs": n["stepMsMedian"], "nativeMaxReserved": n["maxReserved"],
-               "nativeSmiPeakMib": n.get("smiPeakMib"), "contextBytes": context}
+        native = summarize(natives)
+        row = {"model": model, "native": native, "contextBytes": context}
         for policy in ("pytorch", "vramfit"):
-            r = train.get((model, policy))
-            if not r or r.get("rc") != 0:
+            all_runs = runs.get((model, policy), [])
+            ok = [r for r in all_runs if r.get("rc") == 0 and "stepMsMedian" in r]
+            add(f"train[{model}] {policy} ran", all_runs and len(ok) == len(all_runs),
+                "; ".join((r.get("error", "") + r.get("stderrTail", "")[-300:]) for r in all_runs if r not in ok))
+            if not ok:
                 continue
-            overhead = (r["stepMsMedian"] / n["stepMsMedian"] - 1) * 100
-            reserved_vs = (r["maxReserved"] / n["maxReserved"] - 1) * 100
-            smi_vs = None
-            if r.get("smiPeakMib") and n.get("smiPeakMib"):
-                smi_vs = (r["smiPeakMib"] / n["smiPeakMib"] - 1) * 100
-            row[policy] = {"stepMs": r["stepMsMedian"], "overheadPct": overhead, "maxReserved": r["maxReserved"],
-                           "reservedVsNativePct": reserved_vs, "smiPeakMib": r.get("smiPeakMib"),
-                           "smiVsNativePct": smi_vs, "budget": r["budgetBytes"], "numDeviceAlloc": r.get("numDeviceAlloc"),
-                           "deviceCallsPerStep": r.get("deviceCallsPerStep")}
-            limit = r["budgetBytes"] + context + 64 * MIB
-            if r.get("smiPeakMib") is not None:
+            p = summarize(ok)
+            p["overheadPct"] = (p["stepMs"] / native["stepMs"] - 1) * 100
+            # Paired within a round: the runs next to each other.
+            p["pairedPct"] = sorted(
+                (r["stepMsMedian"] / m["stepMsMedian"] - 1) * 100
+                for r in ok for m in natives if m["round"] == r["round"])
+            p["reservedVsNativePct"] = (p["maxReserved"] / native["maxReserved"] - 1) * 100
+            p["smiVsNativePct"] = None
+            if p["smiPeakMib"] and native["smiPeakMib"]:
+                p["smiVsNativePct"] = (p["smiPeakMib"] / native["smiPeakMib"] - 1) * 100
+            p["budget"] = ok[0]["budgetBytes"]
+            p["deviceCallsPerStep"] = ok[-1].get("deviceCallsPerStep")
+            p["movedMibPerStep"] = ok[-1].get("movedMibPerStep")
+            p["waitsPerStep"] = ok[-1].get("waitsPerStep")
+            p["vramfit"] = ok[-1].get("vramfit")
+            row[policy] = p
+            limit = p["budget"] + context + 64 * MIB
+            peaks = [r.get("smiPeakMib") for r in ok if r.get("smiPeakMib") is not None]
+            if peaks:
                 add(f"train[{model}] {policy}: nvidia-smi peak <= budget + context",
-                    r["smiPeakMib"] * MIB <= limit, f"{r['smiPeakMib']} MiB vs {limit / MIB:.0f} MiB")
+                    max(peaks) * MIB <= limit, f"{max(peaks)} MiB vs {limit / MIB:.0f} MiB")
             if policy == "pytorch":
-                add(f"train[{model}] pytorch policy reserves what native does (within 2%)", abs(reserved_vs) <= 2,
-                    f"{reserved_vs:+.1f}%")
-            add(f"train[{model}] {policy}: step time within 1% of native", overhead <= 1.0, f"{overhead:+.2f}%")
-            calls = r.get("deviceCallsPerStep") or []
-            if policy == "vramfit" and len(calls) >= 4:
-                add(f"train[{model}] vramfit: no driver calls in the last 4 steps", sum(calls[-4:]) == 0,
-                    f"calls per step {calls}")
+                add(f"train[{model}] pytorch policy reserves what native does (within 2%)",
+                    abs(p["reservedVsNativePct"]) <= 2, f"{p['reservedVsNativePct']:+.1f}%")
+            add(f"train[{model}] {policy}: step time within 1% of native", p["overheadPct"] <= 1.0,
+                f"{p['overheadPct']:+.2f}% (median of {len(ok)} vs {len(natives)} interleaved runs; "
+                f"paired {fmt_range(p['pairedPct'])}; spread {p['spreadPct']:.1f}% vs native {native['spreadPct']:.1f}%)")
+            if policy == "vramfit":
+                last4 = [sum((r.get("deviceCallsPerStep") or [1])[-4:]) for r in ok]
+                add(f"train[{model}] vramfit: no driver calls in the last 4 steps", not any(last4),
+                    "calls per step " + " / ".join(str(r.get("deviceCallsPerStep")) for r in ok))
             if policy == "vramfit" and model in ("gpt2", "llama", "bert"):
-                add(f"train[{model}] vramfit policy reserved peak >= 10% below native", reserved_vs <= -10,
-                    f"{reserved_vs:+.1f}%")
+                add(f"train[{model}] vramfit policy reserved peak >= 10% below native", p["reservedVsNativePct"] <= -10,
+                    f"{p['reservedVsNativePct']:+.1f}%")
+                add(f"train[{model}] vramfit policy nvidia-smi peak >= 10% below native",
+                    p["smiVsNativePct"] is not None and p["smiVsNativePct"] <= -10,
+                    "-" if p["smiVsNativePct"] is None else f"{p['smiVsNativePct']:+.1f}%")
         table.append(row)
     results["table"] = table
+    results["roundSeconds"] = round_seconds
+    results["smiSampler"] = sampler.mode
     results["checks"] = [{"name": n, "ok": ok, "detail": d} for n, ok, d in checks]
     with open(os.path.join(args.out_dir, "results.json"), "w") as f:
         json.dump(results, f, indent=1, default=str)
@@ -730,21 +1142,36 @@ def orchestrate(args):
     print("\n== alloc_checks summary")
     for name, ok, detail in checks:
         print(f"{'PASS' if ok else 'FAIL'}  {name}" + (f"  [{detail}]" if detail and not ok else ""))
-    print("\nmodel      alloc     step ms  overhead  maxReserved MiB  vs native  smi peak MiB  vs native")
+    print("\nstep ms: median of the runs' medians (each the median of the last 8 of 14 steps), runs interleaved;"
+          "\nspread: (max - min) / median of the runs' medians; paired: each run against the native run of its round")
+    print(f"\n{'model':<9} {'alloc':<8} {'runs':>4} {'step ms':>8} {'spread':>7} {'vs native':>9} {'paired':>17}"
+          f" {'reserved MiB':>12} {'vs nat':>7} {'smi MiB':>8} {'vs nat':>7}  driver calls/step (last run)")
     for row in table:
-        print(f"{row['model']:<10} native  {row['nativeStepMs']:>9.2f}            {row['nativeMaxReserved'] / MIB:>12.0f}"
-              f"            {row.get('nativeSmiPeakMib') or 0:>10}")
+        n = row["native"]
+        print(f"{row['model']:<9} {'native':<8} {n['runs']:>4} {n['stepMs']:>8.2f} {n['spreadPct']:>6.1f}%"
+              f" {'':>9} {'':>17} {n['maxReserved'] / MIB:>12.0f} {'':>7} {n['smiPeakMib'] or 0:>8} {'':>7}")
         for policy in ("pytorch", "vramfit"):
             p = row.get(policy)
-            if p:
-                smi_vs = f"{p['smiVsNativePct']:+.1f}%" if p["smiVsNativePct"] is not None else "-"
-                print(f"{'':<10} {policy:<7} {p['stepMs']:>9.2f} {p['overheadPct']:>+8.2f}% {p['maxReserved'] / MIB:>12.0f}"
-                      f" {p['reservedVsNativePct']:>+9.1f}% {p['smiPeakMib'] or 0:>10} {smi_vs:>9}"
-                      f"  driver calls/step {p['deviceCallsPerStep']}")
+            if not p:
+                continue
+            smi_vs = f"{p['smiVsNativePct']:+.1f}%" if p["smiVsNativePct"] is not None else "-"
+            print(f"{'':<9} {policy:<8} {p['runs']:>4} {p['stepMs']:>8.2f} {p['spreadPct']:>6.1f}%"
+                  f" {p['overheadPct']:>+8.2f}% {fmt_range(p['pairedPct']):>17} {p['maxReserved'] / MIB:>12.0f}"
+                  f" {p['reservedVsNativePct']:>+6.1f}% {p['smiPeakMib'] or 0:>8} {smi_vs:>7}  {p['deviceCallsPerStep']}")
+    for row in table:
+        v = (row.get("vramfit") or {}).get("vramfit") or {}
+        if v:
+            print(f"{row['model']}: vramfit live-page high-water {(v.get('vramfit.livePageHighWaterBytes') or 0) / MIB:.0f} MiB,"
+                  f" headroom {(v.get('vramfit.headroomBytes') or 0) / MIB:.0f} MiB;"
+                  f" MiB moved per step {row['vramfit'].get('movedMibPerStep')},"
+                  f" waits per step {row['vramfit'].get('waitsPerStep')};"
+                  f" per-run step ms native {row['native']['perRun']} vramfit {row['vramfit']['perRun']}")
     bench = cases.get("bench") or {}
     for row in bench.get("rows", []):
         print(f"bench {row['name']:<26} alloc p50 {row['allocP50Us']:.2f} us p99 {row['allocP99Us']:.2f} us"
               f"  {row['opsPerSecond']:.0f} ops/s  peak {row['peakReservedBytes'] / MIB:.0f} MiB")
+    print("traces: " + ", ".join(f"{m} {len(t['snapshotGzB64']) * 3 // 4 // 1024} KiB" for m, t in traces.items()))
+    print(f"training processes forked from a zygote: {results['zygote']}; at the end: {results['zygoteAtEnd']}")
     failed = sum(1 for _, ok, _ in checks if not ok)
     print(f"\n{len(checks) - failed}/{len(checks)} checks passed in {results['elapsedSeconds']:.0f} s")
     return 0 if failed == 0 else 1
@@ -766,17 +1193,25 @@ def main():
         p.add_argument("--parties", type=int, default=1)
         p.add_argument("--name", default="")
         p.add_argument("--deterministic", action="store_true")
+        p.add_argument("--trace-steps", type=int, default=0)
         args = p.parse_args()
         if mode == "worker-train":
             sys.exit(worker_train(args))
         if mode == "worker-record-stream":
             sys.exit(worker_record_stream(args))
+        if mode == "worker-selftest":
+            sys.exit(worker_selftest(args))
         sys.exit(worker_correctness(args))
+    if len(sys.argv) > 1 and sys.argv[1] == "zygote":
+        sys.exit(zygote())
     p = argparse.ArgumentParser()
     p.add_argument("out_dir")
     p.add_argument("--lib", required=True)
     p.add_argument("--agent")
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--no-zygote", action="store_true", help="start every training run as a process of its own")
+    p.add_argument("--trace", action="store_true",
+                   help="record 4 more steps of the native GPT-2/LLaMA/BERT runs (tests/data/steps/gpu_*)")
     sys.exit(orchestrate(p.parse_args()))
 
 

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# libvramfit_alloc.so on the GPU machine, in one go (about 5.5 minutes):
+# libvramfit_alloc.so on the GPU machine, in one go (at most 6 minutes: no
+# new case after 345 s, training rounds only while they fit in 330 s):
 # correctness under PyTorch (statistics, empty_cache, streams, budget OOM,
-# graphs, fork), `vramfit-agent bench alloc`, five short training runs under
-# PyTorch's allocator and ours (both policies), a budget below the need, and
-# two budgeted processes sharing the GPU. Every case runs in its own
-# subprocess with a timeout. Writes $OUT/alloc/{results.json,log.txt}.
+# graphs, fork), `vramfit-agent bench alloc`, five models' training runs
+# under PyTorch's allocator and ours (both policies) in interleaved rounds,
+# a budget below the need, and two budgeted processes sharing the GPU.
+# Every case runs in its own subprocess with a timeout. Writes
+# $OUT/alloc/{results.json,log.txt}.
 #
 # Usage (repo root): scripts/gpu/alloc_checks.sh [--quick]
 # Needs .dev-bin/libvramfit_alloc.so and .dev-bin/vramfit-agent (release builds).

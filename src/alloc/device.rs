@@ -82,6 +82,28 @@ pub trait DeviceMemory {
     fn release_range(&mut self, _at: DevicePtr, _bytes: u64) -> Result<(), DeviceError> {
         Err(DeviceError::Unsupported("release_range"))
     }
+    /// The allocator numbers frees in order (1, 2, ...) and says here that
+    /// free `seq` was of a block of `stream`. On a GPU, kernels queued on
+    /// that stream before the free may still use the block, so its pages
+    /// must not be unmapped until the device has passed that point; a
+    /// backend with a queue notes it (e.g. records an event now and then).
+    fn note_free(&mut self, _stream: StreamId, _seq: u64) {}
+    /// The highest free number up to which every free of `stream` is known
+    /// to be behind the device (its pages may be unmapped without waiting).
+    /// A backend without a queue: all of them.
+    fn frees_done(&mut self, _stream: StreamId) -> u64 {
+        u64::MAX
+    }
+    /// Waits until the device has passed every free noted so far, on every
+    /// stream (`cuCtxSynchronize`).
+    fn wait_frees(&mut self) -> Result<(), DeviceError> {
+        Ok(())
+    }
+    /// Waits until the device has passed free `seq` of `stream` (an event
+    /// recorded after it), not for the work queued since.
+    fn wait_free(&mut self, _stream: StreamId, _seq: u64) -> Result<(), DeviceError> {
+        self.wait_frees()
+    }
 }
 
 /// A device that exists only as bookkeeping: it hands out increasing,
@@ -107,6 +129,16 @@ pub struct SimulatedDevice {
     pub map_calls: u64,
     /// Number of page-unmapping calls.
     pub unmap_calls: u64,
+    /// How many of the latest frees the device is still behind
+    /// ([`DeviceMemory::frees_done`]); 0: none (no queue).
+    pub free_lag: u64,
+    /// The last free noted, and the free [`DeviceMemory::wait_frees`] last waited for.
+    noted_free: u64,
+    waited_free: u64,
+    /// Number of [`DeviceMemory::wait_frees`] calls.
+    pub wait_calls: u64,
+    /// Number of [`DeviceMemory::wait_free`] calls.
+    pub wait_free_calls: u64,
 }
 
 /// Where simulated addresses start when no address was suggested: far above
@@ -127,6 +159,11 @@ impl SimulatedDevice {
             free_calls: 0,
             map_calls: 0,
             unmap_calls: 0,
+            free_lag: 0,
+            noted_free: 0,
+            waited_free: 0,
+            wait_calls: 0,
+            wait_free_calls: 0,
         }
     }
 
@@ -225,6 +262,31 @@ impl DeviceMemory for SimulatedDevice {
             .remove(&at)
             .map(|_| ())
             .ok_or_else(|| DeviceError::Driver(format!("release of unknown range {at:#x}")))
+    }
+
+    fn note_free(&mut self, _stream: StreamId, seq: u64) {
+        self.noted_free = self.noted_free.max(seq);
+    }
+
+    fn frees_done(&mut self, _stream: StreamId) -> u64 {
+        if self.free_lag == 0 {
+            return u64::MAX;
+        }
+        self.noted_free
+            .saturating_sub(self.free_lag)
+            .max(self.waited_free)
+    }
+
+    fn wait_frees(&mut self) -> Result<(), DeviceError> {
+        self.waited_free = self.noted_free;
+        self.wait_calls += 1;
+        Ok(())
+    }
+
+    fn wait_free(&mut self, _stream: StreamId, seq: u64) -> Result<(), DeviceError> {
+        self.waited_free = self.waited_free.max(seq.min(self.noted_free));
+        self.wait_free_calls += 1;
+        Ok(())
     }
 }
 

@@ -40,11 +40,41 @@ use super::stats::MemoryStats;
 /// increments the size of each move cost up to 8% (docs/benchmarks.md).
 pub const SLACK_PER_MOVE_PAGES: u64 = 8;
 
+/// Pages a move for the ceiling may leave for later, mapping new pages past
+/// the ceiling instead, when the free pages it would take may still be used
+/// by kernels queued before their free ([`DeviceMemory::frees_done`]):
+/// waiting for the device stalls the host (and, if it drains the queue, the
+/// GPU). A larger shortfall, or one that a limit needs, waits. 32 MiB is
+/// 0.25% of the transformer runs' footprint.
+pub const DEFERRED_MOVE_PAGES: u64 = 16;
+
 /// The allowance stops at the live-page high-water mark divided by this
 /// (10%): a workload whose layout never repeats keeps moving pages rather
 /// than give up the policy's lower footprint. The committed traces settle
 /// with at most 2.1% (a 5% cap kept gpt2_checkpointing moving pages).
 pub const HEADROOM_CAP_DIVISOR: u64 = 10;
+
+/// The policy's constants, for experiments on traces (the defaults are the
+/// constants above).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tuning {
+    /// [`SLACK_PER_MOVE_PAGES`].
+    pub slack_per_move_pages: u64,
+    /// [`HEADROOM_CAP_DIVISOR`].
+    pub headroom_cap_divisor: u64,
+    /// [`DEFERRED_MOVE_PAGES`].
+    pub deferred_move_pages: u64,
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Self {
+            slack_per_move_pages: SLACK_PER_MOVE_PAGES,
+            headroom_cap_divisor: HEADROOM_CAP_DIVISOR,
+            deferred_move_pages: DEFERRED_MOVE_PAGES,
+        }
+    }
+}
 
 #[derive(Debug, Clone, Copy)]
 struct Piece {
@@ -64,6 +94,12 @@ struct Range {
     mapped: Vec<bool>,
     /// Live blocks on each page.
     users: Vec<u32>,
+    /// The stream whose blocks the range holds.
+    stream: StreamId,
+    /// For each page, the number of the last free of a block on it: the
+    /// page may be unmapped without waiting once the device is past it
+    /// ([`DeviceMemory::frees_done`]).
+    freed_at: Vec<u64>,
 }
 
 impl Range {
@@ -92,12 +128,20 @@ pub struct ExpandableAllocator<D: DeviceMemory> {
     /// Bytes the reserved level may pass the live-page high-water mark by
     /// before free pages are moved (see [`SLACK_PER_MOVE_PAGES`]).
     allowance: u64,
+    /// Frees so far (each free's number, for [`DeviceMemory::note_free`]).
+    free_seq: u64,
+    tuning: Tuning,
     stats: MemoryStats,
 }
 
 impl<D: DeviceMemory> ExpandableAllocator<D> {
     /// An empty allocator over `device`.
     pub fn new(device: D, config: AllocatorConfig) -> Self {
+        Self::with_tuning(device, config, Tuning::default())
+    }
+
+    /// An empty allocator over `device` with other constants.
+    pub fn with_tuning(device: D, config: AllocatorConfig, tuning: Tuning) -> Self {
         let page = device.page_bytes();
         Self {
             device,
@@ -110,6 +154,8 @@ impl<D: DeviceMemory> ExpandableAllocator<D> {
             live_pages: 0,
             live_pages_peak: 0,
             allowance: 0,
+            free_seq: 0,
+            tuning,
             stats: MemoryStats::default(),
         }
     }
@@ -117,6 +163,11 @@ impl<D: DeviceMemory> ExpandableAllocator<D> {
     /// The backend, e.g. to read a simulated device's call counts.
     pub fn device(&self) -> &D {
         &self.device
+    }
+
+    /// The backend, e.g. to set a simulated device's queue.
+    pub fn device_mut(&mut self) -> &mut D {
+        &mut self.device
     }
 
     /// The most bytes of pages live blocks have touched at once: what the
@@ -148,6 +199,8 @@ impl<D: DeviceMemory> ExpandableAllocator<D> {
             free: BTreeSet::new(),
             mapped: Vec::new(),
             users: Vec::new(),
+            stream,
+            freed_at: Vec::new(),
         });
         self.stats.segments.increase(1);
         let index = self.ranges.len() - 1;
@@ -361,10 +414,76 @@ impl<D: DeviceMemory> ExpandableAllocator<D> {
     /// otherwise have to map again.
     ///
     /// With `park`, the pages are kept by the backend for the map that
-    /// follows ([`DeviceMemory::park_pages`]).
-    fn reclaim_free_pages(&mut self, want: u64, park: bool) -> Result<u64, DeviceError> {
+    /// follows ([`DeviceMemory::park_pages`]). With `settled_only`, only
+    /// pages whose last free the device has passed are taken
+    /// ([`DeviceMemory::frees_done`]): the others may still be used by
+    /// kernels queued before their free, and stay mapped until a later
+    /// move finds them settled (no waiting for the device).
+    fn reclaim_free_pages(
+        &mut self,
+        want: u64,
+        park: bool,
+        settled_only: bool,
+    ) -> Result<u64, DeviceError> {
         let page = self.page;
-        let mut spans: Vec<(u64, usize, usize, usize)> = Vec::new();
+        let done: Vec<u64> = if settled_only {
+            let streams: Vec<StreamId> = self.ranges.iter().map(|r| r.stream).collect();
+            streams
+                .into_iter()
+                .map(|stream| self.device.frees_done(stream))
+                .collect()
+        } else {
+            vec![u64::MAX; self.ranges.len()]
+        };
+        let mut skipped = false;
+        let mut spans = self.free_spans();
+        spans.sort_unstable_by(|a, b| b.cmp(a));
+        let mut freed = 0;
+        for (_, r, first, last) in spans {
+            let settled = done[r];
+            let movable = |range: &Range, p: usize| {
+                range.mapped[p] && range.freed_at.get(p).copied().unwrap_or(0) <= settled
+            };
+            let mut p = first;
+            while p < last && freed < want {
+                if !movable(&self.ranges[r], p) {
+                    skipped |= self.ranges[r].mapped[p];
+                    p += 1;
+                    continue;
+                }
+                let run_start = p;
+                let run_cap = run_start + ((want - freed).div_ceil(page) as usize);
+                while p < last && p < run_cap && movable(&self.ranges[r], p) {
+                    p += 1;
+                }
+                let bytes = (p - run_start) as u64 * page;
+                let at = self.ranges[r].base + run_start as u64 * page;
+                if park {
+                    self.device.park_pages(at, bytes)?;
+                    self.stats.moved_bytes += bytes;
+                } else {
+                    self.device.unmap_pages(at, bytes)?;
+                }
+                self.ranges[r].mapped[run_start..p].fill(false);
+                self.stats.num_device_frees += 1;
+                self.stats.reserved_bytes.decrease(bytes);
+                freed += bytes;
+            }
+            if freed >= want {
+                return Ok(freed);
+            }
+        }
+        // Everything reclaimable is gone until the next free (pages left
+        // for the device to pass stay reclaimable).
+        self.reclaimable = skipped;
+        Ok(freed)
+    }
+
+    /// The pages lying wholly inside free pieces: `(piece size, range,
+    /// first page, end page)`.
+    fn free_spans(&self) -> Vec<(u64, usize, usize, usize)> {
+        let page = self.page;
+        let mut spans = Vec::new();
         for (r, range) in self.ranges.iter().enumerate() {
             for &(size, offset) in &range.free {
                 let first = offset.div_ceil(page) as usize;
@@ -382,39 +501,33 @@ impl<D: DeviceMemory> ExpandableAllocator<D> {
                 }
             }
         }
-        spans.sort_unstable_by(|a, b| b.cmp(a));
-        let mut freed = 0;
-        for (_, r, first, last) in spans {
-            let mut p = first;
-            while p < last && freed < want {
-                if !self.ranges[r].mapped[p] {
-                    p += 1;
-                    continue;
+        spans
+    }
+
+    /// Waits until `want` more bytes of mapped free pages are behind the
+    /// device, the pages freed longest ago first: for each stream, only up
+    /// to the last free among them ([`DeviceMemory::wait_free`]), not for
+    /// the work queued since.
+    fn wait_for_free_pages(&mut self, want: u64) -> Result<(), DeviceError> {
+        let mut pages: Vec<(u64, usize)> = Vec::new();
+        for (_, r, first, last) in self.free_spans() {
+            let range = &self.ranges[r];
+            for p in first..last {
+                if range.mapped[p] {
+                    pages.push((range.freed_at.get(p).copied().unwrap_or(0), r));
                 }
-                let run_start = p;
-                let run_cap = run_start + ((want - freed).div_ceil(page) as usize);
-                while p < last && p < run_cap && self.ranges[r].mapped[p] {
-                    p += 1;
-                }
-                let bytes = (p - run_start) as u64 * page;
-                let at = self.ranges[r].base + run_start as u64 * page;
-                if park {
-                    self.device.park_pages(at, bytes)?;
-                } else {
-                    self.device.unmap_pages(at, bytes)?;
-                }
-                self.ranges[r].mapped[run_start..p].fill(false);
-                self.stats.num_device_frees += 1;
-                self.stats.reserved_bytes.decrease(bytes);
-                freed += bytes;
-            }
-            if freed >= want {
-                return Ok(freed);
             }
         }
-        // Everything reclaimable is gone until the next free.
-        self.reclaimable = false;
-        Ok(freed)
+        pages.sort_unstable();
+        let mut until: HashMap<StreamId, u64> = HashMap::new();
+        for &(seq, r) in pages.iter().take(want.div_ceil(self.page) as usize) {
+            let at = until.entry(self.ranges[r].stream).or_insert(0);
+            *at = (*at).max(seq);
+        }
+        for (stream, seq) in until {
+            self.device.wait_free(stream, seq)?;
+        }
+        Ok(())
     }
 
     /// Backs a freshly carved block with pages, moving free pages first
@@ -442,10 +555,29 @@ impl<D: DeviceMemory> ExpandableAllocator<D> {
             } else {
                 // Moving pages only to stay under the ceiling: a pattern
                 // that needs it once will likely need it again next step.
-                let cap = self.live_page_high_water_bytes() / HEADROOM_CAP_DIVISOR;
-                self.allowance = (self.allowance + SLACK_PER_MOVE_PAGES * self.page).min(cap);
+                let cap = self.live_page_high_water_bytes() / self.tuning.headroom_cap_divisor;
+                self.allowance =
+                    (self.allowance + self.tuning.slack_per_move_pages * self.page).min(cap);
             }
-            self.reclaim_free_pages(want, true)?;
+            // Pages the device is done with first: moving them costs no
+            // wait. Short of those, the ceiling is passed by a little for
+            // a while (the pages left behind move once the device is past
+            // them); a limit, or a larger shortfall, waits until the device
+            // is past the frees of the pages it takes (the oldest), and a
+            // limit still short waits for the device to be idle.
+            let mut got = self.reclaim_free_pages(want, true, true)?;
+            if self.reclaimable
+                && (over_limit > got
+                    || want - got.min(want) > self.tuning.deferred_move_pages * self.page)
+            {
+                self.stats.num_device_waits += 1;
+                self.wait_for_free_pages(want - got.min(want))?;
+                got += self.reclaim_free_pages(want - got.min(want), true, true)?;
+                if over_limit > got && self.reclaimable {
+                    self.device.wait_frees()?;
+                    self.reclaim_free_pages(over_limit - got, true, false)?;
+                }
+            }
         }
         let mapped = if self.stats.reserved_bytes.current + needed > allowed {
             Ok(false)
@@ -517,6 +649,16 @@ impl<D: DeviceMemory> GpuAllocator for ExpandableAllocator<D> {
             .ok_or(AllocError::UnknownPointer(ptr))?;
         let size = self.ranges[r].pieces[&offset].size;
         self.touch(r, offset, size, false);
+        self.free_seq += 1;
+        let seq = self.free_seq;
+        let range = &mut self.ranges[r];
+        let (first, last) = range.page_span(offset, size, self.page);
+        if range.freed_at.len() < last {
+            range.freed_at.resize(last, 0);
+        }
+        range.freed_at[first..last].fill(seq);
+        let stream = range.stream;
+        self.device.note_free(stream, seq);
         let piece = self.release_piece(r, offset);
         self.stats.allocated_bytes.decrease(piece.size);
         self.stats.requested_bytes.decrease(piece.requested);
@@ -526,7 +668,8 @@ impl<D: DeviceMemory> GpuAllocator for ExpandableAllocator<D> {
 
     fn empty_cache(&mut self) -> Result<(), AllocError> {
         self.reclaimable = true;
-        self.reclaim_free_pages(u64::MAX, false)
+        self.device.wait_frees()?;
+        self.reclaim_free_pages(u64::MAX, false, false)
             .map(|_| ())
             .map_err(AllocError::from)
     }

@@ -306,3 +306,91 @@ fn the_headroom_stops_at_a_tenth_of_the_live_high_water_mark() {
     assert!(a.headroom_bytes() <= high / HEADROOM_CAP_DIVISOR);
     assert!(a.stats().reserved_bytes.peak <= high + high / HEADROOM_CAP_DIVISOR);
 }
+
+/// A device whose queue is `lag` frees behind the host.
+fn lagging(
+    capacity: u64,
+    lag: u64,
+    config: AllocatorConfig,
+) -> ExpandableAllocator<SimulatedDevice> {
+    let mut device = SimulatedDevice::new(capacity);
+    device.free_lag = lag;
+    ExpandableAllocator::new(device, config)
+}
+
+#[test]
+fn pages_the_device_may_still_use_are_not_moved_for_the_ceiling() {
+    let mut a = lagging(1 << 40, 1, AllocatorConfig::default());
+    let low = a.allocate(10 * MIB, 0).unwrap();
+    let pin = a.allocate(2 * MIB, 0).unwrap();
+    a.free(low).unwrap();
+    // The device has not passed the free of `low` yet: its pages stay
+    // mapped (no unmap, no waiting) and the new block gets new pages, 10
+    // MiB past the ceiling for now.
+    let big = a.allocate(16 * MIB, 0).unwrap();
+    assert_eq!(a.device().unmap_calls, 0);
+    assert_eq!(a.device().wait_calls, 0);
+    assert_eq!(a.stats().reserved_bytes.current, 28 * MIB);
+    // Once the device is past it (one more free), the next growth moves
+    // those pages instead of mapping new ones: 28 MiB live at once now, the
+    // ceiling 29 MiB (a tenth of 18 MiB of headroom), 28 + 12 MiB wanted;
+    // `low`'s 10 MiB move, `pin`'s page (freed last) is left for later.
+    a.free(pin).unwrap();
+    a.allocate(12 * MIB, 7).unwrap();
+    assert_eq!(a.device().unmap_calls, 1);
+    assert_eq!(a.device().wait_calls, 0);
+    assert_eq!(a.stats().reserved_bytes.current, 30 * MIB);
+    assert_eq!(a.stats().moved_bytes, 10 * MIB);
+    assert_eq!(a.stats().num_device_waits, 0);
+    a.free(big).unwrap();
+}
+
+#[test]
+fn a_large_move_waits_for_the_oldest_frees_only() {
+    let mut a = lagging(1 << 40, 1000, AllocatorConfig::default());
+    let old = a.allocate(100 * MIB, 0).unwrap();
+    let young = a.allocate(100 * MIB, 1).unwrap();
+    a.free(old).unwrap();
+    a.free(young).unwrap();
+    // 60 MiB of another stream: 60 MiB of free pages must move, more than
+    // may be deferred. The device is behind both frees; it is waited for
+    // up to the first (whose pages are enough), not to the second, and
+    // not for the whole queue.
+    a.allocate(60 * MIB, 2).unwrap();
+    assert_eq!(a.device().wait_free_calls, 1);
+    assert_eq!(a.device().wait_calls, 0);
+    assert_eq!(a.stats().num_device_waits, 1);
+    assert_eq!(a.device_mut().frees_done(0), 1);
+    assert_eq!(a.stats().moved_bytes, 60 * MIB);
+    // 200 MiB live at most: the level stays at the ceiling.
+    assert_eq!(a.stats().reserved_bytes.peak, 200 * MIB);
+}
+
+#[test]
+fn a_limit_waits_for_the_device_before_moving_pages_it_may_still_use() {
+    let config = AllocatorConfig {
+        budget_bytes: Some(40 * MIB),
+        ..Default::default()
+    };
+    let mut a = lagging(1 << 40, 1000, config);
+    let low = a.allocate(20 * MIB, 0).unwrap();
+    let _pin = a.allocate(2 * MIB, 0).unwrap();
+    a.free(low).unwrap();
+    a.allocate(24 * MIB, 0).unwrap();
+    assert_eq!(a.device().wait_free_calls, 1);
+    assert!(a.stats().reserved_bytes.current <= 40 * MIB);
+    // Within the budget nothing waits.
+    a.allocate(2 * MIB, 0).unwrap();
+    assert_eq!(a.device().wait_free_calls, 1);
+    assert_eq!(a.device().wait_calls, 0);
+}
+
+#[test]
+fn empty_cache_waits_for_the_device_before_unmapping() {
+    let mut a = lagging(1 << 40, 1000, AllocatorConfig::default());
+    let block = a.allocate(40 * MIB, 0).unwrap();
+    a.free(block).unwrap();
+    a.empty_cache().unwrap();
+    assert_eq!(a.device().wait_calls, 1);
+    assert_eq!(a.stats().reserved_bytes.current, 0);
+}

@@ -35,7 +35,9 @@ pub use config::{
 };
 pub use device::{DeviceError, DeviceMemory, DevicePtr, MemInfo, SimulatedDevice, StreamId};
 pub use error::{AllocError, format_size};
-pub use expandable::{ExpandableAllocator, HEADROOM_CAP_DIVISOR, SLACK_PER_MOVE_PAGES};
+pub use expandable::{
+    DEFERRED_MOVE_PAGES, ExpandableAllocator, HEADROOM_CAP_DIVISOR, SLACK_PER_MOVE_PAGES, Tuning,
+};
 pub use pytorch::PytorchAllocator;
 pub use replay::{
     AllocEvent, ReplayReport, replay_events, replay_events_observed, replay_snapshot,

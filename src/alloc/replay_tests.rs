@@ -223,8 +223,23 @@ fn with_repeated_last_step(bytes: &[u8], extra: usize) -> (Vec<AllocEvent>, Vec<
 /// from `starts`, its reserved peak, and what moving pages at every growth
 /// would have reserved.
 fn vramfit_calls_per_step(events: &[AllocEvent], starts: &[usize]) -> (Vec<u64>, u64, u64) {
+    let (calls, peak, tight, _) =
+        tuned_calls_per_step(events, starts, crate::alloc::Tuning::default(), 0);
+    (calls, peak, tight)
+}
+
+/// [`vramfit_calls_per_step`] with other constants, on a device `lag` frees
+/// behind the host; also the waits for the device.
+fn tuned_calls_per_step(
+    events: &[AllocEvent],
+    starts: &[usize],
+    tuning: crate::alloc::Tuning,
+    lag: u64,
+) -> (Vec<u64>, u64, u64, u64) {
     use crate::alloc::{AllocatorConfig, ExpandableAllocator, GpuAllocator, SimulatedDevice};
-    let mut a = ExpandableAllocator::new(SimulatedDevice::new(1 << 44), AllocatorConfig::default());
+    let mut device = SimulatedDevice::new(1 << 44);
+    device.free_lag = lag;
+    let mut a = ExpandableAllocator::with_tuning(device, AllocatorConfig::default(), tuning);
     let mut ptrs = std::collections::HashMap::new();
     let mut marks = Vec::new();
     for (i, event) in events.iter().enumerate() {
@@ -249,6 +264,7 @@ fn vramfit_calls_per_step(events: &[AllocEvent], starts: &[usize]) -> (Vec<u64>,
         calls,
         a.stats().reserved_bytes.peak,
         a.live_page_high_water_bytes(),
+        a.stats().num_device_waits,
     )
 }
 
@@ -421,5 +437,139 @@ fn hugging_face_step_figures() {
             pytorch >> 20,
             (peak as f64 / pytorch as f64 - 1.0) * 100.0,
         );
+    }
+}
+
+/// Steps of Hugging Face models recorded on the H200 (alloc_checks' native
+/// runs, `tests/data/steps/gpu_*.pickle.gz`), the last step repeated to ten
+/// steps in all.
+fn gpu_step_traces() -> Vec<(String, Vec<AllocEvent>, Vec<usize>)> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/steps");
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with("gpu_") && n.ends_with(".pickle.gz"))
+        .collect();
+    names.sort();
+    names
+        .into_iter()
+        .map(|name| {
+            let bytes = std::fs::read(dir.join(&name)).unwrap();
+            let (events, starts) = with_repeated_last_step(&bytes, 8);
+            (
+                name.trim_end_matches(".pickle.gz").to_string(),
+                events,
+                starts,
+            )
+        })
+        .collect()
+}
+
+/// Every trace under other constants and a device behind the host:
+/// `cargo test -p vramfit --lib tuning_figures -- --ignored --nocapture`
+#[test]
+#[ignore = "prints the figures of docs/benchmarks.md"]
+fn tuning_figures() {
+    let mut traces = gpu_step_traces();
+    traces.extend(meta_step_traces());
+    for (name, bytes, _) in committed_snapshots() {
+        let (events, starts) = with_repeated_last_step(&bytes, 8);
+        traces.push((name, events, starts));
+    }
+    let only = std::env::var("VRAMFIT_TRACES").unwrap_or_default();
+    for (name, events, starts) in traces {
+        if !only.is_empty() && !only.split(',').any(|o| name.contains(o)) {
+            continue;
+        }
+        let pytorch = replay_events(&events, Policy::Pytorch)
+            .unwrap()
+            .peak_reserved_bytes;
+        for (slack, divisor, lag) in [
+            (8, 10, 0),
+            (4, 10, 0),
+            (2, 10, 0),
+            (16, 10, 0),
+            (8, 20, 0),
+            (8, 10, 200),
+        ] {
+            let tuning = crate::alloc::Tuning {
+                slack_per_move_pages: slack,
+                headroom_cap_divisor: divisor,
+                ..Default::default()
+            };
+            let (calls, peak, tight, waits) = tuned_calls_per_step(&events, &starts, tuning, lag);
+            println!(
+                "{name} slack {slack} cap 1/{divisor} lag {lag}: calls {calls:?} waits {waits}; \
+                 peak {} MiB ({:+.1}% over moving at every growth, {:+.1}% vs pytorch policy)",
+                peak >> 20,
+                (peak as f64 / tight as f64 - 1.0) * 100.0,
+                (peak as f64 / pytorch as f64 - 1.0) * 100.0,
+            );
+        }
+    }
+}
+
+/// The H200's own steps (alloc_checks run 4, native runs): the vramfit
+/// policy replays them below the pytorch policy. It does not settle on them
+/// (2-4 driver calls in every repeated step), as BERT did not on the GPU.
+#[test]
+fn vramfit_policy_reserves_less_than_pytorch_on_the_h200_steps() {
+    let traces = gpu_step_traces();
+    assert_eq!(traces.len(), 3, "gpu_bert, gpu_gpt2, gpu_llama");
+    for (name, events, starts) in traces {
+        assert_eq!(starts.len(), 10, "{name}");
+        let (_, peak, tight) = vramfit_calls_per_step(&events, &starts);
+        let pytorch = replay_events(&events, Policy::Pytorch)
+            .unwrap()
+            .peak_reserved_bytes;
+        assert!(
+            peak < pytorch,
+            "{name}: {} vs {} MiB",
+            peak >> 20,
+            pytorch >> 20
+        );
+        assert!(peak as f64 <= tight as f64 * 1.05, "{name}");
+    }
+}
+
+/// Which allocations move pages in steps 8-10 of the H200's steps:
+/// `cargo test -p vramfit --lib h200_step_move_figures -- --ignored --nocapture`
+#[test]
+#[ignore = "prints the figures of docs/benchmarks.md"]
+fn h200_step_move_figures() {
+    use crate::alloc::{AllocatorConfig, ExpandableAllocator, GpuAllocator, SimulatedDevice};
+    for (name, events, starts) in gpu_step_traces() {
+        let mut a =
+            ExpandableAllocator::new(SimulatedDevice::new(1 << 44), AllocatorConfig::default());
+        let mut ptrs = std::collections::HashMap::new();
+        let mut step = 0;
+        for (i, event) in events.iter().enumerate() {
+            if starts.contains(&i) {
+                step += 1;
+            }
+            match *event {
+                AllocEvent::Alloc { id, bytes, stream } => {
+                    let before = (a.stats().moved_bytes, a.stats().num_device_allocs);
+                    ptrs.insert(id, a.allocate(bytes, stream).unwrap());
+                    let moved = a.stats().moved_bytes - before.0;
+                    if step >= 8 && (moved > 0 || a.stats().num_device_allocs > before.1) {
+                        println!(
+                            "{name} step {step} event {i}: alloc {} MiB stream {stream}: moved {} MiB, live {} MiB, reserved {} MiB, headroom {} MiB",
+                            bytes >> 20,
+                            moved >> 20,
+                            a.stats().allocated_bytes.current >> 20,
+                            a.stats().reserved_bytes.current >> 20,
+                            a.headroom_bytes() >> 20
+                        );
+                    }
+                }
+                AllocEvent::Free { id } => {
+                    if let Some(ptr) = ptrs.remove(&id) {
+                        a.free(ptr).unwrap();
+                    }
+                }
+                AllocEvent::ReleaseSegment { .. } => {}
+            }
+        }
     }
 }

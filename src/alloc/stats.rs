@@ -50,6 +50,14 @@ pub struct MemoryStats {
     pub num_device_allocs: u64,
     /// `cudaFree` (or page-unmap) calls.
     pub num_device_frees: u64,
+    /// Times the allocator waited for the device before unmapping pages it
+    /// might still use (vramfit policy, [`super::DeviceMemory::wait_frees`]).
+    #[serde(default)]
+    pub num_device_waits: u64,
+    /// Bytes of pages unmapped to back other blocks or to stay under a
+    /// limit (vramfit policy; `empty_cache` not counted).
+    #[serde(default)]
+    pub moved_bytes: u64,
 }
 
 impl MemoryStats {

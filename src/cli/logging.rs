@@ -1,5 +1,6 @@
-//! The controller's log: one line per event, as text for people (colour only
-//! on a terminal) or as JSON objects for log pipelines (`--log-format json`).
+//! The log of the controller and of the node agent: one line per event, as
+//! text for people (colour only when the stream is a terminal) or as JSON
+//! objects for log pipelines (`--log-format json`, `VRAMFIT_LOG_FORMAT`).
 
 use clap::ValueEnum;
 use tracing_subscriber::EnvFilter;
@@ -45,13 +46,41 @@ where
     }
 }
 
+/// The stream log lines go to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogStream {
+    /// Standard output (the controller).
+    Stdout,
+    /// Standard error (the node agent, whose standard output carries `--once`'s JSON).
+    Stderr,
+}
+
+impl LogStream {
+    fn is_terminal(self) -> bool {
+        use std::io::IsTerminal as _;
+        match self {
+            Self::Stdout => std::io::stdout().is_terminal(),
+            Self::Stderr => std::io::stderr().is_terminal(),
+        }
+    }
+}
+
 /// Installs the process's subscriber: standard output, `RUST_LOG` or
 /// [`DEFAULT_FILTER`], colour only when standard output is a terminal.
 pub fn init(format: LogFormat) -> anyhow::Result<()> {
-    use std::io::IsTerminal as _;
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| DEFAULT_FILTER.into());
-    let colour = std::io::stdout().is_terminal();
-    tracing::subscriber::set_global_default(subscriber(format, filter, std::io::stdout, colour))
+    init_on(format, DEFAULT_FILTER, LogStream::Stdout)
+}
+
+/// Installs the process's subscriber on `stream`: `RUST_LOG`, else
+/// `default_filter`; text has colour only when `stream` is a terminal.
+pub fn init_on(format: LogFormat, default_filter: &str, stream: LogStream) -> anyhow::Result<()> {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| default_filter.into());
+    let colour = stream.is_terminal();
+    let subscriber = match stream {
+        LogStream::Stdout => subscriber(format, filter, std::io::stdout, colour),
+        LogStream::Stderr => subscriber(format, filter, std::io::stderr, colour),
+    };
+    tracing::subscriber::set_global_default(subscriber)
         .map_err(|e| anyhow::anyhow!("installing the log subscriber: {e}"))
 }
 

@@ -57,9 +57,11 @@ pub fn learned_start_micro<'a>(
     jobs: impl IntoIterator<Item = &'a TrainingJob>,
 ) -> Option<(u32, String)> {
     let signature = model_signature(spec, spec.batch.micro);
+    // Jobs without absorbed OOMs are passed over before their signature is
+    // computed: the signature costs a serialisation, and this runs for each
+    // new job over all jobs.
     let (micro, from) = jobs
         .into_iter()
-        .filter(|j| model_signature(&j.spec, j.spec.batch.micro) == signature)
         .filter_map(|j| {
             let smallest = j
                 .status
@@ -68,8 +70,10 @@ pub fn learned_start_micro<'a>(
                 .iter()
                 .map(|o| o.to_micro)
                 .min()?;
-            Some((smallest, j.metadata.name.clone().unwrap_or_default()))
+            Some((j, smallest))
         })
+        .filter(|(j, _)| model_signature(&j.spec, j.spec.batch.micro) == signature)
+        .map(|(j, smallest)| (smallest, j.metadata.name.clone().unwrap_or_default()))
         .min()?;
     // The largest valid micro-batch not above the learned one.
     (spec.batch.min_micro.max(1)..=micro.min(spec.batch.micro.saturating_sub(1)))

@@ -6,9 +6,12 @@
 //! docs/controller.md.
 
 pub mod absorbed;
+pub mod allocation;
 pub mod backoff;
 pub mod budget;
+pub mod events;
 pub mod exit;
+pub mod fence;
 pub mod inventory;
 pub mod metrics;
 pub mod pod;
@@ -107,8 +110,8 @@ impl Default for ControllerOptions {
 pub struct Context {
     /// API client.
     pub client: Client,
-    /// Event recorder.
-    pub recorder: Recorder,
+    /// Where the reconciles queue their events.
+    pub events: events::EventQueue,
     /// Prometheus metrics.
     pub metrics: Arc<Metrics>,
     /// Decisions of the scheduling cycle not yet written to status.
@@ -119,6 +122,8 @@ pub struct Context {
     wake: Notify,
     /// Node folder of the pods' stats folders.
     pub stats_root: String,
+    /// Closed once this replica may no longer act as the leader.
+    pub fence: Arc<fence::Fence>,
 }
 
 impl Context {
@@ -139,7 +144,7 @@ impl Context {
             .iter()
             .filter_map(|j| j.status.as_ref())
             .filter(|s| {
-                s.model_signature.as_deref() == Some(signature) && s.phase == Phase::Succeeded
+                s.phase == Phase::Succeeded && s.model_signature.as_deref() == Some(signature)
             })
             .filter_map(|s| s.measured_peak_bytes)
             .max()
@@ -195,8 +200,14 @@ impl Context {
         let mut models = std::collections::BTreeMap::<String, u64>::new();
         for node in self.gpu_nodes.state() {
             for gpu in node.status.iter().flat_map(|s| s.gpus.iter()) {
-                let entry = models.entry(gpu.model.clone()).or_default();
-                *entry = (*entry).max(gpu.total_bytes);
+                // Runs for every prediction over every GPU: the name is
+                // copied only the first time its model is seen.
+                match models.get_mut(&gpu.model) {
+                    Some(largest) => *largest = (*largest).max(gpu.total_bytes),
+                    None => {
+                        models.insert(gpu.model.clone(), gpu.total_bytes);
+                    }
+                }
             }
         }
         models.into_iter().collect()
@@ -241,10 +252,12 @@ pub async fn run(client: Client, options: ControllerOptions) -> Result<()> {
         );
     }
     let mut lease_manager = None;
+    let mut leader_fence = Arc::new(fence::Fence::unfenced());
     if let Some(lease) = &options.lease {
-        let (lost, manager) = acquire_leadership(client.clone(), lease).await?;
+        let (lost, manager, channel, fence) = acquire_leadership(client.clone(), lease).await?;
         tasks.spawn("lease", lost);
-        lease_manager = Some(manager);
+        lease_manager = Some((manager, channel));
+        leader_fence = fence;
     }
     let jobs_api: Api<TrainingJob> = match &options.namespace {
         Some(ns) => Api::namespaced(client.clone(), ns),
@@ -273,15 +286,18 @@ pub async fn run(client: Client, options: ControllerOptions) -> Result<()> {
         kube::runtime::controller::Config::default().concurrency(RECONCILE_CONCURRENCY),
     );
     let jobs = controller.store();
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: "vramfit-controller".into(),
+            instance: std::env::var("POD_NAME").ok(),
+        },
+    );
+    let (event_queue, queued_events) = events::EventQueue::new();
+    tasks.spawn("event publisher", events::send_all(recorder, queued_events));
     let ctx = Arc::new(Context {
         client: client.clone(),
-        recorder: Recorder::new(
-            client.clone(),
-            Reporter {
-                controller: "vramfit-controller".into(),
-                instance: std::env::var("POD_NAME").ok(),
-            },
-        ),
+        events: event_queue,
         metrics,
         assignments: Assignments::default(),
         jobs: jobs.clone(),
@@ -289,18 +305,24 @@ pub async fn run(client: Client, options: ControllerOptions) -> Result<()> {
         pods: pods.clone(),
         wake: Notify::new(),
         stats_root: options.stats_root.clone(),
+        fence: leader_fence,
     });
     let (trigger, triggers) = futures::channel::mpsc::unbounded::<ObjectRef<TrainingJob>>();
 
-    // Every GpuNode change wakes the scheduler. Most are heartbeats; the jobs
-    // placed on a node only read its processes and OOM reports, so only a
-    // change of those re-runs them.
+    // A GpuNode change wakes the scheduler unless it only changed the
+    // allocation the controller itself writes there. Most are heartbeats; the
+    // jobs placed on a node only read its processes and OOM reports, so only
+    // a change of those re-runs them.
     let gpu_node_stream = {
         let ctx = ctx.clone();
         watcher(Api::<GpuNode>::all(client.clone()), node_config.clone())
             .default_backoff()
             .reflect(gpu_node_writer)
             .applied_objects()
+            .predicate_filter(
+                |node: &GpuNode| Some(scheduler_facing_fingerprint(node)),
+                Default::default(),
+            )
             .inspect_ok(move |_| ctx.wake_scheduler())
             .predicate_filter(
                 |node: &GpuNode| Some(job_facing_fingerprint(node)),
@@ -332,6 +354,18 @@ pub async fn run(client: Client, options: ControllerOptions) -> Result<()> {
             Ok(())
         });
     }
+    let allocations = Arc::new(Notify::new());
+    tasks.spawn(
+        "allocation writer",
+        allocation::run(
+            client.clone(),
+            jobs.clone(),
+            gpu_nodes.clone(),
+            allocations.clone(),
+            ctx.fence.clone(),
+            heartbeat_ttl(&options),
+        ),
+    );
     tasks.spawn(
         "scheduling loop",
         scheduling_loop(
@@ -341,6 +375,7 @@ pub async fn run(client: Client, options: ControllerOptions) -> Result<()> {
             nodes,
             options.clone(),
             trigger,
+            allocations,
         ),
     );
 
@@ -369,14 +404,48 @@ pub async fn run(client: Client, options: ControllerOptions) -> Result<()> {
             Err(error)
         }
     };
-    // Dropping the tasks drops the Lease's watch; its manager then releases
-    // the Lease if this replica still holds it, so a standby takes over at
-    // once instead of after the Lease's 15 s.
     drop(tasks);
-    if let Some(manager) = lease_manager {
+    if let Some((manager, channel)) = lease_manager {
+        // A replica that lost the Lease (or let it run out) releases nothing:
+        // the lease manager's view may be older than the loss, and its
+        // release would clear the new holder's hold.
+        if matches!(result, Err(Error::LeadershipLost(_))) {
+            manager.abort();
+        }
+        // Otherwise (a termination signal, a task that stopped), the last
+        // receiver of its channel gone, the manager releases the Lease, so a
+        // standby takes over at once instead of after the Lease's 15 s.
+        drop(channel);
         let _ = tokio::time::timeout(Duration::from_secs(2), manager).await;
     }
     result
+}
+
+/// Hash of what the scheduler reads from a `GpuNode`: all of it but the
+/// `status.allocation` the controller writes (the scheduler never reads it,
+/// and a wake-up for each of its own writes would cost a cycle each).
+fn scheduler_facing_fingerprint(gpu_node: &GpuNode) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    gpu_node.metadata.labels.hash(&mut hasher);
+    gpu_node
+        .metadata
+        .deletion_timestamp
+        .is_some()
+        .hash(&mut hasher);
+    serde_json::to_string(&gpu_node.spec)
+        .unwrap_or_default()
+        .hash(&mut hasher);
+    if let Some(status) = gpu_node.status.as_ref() {
+        let status = crate::api::GpuNodeStatus {
+            allocation: None,
+            ..status.clone()
+        };
+        serde_json::to_string(&status)
+            .unwrap_or_default()
+            .hash(&mut hasher);
+    }
+    hasher.finish()
 }
 
 /// Hash of what the reconciles of the jobs on a node read from its `GpuNode`:
@@ -397,6 +466,10 @@ fn job_facing_fingerprint(gpu_node: &GpuNode) -> u64 {
     hasher.finish()
 }
 
+fn heartbeat_ttl(options: &ControllerOptions) -> SignedDuration {
+    SignedDuration::try_from(options.heartbeat_ttl).unwrap_or(SignedDuration::from_secs(120))
+}
+
 async fn scheduling_loop(
     ctx: Arc<Context>,
     jobs: Store<TrainingJob>,
@@ -404,6 +477,7 @@ async fn scheduling_loop(
     nodes: Store<Node>,
     options: ControllerOptions,
     trigger: futures::channel::mpsc::UnboundedSender<ObjectRef<TrainingJob>>,
+    allocations: Arc<Notify>,
 ) -> Result<()> {
     // A cycle on a half-filled job cache could hand out memory that a job not
     // yet seen already holds, so the first cycle waits for complete caches.
@@ -411,64 +485,33 @@ async fn scheduling_loop(
     wait_ready(&gpu_nodes).await?;
     wait_ready(&nodes).await?;
     tracing::debug!("caches ready; scheduling starts");
-    // The allocation last written into each GpuNode's status.
-    let mut written: HashMap<String, crate::api::NodeAllocation> = HashMap::new();
-    let ttl =
-        SignedDuration::try_from(options.heartbeat_ttl).unwrap_or(SignedDuration::from_secs(120));
+    let ttl = heartbeat_ttl(&options);
     loop {
+        // A replica past its Lease decides nothing more (and the process ends).
+        ctx.fence.check()?;
         let started = Instant::now();
         let job_list = jobs.state();
         let job_refs: Vec<&TrainingJob> = job_list.iter().map(|j| j.as_ref()).collect();
         let gpu_node_list = gpu_nodes.state();
         let node_list = nodes.state();
-        let view = cluster_view(
+        let outcome = run_cycle(
+            &ctx.assignments,
+            &job_refs,
             &gpu_node_list.iter().map(|n| n.as_ref()).collect::<Vec<_>>(),
             &node_list.iter().map(|n| n.as_ref()).collect::<Vec<_>>(),
             Timestamp::now(),
             ttl,
+            options.policy,
         );
-        let mut ledger = recorded_placements(job_refs.iter().copied());
-        ledger.extend(ctx.assignments.pending_ledger(&job_refs));
-        let waiting: Vec<&TrainingJob> = job_refs
-            .iter()
-            .copied()
-            .filter(|job| {
-                let uid = job.metadata.uid.as_deref().unwrap_or_default();
-                is_waiting(
-                    job,
-                    ctx.assignments
-                        .placement(uid, current_attempt(job))
-                        .is_some(),
-                )
-            })
-            .collect();
-        tracing::debug!(
-            nodes = view.inventory.nodes.len(),
-            placed = ledger.len(),
-            waiting = waiting.len(),
-            "scheduling cycle"
-        );
-        if !waiting.is_empty() {
-            let by_key: HashMap<String, &TrainingJob> = waiting
-                .iter()
-                .map(|j| (inventory::job_key(j), *j))
-                .collect();
-            let verdicts = plan_cycle(&view, &ledger, &waiting, Policy::new(options.policy, 42));
-            for (key, verdict) in verdicts {
-                let Some(job) = by_key.get(&key) else {
-                    continue;
-                };
-                let uid = job.metadata.uid.as_deref().unwrap_or_default();
-                if let Verdict::Place(p) = &verdict {
-                    ledger.push(inventory::recorded_placement(job, p));
-                }
-                if ctx.assignments.record(uid, current_attempt(job), verdict) {
-                    let _ = trigger.unbounded_send(ObjectRef::from_obj(*job));
-                }
-            }
+        for job in &outcome.changed {
+            let _ = trigger.unbounded_send(ObjectRef::from_obj(*job));
         }
+        let (view, ledger) = (outcome.view, outcome.ledger);
         update_gauges(&ctx.metrics, &job_refs, &view, &ledger);
-        write_allocations(&ctx.client, &mut written, &job_list, &gpu_node_list, ttl).await;
+        // A replica past its Lease decides nothing more (and the process ends).
+        ctx.fence.check()?;
+        // The GpuNodes' allocations follow on their own task.
+        allocations.notify_one();
         ctx.metrics
             .cycle_seconds
             .observe(started.elapsed().as_secs_f64());
@@ -482,57 +525,76 @@ async fn scheduling_loop(
     }
 }
 
-/// Field manager of the `allocation` the controller writes into GpuNode status
-/// (the agent owns the rest of the status).
-const ALLOCATION_FIELD_MANAGER: &str = "vramfit-controller-allocation";
+/// What one scheduling cycle decided.
+pub struct CycleOutcome<'a> {
+    /// The inventory it placed on.
+    pub view: ClusterView,
+    /// Every placement after the cycle: recorded in status, assigned and not
+    /// yet recorded, and made by this cycle.
+    pub ledger: Vec<crate::place::Placement>,
+    /// Jobs that were waiting.
+    pub waiting: usize,
+    /// Jobs whose verdict changed (their reconcile must run).
+    pub changed: Vec<&'a TrainingJob>,
+}
 
-/// Writes each GpuNode's `status.allocation` (committed and free memory, for
-/// `kubectl get gn`) when it changed since the last write. A failed write is
-/// retried in the next cycle.
-async fn write_allocations(
-    client: &Client,
-    written: &mut HashMap<String, crate::api::NodeAllocation>,
-    jobs: &[Arc<TrainingJob>],
-    gpu_nodes: &[Arc<GpuNode>],
+/// One scheduling cycle over a snapshot of the caches: rebuilds the ledger,
+/// places the waiting jobs and records the verdicts in `assignments`.
+pub fn run_cycle<'a>(
+    assignments: &Assignments,
+    jobs: &[&'a TrainingJob],
+    gpu_nodes: &[&GpuNode],
+    nodes: &[&Node],
+    now: Timestamp,
     ttl: SignedDuration,
-) {
-    use kube::api::{Patch, PatchParams};
-    let jobs: Vec<TrainingJob> = jobs.iter().map(|j| j.as_ref().clone()).collect();
-    let nodes: Vec<GpuNode> = gpu_nodes.iter().map(|n| n.as_ref().clone()).collect();
-    let view = crate::status::cluster_status(&jobs, &nodes, Timestamp::now(), ttl);
-    let api: Api<GpuNode> = Api::all(client.clone());
-    for node in &view.nodes {
-        let allocation = crate::status::node_allocation(node);
-        let current = nodes
-            .iter()
-            .find(|n| n.name_any() == node.name)
-            .and_then(|n| n.status.as_ref())
-            .and_then(|s| s.allocation.as_ref());
-        if written.get(&node.name) == Some(&allocation) && current == Some(&allocation) {
-            continue;
-        }
-        let patch = serde_json::json!({
-            "apiVersion": <GpuNode as kube::Resource>::api_version(&()),
-            "kind": <GpuNode as kube::Resource>::kind(&()),
-            "status": {"allocation": allocation},
-        });
-        match api
-            .patch_status(
-                &node.name,
-                &PatchParams::apply(ALLOCATION_FIELD_MANAGER).force(),
-                &Patch::Apply(&patch),
+    policy: PolicyKind,
+) -> CycleOutcome<'a> {
+    let view = cluster_view(gpu_nodes, nodes, now, ttl);
+    let mut ledger = recorded_placements(jobs.iter().copied());
+    ledger.extend(assignments.pending_ledger(jobs));
+    let waiting: Vec<&'a TrainingJob> = jobs
+        .iter()
+        .copied()
+        .filter(|job| {
+            let uid = job.metadata.uid.as_deref().unwrap_or_default();
+            is_waiting(
+                job,
+                assignments.placement(uid, current_attempt(job)).is_some(),
             )
-            .await
-        {
-            Ok(_) => {
-                written.insert(node.name.clone(), allocation);
+        })
+        .collect();
+    tracing::debug!(
+        nodes = view.inventory.nodes.len(),
+        placed = ledger.len(),
+        waiting = waiting.len(),
+        "scheduling cycle"
+    );
+    let mut changed = Vec::new();
+    if !waiting.is_empty() {
+        let by_key: HashMap<String, &'a TrainingJob> = waiting
+            .iter()
+            .map(|j| (inventory::job_key(j), *j))
+            .collect();
+        let verdicts = plan_cycle(&view, &ledger, &waiting, Policy::new(policy, 42));
+        for (key, verdict) in verdicts {
+            let Some(job) = by_key.get(&key) else {
+                continue;
+            };
+            let uid = job.metadata.uid.as_deref().unwrap_or_default();
+            if let Verdict::Place(p) = &verdict {
+                ledger.push(inventory::recorded_placement(job, p));
             }
-            Err(error) => {
-                tracing::warn!(%error, node = %node.name, "could not write the GpuNode allocation");
+            if assignments.record(uid, current_attempt(job), verdict) {
+                changed.push(*job);
             }
         }
     }
-    written.retain(|name, _| view.nodes.iter().any(|n| &n.name == name));
+    CycleOutcome {
+        view,
+        ledger,
+        waiting: waiting.len(),
+        changed,
+    }
 }
 
 /// Waits for a reflector's first complete list. The store's readiness signal
@@ -700,19 +762,26 @@ async fn serve_metrics(
         })
 }
 
-/// Waits until this replica holds the Lease. Returns the lease manager's task
-/// and a future that ends with `Error::LeadershipLost` when another replica takes
-/// it (or the lease manager stops): the controller then stops acting at once
-/// and the process exits, to campaign again as a standby when restarted.
+/// Waits until this replica holds the Lease. Returns the lease manager's task,
+/// a receiver of its channel (dropping the last one releases the Lease), the
+/// fence the writes check, and a future that ends with
+/// `Error::LeadershipLost` when another replica takes the Lease, when the
+/// Lease expires before this replica is seen renewing it (the API server away
+/// longer than the Lease, or this process paused past it), or when the lease
+/// manager stops: the controller then stops acting at once and the process
+/// exits, to campaign again as a standby when restarted.
 async fn acquire_leadership(
     client: Client,
     lease: &LeaseOptions,
 ) -> Result<(
     impl std::future::Future<Output = Result<()>> + Send + 'static,
     tokio::task::JoinHandle<kube_lease_manager::Result<kube_lease_manager::LeaseManager>>,
+    tokio::sync::watch::Receiver<bool>,
+    Arc<fence::Fence>,
 )> {
+    use k8s_openapi::api::coordination::v1::Lease;
     use kube_lease_manager::LeaseManagerBuilder;
-    let manager = LeaseManagerBuilder::new(client, &lease.name)
+    let manager = LeaseManagerBuilder::new(client.clone(), &lease.name)
         .with_namespace(&lease.namespace)
         .with_identity(&lease.identity)
         .with_duration(15)
@@ -727,23 +796,93 @@ async fn acquire_leadership(
             return Err(Error::Leadership("lease manager stopped".into()));
         }
     }
+    // The fence opens until the expiry of the Lease as this replica took it.
+    let leases: Api<Lease> = Api::namespaced(client, &lease.namespace);
+    let taken = leases
+        .get(&lease.name)
+        .await
+        .map_err(|e| Error::Leadership(format!("reading Lease {}: {e}", lease.name)))?;
+    let until = fence::hold_until(&taken, &lease.identity).ok_or_else(|| {
+        Error::Leadership(format!(
+            "Lease {} is not held by {} after it was taken",
+            lease.name, lease.identity
+        ))
+    })?;
+    let leader_fence = Arc::new(fence::Fence::until(until));
     tracing::info!(lease = %lease.name, "became leader");
-    let name = lease.name.clone();
+    // Held by the caller until it decides whether the Lease is released (the
+    // manager releases it once every receiver is gone).
+    let kept = channel.clone();
+    let (name, identity, fence) = (
+        lease.name.clone(),
+        lease.identity.clone(),
+        leader_fence.clone(),
+    );
     let lost = async move {
+        // Each renewal shows in the Lease's watch and moves the fence on.
+        let renewals = watcher(
+            leases,
+            watcher::Config::default().fields(&format!("metadata.name={name}")),
+        )
+        .default_backoff()
+        .applied_objects();
+        let mut renewals = std::pin::pin!(renewals);
         loop {
-            if channel.changed().await.is_err() {
-                return Err(Error::LeadershipLost(format!(
-                    "the manager of Lease {name} stopped"
-                )));
-            }
-            if !*channel.borrow_and_update() {
-                return Err(Error::LeadershipLost(format!(
-                    "Lease {name} is held by another replica or could not be renewed"
-                )));
+            let left = fence
+                .deadline()
+                .and_then(|d| d.duration_since(std::time::SystemTime::now()).ok())
+                .unwrap_or_default();
+            tokio::select! {
+                changed = channel.changed() => {
+                    if changed.is_err() {
+                        fence.lose();
+                        return Err(Error::LeadershipLost(format!(
+                            "the manager of Lease {name} stopped"
+                        )));
+                    }
+                    if !*channel.borrow_and_update() {
+                        fence.lose();
+                        return Err(Error::LeadershipLost(format!(
+                            "Lease {name} is held by another replica or could not be renewed"
+                        )));
+                    }
+                }
+                seen = renewals.next() => match seen {
+                    Some(Ok(seen)) => match fence::hold_until(&seen, &identity) {
+                        Some(until) => fence.renewed(until),
+                        None => {
+                            fence.lose();
+                            let holder = seen.spec.and_then(|s| s.holder_identity);
+                            return Err(Error::LeadershipLost(format!(
+                                "Lease {name} is held by {}",
+                                holder.as_deref().unwrap_or("nobody")
+                            )));
+                        }
+                    },
+                    // The watch retries by itself.
+                    Some(Err(error)) => tracing::debug!(%error, "Lease watch"),
+                    None => {
+                        fence.lose();
+                        return Err(Error::LeadershipLost(format!("the watch of Lease {name} ended")));
+                    }
+                },
+                // The deadline passed, or a write found the fence closed.
+                () = async {
+                    tokio::select! {
+                        () = tokio::time::sleep(left) => {}
+                        () = fence.closed() => {}
+                    }
+                } => {
+                    if fence.check().is_err() {
+                        return Err(Error::LeadershipLost(format!(
+                            "Lease {name} expired before this replica was seen renewing it"
+                        )));
+                    }
+                }
             }
         }
     };
-    Ok((lost, manager_task))
+    Ok((lost, manager_task, kept, leader_fence))
 }
 
 #[cfg(test)]
@@ -848,5 +987,52 @@ mod tests {
             Some(1)
         );
         assert_eq!(gauge(&text, "vramfit_gpu_memory_total_bytes"), Some(0));
+    }
+
+    fn reported_node(heartbeat: &str, used: u64, allocation: Option<&str>) -> GpuNode {
+        let mut status = serde_json::json!({
+            "gpus": [{"index": 0, "uuid": "GPU-0", "model": "H200", "totalBytes": 80 * GIB,
+                      "usedBytes": used, "health": "Healthy"}],
+            "gpuCount": 1, "heartbeat": heartbeat,
+        });
+        if let Some(committed) = allocation {
+            status["allocation"] = serde_json::json!({
+                "committedBytes": 1, "freeBytes": 2, "committed": committed, "free": "2 B",
+                "used": "0 B", "gpuFree": "0:2B", "jobs": 1,
+            });
+        }
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "vramfit.dev/v1alpha1", "kind": "GpuNode",
+            "metadata": {"name": "n"}, "spec": {}, "status": status,
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn the_controllers_own_allocation_writes_do_not_wake_the_scheduler() {
+        let t = "2026-12-01T12:00:00Z";
+        let plain = reported_node(t, 0, None);
+        let written = reported_node(t, 0, Some("1 B"));
+        let rewritten = reported_node(t, 0, Some("9 B"));
+        assert_eq!(
+            scheduler_facing_fingerprint(&plain),
+            scheduler_facing_fingerprint(&written)
+        );
+        assert_eq!(
+            scheduler_facing_fingerprint(&written),
+            scheduler_facing_fingerprint(&rewritten)
+        );
+        // What the agent reports does wake it: a heartbeat, the memory in use,
+        // the node's spec.
+        let later = reported_node("2026-12-01T12:00:10Z", 0, Some("1 B"));
+        let busier = reported_node(t, GIB, Some("1 B"));
+        let mut cordoned = written.clone();
+        cordoned.spec.cordoned = true;
+        for changed in [&later, &busier, &cordoned] {
+            assert_ne!(
+                scheduler_facing_fingerprint(&written),
+                scheduler_facing_fingerprint(changed)
+            );
+        }
     }
 }

@@ -59,6 +59,21 @@ pub fn pod_name(job_name: &str, attempt: u32) -> String {
     format!("{}{suffix}", base.trim_end_matches(['-', '.']))
 }
 
+/// True when `fresh` (the job as the API server has it now) still runs the
+/// attempt of `placement` there: not deleted, not finished, the same
+/// placement for its current attempt. A pod missing from the cache is created
+/// only then: the cached job may be older than the pod cache, and an attempt
+/// whose pod was deleted after it ran out of memory (its next attempt already
+/// written) must not get its pod again.
+pub fn still_wanted(fresh: &TrainingJob, placement: &PlacementStatus) -> bool {
+    fresh.metadata.deletion_timestamp.is_none()
+        && fresh
+            .status
+            .as_ref()
+            .and_then(super::transition::recorded_in)
+            .is_some_and(|recorded| recorded == placement)
+}
+
 /// Builds the pod of an attempt: the user's template, bound to the placed node,
 /// with the GPUs given through CDI (an annotation per container, see
 /// [`CDI_ANNOTATION_PREFIX`]) and `NVIDIA_VISIBLE_DEVICES`, the `VRAMFIT_*`
@@ -225,6 +240,50 @@ mod tests {
             .iter()
             .map(|v| (v.name.clone(), v.value.clone().unwrap_or_default()))
             .collect()
+    }
+
+    #[test]
+    fn a_pod_is_wanted_only_while_the_fresh_job_still_places_its_attempt_there() {
+        use crate::api::{Phase, TrainingJobStatus};
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+        let with = |phase: Phase, attempt: u32, placed: Option<PlacementStatus>| {
+            let mut job = job();
+            job.status = Some(TrainingJobStatus {
+                phase,
+                attempt,
+                placement: placed,
+                ..TrainingJobStatus::default()
+            });
+            job
+        };
+        let wanted = placement();
+        assert!(still_wanted(
+            &with(Phase::Placed, 2, Some(wanted.clone())),
+            &wanted
+        ));
+        // The next attempt is written: the old attempt's pod stays gone.
+        let mut next = wanted.clone();
+        next.attempt = 3;
+        assert!(!still_wanted(
+            &with(Phase::Retrying, 3, Some(wanted.clone())),
+            &wanted
+        ));
+        assert!(!still_wanted(&with(Phase::Placed, 3, Some(next)), &wanted));
+        // Placed elsewhere, finished, not placed, being deleted.
+        let mut elsewhere = wanted.clone();
+        elsewhere.node = "gpu-2".into();
+        assert!(!still_wanted(
+            &with(Phase::Placed, 2, Some(elsewhere)),
+            &wanted
+        ));
+        assert!(!still_wanted(
+            &with(Phase::Succeeded, 2, Some(wanted.clone())),
+            &wanted
+        ));
+        assert!(!still_wanted(&with(Phase::Pending, 2, None), &wanted));
+        let mut deleting = with(Phase::Running, 2, Some(wanted.clone()));
+        deleting.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::now()));
+        assert!(!still_wanted(&deleting, &wanted));
     }
 
     #[test]

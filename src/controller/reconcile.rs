@@ -14,10 +14,10 @@ use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use super::backoff::BatchShape;
 use super::exit::pod_outcome;
 use super::metrics::ErrorLabel;
-use super::pod::{pod_name, training_pod};
+use super::pod::{pod_name, still_wanted, training_pod};
 use super::retry;
 use super::scheduler::Verdict;
-use super::status::{publish, reason, write_status};
+use super::status::{reason, write_status};
 use super::transition::{self, Effect, PodFacts, PredictFacts, Requeue, Step, Transition};
 use super::{Context, FINALIZER};
 use crate::api::{PlacementStatus, TrainingJob, TrainingJobStatus};
@@ -35,6 +35,8 @@ pub async fn reconcile(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Actio
 }
 
 async fn reconcile_job(job: Arc<TrainingJob>, ctx: &Arc<Context>) -> Result<Action> {
+    // Nothing is written (the finalizer included) by a replica past its Lease.
+    ctx.fence.check()?;
     let namespace = job.namespace().unwrap_or_default();
     let api: Api<TrainingJob> = Api::namespaced(ctx.client.clone(), &namespace);
     finalizer(&api, FINALIZER, job, |event| async {
@@ -132,6 +134,7 @@ async fn carry_out(
     let name = job.name_any();
     if transition.status != *before {
         let api: Api<TrainingJob> = Api::namespaced(ctx.client.clone(), &namespace);
+        ctx.fence.check()?;
         write_status(&api, job, &transition.status).await?;
         tracing::info!(
             job = %name,
@@ -159,10 +162,11 @@ async fn carry_out(
                 } else {
                     EventType::Normal
                 };
-                publish(&ctx.recorder, job, kind, reason, note).await;
+                ctx.events.publish(job, kind, reason, note).await;
             }
             Effect::DeletePod(pod) => {
                 let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
+                ctx.fence.check()?;
                 match pods.delete(&pod, &DeleteParams::background()).await {
                     Ok(_) => {}
                     Err(kube::Error::Api(e)) if e.code == 404 => {}
@@ -241,6 +245,14 @@ async fn follow_pod(
     // A pod missing from the cache is created; if the cache only lags, the
     // create answers AlreadyExists and the pod's watch event brings us back.
     let Some(pod) = ctx.cached_pod(&namespace, &name) else {
+        // The cached job may be older than the pod cache (its watch lags, or
+        // a restart listed it before the pods): read it back, so that an
+        // attempt already followed by the next one never gets its pod again.
+        let jobs: Api<TrainingJob> = Api::namespaced(ctx.client.clone(), &namespace);
+        let fresh = jobs.get(&job.name_any()).await.map_err(Error::Kube)?;
+        if !still_wanted(&fresh, placement) {
+            return Ok(None);
+        }
         let shape = BatchShape {
             micro: status.micro_batch.unwrap_or(job.spec.batch.micro),
             accum: status.grad_accum.unwrap_or(1),
@@ -250,16 +262,17 @@ async fn follow_pod(
             Err(message) => return Ok(Some(transition::invalid(job, status, &message))),
         };
         let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
+        ctx.fence.check()?;
         match pods.create(&PostParams::default(), &pod).await {
             Ok(_) => {
-                publish(
-                    &ctx.recorder,
-                    job,
-                    EventType::Normal,
-                    reason::POD_CREATED,
-                    format!("created pod {name}"),
-                )
-                .await
+                ctx.events
+                    .publish(
+                        job,
+                        EventType::Normal,
+                        reason::POD_CREATED,
+                        format!("created pod {name}"),
+                    )
+                    .await
             }
             Err(kube::Error::Api(e)) if e.code == 409 => {}
             Err(e) => return Err(Error::Kube(e)),
@@ -280,6 +293,7 @@ async fn cleanup(job: &TrainingJob, ctx: &Context) -> Result<Action> {
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
     if let Some(placement) = job.status.as_ref().and_then(|s| s.placement.as_ref()) {
         let name = pod_name(&job.name_any(), placement.attempt);
+        ctx.fence.check()?;
         match pods.delete(&name, &DeleteParams::background()).await {
             Ok(_) => {}
             Err(kube::Error::Api(e)) if e.code == 404 => {}

@@ -11,6 +11,7 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
@@ -30,6 +31,16 @@ pub enum Verdict {
         /// True when no GPU in the cluster could ever hold the job.
         never_fits: bool,
     },
+}
+
+fn never_fits(verdict: &Verdict) -> bool {
+    matches!(
+        verdict,
+        Verdict::Wait {
+            never_fits: true,
+            ..
+        }
+    )
 }
 
 /// Attempt number of the job's current attempt.
@@ -312,8 +323,16 @@ pub struct Assignments {
 #[derive(Default)]
 struct AssignmentMaps {
     placed: HashMap<(String, u32), PlacementStatus>,
-    waiting: HashMap<(String, u32), Verdict>,
+    /// The last verdict, and when the job was last told of a change.
+    waiting: HashMap<(String, u32), (Verdict, Instant)>,
 }
+
+/// How often a waiting job is told of a new message of the same kind (the
+/// largest free slot moved, say). Every cycle's message would re-run and
+/// re-write every waiting job each cycle; with a few hundred waiting, that
+/// floods the reconcile queue, whose held requests are taken in no fair
+/// order, and jobs with real changes (a pod that ended) starved there.
+pub const WAIT_MESSAGE_REFRESH: Duration = Duration::from_secs(10);
 
 impl Assignments {
     /// The cycle's placement for this attempt, if it made one.
@@ -325,11 +344,21 @@ impl Assignments {
     /// Why the attempt waits, if the cycle said so.
     pub fn waiting(&self, uid: &str, attempt: u32) -> Option<Verdict> {
         let maps = self.inner.lock().expect("assignments lock");
-        maps.waiting.get(&(uid.to_string(), attempt)).cloned()
+        maps.waiting
+            .get(&(uid.to_string(), attempt))
+            .map(|(verdict, _)| verdict.clone())
     }
 
-    /// Records a verdict; returns true when it differs from the last one.
+    /// Records a verdict; returns true when the job should be told: a
+    /// placement, a first wait, a wait of another kind (`never_fits`
+    /// flipped), or a new message [`WAIT_MESSAGE_REFRESH`] after the job was
+    /// last told. The latest verdict is kept either way.
     pub fn record(&self, uid: &str, attempt: u32, verdict: Verdict) -> bool {
+        self.record_at(uid, attempt, verdict, Instant::now())
+    }
+
+    /// [`Assignments::record`] at `now`.
+    pub fn record_at(&self, uid: &str, attempt: u32, verdict: Verdict, now: Instant) -> bool {
         let mut maps = self.inner.lock().expect("assignments lock");
         let key = (uid.to_string(), attempt);
         match verdict {
@@ -339,9 +368,20 @@ impl Assignments {
                 true
             }
             wait => {
-                let changed = maps.waiting.get(&key) != Some(&wait);
-                maps.waiting.insert(key, wait);
-                changed
+                let tell = match maps.waiting.get(&key) {
+                    None => true,
+                    Some((last, _)) if *last == wait => false,
+                    Some((last, told)) => {
+                        never_fits(last) != never_fits(&wait)
+                            || now.saturating_duration_since(*told) >= WAIT_MESSAGE_REFRESH
+                    }
+                };
+                let told = match maps.waiting.get(&key) {
+                    Some((_, told)) if !tell => *told,
+                    _ => now,
+                };
+                maps.waiting.insert(key, (wait, told));
+                tell
             }
         }
     }

@@ -386,16 +386,27 @@ fn wait(message: &str) -> Verdict {
 #[test]
 fn a_recorded_verdict_reports_whether_it_changed_and_is_kept_per_attempt() {
     let assignments = Assignments::default();
-    // (verdict, changed?)
+    let start = std::time::Instant::now();
+    let later = start + super::WAIT_MESSAGE_REFRESH;
+    let never = Verdict::Wait {
+        message: "bigger than any GPU".into(),
+        never_fits: true,
+    };
+    // (verdict, when, changed?)
     let steps = [
-        (wait("no room"), true),
-        (wait("no room"), false),
-        (wait("still no room"), true),
-        (Verdict::Place(on_gpu0(GIB)), true),
+        (wait("no room"), start, true),
+        (wait("no room"), start, false),
+        // A new message of the same kind is told once the refresh is due.
+        (wait("still no room"), start, false),
+        (wait("still no room, elsewhere"), later, true),
+        (wait("no room at all"), later, false),
+        // Another kind is told at once.
+        (never, later, true),
+        (Verdict::Place(on_gpu0(GIB)), later, true),
     ];
-    for (i, (verdict, changed)) in steps.into_iter().enumerate() {
+    for (i, (verdict, now, changed)) in steps.into_iter().enumerate() {
         assert_eq!(
-            assignments.record("uid-a", 1, verdict.clone()),
+            assignments.record_at("uid-a", 1, verdict.clone(), now),
             changed,
             "step {i}: {verdict:?}"
         );

@@ -3,7 +3,6 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::events::{Event, EventType, Recorder};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
@@ -101,24 +100,4 @@ pub async fn write_status(
     .await
     .map_err(Error::Kube)?;
     Ok(())
-}
-
-/// Publishes an event on the job; a failure to publish is logged, not fatal.
-pub async fn publish(
-    recorder: &Recorder,
-    job: &TrainingJob,
-    type_: EventType,
-    reason: &str,
-    note: String,
-) {
-    let event = Event {
-        type_,
-        reason: reason.into(),
-        note: Some(note.chars().take(1000).collect()),
-        action: reason.into(),
-        secondary: None,
-    };
-    if let Err(error) = recorder.publish(&event, &job.object_ref(&())).await {
-        tracing::warn!(%error, job = %job.name_any(), "could not publish event");
-    }
 }

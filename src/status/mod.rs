@@ -5,7 +5,8 @@
 pub mod html;
 pub mod text;
 
-use std::collections::BTreeMap;
+use std::borrow::Borrow;
+use std::collections::{BTreeMap, HashMap};
 
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt;
@@ -170,80 +171,31 @@ pub struct RetryView {
 
 /// Builds the view. `now` and `heartbeat_ttl` decide which nodes are fresh,
 /// as the controller's scheduler does.
-pub fn cluster_status(
-    jobs: &[TrainingJob],
-    gpu_nodes: &[GpuNode],
+pub fn cluster_status<J: Borrow<TrainingJob>, N: Borrow<GpuNode>>(
+    jobs: &[J],
+    gpu_nodes: &[N],
     now: Timestamp,
     heartbeat_ttl: SignedDuration,
 ) -> ClusterStatus {
-    let mut nodes: Vec<NodeView> = gpu_nodes
-        .iter()
-        .map(|n| node_view(n, now, heartbeat_ttl))
-        .collect();
-    nodes.sort_by(|a, b| a.name.cmp(&b.name));
-
-    let mut orphans = Vec::new();
+    let (nodes, mut orphans) = node_views(jobs, gpu_nodes, now, heartbeat_ttl);
     let mut waiting = Vec::new();
     let mut retries = Vec::new();
     let mut phases: BTreeMap<String, usize> = BTreeMap::new();
     for job in jobs {
+        let job = job.borrow();
         let Some(status) = job.status.as_ref() else {
             *phases.entry("New".into()).or_default() += 1;
             continue;
         };
         *phases.entry(format!("{:?}", status.phase)).or_default() += 1;
         retries.extend(restart_retries(job));
-        let namespace = job.namespace().unwrap_or_default();
-        let name = job.name_any();
-        if let Some(placement) = recorded(job) {
-            for assigned in &placement.gpus {
-                let gpu = nodes
-                    .iter_mut()
-                    .filter(|n| n.name == placement.node)
-                    .flat_map(|n| n.gpus.iter_mut())
-                    .find(|g| g.index == assigned.index);
-                let measured_now = gpu_nodes
-                    .iter()
-                    .find(|n| n.name_any() == placement.node)
-                    .and_then(|n| n.status.as_ref())
-                    .and_then(|s| s.gpus.iter().find(|g| g.index == assigned.index))
-                    .and_then(|g| {
-                        let pod = status.pod_name.as_deref()?;
-                        let bytes: Vec<u64> = g
-                            .processes
-                            .iter()
-                            .filter(|p| {
-                                p.pod_namespace.as_deref() == Some(namespace.as_str())
-                                    && p.pod_name.as_deref() == Some(pod)
-                            })
-                            .map(|p| p.used_bytes)
-                            .collect();
-                        (!bytes.is_empty()).then(|| bytes.iter().sum())
-                    });
-                let entry = JobOnGpu {
-                    namespace: namespace.clone(),
-                    name: name.clone(),
-                    phase: status.phase,
-                    node: placement.node.clone(),
-                    gpu: assigned.index,
-                    budget_bytes: placement.budget_bytes,
-                    measured_bytes: measured_now.or(status.measured_peak_bytes),
-                    micro_batch: status.micro_batch,
-                    grad_accum: status.grad_accum,
-                    attempt: status.attempt.max(1),
-                };
-                match gpu {
-                    Some(gpu) => {
-                        gpu.committed_bytes += placement.budget_bytes;
-                        gpu.jobs.push(entry);
-                    }
-                    None => orphans.push(entry),
-                }
-            }
-        } else if !status.phase.is_terminal() && job.metadata.deletion_timestamp.is_none() {
+        if recorded(job).is_none()
+            && !status.phase.is_terminal()
+            && job.metadata.deletion_timestamp.is_none()
+        {
             waiting.push(WaitingJob {
-                namespace,
-                name,
+                namespace: job.namespace().unwrap_or_default(),
+                name: job.name_any(),
                 priority: job.spec.priority,
                 gpus: job.spec.gpus,
                 budget_bytes: status.budget_bytes,
@@ -256,16 +208,14 @@ pub fn cluster_status(
             });
         }
     }
+    let by_pod = jobs_by_pod(jobs);
     for node in gpu_nodes {
-        retries.extend(absorbed_retries(node, jobs));
+        retries.extend(absorbed_retries(node.borrow(), &by_pod));
     }
 
     let mut totals = Totals::default();
-    for node in &mut nodes {
-        for gpu in &mut node.gpus {
-            gpu.free_bytes = gpu.capacity_bytes.saturating_sub(gpu.committed_bytes);
-            gpu.jobs
-                .sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+    for node in &nodes {
+        for gpu in &node.gpus {
             if node.fresh && gpu.health != GpuHealth::Faulty {
                 totals.gpus += 1;
                 totals.capacity_bytes += gpu.capacity_bytes;
@@ -300,6 +250,89 @@ pub fn cluster_status(
         phases,
         totals,
     }
+}
+
+/// The GPU nodes in name order, each GPU with the jobs placed on it (their
+/// budgets summed into `committed_bytes`, `free_bytes` what is left), and
+/// the jobs placed on a GPU no node reports. Linear in jobs plus nodes.
+pub fn node_views<J: Borrow<TrainingJob>, N: Borrow<GpuNode>>(
+    jobs: &[J],
+    gpu_nodes: &[N],
+    now: Timestamp,
+    heartbeat_ttl: SignedDuration,
+) -> (Vec<NodeView>, Vec<JobOnGpu>) {
+    let mut nodes: Vec<NodeView> = gpu_nodes
+        .iter()
+        .map(|n| node_view(n.borrow(), now, heartbeat_ttl))
+        .collect();
+    nodes.sort_by(|a, b| a.name.cmp(&b.name));
+    let index: HashMap<String, usize> = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (n.name.clone(), i))
+        .collect();
+    let reported: HashMap<String, &GpuNode> = gpu_nodes
+        .iter()
+        .map(|n| (n.borrow().name_any(), n.borrow()))
+        .collect();
+    let mut orphans = Vec::new();
+    for job in jobs {
+        let job = job.borrow();
+        let (Some(status), Some(placement)) = (job.status.as_ref(), recorded(job)) else {
+            continue;
+        };
+        let namespace = job.namespace().unwrap_or_default();
+        let name = job.name_any();
+        for assigned in &placement.gpus {
+            let measured_now = reported
+                .get(&placement.node)
+                .and_then(|n| n.status.as_ref())
+                .and_then(|s| s.gpus.iter().find(|g| g.index == assigned.index))
+                .and_then(|g| {
+                    let pod = status.pod_name.as_deref()?;
+                    let bytes: Vec<u64> = g
+                        .processes
+                        .iter()
+                        .filter(|p| {
+                            p.pod_namespace.as_deref() == Some(namespace.as_str())
+                                && p.pod_name.as_deref() == Some(pod)
+                        })
+                        .map(|p| p.used_bytes)
+                        .collect();
+                    (!bytes.is_empty()).then(|| bytes.iter().sum())
+                });
+            let entry = JobOnGpu {
+                namespace: namespace.clone(),
+                name: name.clone(),
+                phase: status.phase,
+                node: placement.node.clone(),
+                gpu: assigned.index,
+                budget_bytes: placement.budget_bytes,
+                measured_bytes: measured_now.or(status.measured_peak_bytes),
+                micro_batch: status.micro_batch,
+                grad_accum: status.grad_accum,
+                attempt: status.attempt.max(1),
+            };
+            let gpu = index
+                .get(&placement.node)
+                .and_then(|&i| nodes[i].gpus.iter_mut().find(|g| g.index == assigned.index));
+            match gpu {
+                Some(gpu) => {
+                    gpu.committed_bytes += placement.budget_bytes;
+                    gpu.jobs.push(entry);
+                }
+                None => orphans.push(entry),
+            }
+        }
+    }
+    for node in &mut nodes {
+        for gpu in &mut node.gpus {
+            gpu.free_bytes = gpu.capacity_bytes.saturating_sub(gpu.committed_bytes);
+            gpu.jobs
+                .sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+        }
+    }
+    (nodes, orphans)
 }
 
 fn node_view(node: &GpuNode, now: Timestamp, ttl: SignedDuration) -> NodeView {
@@ -378,7 +411,25 @@ fn restart_retries(job: &TrainingJob) -> Vec<RetryView> {
 }
 
 /// OOMs absorbed inside the training processes the agent reports.
-fn absorbed_retries(node: &GpuNode, jobs: &[TrainingJob]) -> Vec<RetryView> {
+/// The jobs by (namespace, pod name of their current attempt).
+fn jobs_by_pod<J: Borrow<TrainingJob>>(jobs: &[J]) -> HashMap<(String, String), &TrainingJob> {
+    let mut by_pod = HashMap::new();
+    for job in jobs {
+        let job = job.borrow();
+        if let Some(pod) = job.status.as_ref().and_then(|s| s.pod_name.clone()) {
+            // The first job listed wins, as a scan in list order would find.
+            by_pod
+                .entry((job.namespace().unwrap_or_default(), pod))
+                .or_insert(job);
+        }
+    }
+    by_pod
+}
+
+fn absorbed_retries(
+    node: &GpuNode,
+    jobs: &HashMap<(String, String), &TrainingJob>,
+) -> Vec<RetryView> {
     let Some(status) = node.status.as_ref() else {
         return Vec::new();
     };
@@ -388,11 +439,11 @@ fn absorbed_retries(node: &GpuNode, jobs: &[TrainingJob]) -> Vec<RetryView> {
             continue;
         };
         let namespace = process.pod_namespace.clone().unwrap_or_default();
-        let job = jobs.iter().find(|j| {
-            j.namespace().as_deref() == Some(namespace.as_str())
-                && j.status.as_ref().and_then(|s| s.pod_name.as_deref())
-                    == process.pod_name.as_deref()
-        });
+        let job = process
+            .pod_name
+            .clone()
+            .and_then(|pod| jobs.get(&(namespace.clone(), pod)))
+            .copied();
         let name = process
             .training_job
             .clone()

@@ -13,7 +13,7 @@ use kube::api::{Api, DeleteParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 use serde_json::json;
-use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use vramfit::api::{GpuNode, GpuNodeStatus, Phase};
@@ -27,25 +27,48 @@ use crate::controlplane;
 use crate::driver::{GIB, TestCluster, mlp_job};
 
 /// A simulated agent running in this process; stopped when dropped.
-struct SimAgent {
+pub struct SimAgent {
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<anyhow::Result<()>>,
 }
 
 impl SimAgent {
     fn start(cluster: &TestCluster, node: &str, spec: &str, client: Client) -> Self {
-        // The agent's log on the test's output (shown for failing tests).
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter("warn,vramfit_agent=info")
-            .with_test_writer()
-            .try_init();
-        let mut options = RunOptions::new(node);
-        options.interval = Duration::from_millis(200);
-        options.publish = PublishPolicy {
+        let publish = PublishPolicy {
             threshold_bytes: 64 << 20,
             min_gap: Duration::from_secs(1),
             heartbeat: Duration::from_secs(1),
         };
+        Self::start_with(
+            cluster,
+            node,
+            spec,
+            client,
+            Duration::from_secs(2),
+            (Duration::from_millis(200), publish),
+            "warn,vramfit_agent=info",
+        )
+    }
+
+    /// An agent whose pods run `run_for` by default, reading every
+    /// `interval` and writing its status by `publish`, logging at `log`.
+    pub fn start_with(
+        cluster: &TestCluster,
+        node: &str,
+        spec: &str,
+        client: Client,
+        run_for: Duration,
+        (interval, publish): (Duration, PublishPolicy),
+        log: &str,
+    ) -> Self {
+        // The agent's log on the test's output (shown for failing tests).
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(log)
+            .with_test_writer()
+            .try_init();
+        let mut options = RunOptions::new(node);
+        options.interval = interval;
+        options.publish = publish;
         options.watchdog = WatchdogConfig {
             tolerance: 0.05,
             grace: Duration::from_secs(1),
@@ -56,7 +79,7 @@ impl SimAgent {
         let task = tokio::spawn(run_simulated(
             options,
             spec,
-            Duration::from_secs(2),
+            run_for,
             NodeResources::default(),
             Some(client),
             async {
@@ -246,56 +269,68 @@ async fn watchdog_stops_an_unbounded_pod_over_budget_and_the_controller_backs_of
 
 /// A TCP proxy in front of the API server that a test can take down and
 /// bring back on the same port: the agent sees the API server go away and
-/// come back while the other tests keep using it.
-struct Proxy {
-    port: u16,
-    target: std::net::SocketAddr,
-    tasks: Arc<Mutex<Vec<JoinHandle<()>>>>,
+/// come back while the other tests keep using it. While down it keeps its
+/// port (another socket could take it otherwise) and drops every connection
+/// it accepts.
+pub struct Proxy {
+    /// The port it listens on.
+    pub port: u16,
+    up: Arc<std::sync::atomic::AtomicBool>,
+    accept: JoinHandle<()>,
+    connections: Arc<Mutex<Vec<JoinHandle<()>>>>,
 }
 
 impl Proxy {
-    async fn start(target: std::net::SocketAddr) -> Self {
+    /// Listens on a free port and forwards to `target`.
+    pub async fn start(target: std::net::SocketAddr) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
-        let proxy = Self {
-            port,
-            target,
-            tasks: Arc::default(),
-        };
-        proxy.serve(listener);
-        proxy
-    }
-
-    fn serve(&self, listener: TcpListener) {
-        let (target, tasks) = (self.target, self.tasks.clone());
-        let accept = tokio::spawn(async move {
-            while let Ok((mut inbound, _)) = listener.accept().await {
-                let connection = tokio::spawn(async move {
-                    if let Ok(mut outbound) = TcpStream::connect(target).await {
-                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+        let up = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let connections: Arc<Mutex<Vec<JoinHandle<()>>>> = Arc::default();
+        let accept = {
+            let (up, connections) = (up.clone(), connections.clone());
+            tokio::spawn(async move {
+                while let Ok((mut inbound, _)) = listener.accept().await {
+                    if !up.load(std::sync::atomic::Ordering::SeqCst) {
+                        drop(inbound);
+                        continue;
                     }
-                });
-                tasks.lock().unwrap().push(connection);
-            }
-        });
-        self.tasks.lock().unwrap().push(accept);
+                    let connection = tokio::spawn(async move {
+                        if let Ok(mut outbound) = TcpStream::connect(target).await {
+                            let _ =
+                                tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                        }
+                    });
+                    connections.lock().unwrap().push(connection);
+                }
+            })
+        };
+        Self {
+            port,
+            up,
+            accept,
+            connections,
+        }
     }
 
-    /// Closes the port and every open connection.
-    fn down(&self) {
-        for task in self.tasks.lock().unwrap().drain(..) {
+    /// Closes every open connection and drops the new ones.
+    pub fn down(&self) {
+        self.up.store(false, std::sync::atomic::Ordering::SeqCst);
+        for task in self.connections.lock().unwrap().drain(..) {
             task.abort();
         }
     }
 
-    /// Listens on the same port again.
-    fn up(&self) {
-        let socket = TcpSocket::new_v4().unwrap();
-        socket.set_reuseaddr(true).unwrap();
-        socket
-            .bind(format!("127.0.0.1:{}", self.port).parse().unwrap())
-            .unwrap();
-        self.serve(socket.listen(64).unwrap());
+    /// Forwards again.
+    pub fn up(&self) {
+        self.up.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.accept.abort();
+        self.down();
     }
 }
 
@@ -309,7 +344,8 @@ async fn client_through(proxy: &Proxy) -> Client {
     Client::try_from(config).unwrap()
 }
 
-async fn api_server_addr() -> std::net::SocketAddr {
+/// The address of the shared control plane's API server.
+pub async fn api_server_addr() -> std::net::SocketAddr {
     let kubeconfig = Kubeconfig::read_from(controlplane::kubeconfig()).unwrap();
     let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await

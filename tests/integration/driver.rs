@@ -8,6 +8,7 @@
 //! and nodes.
 
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -36,12 +37,20 @@ pub struct TestCluster {
     /// Namespace of the test's jobs.
     pub namespace: String,
     pool: String,
+    /// Kubeconfig of the control plane, as the controller gets it.
+    kubeconfig: PathBuf,
 }
 
 impl TestCluster {
     /// Creates the namespace `t-<name>`; nodes get the label `vramfit.dev/pool=<name>`.
     pub async fn new(name: &str) -> Self {
-        let client = controlplane::client().await;
+        Self::on(name, controlplane::kubeconfig()).await
+    }
+
+    /// [`TestCluster::new`] on the control plane of `kubeconfig` (a test's
+    /// private one).
+    pub async fn on(name: &str, kubeconfig: &Path) -> Self {
+        let client = controlplane::client_of(kubeconfig).await;
         let namespace = format!("t-{name}");
         let api: Api<Namespace> = Api::all(client.clone());
         let ns = serde_json::from_value(json!({"metadata": {"name": namespace}})).unwrap();
@@ -54,6 +63,7 @@ impl TestCluster {
             client,
             namespace,
             pool: name.to_string(),
+            kubeconfig: kubeconfig.to_path_buf(),
         }
     }
 
@@ -371,24 +381,46 @@ impl TestCluster {
     /// Starts `vramfit controller` with `extra` arguments and its output
     /// (log lines and the final error) in a file, for tests that read what it says.
     pub fn start_logged_controller(&self, extra: &[&str], metrics_addr: &str) -> ControllerProcess {
+        self.start_logged_controller_via(&self.kubeconfig, extra, metrics_addr)
+    }
+
+    /// [`TestCluster::start_logged_controller`] reaching the API server
+    /// through `kubeconfig` (a proxy's, say).
+    pub fn start_logged_controller_via(
+        &self,
+        kubeconfig: &Path,
+        extra: &[&str],
+        metrics_addr: &str,
+    ) -> ControllerProcess {
+        // Several controllers of one test (replicas, restarts) each get their own.
+        static LOGS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let log = std::env::temp_dir().join(format!(
-            "vramfit-{}-{}.log",
+            "vramfit-{}-{}-{}.log",
             self.namespace,
-            Instant::now().elapsed().as_nanos() ^ u128::from(std::process::id())
+            std::process::id(),
+            LOGS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
         ));
         let file = std::fs::File::create(&log).expect("controller log file");
         let stdout = file.try_clone().expect("controller log file");
-        let mut process = self.spawn_with_output(extra, metrics_addr, stdout.into(), file.into());
+        let mut process =
+            self.spawn_with_output(kubeconfig, extra, metrics_addr, stdout.into(), file.into());
         process.log = Some(log);
         process
     }
 
     fn spawn_controller_at(&self, extra: &[&str], metrics_addr: &str) -> ControllerProcess {
-        self.spawn_with_output(extra, metrics_addr, Stdio::null(), Stdio::inherit())
+        self.spawn_with_output(
+            &self.kubeconfig,
+            extra,
+            metrics_addr,
+            Stdio::null(),
+            Stdio::inherit(),
+        )
     }
 
     fn spawn_with_output(
         &self,
+        kubeconfig: &Path,
         extra: &[&str],
         metrics_addr: &str,
         stdout: Stdio,
@@ -403,7 +435,7 @@ impl TestCluster {
                 &format!("vramfit.dev/pool={}", self.pool),
             ])
             .args(["--metrics-addr", metrics_addr])
-            .env("KUBECONFIG", controlplane::kubeconfig())
+            .env("KUBECONFIG", kubeconfig)
             .env("RUST_LOG", "warn,vramfit=info")
             .stdout(stdout)
             .stderr(stderr)
@@ -460,6 +492,21 @@ impl ControllerProcess {
             .unwrap_or_default()
     }
 
+    /// True while the process has not exited.
+    pub fn is_running(&mut self) -> bool {
+        self.child
+            .try_wait()
+            .expect("waiting for the controller")
+            .is_none()
+    }
+
+    /// Sends `signal` (SIGSTOP, SIGCONT, ...) to the process.
+    pub fn signal(&self, signal: i32) {
+        // SAFETY: kill(2) on the pid of this child, which has not been reaped.
+        let rc = unsafe { libc::kill(self.child.id() as i32, signal) };
+        assert_eq!(rc, 0, "signal {signal} to the controller");
+    }
+
     /// Kills the controller at once, as a node failure would.
     pub fn kill(mut self) {
         let _ = self.child.kill();
@@ -472,7 +519,18 @@ impl Drop for ControllerProcess {
         let _ = self.child.kill();
         let _ = self.child.wait();
         if let Some(log) = &self.log {
-            let _ = std::fs::remove_file(log);
+            // A failing test keeps the log and shows its end.
+            if std::thread::panicking() {
+                let text = std::fs::read_to_string(log).unwrap_or_default();
+                let lines: Vec<&str> = text.lines().collect();
+                eprintln!(
+                    "controller log {} (last 40 lines):\n{}",
+                    log.display(),
+                    lines[lines.len().saturating_sub(40)..].join("\n")
+                );
+            } else {
+                let _ = std::fs::remove_file(log);
+            }
         }
     }
 }

@@ -6,5 +6,6 @@ mod api_validation;
 mod controller;
 mod controlplane;
 mod driver;
+mod faults;
 mod run_local;
 mod ui;

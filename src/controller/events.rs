@@ -1,0 +1,164 @@
+//! Kubernetes Events on the jobs, sent by a task of their own: a reconcile
+//! queues its events and goes on, instead of waiting for one request per
+//! event after its status write or pod create.
+//!
+//! The queue is bounded ([`QUEUE`]): when the API server falls that far
+//! behind, a reconcile waits for room, so events are delayed but not dropped.
+//! At most [`CONCURRENCY`] events are in flight; they start in the order they
+//! were queued.
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::Resource;
+use kube::runtime::events::{Event, EventType, Recorder};
+use tokio::sync::mpsc;
+
+use crate::Result;
+use crate::api::TrainingJob;
+
+/// Events waiting to be sent.
+pub const QUEUE: usize = 4096;
+
+/// Events sent at once.
+pub const CONCURRENCY: usize = 8;
+
+/// One event on one job.
+pub struct Queued {
+    /// The job.
+    pub job: ObjectReference,
+    /// The event.
+    pub event: Event,
+}
+
+/// Where reconciles queue their events.
+#[derive(Clone)]
+pub struct EventQueue(mpsc::Sender<Queued>);
+
+impl EventQueue {
+    /// A queue and the receiving end that [`send_all`] empties.
+    pub fn new() -> (Self, mpsc::Receiver<Queued>) {
+        let (sender, receiver) = mpsc::channel(QUEUE);
+        (Self(sender), receiver)
+    }
+
+    /// Queues an event on `job` (the note is cut to the API's 1,000
+    /// characters). Waits only when the queue is full.
+    pub async fn publish(&self, job: &TrainingJob, type_: EventType, reason: &str, note: String) {
+        let queued = Queued {
+            job: job.object_ref(&()),
+            event: Event {
+                type_,
+                reason: reason.into(),
+                note: Some(note.chars().take(1000).collect()),
+                action: reason.into(),
+                secondary: None,
+            },
+        };
+        if self.0.send(queued).await.is_err() {
+            // Only when the sender task is gone, which ends the controller.
+            tracing::warn!("event queue closed; event not sent");
+        }
+    }
+}
+
+/// The sender task: publishes queued events until every queue handle is
+/// dropped. A failed event is logged, not retried.
+pub async fn send_all(recorder: Recorder, receiver: mpsc::Receiver<Queued>) -> Result<()> {
+    tokio_stream_of(receiver)
+        .map(|queued| {
+            let recorder = recorder.clone();
+            async move {
+                if let Err(error) = recorder.publish(&queued.event, &queued.job).await {
+                    tracing::warn!(
+                        %error,
+                        job = queued.job.name.as_deref().unwrap_or_default(),
+                        reason = queued.event.reason,
+                        "could not publish event"
+                    );
+                }
+            }
+        })
+        .buffer_unordered(CONCURRENCY)
+        .collect::<()>()
+        .await;
+    Ok(())
+}
+
+fn tokio_stream_of<T>(mut receiver: mpsc::Receiver<T>) -> impl futures::Stream<Item = T> {
+    futures::stream::poll_fn(move |cx| receiver.poll_recv(cx))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job() -> TrainingJob {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "vramfit.dev/v1alpha1", "kind": "TrainingJob",
+            "metadata": {"name": "j", "namespace": "ml", "uid": "u-1"},
+            "spec": {"batch": {"global": 8, "micro": 8},
+                     "model": {"mlp": {"layers": 2, "hidden": 64}}, "template": {}}
+        }))
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_reconcile_queues_its_event_without_waiting_for_the_api() {
+        // Nothing sends: publishing returns at once while the queue has room,
+        // and the event waits there, in order, with its job.
+        let (queue, mut receiver) = EventQueue::new();
+        let job = job();
+        let publish = async {
+            queue
+                .publish(&job, EventType::Normal, "Predicted", "first".into())
+                .await;
+            queue
+                .publish(&job, EventType::Warning, "Placed", "x".repeat(2000))
+                .await;
+        };
+        tokio::time::timeout(std::time::Duration::from_secs(1), publish)
+            .await
+            .expect("publishing waited although the queue had room");
+        let first = receiver.try_recv().unwrap();
+        assert_eq!(first.event.reason, "Predicted");
+        assert_eq!(first.job.name.as_deref(), Some("j"));
+        assert_eq!(first.job.namespace.as_deref(), Some("ml"));
+        assert_eq!(first.job.uid.as_deref(), Some("u-1"));
+        let second = receiver.try_recv().unwrap();
+        assert_eq!(second.event.reason, "Placed");
+        assert!(matches!(second.event.type_, EventType::Warning));
+        assert_eq!(
+            second.event.note.unwrap().len(),
+            1000,
+            "cut to the API's limit"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_full_queue_holds_the_reconcile_back_instead_of_dropping_events() {
+        let (queue, mut receiver) = EventQueue::new();
+        let job = job();
+        for i in 0..QUEUE {
+            queue
+                .publish(&job, EventType::Normal, "Predicted", format!("{i}"))
+                .await;
+        }
+        let one_more = queue.publish(&job, EventType::Normal, "Placed", "last".into());
+        let mut one_more = std::pin::pin!(one_more);
+        assert!(
+            tokio::time::timeout(std::time::Duration::from_millis(50), &mut one_more)
+                .await
+                .is_err(),
+            "a full queue must make the publisher wait"
+        );
+        receiver.recv().await.unwrap();
+        tokio::time::timeout(std::time::Duration::from_secs(1), one_more)
+            .await
+            .expect("room made, the event is queued");
+        let mut last = None;
+        while let Ok(queued) = receiver.try_recv() {
+            last = Some(queued.event.reason);
+        }
+        assert_eq!(last.as_deref(), Some("Placed"));
+    }
+}

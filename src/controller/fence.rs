@@ -1,0 +1,257 @@
+//! The leader's fence: every write the controller makes as the leader (a
+//! job's status, its finalizer, a pod, a GpuNode allocation) first checks that
+//! the Lease it last saw itself renew has not expired by its own clock.
+//!
+//! The lease manager says when another replica holds the Lease, but only once
+//! it has asked the API server; a replica that was paused (SIGSTOP, a frozen
+//! VM, a long GC-like stall) past its Lease resumes with its reconciles and
+//! scheduling cycle ready to write on a stale view, and they would race the
+//! manager's first request. The fence closes at the Lease's expiry (less a
+//! margin for clock skew), so those writes fail before they are sent, and a
+//! leader that cannot renew (the API server away longer than the Lease) stops
+//! acting when its Lease runs out instead of when the API server answers again.
+
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime};
+
+use k8s_openapi::api::coordination::v1::Lease;
+use tokio::sync::Notify;
+
+use crate::{Error, Result};
+
+/// How long before the Lease's expiry the fence closes: the clock skew a
+/// standby's judgement of the expiry may have. Less than the lease manager's
+/// grace (5 s), so a renewal is seen before the fence closes.
+pub const SKEW_MARGIN: Duration = Duration::from_secs(2);
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Hold {
+    /// No leader election: every write may go.
+    Unfenced,
+    /// Writes may go until then.
+    Until(SystemTime),
+    /// The Lease is held by another replica.
+    Lost,
+}
+
+/// Whether this replica may still write as the leader.
+#[derive(Debug)]
+pub struct Fence {
+    hold: Mutex<Hold>,
+    closed: Notify,
+}
+
+impl Fence {
+    /// A fence that never closes (a single replica without election).
+    pub fn unfenced() -> Self {
+        Self::with(Hold::Unfenced)
+    }
+
+    /// A fence open until `until`.
+    pub fn until(until: SystemTime) -> Self {
+        Self::with(Hold::Until(until))
+    }
+
+    fn with(hold: Hold) -> Self {
+        Self {
+            hold: Mutex::new(hold),
+            closed: Notify::new(),
+        }
+    }
+
+    fn hold(&self) -> Hold {
+        *self.hold.lock().expect("fence lock")
+    }
+
+    /// The Lease was seen renewed: writes may go until `until`. Does not
+    /// reopen a fence that the Lease's loss closed.
+    pub fn renewed(&self, until: SystemTime) {
+        let mut hold = self.hold.lock().expect("fence lock");
+        if let Hold::Until(current) = *hold {
+            *hold = Hold::Until(current.max(until));
+        }
+    }
+
+    /// Another replica holds the Lease: no write goes any more.
+    pub fn lose(&self) {
+        *self.hold.lock().expect("fence lock") = Hold::Lost;
+        self.closed.notify_waiters();
+    }
+
+    /// When the fence closes by itself (`None`: never, or closed already).
+    pub fn deadline(&self) -> Option<SystemTime> {
+        match self.hold() {
+            Hold::Until(until) => Some(until),
+            Hold::Unfenced | Hold::Lost => None,
+        }
+    }
+
+    /// `Ok` when a write may go now; else `Error::LeadershipLost`, and the
+    /// task waiting in [`Fence::closed`] wakes.
+    pub fn check(&self) -> Result<()> {
+        self.check_at(SystemTime::now())
+    }
+
+    /// [`Fence::check`] at `now`.
+    pub fn check_at(&self, now: SystemTime) -> Result<()> {
+        let reason = match self.hold() {
+            Hold::Unfenced => return Ok(()),
+            Hold::Until(until) if now < until => return Ok(()),
+            Hold::Until(_) => "the Lease expired before it was seen renewed",
+            Hold::Lost => "the Lease is held by another replica",
+        };
+        self.closed.notify_waiters();
+        Err(Error::LeadershipLost(reason.into()))
+    }
+
+    /// Waits until a check fails or the Lease is lost.
+    pub async fn closed(&self) {
+        self.closed.notified().await;
+    }
+}
+
+/// Until when `identity` may act on `lease`: its expiry (renewal, or else
+/// acquisition, plus its duration) less [`SKEW_MARGIN`]; `None` when another
+/// identity (or none) holds it or it carries no time.
+pub fn hold_until(lease: &Lease, identity: &str) -> Option<SystemTime> {
+    let spec = lease.spec.as_ref()?;
+    if spec.holder_identity.as_deref() != Some(identity) {
+        return None;
+    }
+    let renewed = spec.renew_time.as_ref().or(spec.acquire_time.as_ref())?.0;
+    let seconds = u64::try_from(spec.lease_duration_seconds?).ok()?;
+    let renewed = SystemTime::from(renewed);
+    Some(renewed + Duration::from_secs(seconds) - SKEW_MARGIN)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::coordination::v1::LeaseSpec;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+    use k8s_openapi::jiff::Timestamp;
+
+    fn at(seconds: u64) -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_secs(seconds)
+    }
+
+    fn lease(holder: Option<&str>, renewed: Option<i64>, acquired: Option<i64>) -> Lease {
+        let time = |s: i64| MicroTime(Timestamp::from_second(s).unwrap());
+        Lease {
+            spec: Some(LeaseSpec {
+                holder_identity: holder.map(Into::into),
+                lease_duration_seconds: Some(15),
+                renew_time: renewed.map(time),
+                acquire_time: acquired.map(time),
+                ..LeaseSpec::default()
+            }),
+            ..Lease::default()
+        }
+    }
+
+    #[test]
+    fn the_holder_may_act_until_the_expiry_less_the_skew_margin() {
+        let renewed = lease(Some("me"), Some(1_000), Some(900));
+        assert_eq!(hold_until(&renewed, "me"), Some(at(1_013)));
+        // Acquired, never renewed.
+        assert_eq!(
+            hold_until(&lease(Some("me"), None, Some(900)), "me"),
+            Some(at(913))
+        );
+        assert_eq!(hold_until(&renewed, "other"), None);
+        assert_eq!(hold_until(&lease(None, Some(1_000), None), "me"), None);
+        assert_eq!(hold_until(&lease(Some("me"), None, None), "me"), None);
+    }
+
+    #[test]
+    fn writes_go_until_the_deadline_and_not_after() {
+        let fence = Fence::until(at(100));
+        assert!(fence.check_at(at(99)).is_ok());
+        assert!(matches!(
+            fence.check_at(at(100)),
+            Err(Error::LeadershipLost(_))
+        ));
+        // A renewal moves the deadline on, never back.
+        fence.renewed(at(120));
+        assert!(fence.check_at(at(110)).is_ok());
+        fence.renewed(at(105));
+        assert_eq!(fence.deadline(), Some(at(120)));
+    }
+
+    #[test]
+    fn a_lost_lease_closes_the_fence_for_good_and_no_fence_never_closes() {
+        let fence = Fence::until(at(100));
+        fence.lose();
+        assert!(fence.check_at(at(1)).is_err());
+        fence.renewed(at(200));
+        assert!(fence.check_at(at(1)).is_err(), "not reopened");
+        assert_eq!(fence.deadline(), None);
+        let open = Fence::unfenced();
+        assert!(open.check_at(at(u32::MAX as u64)).is_ok());
+        assert_eq!(open.deadline(), None);
+    }
+
+    /// A reconcile of a replica whose fence closed fails with the lost
+    /// leadership before it sends anything: its client points at a port where
+    /// nothing listens, so any request would fail with a connection error.
+    #[tokio::test]
+    async fn a_reconcile_behind_a_closed_fence_fails_before_any_request() {
+        use crate::api::TrainingJob;
+        use crate::controller::{Context, metrics::Metrics, reconcile, scheduler::Assignments};
+        use kube::runtime::reflector;
+        use std::sync::Arc;
+        let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
+        let client = kube::Client::try_from(config).unwrap();
+        let context = |fence: Fence| {
+            Arc::new(Context {
+                client: client.clone(),
+                events: crate::controller::events::EventQueue::new().0,
+                metrics: Arc::new(Metrics::default()),
+                assignments: Assignments::default(),
+                jobs: reflector::store().0,
+                gpu_nodes: reflector::store().0,
+                pods: reflector::store().0,
+                wake: tokio::sync::Notify::new(),
+                stats_root: "/var/run/vramfit/pods".into(),
+                fence: Arc::new(fence),
+            })
+        };
+        let job: Arc<TrainingJob> = Arc::new(
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "vramfit.dev/v1alpha1", "kind": "TrainingJob",
+                "metadata": {"name": "j", "namespace": "ml", "uid": "u-1"},
+                "spec": {"batch": {"global": 8, "micro": 8},
+                         "model": {"mlp": {"layers": 2, "hidden": 64}}, "template": {}}
+            }))
+            .unwrap(),
+        );
+        let past = Fence::until(SystemTime::now() - Duration::from_secs(1));
+        let error = reconcile::reconcile(job.clone(), context(past))
+            .await
+            .unwrap_err();
+        assert!(matches!(error, Error::LeadershipLost(_)), "{error}");
+        // An open fence lets it go on to the API server (and fail there).
+        let error = reconcile::reconcile(job, context(Fence::unfenced()))
+            .await
+            .unwrap_err();
+        assert!(!matches!(error, Error::LeadershipLost(_)), "{error}");
+    }
+
+    #[tokio::test]
+    async fn a_failed_check_wakes_the_task_waiting_for_the_close() {
+        let fence = std::sync::Arc::new(Fence::until(at(100)));
+        let waiter = {
+            let fence = fence.clone();
+            tokio::spawn(async move { fence.closed().await })
+        };
+        tokio::task::yield_now().await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(fence.check_at(at(50)).is_ok());
+        assert!(!waiter.is_finished());
+        assert!(fence.check_at(at(150)).is_err());
+        tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .expect("woken")
+            .unwrap();
+    }
+}
