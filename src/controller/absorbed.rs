@@ -206,4 +206,21 @@ mod tests {
         assert_eq!(learned_start_micro(&spec(64, 16, 16, 4), &jobs), None);
         assert_eq!(learned_start_micro(&this, &jobs[1..]), None);
     }
+
+    #[test]
+    fn a_report_at_the_micro_batch_in_status_records_nothing() {
+        // Only a smaller micro-batch than the status's is an absorbed OOM;
+        // the same one again (with an OOM status does not list) is not.
+        let s = spec(64, 16, 1, 4);
+        let status = TrainingJobStatus {
+            micro_batch: Some(8),
+            ..TrainingJobStatus::default()
+        };
+        let o = vec![oom(16, 8, 4, 8, "t")];
+        assert_eq!(
+            newly_absorbed(&s, &status, &observed(8, 8, o.clone())),
+            None
+        );
+        assert!(newly_absorbed(&s, &status, &observed(4, 16, o)).is_some());
+    }
 }
