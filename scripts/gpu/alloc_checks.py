@@ -24,7 +24,7 @@ Cases:
   train (5 models x native / pytorch policy / vramfit policy, 14 steps, the
     median of the last 8 timed), in interleaved rounds (each round runs a
     model's three configurations back to back, the order rotating between
-    rounds; rounds 2 and 3 while the time allows): step time (the median of
+    rounds; more rounds, up to eight, while the time allows): step time (the median of
     the runs' medians against native's, the spread between runs, each run
     against the native run of its round), reserved peak, nvidia-smi
     per-process peak vs budget + context and vs native, driver calls per step
