@@ -304,32 +304,16 @@ async fn run(args: Args) -> Result<()> {
     let seen = Arc::new(Mutex::new(Seen::default()));
     let watch = {
         let seen = seen.clone();
-        let stream = watcher(jobs_api.clone(), watcher::Config::default())
-            .default_backoff()
-            .applied_objects();
-        tokio::spawn(async move {
-            let mut stream = std::pin::pin!(stream);
-            while let Some(event) = stream.next().await {
-                if let Ok(job) = event {
-                    seen.lock().expect("seen lock").observe(&job);
-                }
-            }
+        follow(jobs_api.clone(), move |job| {
+            seen.lock().expect("seen lock").observe(job)
         })
     };
 
     let pod_watch = {
         let seen = seen.clone();
         let pods_api: Api<PartialObjectMeta<Pod>> = Api::namespaced(client.clone(), &namespace);
-        let stream = watcher(pods_api, watcher::Config::default())
-            .default_backoff()
-            .applied_objects();
-        tokio::spawn(async move {
-            let mut stream = std::pin::pin!(stream);
-            while let Some(event) = stream.next().await {
-                if let Ok(pod) = event {
-                    seen.lock().expect("seen lock").observe_pod(&pod.name_any());
-                }
-            }
+        follow(pods_api, move |pod| {
+            seen.lock().expect("seen lock").observe_pod(&pod.name_any())
         })
     };
 
@@ -699,7 +683,7 @@ fn start_controller(
 
 /// (name, GPUs, `memory.request` GiB per GPU) of every job, from the seed.
 fn job_specs(args: &Args) -> Vec<(String, u32, u64)> {
-    let mut rng = SplitMix(args.seed);
+    let mut rng = vramfit::place::rng::SeededRng::new(args.seed);
     let span = args.max_request_gib.saturating_sub(args.min_request_gib) + 1;
     (0..args.jobs)
         .map(|i| {
@@ -708,7 +692,7 @@ fn job_specs(args: &Args) -> Vec<(String, u32, u64)> {
             } else {
                 1
             };
-            let request = args.min_request_gib + rng.next() % span;
+            let request = args.min_request_gib + rng.next_u64() % span;
             (format!("job-{i:05}"), gpus, request)
         })
         .collect()
@@ -892,18 +876,24 @@ fn round(value: f64, digits: i32) -> f64 {
     (value * scale).round() / scale
 }
 
-struct SplitMix(u64);
-
-impl SplitMix {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
+/// Hands every object a watch of `api` applies to `observe`, until aborted.
+fn follow<K>(
+    api: Api<K>,
+    mut observe: impl FnMut(&K) + Send + 'static,
+) -> tokio::task::JoinHandle<()>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+{
+    let stream = watcher(api, watcher::Config::default())
+        .default_backoff()
+        .applied_objects();
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        while let Some(event) = stream.next().await {
+            if let Ok(object) = event {
+                observe(&object);
+            }
+        }
+    })
 }

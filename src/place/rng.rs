@@ -23,6 +23,11 @@ impl SeededRng {
         z ^ (z >> 31)
     }
 
+    /// Uniform in `[0, 1)`: the top 53 bits as a fraction.
+    pub fn unit(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
     /// Uniform integer in `0..n`; `n` must be positive. Uses rejection so
     /// small ranges carry no modulo bias.
     pub fn below(&mut self, n: u64) -> u64 {
@@ -73,6 +78,19 @@ mod tests {
             seen[x] = true;
         }
         assert!(seen.iter().all(|&s| s));
+    }
+
+    #[test]
+    fn unit_stays_in_the_half_open_interval_and_spreads_over_it() {
+        let mut rng = SeededRng::new(11);
+        let draws: Vec<f64> = (0..2000).map(|_| rng.unit()).collect();
+        assert!(draws.iter().all(|&x| (0.0..1.0).contains(&x)));
+        assert!(draws.iter().any(|&x| x < 0.1) && draws.iter().any(|&x| x > 0.9));
+        let mean = draws.iter().sum::<f64>() / draws.len() as f64;
+        assert!((mean - 0.5).abs() < 0.05, "mean {mean}");
+        // The top 53 bits of the same stream.
+        let bits = SeededRng::new(11).next_u64();
+        assert_eq!(draws[0], (bits >> 11) as f64 / (1u64 << 53) as f64);
     }
 
     #[test]

@@ -247,35 +247,41 @@ struct Auditor {
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
+/// Hands every object a watch of `api` applies to `observe`, until aborted.
+fn follow<K>(
+    api: Api<K>,
+    mut observe: impl FnMut(&K) + Send + 'static,
+) -> tokio::task::JoinHandle<()>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+{
+    let stream = watcher(api, watcher::Config::default())
+        .default_backoff()
+        .applied_objects();
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        while let Some(event) = stream.next().await {
+            if let Ok(object) = event {
+                observe(&object);
+            }
+        }
+    })
+}
+
 impl Auditor {
     fn start(cluster: &TestCluster) -> Self {
         let audit = Arc::new(Mutex::new(Audit::default()));
         let jobs = {
             let audit = audit.clone();
-            let stream = watcher(cluster.jobs(), watcher::Config::default())
-                .default_backoff()
-                .applied_objects();
-            tokio::spawn(async move {
-                let mut stream = std::pin::pin!(stream);
-                while let Some(event) = stream.next().await {
-                    if let Ok(job) = event {
-                        audit.lock().unwrap().observe_job(&job);
-                    }
-                }
+            follow(cluster.jobs(), move |job| {
+                audit.lock().unwrap().observe_job(job)
             })
         };
         let pods = {
             let audit = audit.clone();
-            let stream = watcher(cluster.pods(), watcher::Config::default())
-                .default_backoff()
-                .applied_objects();
-            tokio::spawn(async move {
-                let mut stream = std::pin::pin!(stream);
-                while let Some(event) = stream.next().await {
-                    if let Ok(pod) = event {
-                        audit.lock().unwrap().observe_pod(&pod);
-                    }
-                }
+            follow(cluster.pods(), move |pod| {
+                audit.lock().unwrap().observe_pod(pod)
             })
         };
         Self {
@@ -618,24 +624,6 @@ async fn the_controller_sees_what_changed_while_its_watches_were_cut() {
     let _ = std::fs::remove_file(kubeconfig);
 }
 
-/// SplitMix64: the kill test's randomness, from a printed seed.
-struct SplitMix(u64);
-
-impl SplitMix {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in [0, 1).
-    fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
-
 fn env_number(name: &str, default: u64) -> u64 {
     match std::env::var(name) {
         Ok(value) => value
@@ -679,7 +667,7 @@ async fn the_controller_killed_at_random_moments_loses_and_doubles_nothing() {
     let job_count = env_number("VRAMFIT_FAULT_JOBS", 200) as usize;
     println!("kill test: seed {seed} (VRAMFIT_FAULT_SEED), {kills} kills, {job_count} jobs");
     eprintln!("kill test: seed {seed} (VRAMFIT_FAULT_SEED), {kills} kills, {job_count} jobs");
-    let mut rng = SplitMix(seed);
+    let mut rng = vramfit::place::rng::SeededRng::new(seed);
 
     let cluster = TestCluster::new("kills").await;
     const NODES: usize = 4;
@@ -732,7 +720,7 @@ async fn the_controller_killed_at_random_moments_loses_and_doubles_nothing() {
     let specs: Vec<(String, u32, u64, bool)> = (0..job_count)
         .map(|i| {
             let gpus = if rng.unit() < 0.1 { 2 } else { 1 };
-            let request = 8 + rng.next() % 25;
+            let request = 8 + rng.next_u64() % 25;
             (format!("job-{i:04}"), gpus, request, rng.unit() < 0.1)
         })
         .collect();
