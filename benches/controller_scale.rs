@@ -24,7 +24,6 @@ use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, ListParams, PartialObjectMeta, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Config, ResourceExt};
 use serde::Serialize;
 use serde_json::{Value, json};
@@ -34,6 +33,10 @@ use vramfit::place::bench::parse_vm_hwm_bytes;
 use vramfit_agent::daemon::api::GpuNodeWriter;
 use vramfit_agent::sim::cluster::{NodeResources, register_node};
 use vramfit_agent::sim::simulated_device;
+
+#[path = "../tests/integration/follow.rs"]
+mod follow;
+use follow::follow;
 
 const GIB: u64 = 1 << 30;
 const POOL_LABEL: &str = "vramfit.dev/pool";
@@ -874,26 +877,4 @@ fn quantile(sorted: &[f64], q: f64) -> f64 {
 fn round(value: f64, digits: i32) -> f64 {
     let scale = 10f64.powi(digits);
     (value * scale).round() / scale
-}
-
-/// Hands every object a watch of `api` applies to `observe`, until aborted.
-fn follow<K>(
-    api: Api<K>,
-    mut observe: impl FnMut(&K) + Send + 'static,
-) -> tokio::task::JoinHandle<()>
-where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
-    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
-{
-    let stream = watcher(api, watcher::Config::default())
-        .default_backoff()
-        .applied_objects();
-    tokio::spawn(async move {
-        let mut stream = std::pin::pin!(stream);
-        while let Some(event) = stream.next().await {
-            if let Ok(object) = event {
-                observe(&object);
-            }
-        }
-    })
 }

@@ -13,12 +13,10 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, PostParams};
-use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::{Value, json};
 use vramfit::api::{GpuNode, Phase, TrainingJob};
 use vramfit::controller::pod::{ATTEMPT_LABEL, BUDGET_ANNOTATION, JOB_LABEL};
@@ -27,6 +25,7 @@ use vramfit_agent::node::publish::PublishPolicy;
 use crate::agent::{Proxy, SimAgent, api_server_addr};
 use crate::controlplane::{self, PrivateControlPlane};
 use crate::driver::{ControllerProcess, GIB, TestCluster, mlp_job};
+use crate::follow::follow;
 
 fn phase(job: &TrainingJob) -> Phase {
     job.status.as_ref().map(|s| s.phase).unwrap_or_default()
@@ -245,28 +244,6 @@ impl Audit {
 struct Auditor {
     audit: Arc<Mutex<Audit>>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
-}
-
-/// Hands every object a watch of `api` applies to `observe`, until aborted.
-fn follow<K>(
-    api: Api<K>,
-    mut observe: impl FnMut(&K) + Send + 'static,
-) -> tokio::task::JoinHandle<()>
-where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
-    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
-{
-    let stream = watcher(api, watcher::Config::default())
-        .default_backoff()
-        .applied_objects();
-    tokio::spawn(async move {
-        let mut stream = std::pin::pin!(stream);
-        while let Some(event) = stream.next().await {
-            if let Ok(object) = event {
-                observe(&object);
-            }
-        }
-    })
 }
 
 impl Auditor {

@@ -7,5 +7,6 @@ mod controller;
 mod controlplane;
 mod driver;
 mod faults;
+mod follow;
 mod run_local;
 mod ui;
