@@ -13,11 +13,11 @@ use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 
 use super::backoff::BatchShape;
 use super::exit::pod_outcome;
+use super::held::HeldPrediction;
 use super::metrics::ErrorLabel;
 use super::pod::{pod_name, still_wanted, training_pod};
 use super::retry;
 use super::scheduler::Verdict;
-use super::held::HeldPrediction;
 use super::status::write_status;
 use super::transition::{self, Effect, PodFacts, PredictFacts, Requeue, Step, Transition};
 use super::{Context, FINALIZER};

@@ -1120,10 +1120,7 @@ fn a_prediction_is_held_with_its_note_and_an_invalid_spec_is_not() {
     assert_eq!(deferred.effects, vec![Effect::WakeScheduler]);
     assert_eq!(deferred.requeue, t.requeue);
 
-    let bad = job_with(
-        json!({"batch": {"global": 7, "micro": 2}}),
-        None,
-    );
+    let bad = job_with(json!({"batch": {"global": 7, "micro": 2}}), None);
     let t = predict(&bad, TrainingJobStatus::default(), facts(1, &measured, &[]));
     assert_eq!(t.decision, "invalid");
     assert_eq!(defer_prediction(t.clone()), Err(t));
@@ -1136,15 +1133,26 @@ fn a_held_prediction_is_written_with_the_cycle_s_verdict_in_one_event() {
     let held = predicted(1, Phase::Pending);
 
     // Placed: the placement's event carries the prediction's note.
-    let t = with_held(place(&job, held.clone(), placement(1)), &written, "predicted 8 GiB");
+    let t = with_held(
+        place(&job, held.clone(), placement(1)),
+        &written,
+        "predicted 8 GiB",
+    );
     assert_eq!(t.status.placement, Some(placement(1)));
     assert_eq!(t.status.budget_bytes, held.budget_bytes);
     assert_eq!(events(&t), vec![(reason::PLACED, false)]);
     let note = &notes(&t)[0];
-    assert!(note.starts_with("predicted 8 GiB; placed on n1 GPU 0"), "{note}");
+    assert!(
+        note.starts_with("predicted 8 GiB; placed on n1 GPU 0"),
+        "{note}"
+    );
 
     // Waiting: the same, on the waiting event.
-    let t = with_held(wait(&job, held.clone(), Some(("no room", false))), &written, "p");
+    let t = with_held(
+        wait(&job, held.clone(), Some(("no room", false))),
+        &written,
+        "p",
+    );
     assert_eq!(t.status.message.as_deref(), Some("no room"));
     assert_eq!(events(&t), vec![(reason::WAITING, false)]);
     assert_eq!(notes(&t), vec!["p; no room".to_string()]);
