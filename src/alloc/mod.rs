@@ -23,6 +23,7 @@ mod config;
 mod device;
 mod error;
 mod expandable;
+mod plan;
 mod pytorch;
 mod replay;
 mod snapshot;
@@ -37,6 +38,10 @@ pub use device::{DeviceError, DeviceMemory, DevicePtr, MemInfo, SimulatedDevice,
 pub use error::{AllocError, format_size};
 pub use expandable::{
     DEFERRED_MOVE_PAGES, ExpandableAllocator, HEADROOM_CAP_DIVISOR, SLACK_PER_MOVE_PAGES, Tuning,
+};
+pub use plan::{
+    MAX_STEP_EVENTS, RepeatedStep, StepBlock, StepDetector, StepEvent, StepLayout,
+    live_bytes_by_phase, plan_layout, quietest_phase,
 };
 pub use pytorch::PytorchAllocator;
 pub use replay::{

@@ -573,3 +573,100 @@ fn h200_step_move_figures() {
         }
     }
 }
+
+/// Runs the step detector over `events` (each request and free is one
+/// event) and returns the first repeated step it reports, with the event
+/// index at which it did.
+fn detect_step(events: &[AllocEvent]) -> Option<(usize, crate::alloc::RepeatedStep)> {
+    use crate::alloc::{StepDetector, StepEvent, round_request};
+    let mut detector = StepDetector::new();
+    let mut born: HashMap<u64, (u64, u64)> = HashMap::new();
+    let mut clock = 0u64;
+    for (i, event) in events.iter().enumerate() {
+        let step_event = match *event {
+            AllocEvent::Alloc { id, bytes, stream } => {
+                born.insert(id, (clock, round_request(bytes)));
+                StepEvent::Alloc {
+                    size: round_request(bytes),
+                    stream,
+                }
+            }
+            AllocEvent::Free { id } => match born.remove(&id) {
+                Some((at, size)) => StepEvent::Free {
+                    age: clock - at,
+                    size,
+                },
+                None => continue,
+            },
+            AllocEvent::ReleaseSegment { .. } => continue,
+        };
+        clock += 1;
+        if let Some(step) = detector.observe(step_event) {
+            return Some((i, step));
+        }
+    }
+    None
+}
+
+/// Every repeated step of the recorded traces, as the planner sees it.
+fn all_step_traces() -> Vec<(String, Vec<AllocEvent>, Vec<usize>)> {
+    let mut traces = gpu_step_traces();
+    traces.extend(meta_step_traces());
+    traces
+}
+
+/// The detector finds the training step of every recorded trace within
+/// its third step, and the packed arena of that step is within 3% of the
+/// bytes its blocks hold at once (no layout can do better than that bound).
+#[test]
+fn the_step_of_every_recorded_trace_is_found_and_packed_near_its_bound() {
+    use crate::alloc::plan_layout;
+    for (name, events, starts) in all_step_traces() {
+        let (at, step) = detect_step(&events).unwrap_or_else(|| panic!("{name}: no step"));
+        assert!(
+            at < starts[3],
+            "{name}: found at event {at}, steps start at {starts:?}"
+        );
+        let events_per_step = events[starts[4]..starts[5]]
+            .iter()
+            .filter(|e| !matches!(e, AllocEvent::ReleaseSegment { .. }))
+            .count();
+        assert_eq!(step.period, events_per_step, "{name}");
+        let blocks: Vec<_> = step.blocks.iter().flatten().copied().collect();
+        let layout = plan_layout(&blocks, step.period as u64);
+        assert!(
+            layout.arena_bytes as f64 <= layout.max_live_bytes as f64 * 1.03,
+            "{name}: arena {} MiB, max live {} MiB",
+            layout.arena_bytes >> 20,
+            layout.max_live_bytes >> 20
+        );
+    }
+}
+
+/// `cargo test -p vramfit --lib plan_figures -- --ignored --nocapture`
+#[test]
+#[ignore = "prints the figures of docs/allocator.md"]
+fn plan_figures() {
+    use crate::alloc::{plan_layout, quietest_phase};
+    for (name, events, starts) in all_step_traces() {
+        let started = std::time::Instant::now();
+        let (at, step) = detect_step(&events).unwrap();
+        let blocks: Vec<_> = step.blocks.iter().flatten().copied().collect();
+        let layout = plan_layout(&blocks, step.period as u64);
+        let (phase, across) = quietest_phase(&blocks, step.period as u64);
+        println!(
+            "{name}: step of {} events ({} planned blocks, {} MiB in all) found at event {at} \
+             (steps at {:?}); arena {} MiB, max live {} MiB (+{:.2}%); switch at phase {phase} \
+             with {} MiB in flight; {:.0} ms",
+            step.period,
+            blocks.len(),
+            blocks.iter().map(|b| b.size).sum::<u64>() >> 20,
+            &starts[..4],
+            layout.arena_bytes >> 20,
+            layout.max_live_bytes >> 20,
+            (layout.arena_bytes as f64 / layout.max_live_bytes as f64 - 1.0) * 100.0,
+            across >> 20,
+            started.elapsed().as_secs_f64() * 1e3,
+        );
+    }
+}
