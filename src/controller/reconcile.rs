@@ -109,11 +109,11 @@ async fn apply(job: &TrainingJob, ctx: &Context) -> Result<Action> {
             // API server always has one).
             match job.resource_version() {
                 Some(version) => match transition::defer_prediction(predicted) {
-                    Ok(deferred) => {
+                    transition::Prediction::Hold(deferred) => {
                         let rest = hold_prediction(job, ctx, version, &before, deferred);
                         return carry_out(job, ctx, &before, rest).await;
                     }
-                    Err(transition) => transition,
+                    transition::Prediction::Write(transition) => transition,
                 },
                 None => predicted,
             }

@@ -368,12 +368,21 @@ pub struct Deferred {
     pub requeue: Requeue,
 }
 
+/// What to do with the prediction step's transition.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Prediction {
+    /// Hold it until the cycle's verdict.
+    Hold(Deferred),
+    /// Write it at once (an invalid spec).
+    Write(Transition),
+}
+
 /// Splits a prediction into what is held until the cycle's verdict: the
 /// status and the note of its event. Any other transition (an invalid spec)
 /// is given back to be written at once.
-pub fn defer_prediction(transition: Transition) -> Result<Deferred, Transition> {
+pub fn defer_prediction(transition: Transition) -> Prediction {
     if transition.decision != "predicted" {
-        return Err(transition);
+        return Prediction::Write(transition);
     }
     let mut note = None;
     let mut effects = Vec::new();
@@ -387,7 +396,7 @@ pub fn defer_prediction(transition: Transition) -> Result<Deferred, Transition> 
             other => effects.push(other),
         }
     }
-    Ok(Deferred {
+    Prediction::Hold(Deferred {
         status: transition.status,
         note: note.unwrap_or_default(),
         effects,

@@ -1112,7 +1112,9 @@ fn a_prediction_is_held_with_its_note_and_an_invalid_spec_is_not() {
     let measured = |_: &str| None;
     let t = predict(&job, TrainingJobStatus::default(), facts(1, &measured, &[]));
     let note = notes(&t).remove(0);
-    let deferred = defer_prediction(t.clone()).expect("a prediction is held");
+    let Prediction::Hold(deferred) = defer_prediction(t.clone()) else {
+        panic!("a prediction is held");
+    };
     assert_eq!(deferred.status, t.status);
     assert_eq!(deferred.note, note);
     assert!(deferred.note.starts_with("attempt 1: predicted peak"));
@@ -1123,7 +1125,7 @@ fn a_prediction_is_held_with_its_note_and_an_invalid_spec_is_not() {
     let bad = job_with(json!({"batch": {"global": 7, "micro": 2}}), None);
     let t = predict(&bad, TrainingJobStatus::default(), facts(1, &measured, &[]));
     assert_eq!(t.decision, "invalid");
-    assert_eq!(defer_prediction(t.clone()), Err(t));
+    assert_eq!(defer_prediction(t.clone()), Prediction::Write(t));
 }
 
 #[test]
