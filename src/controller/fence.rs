@@ -208,6 +208,8 @@ mod tests {
                 events: crate::controller::events::EventQueue::new().0,
                 metrics: Arc::new(Metrics::default()),
                 assignments: Assignments::default(),
+                held: Default::default(),
+                own_writes: Default::default(),
                 jobs: reflector::store().0,
                 gpu_nodes: reflector::store().0,
                 pods: reflector::store().0,

@@ -12,6 +12,7 @@ pub mod budget;
 pub mod events;
 pub mod exit;
 pub mod fence;
+pub mod held;
 pub mod inventory;
 pub mod metrics;
 pub mod pod;
@@ -116,6 +117,10 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     /// Decisions of the scheduling cycle not yet written to status.
     pub assignments: Assignments,
+    /// Predictions not yet written, held until the cycle's verdict.
+    pub held: held::HeldPredictions,
+    /// The versions this process's own status writes produced.
+    pub own_writes: held::OwnWrites,
     jobs: Store<TrainingJob>,
     gpu_nodes: Store<GpuNode>,
     pods: Store<Pod>,
@@ -300,6 +305,8 @@ pub async fn run(client: Client, options: ControllerOptions) -> Result<()> {
         events: event_queue,
         metrics,
         assignments: Assignments::default(),
+        held: held::HeldPredictions::default(),
+        own_writes: held::OwnWrites::default(),
         jobs: jobs.clone(),
         gpu_nodes: gpu_nodes.clone(),
         pods: pods.clone(),
@@ -490,7 +497,8 @@ async fn scheduling_loop(
         // A replica past its Lease decides nothing more (and the process ends).
         ctx.fence.check()?;
         let started = Instant::now();
-        let job_list = jobs.state();
+        // Jobs whose prediction is held (not yet written) are placed on it.
+        let job_list = ctx.held.overlay_all(jobs.state());
         let job_refs: Vec<&TrainingJob> = job_list.iter().map(|j| j.as_ref()).collect();
         let gpu_node_list = gpu_nodes.state();
         let node_list = nodes.state();

@@ -13,11 +13,12 @@ use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 
 use super::backoff::BatchShape;
 use super::exit::pod_outcome;
+use super::held::HeldPrediction;
 use super::metrics::ErrorLabel;
 use super::pod::{pod_name, still_wanted, training_pod};
 use super::retry;
 use super::scheduler::Verdict;
-use super::status::{reason, write_status};
+use super::status::write_status;
 use super::transition::{self, Effect, PodFacts, PredictFacts, Requeue, Step, Transition};
 use super::{Context, FINALIZER};
 use crate::api::{PlacementStatus, TrainingJob, TrainingJobStatus};
@@ -71,7 +72,12 @@ pub fn error_policy(job: Arc<TrainingJob>, error: &Error, ctx: Arc<Context>) -> 
 async fn apply(job: &TrainingJob, ctx: &Context) -> Result<Action> {
     let uid = job.uid().unwrap_or_default();
     let before = job.status.clone().unwrap_or_default();
-    let transition = match transition::next_step(job, |attempt| {
+    // A prediction held for this version of the job stands in for its status
+    // until a step writes it (docs/controller.md, "API requests per job").
+    let held = ctx.held.get(&uid, job.resource_version().as_deref());
+    let overlaid = held.as_ref().map(|h| h.overlay(job));
+    let seen = overlaid.as_ref().unwrap_or(job);
+    let transition = match transition::next_step(seen, |attempt| {
         ctx.assignments.placement(&uid, attempt)
     }) {
         Step::Done => return Ok(Action::await_change()),
@@ -88,7 +94,7 @@ async fn apply(job: &TrainingJob, ctx: &Context) -> Result<Action> {
                 .flatten();
             let profile = load_profile(job, ctx).await;
             let gpu_models = ctx.gpu_models();
-            transition::predict(
+            let predicted = transition::predict(
                 job,
                 status,
                 PredictFacts {
@@ -98,9 +104,21 @@ async fn apply(job: &TrainingJob, ctx: &Context) -> Result<Action> {
                     measured: &|signature| ctx.measured_peak_for(signature),
                     gpu_models: &gpu_models,
                 },
-            )
+            );
+            // Held only for a version it can be tied to (a job read from the
+            // API server always has one).
+            match job.resource_version() {
+                Some(version) => match transition::defer_prediction(predicted) {
+                    transition::Prediction::Hold(deferred) => {
+                        let rest = hold_prediction(job, ctx, version, &before, deferred);
+                        return carry_out(job, ctx, &before, rest).await;
+                    }
+                    transition::Prediction::Write(transition) => transition,
+                },
+                None => predicted,
+            }
         }
-        Step::RecordPlacement { status, placement } => transition::place(job, status, placement),
+        Step::RecordPlacement { status, placement } => transition::place(seen, status, placement),
         Step::ReportWaiting { status, attempt } => {
             let verdict = ctx.assignments.waiting(&uid, attempt);
             let verdict = match &verdict {
@@ -110,7 +128,7 @@ async fn apply(job: &TrainingJob, ctx: &Context) -> Result<Action> {
                 }) => Some((message.as_str(), *never_fits)),
                 _ => None,
             };
-            transition::wait(job, status, verdict)
+            transition::wait(seen, status, verdict)
         }
         Step::FollowPod { status, placement } => {
             match follow_pod(job, ctx, status, &placement).await? {
@@ -119,7 +137,46 @@ async fn apply(job: &TrainingJob, ctx: &Context) -> Result<Action> {
             }
         }
     };
+    let transition = match &held {
+        Some(held) => transition::with_held(transition, &before, &held.note),
+        None => transition,
+    };
     carry_out(job, ctx, &before, transition).await
+}
+
+/// Holds a prediction until the cycle's verdict, which writes it (one status
+/// write instead of two). Returns what is left to carry out now: the
+/// prediction's other effects (the scheduler's wake-up), with nothing written.
+fn hold_prediction(
+    job: &TrainingJob,
+    ctx: &Context,
+    resource_version: String,
+    written: &TrainingJobStatus,
+    deferred: transition::Deferred,
+) -> Transition {
+    tracing::info!(
+        job = %job.name_any(),
+        namespace = job.namespace().unwrap_or_default(),
+        decision = "predicted",
+        attempt = deferred.status.attempt,
+        budget_bytes = deferred.status.budget_bytes,
+        status_message = deferred.status.message.as_deref(),
+        "decision"
+    );
+    ctx.held.hold(
+        &job.uid().unwrap_or_default(),
+        HeldPrediction {
+            resource_version,
+            status: deferred.status,
+            note: deferred.note,
+        },
+    );
+    Transition {
+        decision: "predicted",
+        status: written.clone(),
+        effects: deferred.effects,
+        requeue: deferred.requeue,
+    }
 }
 
 /// Writes the transition's status when it changed, then carries out its
@@ -135,7 +192,11 @@ async fn carry_out(
     if transition.status != *before {
         let api: Api<TrainingJob> = Api::namespaced(ctx.client.clone(), &namespace);
         ctx.fence.check()?;
-        write_status(&api, job, &transition.status).await?;
+        let uid = job.uid().unwrap_or_default();
+        let written = write_status(&api, job, &transition.status).await?;
+        // What is written supersedes a held prediction.
+        ctx.held.forget(&uid);
+        ctx.own_writes.wrote(&uid, written);
         tracing::info!(
             job = %name,
             namespace,
@@ -248,10 +309,13 @@ async fn follow_pod(
         // The cached job may be older than the pod cache (its watch lags, or
         // a restart listed it before the pods): read it back, so that an
         // attempt already followed by the next one never gets its pod again.
-        let jobs: Api<TrainingJob> = Api::namespaced(ctx.client.clone(), &namespace);
-        let fresh = jobs.get(&job.name_any()).await.map_err(Error::Kube)?;
-        if !still_wanted(&fresh, placement) {
-            return Ok(None);
+        // Not needed when the cache holds this process's own last write.
+        if !ctx.own_writes.is_latest(job) {
+            let jobs: Api<TrainingJob> = Api::namespaced(ctx.client.clone(), &namespace);
+            let fresh = jobs.get(&job.name_any()).await.map_err(Error::Kube)?;
+            if !still_wanted(&fresh, placement) {
+                return Ok(None);
+            }
         }
         let shape = BatchShape {
             micro: status.micro_batch.unwrap_or(job.spec.batch.micro),
@@ -263,17 +327,9 @@ async fn follow_pod(
         };
         let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
         ctx.fence.check()?;
+        // No event: the `Placed` event and the pod itself say as much.
         match pods.create(&PostParams::default(), &pod).await {
-            Ok(_) => {
-                ctx.events
-                    .publish(
-                        job,
-                        EventType::Normal,
-                        reason::POD_CREATED,
-                        format!("created pod {name}"),
-                    )
-                    .await
-            }
+            Ok(_) => tracing::debug!(job = %job.name_any(), namespace, pod = name, "pod created"),
             Err(kube::Error::Api(e)) if e.code == 409 => {}
             Err(e) => return Err(Error::Kube(e)),
         }
@@ -300,7 +356,10 @@ async fn cleanup(job: &TrainingJob, ctx: &Context) -> Result<Action> {
             Err(e) => return Err(Error::Kube(e)),
         }
     }
-    ctx.assignments.forget(&job.uid().unwrap_or_default());
+    let uid = job.uid().unwrap_or_default();
+    ctx.assignments.forget(&uid);
+    ctx.held.forget(&uid);
+    ctx.own_writes.forget(&uid);
     ctx.wake_scheduler();
     tracing::info!(job = %job.name_any(), namespace, "released");
     Ok(Action::await_change())

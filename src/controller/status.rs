@@ -81,23 +81,25 @@ pub fn set_condition(
 }
 
 /// Writes the whole status with server-side apply. The controller owns every
-/// status field, so fields left out are removed.
+/// status field, so fields left out are removed. Returns the job's new
+/// `resourceVersion`.
 pub async fn write_status(
     api: &Api<TrainingJob>,
     job: &TrainingJob,
     status: &TrainingJobStatus,
-) -> Result<()> {
+) -> Result<Option<String>> {
     let patch = json!({
         "apiVersion": TrainingJob::api_version(&()),
         "kind": TrainingJob::kind(&()),
         "status": status,
     });
-    api.patch_status(
-        &job.name_any(),
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(&patch),
-    )
-    .await
-    .map_err(Error::Kube)?;
-    Ok(())
+    let written = api
+        .patch_status(
+            &job.name_any(),
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&patch),
+        )
+        .await
+        .map_err(Error::Kube)?;
+    Ok(written.metadata.resource_version)
 }

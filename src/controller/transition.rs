@@ -354,6 +354,91 @@ pub fn predict(
     }
 }
 
+/// A prediction the reconcile holds in memory until the scheduling cycle's
+/// verdict, instead of writing it at once (see [`super::held`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Deferred {
+    /// The predicted status.
+    pub status: TrainingJobStatus,
+    /// The prediction's event note, sent with the write that records it.
+    pub note: String,
+    /// The effects to carry out now (the scheduler's wake-up).
+    pub effects: Vec<Effect>,
+    /// When to look again.
+    pub requeue: Requeue,
+}
+
+/// What to do with the prediction step's transition.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Prediction {
+    /// Hold it until the cycle's verdict.
+    Hold(Deferred),
+    /// Write it at once (an invalid spec).
+    Write(Transition),
+}
+
+/// Splits a prediction into what is held until the cycle's verdict: the
+/// status and the note of its event. Any other transition (an invalid spec)
+/// is given back to be written at once.
+pub fn defer_prediction(transition: Transition) -> Prediction {
+    if transition.decision != "predicted" {
+        return Prediction::Write(transition);
+    }
+    let mut note = None;
+    let mut effects = Vec::new();
+    for effect in transition.effects {
+        match effect {
+            Effect::Event {
+                reason: reason::PREDICTED,
+                note: n,
+                ..
+            } => note = Some(n),
+            other => effects.push(other),
+        }
+    }
+    Prediction::Hold(Deferred {
+        status: transition.status,
+        note: note.unwrap_or_default(),
+        effects,
+        requeue: transition.requeue,
+    })
+}
+
+/// The step taken on a held prediction (`held_note`: its event's note),
+/// against the status last written (`written`). A step that writes records
+/// the prediction with it, and its first event carries the prediction's
+/// note (the prediction's own event when the step has none). A cycle that
+/// has not decided yet writes nothing: the prediction stays held.
+pub fn with_held(
+    mut transition: Transition,
+    written: &TrainingJobStatus,
+    held_note: &str,
+) -> Transition {
+    if transition.decision == "unscheduled" {
+        transition.status = written.clone();
+        return transition;
+    }
+    let first_event = transition
+        .effects
+        .iter_mut()
+        .find_map(|effect| match effect {
+            Effect::Event { note, .. } => Some(note),
+            _ => None,
+        });
+    match first_event {
+        Some(note) => *note = format!("{held_note}; {note}"),
+        None => transition.effects.insert(
+            0,
+            Effect::Event {
+                warning: false,
+                reason: reason::PREDICTED,
+                note: held_note.to_string(),
+            },
+        ),
+    }
+    transition
+}
+
 /// The spec cannot be run: the job fails with an `Invalid` condition until
 /// its spec changes.
 pub fn invalid(job: &TrainingJob, mut status: TrainingJobStatus, message: &str) -> Transition {

@@ -1094,3 +1094,88 @@ fn gpu_model_budgets_pick_their_own_micro_batch_only_for_an_auto_first_attempt()
     assert_eq!(at(true, 2), 4);
     assert_eq!(at(true, 1), 8);
 }
+
+/// Event notes of the effects, in order.
+fn notes(t: &Transition) -> Vec<String> {
+    t.effects
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Event { note, .. } => Some(note.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_prediction_is_held_with_its_note_and_an_invalid_spec_is_not() {
+    let job = job(None);
+    let measured = |_: &str| None;
+    let t = predict(&job, TrainingJobStatus::default(), facts(1, &measured, &[]));
+    let note = notes(&t).remove(0);
+    let Prediction::Hold(deferred) = defer_prediction(t.clone()) else {
+        panic!("a prediction is held");
+    };
+    assert_eq!(deferred.status, t.status);
+    assert_eq!(deferred.note, note);
+    assert!(deferred.note.starts_with("attempt 1: predicted peak"));
+    // The event waits for the write; the wake-up does not.
+    assert_eq!(deferred.effects, vec![Effect::WakeScheduler]);
+    assert_eq!(deferred.requeue, t.requeue);
+
+    let bad = job_with(json!({"batch": {"global": 7, "micro": 2}}), None);
+    let t = predict(&bad, TrainingJobStatus::default(), facts(1, &measured, &[]));
+    assert_eq!(t.decision, "invalid");
+    assert_eq!(defer_prediction(t.clone()), Prediction::Write(t));
+}
+
+#[test]
+fn a_held_prediction_is_written_with_the_cycle_s_verdict_in_one_event() {
+    let job = job(None);
+    let written = TrainingJobStatus::default();
+    let held = predicted(1, Phase::Pending);
+
+    // Placed: the placement's event carries the prediction's note.
+    let t = with_held(
+        place(&job, held.clone(), placement(1)),
+        &written,
+        "predicted 8 GiB",
+    );
+    assert_eq!(t.status.placement, Some(placement(1)));
+    assert_eq!(t.status.budget_bytes, held.budget_bytes);
+    assert_eq!(events(&t), vec![(reason::PLACED, false)]);
+    let note = &notes(&t)[0];
+    assert!(
+        note.starts_with("predicted 8 GiB; placed on n1 GPU 0"),
+        "{note}"
+    );
+
+    // Waiting: the same, on the waiting event.
+    let t = with_held(
+        wait(&job, held.clone(), Some(("no room", false))),
+        &written,
+        "p",
+    );
+    assert_eq!(t.status.message.as_deref(), Some("no room"));
+    assert_eq!(events(&t), vec![(reason::WAITING, false)]);
+    assert_eq!(notes(&t), vec!["p; no room".to_string()]);
+
+    // A step without an event of its own publishes the prediction's.
+    let quiet = wait(&job, held.clone(), Some(("no room", false)));
+    let t = with_held(
+        Transition {
+            effects: vec![Effect::WakeScheduler],
+            ..quiet
+        },
+        &written,
+        "p",
+    );
+    assert_eq!(events(&t), vec![(reason::PREDICTED, false)]);
+    assert_eq!(notes(&t), vec!["p".to_string()]);
+    assert_eq!(t.effects[1], Effect::WakeScheduler);
+
+    // No verdict yet: nothing is written, the prediction stays held.
+    let t = with_held(wait(&job, held.clone(), None), &written, "p");
+    assert_eq!(t.status, written);
+    assert_eq!(t.effects, vec![Effect::WakeScheduler]);
+    assert!(events(&t).is_empty());
+}

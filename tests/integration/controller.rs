@@ -33,9 +33,46 @@ async fn job_goes_from_apply_to_placed_running_and_succeeded() {
     let cluster = TestCluster::new("lifecycle").await;
     let node = cluster.add_gpu_node("n1", &[("H100-80GB", 80 * GIB)]).await;
     let _controller = cluster.start_controller();
+    // Every version of the job's status: the prediction is written with the
+    // placement, in one write.
+    let statuses = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let watch = {
+        let statuses = statuses.clone();
+        crate::follow::follow(cluster.jobs(), move |job: &TrainingJob| {
+            let status = job.status.clone().unwrap_or_default();
+            statuses
+                .lock()
+                .unwrap()
+                .push((status.budget_bytes.is_some(), status.placement.is_some()));
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
     cluster.apply_job(mlp_job("mlp", 64, 8, 1, None)).await;
 
     let job = cluster.wait_phase("mlp", Phase::Placed).await;
+    watch.abort();
+    let seen = statuses.lock().unwrap().clone();
+    assert!(
+        seen.iter().all(|&(predicted, placed)| predicted == placed),
+        "a status with a prediction but no placement was written: {seen:?}"
+    );
+    assert!(seen.contains(&(true, true)), "{seen:?}");
+    // One event for both, the placement's, with the prediction's note first.
+    let mut placed_notes = Vec::new();
+    for _ in 0..50 {
+        placed_notes = cluster.event_notes("mlp", "Placed").await;
+        if !placed_notes.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(placed_notes.len(), 1, "{placed_notes:?}");
+    assert!(
+        placed_notes[0].starts_with("attempt 1: predicted peak")
+            && placed_notes[0].contains("; placed on"),
+        "{placed_notes:?}"
+    );
+    assert!(cluster.event_notes("mlp", "Predicted").await.is_empty());
     let status = job.status.unwrap();
     let placement = status.placement.expect("placement");
     assert_eq!(placement.node, node);

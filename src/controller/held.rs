@@ -1,0 +1,213 @@
+//! What the controller keeps in memory between a job's reconciles to save API
+//! requests: predictions not yet written, and the versions its own status
+//! writes produced.
+//!
+//! A new job's prediction is held until the first scheduling cycle has placed
+//! it (or said why it waits), and then written once together with that
+//! verdict: one status write per job on the common path instead of two. A
+//! held prediction is only valid for the job version it was made from; any
+//! change of the job (a spec edit, a status written by anyone) drops it and
+//! the job is predicted again. A restart loses what is held, which costs a
+//! prediction, nothing else.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use crate::api::{TrainingJob, TrainingJobStatus};
+
+/// A prediction made and not yet written.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HeldPrediction {
+    /// The job version it was made from.
+    pub resource_version: String,
+    /// The predicted status, as it would have been written.
+    pub status: TrainingJobStatus,
+    /// The note of the prediction's event, sent with the write that records it.
+    pub note: String,
+}
+
+impl HeldPrediction {
+    /// The job as it would be with its prediction written.
+    pub fn overlay(&self, job: &TrainingJob) -> TrainingJob {
+        let mut seen = job.clone();
+        seen.status = Some(self.status.clone());
+        seen
+    }
+}
+
+/// Held predictions by job UID.
+#[derive(Default)]
+pub struct HeldPredictions {
+    inner: Mutex<HashMap<String, HeldPrediction>>,
+}
+
+impl HeldPredictions {
+    /// Holds a prediction of `uid` (replacing an older one).
+    pub fn hold(&self, uid: &str, held: HeldPrediction) {
+        self.lock().insert(uid.to_string(), held);
+    }
+
+    /// The prediction held for `uid` if it was made from `resource_version`.
+    pub fn get(&self, uid: &str, resource_version: Option<&str>) -> Option<HeldPrediction> {
+        let held = self.lock();
+        held.get(uid)
+            .filter(|h| Some(h.resource_version.as_str()) == resource_version)
+            .cloned()
+    }
+
+    /// Drops what is held for `uid` (its status was written, or it is gone).
+    pub fn forget(&self, uid: &str) {
+        self.lock().remove(uid);
+    }
+
+    /// Number of predictions held.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// True when nothing is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The jobs as the scheduling cycle must see them: a job with a held
+    /// prediction for its current version carries that prediction.
+    pub fn overlay_all(&self, jobs: Vec<Arc<TrainingJob>>) -> Vec<Arc<TrainingJob>> {
+        let held = self.lock();
+        if held.is_empty() {
+            return jobs;
+        }
+        jobs.into_iter()
+            .map(|job| {
+                let uid = job.metadata.uid.as_deref().unwrap_or_default();
+                match held
+                    .get(uid)
+                    .filter(|h| job.metadata.resource_version.as_ref() == Some(&h.resource_version))
+                {
+                    Some(h) => Arc::new(h.overlay(&job)),
+                    None => job,
+                }
+            })
+            .collect()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, HeldPrediction>> {
+        self.inner.lock().expect("held predictions lock")
+    }
+}
+
+/// The `resourceVersion` each job's last status write by this process
+/// returned. A cached job at that version is what this process wrote last,
+/// so nothing written before it (by an earlier leader, or an older attempt)
+/// can be newer than the cache: the read-back before creating a pod is then
+/// not needed.
+#[derive(Default)]
+pub struct OwnWrites {
+    inner: Mutex<HashMap<String, String>>,
+}
+
+impl OwnWrites {
+    /// Records the version a status write of `uid` returned.
+    pub fn wrote(&self, uid: &str, resource_version: Option<String>) {
+        let mut writes = self.inner.lock().expect("own writes lock");
+        match resource_version {
+            Some(version) => writes.insert(uid.to_string(), version),
+            None => writes.remove(uid),
+        };
+    }
+
+    /// True when `job` (from the cache) is the version this process wrote last.
+    pub fn is_latest(&self, job: &TrainingJob) -> bool {
+        let uid = job.metadata.uid.as_deref().unwrap_or_default();
+        let writes = self.inner.lock().expect("own writes lock");
+        job.metadata
+            .resource_version
+            .as_ref()
+            .is_some_and(|version| writes.get(uid) == Some(version))
+    }
+
+    /// Forgets `uid` (the job is gone).
+    pub fn forget(&self, uid: &str) {
+        self.inner.lock().expect("own writes lock").remove(uid);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::Phase;
+
+    fn job(uid: &str, version: &str) -> Arc<TrainingJob> {
+        let mut job: TrainingJob = serde_json::from_value(serde_json::json!({
+            "apiVersion": "vramfit.dev/v1alpha1",
+            "kind": "TrainingJob",
+            "metadata": {"name": uid, "namespace": "ns", "uid": uid, "resourceVersion": version},
+            "spec": {
+                "model": {"type": "gpt2"},
+                "batch": {"global": 8, "micro": 8},
+                "template": {"spec": {"containers": [{"name": "t", "image": "i"}]}}
+            }
+        }))
+        .expect("job");
+        job.status = None;
+        Arc::new(job)
+    }
+
+    fn held(version: &str, budget: u64) -> HeldPrediction {
+        HeldPrediction {
+            resource_version: version.into(),
+            status: TrainingJobStatus {
+                phase: Phase::Pending,
+                budget_bytes: Some(budget),
+                ..Default::default()
+            },
+            note: "predicted".into(),
+        }
+    }
+
+    #[test]
+    fn a_held_prediction_is_only_for_the_version_it_was_made_from() {
+        let held_predictions = HeldPredictions::default();
+        held_predictions.hold("a", held("7", 10));
+        assert_eq!(held_predictions.get("a", Some("7")), Some(held("7", 10)));
+        assert_eq!(held_predictions.get("a", Some("8")), None);
+        assert_eq!(held_predictions.get("a", None), None);
+        assert_eq!(held_predictions.get("b", Some("7")), None);
+        held_predictions.hold("a", held("8", 20));
+        assert_eq!(held_predictions.get("a", Some("8")), Some(held("8", 20)));
+        held_predictions.forget("a");
+        assert_eq!(held_predictions.get("a", Some("8")), None);
+        assert!(held_predictions.is_empty());
+    }
+
+    #[test]
+    fn the_cycle_sees_held_predictions_of_the_current_version_only() {
+        let held_predictions = HeldPredictions::default();
+        held_predictions.hold("a", held("7", 10));
+        held_predictions.hold("b", held("3", 20));
+        let seen = held_predictions.overlay_all(vec![job("a", "7"), job("b", "4"), job("c", "1")]);
+        let budgets: Vec<Option<u64>> = seen
+            .iter()
+            .map(|j| j.status.as_ref().and_then(|s| s.budget_bytes))
+            .collect();
+        assert_eq!(budgets, vec![Some(10), None, None]);
+        assert_eq!(seen[0].metadata.resource_version.as_deref(), Some("7"));
+    }
+
+    #[test]
+    fn only_the_version_of_the_last_own_write_counts_as_latest() {
+        let writes = OwnWrites::default();
+        assert!(!writes.is_latest(&job("a", "5")));
+        writes.wrote("a", Some("5".into()));
+        assert!(writes.is_latest(&job("a", "5")));
+        assert!(!writes.is_latest(&job("a", "4")));
+        assert!(!writes.is_latest(&job("b", "5")));
+        writes.wrote("a", Some("9".into()));
+        assert!(!writes.is_latest(&job("a", "5")));
+        writes.wrote("a", None);
+        assert!(!writes.is_latest(&job("a", "9")));
+        writes.wrote("a", Some("9".into()));
+        writes.forget("a");
+        assert!(!writes.is_latest(&job("a", "9")));
+    }
+}
