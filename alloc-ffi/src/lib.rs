@@ -20,7 +20,9 @@
 //!
 //! Configuration (read once, at the first allocation): `VRAMFIT_ALLOC_POLICY`
 //! (`pytorch`, default, or `vramfit`), `VRAMFIT_BUDGET_BYTES` (per GPU; 0 or
-//! unset: none), `VRAMFIT_STATS_DIR` (where the counters are published).
+//! unset: none), `VRAMFIT_STATS_DIR` (where the counters are published),
+//! `VRAMFIT_ALLOC_PLAN` (`0` or `off`: the vramfit policy never serves a
+//! repeating step from a planned layout; default on).
 
 mod cuda;
 pub mod fences;
@@ -52,6 +54,8 @@ pub struct Settings {
     pub budget: Option<u64>,
     /// Where counters are published.
     pub stats_dir: Option<PathBuf>,
+    /// Whether the vramfit policy plans repeating steps.
+    pub step_plan: bool,
 }
 
 impl Settings {
@@ -74,10 +78,19 @@ impl Settings {
         let stats_dir = var("VRAMFIT_STATS_DIR")
             .filter(|d| !d.trim().is_empty())
             .map(PathBuf::from);
+        let step_plan = match var("VRAMFIT_ALLOC_PLAN") {
+            Some(text) => match text.trim().to_ascii_lowercase().as_str() {
+                "" | "1" | "on" | "true" => true,
+                "0" | "off" | "false" => false,
+                _ => return Err(format!("VRAMFIT_ALLOC_PLAN={text:?}: expected on or off")),
+            },
+            None => true,
+        };
         Ok(Self {
             policy,
             budget,
             stats_dir,
+            step_plan,
         })
     }
 }
@@ -154,6 +167,7 @@ fn device(index: c_int) -> Result<&'static Device, String> {
         let config = AllocatorConfig {
             budget_bytes: g.settings.budget,
             device_index: index as u32,
+            disable_step_plan: !g.settings.step_plan,
             ..Default::default()
         };
         let alloc = build_allocator(g.settings.policy, CudaMemory::new(ctx), config);
@@ -406,6 +420,15 @@ fn stats_text(device_index: c_int, kind: c_int) -> Option<String> {
             "headroomBytes": state.page_figures().map(|f| f.1),
             "deviceWaits": state.core_stats().num_device_waits,
             "movedBytes": state.core_stats().moved_bytes,
+            "planActive": state.plan_figures().map(|f| f.active),
+            "planArenaBytes": state.plan_figures().map(|f| f.arena_bytes),
+            "planMaxLiveBytes": state.plan_figures().map(|f| f.max_live_bytes),
+            "planStepEvents": state.plan_figures().map(|f| f.step_events),
+            "planBlocks": state.plan_figures().map(|f| f.planned_blocks),
+            "planServed": state.plan_figures().map(|f| f.served),
+            "planActivations": state.plan_figures().map(|f| f.activations),
+            "planDeviations": state.plan_figures().map(|f| f.deviations),
+            "planRejected": state.plan_figures().map(|f| f.rejected),
             "statsDir": g.settings.stats_dir.as_ref().map(|d| d.display().to_string()),
         })
         .to_string()
@@ -494,6 +517,10 @@ mod tests {
         assert_eq!(defaults.policy, Policy::Pytorch);
         assert_eq!(defaults.budget, None);
         assert_eq!(defaults.stats_dir, None);
+        assert!(defaults.step_plan);
+        let off = Settings::from_vars(vars(&[("VRAMFIT_ALLOC_PLAN", "off")])).unwrap();
+        assert!(!off.step_plan);
+        assert!(Settings::from_vars(vars(&[("VRAMFIT_ALLOC_PLAN", "maybe")])).is_err());
     }
 
     #[test]

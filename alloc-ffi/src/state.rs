@@ -179,6 +179,11 @@ impl<E: StreamEvents> DeviceState<E> {
         self.pending.len()
     }
 
+    /// What the vramfit policy's step planner did (`None`: no planner).
+    pub fn plan_figures(&self) -> Option<vramfit::alloc::PlanFigures> {
+        self.alloc.plan_figures()
+    }
+
     /// The page policy's `(live-page high-water mark, headroom)` in bytes.
     pub fn page_figures(&self) -> Option<(u64, u64)> {
         self.alloc.page_figures()

@@ -1126,6 +1126,14 @@ def orchestrate(args):
                 last4 = [sum((r.get("deviceCallsPerStep") or [1])[-4:]) for r in ok]
                 add(f"train[{model}] vramfit: no driver calls in the last 4 steps", not any(last4),
                     "calls per step " + " / ".join(str(r.get("deviceCallsPerStep")) for r in ok))
+                plans = [(r.get("vramfit") or {}) for r in ok]
+                add(f"train[{model}] vramfit: the step is served from a planned layout",
+                    all(v.get("vramfit.planActive") for v in plans),
+                    " / ".join(f"active {v.get('vramfit.planActive')}, arena "
+                               f"{(v.get('vramfit.planArenaBytes') or 0) / MIB:.0f} MiB, "
+                               f"{v.get('vramfit.planStepEvents')} events a step, deviations "
+                               f"{v.get('vramfit.planDeviations')}, rejected {v.get('vramfit.planRejected')}"
+                               for v in plans))
             if policy == "vramfit" and model in ("gpt2", "llama", "bert"):
                 add(f"train[{model}] vramfit policy reserved peak >= 10% below native", p["reservedVsNativePct"] <= -10,
                     f"{p['reservedVsNativePct']:+.1f}%")
@@ -1165,6 +1173,9 @@ def orchestrate(args):
         if v:
             print(f"{row['model']}: vramfit live-page high-water {(v.get('vramfit.livePageHighWaterBytes') or 0) / MIB:.0f} MiB,"
                   f" headroom {(v.get('vramfit.headroomBytes') or 0) / MIB:.0f} MiB;"
+                  f" plan active {v.get('vramfit.planActive')} arena {(v.get('vramfit.planArenaBytes') or 0) / MIB:.0f} MiB"
+                  f" (bound {(v.get('vramfit.planMaxLiveBytes') or 0) / MIB:.0f} MiB) served {v.get('vramfit.planServed')}"
+                  f" deviations {v.get('vramfit.planDeviations')} rejected {v.get('vramfit.planRejected')};"
                   f" MiB moved per step {row['vramfit'].get('movedMibPerStep')},"
                   f" waits per step {row['vramfit'].get('waitsPerStep')};"
                   f" per-run step ms native {row['native']['perRun']} vramfit {row['vramfit']['perRun']}")

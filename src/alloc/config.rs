@@ -96,6 +96,10 @@ pub struct AllocatorConfig {
     pub budget_bytes: Option<u64>,
     /// Index of the device, used in messages only.
     pub device_index: u32,
+    /// vramfit policy: never serve a repeating step from a planned layout
+    /// (see `docs/allocator.md`, "Planned steps").
+    #[serde(default)]
+    pub disable_step_plan: bool,
 }
 
 impl AllocatorConfig {

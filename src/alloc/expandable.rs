@@ -19,6 +19,10 @@
 //! unmaps what it takes. PyTorch's segments, in contrast, keep whole 2/20
 //! MiB or request-sized segments whose free tails cannot serve other sizes
 //! or streams.
+//!
+//! A repeating training step is served from a layout planned in advance
+//! (`expandable_plan.rs`, `super::plan`): one arena per stream, mapped
+//! once, each request at its planned offset.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -26,7 +30,11 @@ use super::GpuAllocator;
 use super::config::{AllocatorConfig, MIN_BLOCK_BYTES, SMALL_REQUEST_BYTES, round_request};
 use super::device::{DeviceError, DeviceMemory, DevicePtr, StreamId};
 use super::error::{AllocError, OomFacts};
+use super::plan::{PlanFigures, StepEvent};
 use super::stats::MemoryStats;
+
+#[path = "expandable_plan.rs"]
+mod plan_serving;
 
 /// Pages the ceiling rises by each time free pages are moved only to keep
 /// the reserved level under it (not for a limit). Moving pages costs driver
@@ -100,6 +108,10 @@ struct Range {
     /// page may be unmapped without waiting once the device is past it
     /// ([`DeviceMemory::frees_done`]).
     freed_at: Vec<u64>,
+    /// An arena of the active plan: placed into only by the plan, and its
+    /// free pages are not moved for the ceiling (only for a limit or
+    /// `empty_cache`).
+    planned: bool,
 }
 
 impl Range {
@@ -119,7 +131,8 @@ pub struct ExpandableAllocator<D: DeviceMemory> {
     page: u64,
     ranges: Vec<Range>,
     range_of: HashMap<(StreamId, bool), usize>,
-    live: HashMap<DevicePtr, (usize, u64)>,
+    /// Live blocks: range, offset, and the planner's clock at the request.
+    live: HashMap<DevicePtr, (usize, u64, u64)>,
     /// Set when a free may have left whole free pages behind.
     reclaimable: bool,
     /// Pages under live blocks, now and at most so far.
@@ -132,6 +145,10 @@ pub struct ExpandableAllocator<D: DeviceMemory> {
     free_seq: u64,
     tuning: Tuning,
     stats: MemoryStats,
+    /// The highest reserved level so far (not cleared by peak resets): a
+    /// plan is used only if it stays at or below it.
+    reserved_high: u64,
+    planner: plan_serving::Planner,
 }
 
 impl<D: DeviceMemory> ExpandableAllocator<D> {
@@ -157,6 +174,8 @@ impl<D: DeviceMemory> ExpandableAllocator<D> {
             free_seq: 0,
             tuning,
             stats: MemoryStats::default(),
+            reserved_high: 0,
+            planner: Default::default(),
         }
     }
 
@@ -201,6 +220,7 @@ impl<D: DeviceMemory> ExpandableAllocator<D> {
             users: Vec::new(),
             stream,
             freed_at: Vec::new(),
+            planned: false,
         });
         self.stats.segments.increase(1);
         let index = self.ranges.len() - 1;
@@ -404,6 +424,7 @@ impl<D: DeviceMemory> ExpandableAllocator<D> {
             self.ranges[r].mapped[run_start..p].fill(true);
             self.stats.num_device_allocs += 1;
             self.stats.reserved_bytes.increase(bytes);
+            self.reserved_high = self.reserved_high.max(self.stats.reserved_bytes.current);
         }
         Ok(())
     }
@@ -419,11 +440,15 @@ impl<D: DeviceMemory> ExpandableAllocator<D> {
     /// ([`DeviceMemory::frees_done`]): the others may still be used by
     /// kernels queued before their free, and stay mapped until a later
     /// move finds them settled (no waiting for the device).
+    ///
+    /// With `include_planned`, the free pages of the active plan's arenas
+    /// may be taken too (a limit or `empty_cache`; not the ceiling).
     fn reclaim_free_pages(
         &mut self,
         want: u64,
         park: bool,
         settled_only: bool,
+        include_planned: bool,
     ) -> Result<u64, DeviceError> {
         let page = self.page;
         let done: Vec<u64> = if settled_only {
@@ -436,7 +461,7 @@ impl<D: DeviceMemory> ExpandableAllocator<D> {
             vec![u64::MAX; self.ranges.len()]
         };
         let mut skipped = false;
-        let mut spans = self.free_spans();
+        let mut spans = self.free_spans(include_planned);
         spans.sort_unstable_by(|a, b| b.cmp(a));
         let mut freed = 0;
         for (_, r, first, last) in spans {
@@ -474,17 +499,21 @@ impl<D: DeviceMemory> ExpandableAllocator<D> {
             }
         }
         // Everything reclaimable is gone until the next free (pages left
-        // for the device to pass stay reclaimable).
-        self.reclaimable = skipped;
+        // for the device to pass, and the plan's arenas when they were
+        // left out, stay reclaimable).
+        self.reclaimable = skipped || (!include_planned && self.ranges.iter().any(|r| r.planned));
         Ok(freed)
     }
 
     /// The pages lying wholly inside free pieces: `(piece size, range,
     /// first page, end page)`.
-    fn free_spans(&self) -> Vec<(u64, usize, usize, usize)> {
+    fn free_spans(&self, include_planned: bool) -> Vec<(u64, usize, usize, usize)> {
         let page = self.page;
         let mut spans = Vec::new();
         for (r, range) in self.ranges.iter().enumerate() {
+            if range.planned && !include_planned {
+                continue;
+            }
             for &(size, offset) in &range.free {
                 let first = offset.div_ceil(page) as usize;
                 // Nothing lives past the end of the range, so a free piece
@@ -508,9 +537,9 @@ impl<D: DeviceMemory> ExpandableAllocator<D> {
     /// device, the pages freed longest ago first: for each stream, only up
     /// to the last free among them ([`DeviceMemory::wait_free`]), not for
     /// the work queued since.
-    fn wait_for_free_pages(&mut self, want: u64) -> Result<(), DeviceError> {
+    fn wait_for_free_pages(&mut self, want: u64, include_planned: bool) -> Result<(), DeviceError> {
         let mut pages: Vec<(u64, usize)> = Vec::new();
-        for (_, r, first, last) in self.free_spans() {
+        for (_, r, first, last) in self.free_spans(include_planned) {
             let range = &self.ranges[r];
             for p in first..last {
                 if range.mapped[p] {
@@ -552,9 +581,10 @@ impl<D: DeviceMemory> ExpandableAllocator<D> {
         if want > 0 && self.reclaimable {
             if over_limit > 0 {
                 self.stats.num_alloc_retries += 1;
-            } else {
+            } else if !self.expecting_plan() {
                 // Moving pages only to stay under the ceiling: a pattern
-                // that needs it once will likely need it again next step.
+                // that needs it once will likely need it again next step
+                // (unless a planned layout is expected to take over soon).
                 let cap = self.live_page_high_water_bytes() / self.tuning.headroom_cap_divisor;
                 self.allowance =
                     (self.allowance + self.tuning.slack_per_move_pages * self.page).min(cap);
@@ -565,17 +595,18 @@ impl<D: DeviceMemory> ExpandableAllocator<D> {
             // them); a limit, or a larger shortfall, waits until the device
             // is past the frees of the pages it takes (the oldest), and a
             // limit still short waits for the device to be idle.
-            let mut got = self.reclaim_free_pages(want, true, true)?;
+            let limit = over_limit > 0;
+            let mut got = self.reclaim_free_pages(want, true, true, limit)?;
             if self.reclaimable
                 && (over_limit > got
                     || want - got.min(want) > self.tuning.deferred_move_pages * self.page)
             {
                 self.stats.num_device_waits += 1;
-                self.wait_for_free_pages(want - got.min(want))?;
-                got += self.reclaim_free_pages(want - got.min(want), true, true)?;
+                self.wait_for_free_pages(want - got.min(want), limit)?;
+                got += self.reclaim_free_pages(want - got.min(want), true, true, limit)?;
                 if over_limit > got && self.reclaimable {
                     self.device.wait_frees()?;
-                    self.reclaim_free_pages(over_limit - got, true, false)?;
+                    self.reclaim_free_pages(over_limit - got, true, false, true)?;
                 }
             }
         }
@@ -618,9 +649,24 @@ impl<D: DeviceMemory> ExpandableAllocator<D> {
 impl<D: DeviceMemory> GpuAllocator for ExpandableAllocator<D> {
     fn allocate(&mut self, bytes: u64, stream: StreamId) -> Result<DevicePtr, AllocError> {
         let size = round_request(bytes);
-        let r = self.range_for(stream, size <= SMALL_REQUEST_BYTES)?;
-        let Some(offset) = self.carve(r, size) else {
-            return Err(self.out_of_memory(size, size));
+        let planned = self.plan_event(StepEvent::Alloc { size, stream })?;
+        let carved = match planned {
+            Some((r, offset)) if self.carve_at(r, offset, size) => Some((r, offset)),
+            Some(_) => {
+                self.plan_failed();
+                None
+            }
+            None => None,
+        };
+        let (r, offset) = match carved {
+            Some(place) => place,
+            None => {
+                let r = self.range_for(stream, size <= SMALL_REQUEST_BYTES)?;
+                let Some(offset) = self.carve(r, size) else {
+                    return Err(self.out_of_memory(size, size));
+                };
+                (r, offset)
+            }
         };
         let carved = self.ranges[r].pieces[&offset].size;
         self.touch(r, offset, carved, true);
@@ -635,7 +681,7 @@ impl<D: DeviceMemory> GpuAllocator for ExpandableAllocator<D> {
         piece.requested = bytes;
         let kept = piece.size;
         let ptr = range.base + offset;
-        self.live.insert(ptr, (r, offset));
+        self.live.insert(ptr, (r, offset, self.planner.clock));
         self.stats.allocated_bytes.increase(kept);
         self.stats.requested_bytes.increase(bytes);
         self.stats.allocations.increase(1);
@@ -643,11 +689,14 @@ impl<D: DeviceMemory> GpuAllocator for ExpandableAllocator<D> {
     }
 
     fn free(&mut self, ptr: DevicePtr) -> Result<(), AllocError> {
-        let (r, offset) = self
+        let (r, offset, born) = self
             .live
             .remove(&ptr)
             .ok_or(AllocError::UnknownPointer(ptr))?;
         let size = self.ranges[r].pieces[&offset].size;
+        // Events from the request to this free (the clock counts this one).
+        let age = self.planner.clock + 1 - born;
+        self.plan_event(StepEvent::Free { age, size })?;
         self.touch(r, offset, size, false);
         self.free_seq += 1;
         let seq = self.free_seq;
@@ -669,7 +718,7 @@ impl<D: DeviceMemory> GpuAllocator for ExpandableAllocator<D> {
     fn empty_cache(&mut self) -> Result<(), AllocError> {
         self.reclaimable = true;
         self.device.wait_frees()?;
-        self.reclaim_free_pages(u64::MAX, false, false)
+        self.reclaim_free_pages(u64::MAX, false, false, true)
             .map(|_| ())
             .map_err(AllocError::from)
     }
@@ -692,6 +741,10 @@ impl<D: DeviceMemory> GpuAllocator for ExpandableAllocator<D> {
 
     fn page_figures(&self) -> Option<(u64, u64)> {
         Some((self.live_page_high_water_bytes(), self.headroom_bytes()))
+    }
+
+    fn plan_figures(&self) -> Option<PlanFigures> {
+        (!self.config.disable_step_plan).then(|| self.planner.figures())
     }
 }
 

@@ -40,7 +40,7 @@ pub use expandable::{
     DEFERRED_MOVE_PAGES, ExpandableAllocator, HEADROOM_CAP_DIVISOR, SLACK_PER_MOVE_PAGES, Tuning,
 };
 pub use plan::{
-    MAX_STEP_EVENTS, RepeatedStep, StepBlock, StepDetector, StepEvent, StepLayout,
+    MAX_STEP_EVENTS, PlanFigures, RepeatedStep, StepBlock, StepDetector, StepEvent, StepLayout,
     live_bytes_by_phase, plan_layout, quietest_phase,
 };
 pub use pytorch::PytorchAllocator;
@@ -77,6 +77,10 @@ pub trait GpuAllocator {
     /// For a policy that maps pages: `(live-page high-water mark, headroom)`
     /// in bytes (see `ExpandableAllocator`); `None` for segment policies.
     fn page_figures(&self) -> Option<(u64, u64)> {
+        None
+    }
+    /// For a policy that plans repeating steps: what its planner did.
+    fn plan_figures(&self) -> Option<PlanFigures> {
         None
     }
 }

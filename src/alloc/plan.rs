@@ -18,7 +18,34 @@
 
 use std::collections::HashMap;
 
+use serde::{Deserialize, Serialize};
+
 use super::device::StreamId;
+
+/// What the vramfit policy's planner did (`vramfit.plan*` counters).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PlanFigures {
+    /// Whether requests are being served from a plan now.
+    pub active: bool,
+    /// Bytes of the planned arena (mapped while the plan is active).
+    pub arena_bytes: u64,
+    /// The most bytes the planned blocks hold at once (the arena's bound).
+    pub max_live_bytes: u64,
+    /// Requests and frees per planned step.
+    pub step_events: u64,
+    /// Blocks of the step placed by the plan.
+    pub planned_blocks: u64,
+    /// Requests served at their planned offset, since the start.
+    pub served: u64,
+    /// Plans switched to, since the start.
+    pub activations: u64,
+    /// Plans left because a request or free differed from the step.
+    pub deviations: u64,
+    /// Plans not used because they would not lower the footprint (or pass
+    /// a limit).
+    pub rejected: u64,
+}
 
 /// Requests and frees a repeating step may span at most; longer sequences
 /// are not planned (the history kept to find them would grow too large).
@@ -29,9 +56,8 @@ pub const MAX_STEP_EVENTS: usize = 1 << 17;
 /// enough to re-synchronise quickly after a deviation.
 const WINDOW_EVENTS: usize = 32;
 
-/// Periods shorter than this are not steps (a loop of a few requests is
-/// served by the policy without driver calls anyway).
-const MIN_STEP_EVENTS: usize = 16;
+/// The shortest step: two requests and their frees.
+const MIN_STEP_EVENTS: usize = 4;
 
 /// One event of the sequence, as the detector compares them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -70,7 +96,9 @@ impl StepEvent {
         h
     }
 
-    fn same(&self, other: &StepEvent) -> bool {
+    /// Whether `other` is the same event of a step: same size and stream
+    /// for a request, same age for a free.
+    pub fn same(&self, other: &StepEvent) -> bool {
         match (self, other) {
             (
                 StepEvent::Alloc { size, stream },
@@ -136,11 +164,12 @@ pub struct RepeatedStep {
 /// one period earlier), the bytes requested in the last period equal the
 /// bytes freed in it (a step gives back what it takes: the forward pass of
 /// one transformer layer repeats too, but it keeps its activations), and
-/// the period has at least [`MIN_STEP_EVENTS`] and at most
+/// the period has at least [`MIN_STEP_EVENTS`] (or more, see
+/// [`StepDetector::require_longer_than`]) and at most
 /// [`MAX_STEP_EVENTS`] events. A candidate period comes from the last
 /// place where the last [`WINDOW_EVENTS`] events occurred before (a
 /// rolling hash), and is dropped at the first event that differs.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct StepDetector {
     /// Absolute number of the first event in `events`.
     base: u64,
@@ -156,24 +185,49 @@ pub struct StepDetector {
     /// The period being checked and how many events in a row matched it.
     candidate: Option<usize>,
     run: usize,
+    /// Periods below this are not proposed ([`StepDetector::require_longer_than`]).
+    min_period: usize,
 }
 
 /// Multiplier of the rolling hash.
 const ROLL: u64 = 0x9e37_79b9_7f4a_7c15;
 
+impl Default for StepDetector {
+    fn default() -> Self {
+        Self {
+            base: 0,
+            events: Vec::new(),
+            tokens: Vec::new(),
+            net: vec![0],
+            window_hash: 0,
+            seen: HashMap::new(),
+            candidate: None,
+            run: 0,
+            min_period: MIN_STEP_EVENTS,
+        }
+    }
+}
+
 impl StepDetector {
     /// A detector that has seen nothing.
     pub fn new() -> Self {
-        Self {
-            net: vec![0],
-            ..Default::default()
-        }
+        Self::default()
     }
 
-    /// Forgets everything seen (after the sequence was served by a plan,
-    /// or after `empty_cache`).
+    /// Forgets everything seen (keeping the shortest period allowed).
     pub fn reset(&mut self) {
+        let min_period = self.min_period;
         *self = Self::new();
+        self.min_period = min_period;
+    }
+
+    /// Proposes only periods longer than `period` from now on (`0`: any):
+    /// a period that stopped repeating within two periods was a repeating
+    /// part of a longer step (the layers of a forward pass without saved
+    /// activations, an optimizer's loop over equal-shaped parameters), and
+    /// the step that contains it is longer.
+    pub fn require_longer_than(&mut self, period: usize) {
+        self.min_period = (period + 1).max(MIN_STEP_EVENTS);
     }
 
     /// Events seen since the last reset (or kept after trimming).
@@ -224,7 +278,7 @@ impl StepDetector {
                 && let Some(before) = previous
             {
                 let period = (now - before) as usize;
-                if (MIN_STEP_EVENTS..=MAX_STEP_EVENTS).contains(&period)
+                if (self.min_period..=MAX_STEP_EVENTS).contains(&period)
                     && n > period
                     && (1..=WINDOW_EVENTS.min(n - period))
                         .all(|k| self.events[n - k].same(&self.events[n - k - period]))

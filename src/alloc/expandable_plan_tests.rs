@@ -1,0 +1,249 @@
+use std::collections::{BTreeMap, HashMap};
+
+use crate::alloc::{
+    AllocError, AllocatorConfig, DevicePtr, ExpandableAllocator, GpuAllocator, SimulatedDevice,
+    StreamId, round_request,
+};
+
+const MIB: u64 = 1 << 20;
+
+/// An allocator plus the spans of its live blocks, checked at every
+/// request: no two live blocks may overlap.
+struct Checked {
+    a: ExpandableAllocator<SimulatedDevice>,
+    spans: BTreeMap<DevicePtr, (u64, StreamId)>,
+}
+
+impl Checked {
+    fn new(config: AllocatorConfig) -> Self {
+        Self {
+            a: ExpandableAllocator::new(SimulatedDevice::new(1 << 40), config),
+            spans: BTreeMap::new(),
+        }
+    }
+
+    fn alloc(&mut self, bytes: u64, stream: StreamId) -> Result<DevicePtr, AllocError> {
+        let ptr = self.a.allocate(bytes, stream)?;
+        let end = ptr + round_request(bytes);
+        if let Some((&before, &(before_end, _))) = self.spans.range(..=ptr).next_back() {
+            assert!(
+                before_end <= ptr,
+                "{ptr:#x} inside the block at {before:#x}"
+            );
+        }
+        if let Some((&after, _)) = self.spans.range(ptr..).next() {
+            assert!(
+                after >= end,
+                "{ptr:#x}..{end:#x} over the block at {after:#x}"
+            );
+        }
+        self.spans.insert(ptr, (end, stream));
+        Ok(ptr)
+    }
+
+    fn free(&mut self, ptr: DevicePtr) {
+        self.a.free(ptr).unwrap();
+        self.spans.remove(&ptr);
+    }
+
+    fn calls(&self) -> u64 {
+        self.a.device().map_calls + self.a.device().unmap_calls
+    }
+
+    /// Runs a step: `(request index, bytes, stream)` requests, each freed
+    /// `life` requests later (the last ones at the end of the step),
+    /// returning the addresses by stream.
+    fn step(
+        &mut self,
+        requests: &[(u64, StreamId)],
+        life: usize,
+    ) -> HashMap<StreamId, Vec<(u64, u64)>> {
+        let mut live: Vec<DevicePtr> = Vec::new();
+        let mut by_stream: HashMap<StreamId, Vec<(u64, u64)>> = HashMap::new();
+        for &(bytes, stream) in requests {
+            let ptr = self.alloc(bytes, stream).unwrap();
+            by_stream
+                .entry(stream)
+                .or_default()
+                .push((ptr, ptr + round_request(bytes)));
+            live.push(ptr);
+            if live.len() > life {
+                let oldest = live.remove(0);
+                self.free(oldest);
+            }
+        }
+        for ptr in live {
+            self.free(ptr);
+        }
+        by_stream
+    }
+}
+
+/// Twelve requests of varied sizes over two streams.
+fn two_stream_requests() -> Vec<(u64, StreamId)> {
+    (0..12u64)
+        .map(|i| ((3 + (i * 7) % 11) * MIB + 512 * i, i % 2))
+        .collect()
+}
+
+#[test]
+fn a_repeating_step_is_served_from_one_arena_per_stream_without_driver_calls() {
+    let mut c = Checked::new(AllocatorConfig::default());
+    let _parameters = c.alloc(200 * MIB, 0).unwrap();
+    let requests = two_stream_requests();
+    for _ in 0..6 {
+        c.step(&requests, 3);
+    }
+    let figures = c.a.plan_figures().unwrap();
+    assert!(figures.active, "{figures:?}");
+    assert_eq!(figures.step_events, 24);
+    let before = c.calls();
+    let mut layouts = Vec::new();
+    for _ in 0..10 {
+        layouts.push(c.step(&requests, 3));
+    }
+    assert_eq!(c.calls(), before, "no driver calls under the plan");
+    // Every step lands on the same addresses...
+    assert!(layouts.windows(2).all(|w| w[0] == w[1]));
+    // ...and the streams never share memory: each has an arena of its own.
+    let span = |s: &[(u64, u64)]| {
+        (
+            s.iter().map(|b| b.0).min().unwrap(),
+            s.iter().map(|b| b.1).max().unwrap(),
+        )
+    };
+    let (s0, s1) = (span(&layouts[0][&0]), span(&layouts[0][&1]));
+    assert!(s0.1 <= s1.0 || s1.1 <= s0.0, "{s0:x?} {s1:x?}");
+    assert!(c.a.plan_figures().unwrap().served >= 120);
+}
+
+#[test]
+fn a_step_that_changes_midway_falls_back_and_is_planned_again() {
+    let mut c = Checked::new(AllocatorConfig::default());
+    let _parameters = c.alloc(200 * MIB, 0).unwrap();
+    let requests = two_stream_requests();
+    for _ in 0..6 {
+        c.step(&requests, 3);
+    }
+    assert!(c.a.plan_figures().unwrap().active);
+    // Half a step, then other sizes (another shape) for a while, with a
+    // block kept across the change.
+    let kept = c.alloc(5 * MIB, 0).unwrap();
+    c.step(&requests[..6], 3);
+    let figures = c.a.plan_figures().unwrap();
+    assert!(!figures.active);
+    assert_eq!(figures.deviations, 1);
+    let other: Vec<(u64, StreamId)> = requests.iter().map(|&(b, s)| (b * 2, s)).collect();
+    for _ in 0..3 {
+        c.step(&other, 3);
+    }
+    c.free(kept);
+    for _ in 0..30 {
+        c.step(&requests, 3);
+    }
+    let figures = c.a.plan_figures().unwrap();
+    assert!(figures.active, "{figures:?}");
+    assert!(figures.activations >= 2);
+    let before = c.calls();
+    c.step(&requests, 3);
+    assert_eq!(c.calls(), before);
+}
+
+/// Two large blocks that take turns, one of them always alive: whatever
+/// phase the plan switched at, the block in flight would sit in the old
+/// pages beside an arena that holds both, above what the policy reserves.
+#[test]
+fn a_plan_that_would_raise_the_reserved_peak_is_not_used() {
+    let run = |plan: bool| {
+        let config = AllocatorConfig {
+            disable_step_plan: !plan,
+            ..Default::default()
+        };
+        let mut c = Checked::new(config);
+        let _parameters = c.alloc(100 * MIB, 0).unwrap();
+        let mut y = c.alloc(62 * MIB, 0).unwrap();
+        for _ in 0..40 {
+            let x = c.alloc(64 * MIB, 0).unwrap();
+            c.free(y);
+            let s = c.alloc(MIB, 0).unwrap();
+            c.free(s);
+            y = c.alloc(62 * MIB, 0).unwrap();
+            c.free(x);
+            let t = c.alloc(MIB, 0).unwrap();
+            c.free(t);
+        }
+        (c.a.stats().reserved_bytes.peak, c.a.plan_figures())
+    };
+    let (planned, figures) = run(true);
+    let (unplanned, _) = run(false);
+    let figures = figures.unwrap();
+    assert!(figures.rejected >= 1, "{figures:?}");
+    assert_eq!(figures.activations, 0);
+    assert!(planned <= unplanned, "{planned} vs {unplanned}");
+}
+
+#[test]
+fn empty_cache_under_a_plan_gives_free_arena_pages_back_and_the_plan_goes_on() {
+    let mut c = Checked::new(AllocatorConfig::default());
+    let _parameters = c.alloc(200 * MIB, 0).unwrap();
+    let requests = two_stream_requests();
+    for _ in 0..6 {
+        c.step(&requests, 3);
+    }
+    assert!(c.a.plan_figures().unwrap().active);
+    let reserved = c.a.stats().reserved_bytes.current;
+    c.a.empty_cache().unwrap();
+    assert_eq!(c.a.stats().reserved_bytes.current, 200 * MIB);
+    assert!(reserved > 200 * MIB);
+    c.step(&requests, 3);
+    assert!(c.a.plan_figures().unwrap().active);
+    let before = c.calls();
+    c.step(&requests, 3);
+    assert_eq!(c.calls(), before, "pages mapped again once, then kept");
+}
+
+#[test]
+fn a_budget_still_refuses_under_a_plan_with_its_message() {
+    let config = AllocatorConfig {
+        budget_bytes: Some(300 * MIB),
+        ..Default::default()
+    };
+    let mut c = Checked::new(config);
+    let _parameters = c.alloc(200 * MIB, 0).unwrap();
+    let requests = two_stream_requests();
+    for _ in 0..6 {
+        c.step(&requests, 3);
+    }
+    assert!(c.a.plan_figures().unwrap().active);
+    assert!(c.a.stats().reserved_bytes.peak <= 300 * MIB);
+    match c.alloc(150 * MIB, 0) {
+        Err(AllocError::OutOfMemory {
+            budget_exceeded,
+            message,
+            ..
+        }) => {
+            assert!(budget_exceeded);
+            assert!(message.contains("budget"), "{message}");
+        }
+        other => panic!("expected the budget's refusal, got {other:?}"),
+    }
+    // The refused request was not part of the step: the plan is left, and
+    // the steps go on correctly.
+    for _ in 0..3 {
+        c.step(&requests, 3);
+    }
+    assert!(c.a.stats().reserved_bytes.peak <= 300 * MIB);
+}
+
+#[test]
+fn with_the_plan_disabled_nothing_is_planned() {
+    let config = AllocatorConfig {
+        disable_step_plan: true,
+        ..Default::default()
+    };
+    let mut c = Checked::new(config);
+    for _ in 0..10 {
+        c.step(&two_stream_requests(), 3);
+    }
+    assert_eq!(c.a.plan_figures(), None);
+}
