@@ -326,11 +326,14 @@ pub async fn run(client: Client, options: ControllerOptions) -> Result<()> {
             .default_backoff()
             .reflect(gpu_node_writer)
             .applied_objects()
-            .predicate_filter(
-                |node: &GpuNode| Some(scheduler_facing_fingerprint(node)),
-                Default::default(),
-            )
-            .inspect_ok(move |_| ctx.wake_scheduler())
+            .inspect_ok({
+                let mut seen = SchedulerFacing::default();
+                move |node| {
+                    if seen.changed(node) {
+                        ctx.wake_scheduler();
+                    }
+                }
+            })
             .predicate_filter(
                 |node: &GpuNode| Some(job_facing_fingerprint(node)),
                 Default::default(),
@@ -428,9 +431,14 @@ pub async fn run(client: Client, options: ControllerOptions) -> Result<()> {
     result
 }
 
-/// Hash of what the scheduler reads from a `GpuNode`: all of it but the
-/// `status.allocation` the controller writes (the scheduler never reads it,
-/// and a wake-up for each of its own writes would cost a cycle each).
+/// Hash of what can change a placement in a `GpuNode`: its labels, deletion,
+/// spec (cordon) and each GPU's identity, model, capacity and health. Not the
+/// heartbeat, the memory in use, the processes, the probe or the
+/// `status.allocation` the controller writes: the cycle does not read them
+/// (memory is committed by budget, not by use), and one wake-up per
+/// heartbeat would run a cycle for nearly every heartbeat at a few thousand
+/// nodes. A heartbeat that crosses the TTL (a node gone stale, or back) is
+/// seen by the cycle that runs at least every `--cycle-seconds`.
 fn scheduler_facing_fingerprint(gpu_node: &GpuNode) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
@@ -443,16 +451,34 @@ fn scheduler_facing_fingerprint(gpu_node: &GpuNode) -> u64 {
     serde_json::to_string(&gpu_node.spec)
         .unwrap_or_default()
         .hash(&mut hasher);
-    if let Some(status) = gpu_node.status.as_ref() {
-        let status = crate::api::GpuNodeStatus {
-            allocation: None,
-            ..status.clone()
-        };
-        serde_json::to_string(&status)
-            .unwrap_or_default()
-            .hash(&mut hasher);
+    match gpu_node.status.as_ref() {
+        None => 0u8.hash(&mut hasher),
+        Some(status) => {
+            1u8.hash(&mut hasher);
+            for gpu in &status.gpus {
+                (gpu.index, &gpu.uuid, &gpu.model, gpu.total_bytes).hash(&mut hasher);
+                serde_json::to_string(&gpu.health)
+                    .unwrap_or_default()
+                    .hash(&mut hasher);
+            }
+        }
     }
     hasher.finish()
+}
+
+/// The last [`scheduler_facing_fingerprint`] of each `GpuNode` seen.
+#[derive(Default)]
+struct SchedulerFacing {
+    seen: HashMap<String, u64>,
+}
+
+impl SchedulerFacing {
+    /// True when what the scheduler reads of `gpu_node` changed since its
+    /// last version seen (or it is new).
+    fn changed(&mut self, gpu_node: &GpuNode) -> bool {
+        let fingerprint = scheduler_facing_fingerprint(gpu_node);
+        self.seen.insert(gpu_node.name_any(), fingerprint) != Some(fingerprint)
+    }
 }
 
 /// Hash of what the reconciles of the jobs on a node read from its `GpuNode`:
@@ -1017,30 +1043,77 @@ mod tests {
     }
 
     #[test]
-    fn the_controllers_own_allocation_writes_do_not_wake_the_scheduler() {
+    fn a_gpu_node_wakes_the_scheduler_when_new_or_changed_for_it() {
+        let t = "2026-12-01T12:00:00Z";
+        let mut seen = SchedulerFacing::default();
+        let node = reported_node(t, 0, None);
+        assert!(seen.changed(&node), "a new node");
+        assert!(!seen.changed(&reported_node("2026-12-01T12:00:30Z", GIB, None)));
+        let mut other = node.clone();
+        other.metadata.name = Some("m".into());
+        assert!(seen.changed(&other), "another node");
+        let mut cordoned = node.clone();
+        cordoned.spec.cordoned = true;
+        assert!(seen.changed(&cordoned));
+        assert!(!seen.changed(&cordoned));
+        assert!(seen.changed(&node), "uncordoned");
+    }
+
+    #[test]
+    fn only_what_can_change_a_placement_wakes_the_scheduler() {
         let t = "2026-12-01T12:00:00Z";
         let plain = reported_node(t, 0, None);
+        let fingerprint = scheduler_facing_fingerprint;
+        // The controller's own allocation writes, heartbeats and the memory
+        // in use do not wake it.
         let written = reported_node(t, 0, Some("1 B"));
         let rewritten = reported_node(t, 0, Some("9 B"));
-        assert_eq!(
-            scheduler_facing_fingerprint(&plain),
-            scheduler_facing_fingerprint(&written)
-        );
-        assert_eq!(
-            scheduler_facing_fingerprint(&written),
-            scheduler_facing_fingerprint(&rewritten)
-        );
-        // What the agent reports does wake it: a heartbeat, the memory in use,
-        // the node's spec.
         let later = reported_node("2026-12-01T12:00:10Z", 0, Some("1 B"));
         let busier = reported_node(t, GIB, Some("1 B"));
-        let mut cordoned = written.clone();
+        for same in [&written, &rewritten, &later, &busier] {
+            assert_eq!(fingerprint(&plain), fingerprint(same));
+        }
+        // A node's spec, a GPU's health, capacity, model or identity, a GPU
+        // more, labels, a deletion and a status appearing do.
+        let mut cordoned = plain.clone();
         cordoned.spec.cordoned = true;
-        for changed in [&later, &busier, &cordoned] {
-            assert_ne!(
-                scheduler_facing_fingerprint(&written),
-                scheduler_facing_fingerprint(changed)
-            );
+        let with_gpu = |change: &dyn Fn(&mut crate::api::GpuDevice)| {
+            let mut node = plain.clone();
+            change(&mut node.status.as_mut().unwrap().gpus[0]);
+            node
+        };
+        let faulty = with_gpu(&|g| g.health = crate::api::GpuHealth::Faulty);
+        let smaller = with_gpu(&|g| g.total_bytes -= GIB);
+        let other_model = with_gpu(&|g| g.model = "L4".into());
+        let other_uuid = with_gpu(&|g| g.uuid = "GPU-1".into());
+        let mut more = plain.clone();
+        let mut second = more.status.as_ref().unwrap().gpus[0].clone();
+        second.index = 1;
+        more.status.as_mut().unwrap().gpus.push(second);
+        let mut labelled = plain.clone();
+        labelled
+            .metadata
+            .labels
+            .get_or_insert_default()
+            .insert("pool".into(), "a".into());
+        let mut deleted = plain.clone();
+        deleted.metadata.deletion_timestamp = Some(
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Timestamp::now()),
+        );
+        let mut bare = plain.clone();
+        bare.status = None;
+        for changed in [
+            &cordoned,
+            &faulty,
+            &smaller,
+            &other_model,
+            &other_uuid,
+            &more,
+            &labelled,
+            &deleted,
+            &bare,
+        ] {
+            assert_ne!(fingerprint(&plain), fingerprint(changed), "{changed:?}");
         }
     }
 }

@@ -93,6 +93,9 @@ async fn apply(job: &TrainingJob, ctx: &Context) -> Result<Action> {
                 .then(|| ctx.learned_start_micro(&job.spec))
                 .flatten();
             let profile = load_profile(job, ctx).await;
+            // The budgets per GPU model need the GpuNodes: a controller that
+            // just started predicts only once their first list is in.
+            super::wait_ready(&ctx.gpu_nodes).await?;
             let gpu_models = ctx.gpu_models();
             let predicted = transition::predict(
                 job,
