@@ -152,7 +152,10 @@ pub fn run_mix(
                 AllocEvent::ReleaseSegment { .. } => {}
             }
         }
-        for (_, (ptr, bytes)) in ptrs {
+        // In id order, so that every pass is the same sequence.
+        let mut left: Vec<_> = ptrs.into_iter().collect();
+        left.sort_unstable_by_key(|(id, _)| *id);
+        for (_, (ptr, bytes)) in left {
             allocator.release(ptr, bytes)?;
         }
     }
@@ -220,5 +223,24 @@ mod tests {
             assert_eq!(row.allocs + row.frees, 2_000);
             assert!(row.peak_reserved_bytes > 0);
         }
+    }
+
+    /// The passes over the mix repeat: the vramfit policy plans them, and
+    /// the last passes make no driver calls.
+    #[test]
+    fn the_vramfit_policy_plans_the_repeated_passes() {
+        let mix = size_mix(2_000, 7);
+        let mut allocator = new_allocator(
+            Policy::Vramfit,
+            SimulatedDevice::new(1 << 40),
+            AllocatorConfig::default(),
+        );
+        run_mix("planned", &mut allocator, &mix, 5).unwrap();
+        let figures = allocator.plan_figures().unwrap();
+        assert!(figures.active, "{figures:?}");
+        let calls = allocator.stats().num_device_allocs + allocator.stats().num_device_frees;
+        run_mix("planned", &mut allocator, &mix, 2).unwrap();
+        let after = allocator.stats().num_device_allocs + allocator.stats().num_device_frees;
+        assert_eq!(after, calls, "no driver calls under the plan");
     }
 }

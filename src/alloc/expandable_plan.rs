@@ -29,9 +29,13 @@ const REJECT_BACKOFF_STEPS: u64 = 4;
 /// buy no headroom: a training step is found within its third repetition,
 /// and the reserved peak reached before the switch is the peak a plan may
 /// not pass, so it is kept at the live-page high-water mark. 2^16 events
-/// are 17-27 steps of the recorded transformer steps; a sequence that does
-/// not repeat pays moves for that long before the hysteresis applies.
+/// are 17-27 steps of the recorded transformer steps.
 pub const PLAN_GRACE_EVENTS: u64 = 1 << 16;
+
+/// The grace ends earlier when nothing has repeated for this many events
+/// (no period checked over 64 events in a row): a sequence that does not
+/// repeat gets the hysteresis after 8,192 events.
+pub const PLAN_PROMISE_EVENTS: u64 = 1 << 13;
 
 #[derive(Debug, Clone, Copy)]
 struct Slot {
@@ -80,6 +84,9 @@ pub(super) struct Planner {
     known_step: u64,
     /// When the detector may propose short periods again (0: it may).
     longer_until: u64,
+    /// The last event at which a step seemed on its way (a period repeating,
+    /// or a plan laid out).
+    promising_at: u64,
     figures: PlanFigures,
 }
 
@@ -99,11 +106,13 @@ impl Planner {
 
 impl<D: DeviceMemory> ExpandableAllocator<D> {
     /// Whether a plan is expected to take over: before any plan was tried,
-    /// during the first [`PLAN_GRACE_EVENTS`] events.
+    /// during the first [`PLAN_GRACE_EVENTS`] events, while something
+    /// repeated within the last [`PLAN_PROMISE_EVENTS`].
     pub(super) fn expecting_plan(&self) -> bool {
         !self.config.disable_step_plan
             && !self.planner.tried
             && self.planner.clock < PLAN_GRACE_EVENTS
+            && self.planner.clock - self.planner.promising_at < PLAN_PROMISE_EVENTS
     }
 
     /// Takes the next event through the planner; returns `(range, offset)`
@@ -121,14 +130,20 @@ impl<D: DeviceMemory> ExpandableAllocator<D> {
                 self.planner.longer_until = 0;
                 self.planner.detector.require_longer_than(0);
             }
-            if self.planner.clock >= self.planner.resume_at
-                && let Some(step) = self.planner.detector.observe(event)
-            {
-                self.planner.plan = Some(self.lay_out(step));
-                self.planner.detector.reset();
+            if self.planner.clock >= self.planner.resume_at {
+                if let Some(step) = self.planner.detector.observe(event) {
+                    self.planner.plan = Some(self.lay_out(step));
+                    self.planner.detector.reset();
+                }
+                if self.planner.plan.is_some() || self.planner.detector.repeating() {
+                    self.planner.promising_at = self.planner.clock;
+                }
             }
             return Ok(None);
         };
+        if !plan.active {
+            self.planner.promising_at = self.planner.clock;
+        }
         if !plan.events[plan.phase].same(&event) {
             self.drop_plan(plan, true);
             self.planner.detector.observe(event);
