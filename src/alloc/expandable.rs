@@ -595,12 +595,16 @@ impl<D: DeviceMemory> ExpandableAllocator<D> {
             // them); a limit, or a larger shortfall, waits until the device
             // is past the frees of the pages it takes (the oldest), and a
             // limit still short waits for the device to be idle.
+            // Before a planned layout takes over, nothing is deferred: the
+            // peak reached then is the one the plan starts from.
             let limit = over_limit > 0;
+            let deferrable = if self.expecting_plan() {
+                0
+            } else {
+                self.tuning.deferred_move_pages * self.page
+            };
             let mut got = self.reclaim_free_pages(want, true, true, limit)?;
-            if self.reclaimable
-                && (over_limit > got
-                    || want - got.min(want) > self.tuning.deferred_move_pages * self.page)
-            {
+            if self.reclaimable && (over_limit > got || want - got.min(want) > deferrable) {
                 self.stats.num_device_waits += 1;
                 self.wait_for_free_pages(want - got.min(want), limit)?;
                 got += self.reclaim_free_pages(want - got.min(want), true, true, limit)?;

@@ -331,7 +331,13 @@ fn lagging(
 
 #[test]
 fn pages_the_device_may_still_use_are_not_moved_for_the_ceiling() {
-    let mut a = lagging(1 << 40, 1, AllocatorConfig::default());
+    // Without the planned layout: before one takes over, nothing is
+    // deferred (see the next test).
+    let unplanned = AllocatorConfig {
+        disable_step_plan: true,
+        ..Default::default()
+    };
+    let mut a = lagging(1 << 40, 1, unplanned);
     let low = a.allocate(10 * MIB, 0).unwrap();
     let pin = a.allocate(2 * MIB, 0).unwrap();
     a.free(low).unwrap();
@@ -354,6 +360,20 @@ fn pages_the_device_may_still_use_are_not_moved_for_the_ceiling() {
     assert_eq!(a.stats().moved_bytes, 10 * MIB);
     assert_eq!(a.stats().num_device_waits, 0);
     a.free(big).unwrap();
+}
+
+#[test]
+fn before_a_planned_layout_takes_over_moves_wait_instead_of_deferring() {
+    let mut a = lagging(1 << 40, 1, AllocatorConfig::default());
+    let low = a.allocate(10 * MIB, 0).unwrap();
+    let _pin = a.allocate(2 * MIB, 0).unwrap();
+    a.free(low).unwrap();
+    // As above, but the pages of `low` are waited for and moved: the
+    // reserved level stays at the live-page high-water mark.
+    let _big = a.allocate(16 * MIB, 0).unwrap();
+    assert!(a.device().wait_free_calls >= 1);
+    assert_eq!(a.stats().reserved_bytes.current, 18 * MIB);
+    assert_eq!(a.stats().reserved_bytes.peak, 18 * MIB);
 }
 
 #[test]

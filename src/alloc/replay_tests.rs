@@ -872,13 +872,14 @@ fn a_workload_that_changes_falls_back_and_plans_its_new_step() {
     );
 }
 
-/// On a device 200 frees behind the host (a GPU's queue), the plan takes
-/// over as well: zero driver calls in the last five steps, within 2% of the
-/// peak without a queue.
+/// On a device 1,000 frees behind the host (a GPU's queue, a third of a
+/// step), the plan takes over as well: zero driver calls in the last five
+/// steps, within 0.5% of the peak without a queue.
 #[test]
 fn planned_steps_settle_on_a_device_behind_the_host() {
+    const LAG: u64 = 1000;
     for (name, events, starts) in all_step_traces() {
-        let lagging = replay_checked_lagging(&events, &starts, true, 200);
+        let lagging = replay_checked_lagging(&events, &starts, true, LAG);
         let prompt = replay_checked(&events, &starts, true);
         assert!(lagging.figures.active, "{name}: {:?}", lagging.figures);
         assert_eq!(
@@ -888,13 +889,13 @@ fn planned_steps_settle_on_a_device_behind_the_host() {
             lagging.calls
         );
         assert!(
-            lagging.peak as f64 <= prompt.peak as f64 * 1.02,
+            lagging.peak as f64 <= prompt.peak as f64 * 1.005,
             "{name}: {} vs {} MiB",
             lagging.peak >> 20,
             prompt.peak >> 20
         );
         println!(
-            "{name}: lag 200: calls {:?}, waits {}, peak {} MiB (no lag {} MiB)",
+            "{name}: lag {LAG}: calls {:?}, waits {}, peak {} MiB (no lag {} MiB)",
             lagging.calls,
             lagging.waits,
             lagging.peak >> 20,
