@@ -70,6 +70,11 @@ fn a_block_used_on_another_stream_is_not_reused_before_that_stream_is_done() {
             policy == Policy::Vramfit,
             "{policy}"
         );
+        assert_eq!(
+            s.plan_figures().is_some(),
+            policy == Policy::Vramfit,
+            "{policy}"
+        );
         assert_eq!(*events.recorded.borrow(), vec![(1, 7)]);
         // Stream 7 still works on it: the same request gets other memory.
         let b = s.allocate(4 * MIB, 0).unwrap();
