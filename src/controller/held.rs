@@ -60,16 +60,6 @@ impl HeldPredictions {
         self.lock().remove(uid);
     }
 
-    /// Number of predictions held.
-    pub fn len(&self) -> usize {
-        self.lock().len()
-    }
-
-    /// True when nothing is held.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     /// The jobs as the scheduling cycle must see them: a job with a held
     /// prediction for its current version carries that prediction.
     pub fn overlay_all(&self, jobs: Vec<Arc<TrainingJob>>) -> Vec<Arc<TrainingJob>> {
@@ -177,7 +167,6 @@ mod tests {
         assert_eq!(held_predictions.get("a", Some("8")), Some(held("8", 20)));
         held_predictions.forget("a");
         assert_eq!(held_predictions.get("a", Some("8")), None);
-        assert!(held_predictions.is_empty());
     }
 
     #[test]
