@@ -229,7 +229,7 @@ fn vramfit_calls_per_step(events: &[AllocEvent], starts: &[usize]) -> (Vec<u64>,
 }
 
 /// [`vramfit_calls_per_step`] with other constants, on a device `lag` frees
-/// behind the host; also the waits for the device.
+/// behind the host; also the waits for the device. The step plan is off.
 fn tuned_calls_per_step(
     events: &[AllocEvent],
     starts: &[usize],
@@ -239,7 +239,13 @@ fn tuned_calls_per_step(
     use crate::alloc::{AllocatorConfig, ExpandableAllocator, GpuAllocator, SimulatedDevice};
     let mut device = SimulatedDevice::new(1 << 44);
     device.free_lag = lag;
-    let mut a = ExpandableAllocator::with_tuning(device, AllocatorConfig::default(), tuning);
+    // The policy on its own: the planned layout would take these steps
+    // over (`planned_steps_make_no_driver_calls_and_reserve_less`).
+    let config = AllocatorConfig {
+        disable_step_plan: true,
+        ..Default::default()
+    };
+    let mut a = ExpandableAllocator::with_tuning(device, config, tuning);
     let mut ptrs = std::collections::HashMap::new();
     let mut marks = Vec::new();
     for (i, event) in events.iter().enumerate() {
@@ -539,8 +545,11 @@ fn vramfit_policy_reserves_less_than_pytorch_on_the_h200_steps() {
 fn h200_step_move_figures() {
     use crate::alloc::{AllocatorConfig, ExpandableAllocator, GpuAllocator, SimulatedDevice};
     for (name, events, starts) in gpu_step_traces() {
-        let mut a =
-            ExpandableAllocator::new(SimulatedDevice::new(1 << 44), AllocatorConfig::default());
+        let config = AllocatorConfig {
+            disable_step_plan: true,
+            ..Default::default()
+        };
+        let mut a = ExpandableAllocator::new(SimulatedDevice::new(1 << 44), config);
         let mut ptrs = std::collections::HashMap::new();
         let mut step = 0;
         for (i, event) in events.iter().enumerate() {
