@@ -78,7 +78,7 @@ pub(super) struct Planner {
     /// No watching before this event (after rejections).
     resume_at: u64,
     rejections_in_a_row: u32,
-    /// Whether a plan was switched to or given up on (rejected, dropped).
+    /// Whether a plan was switched to or rejected.
     tried: bool,
     /// The longest step that followed its plan for three periods.
     known_step: u64,
@@ -105,9 +105,9 @@ impl Planner {
 }
 
 impl<D: DeviceMemory> ExpandableAllocator<D> {
-    /// Whether a plan is expected to take over: before any plan was tried,
-    /// during the first [`PLAN_GRACE_EVENTS`] events, while something
-    /// repeated within the last [`PLAN_PROMISE_EVENTS`].
+    /// Whether a plan is expected to take over: before any plan was used or
+    /// rejected, during the first [`PLAN_GRACE_EVENTS`] events, while
+    /// something repeated within the last [`PLAN_PROMISE_EVENTS`].
     pub(super) fn expecting_plan(&self) -> bool {
         !self.config.disable_step_plan
             && !self.planner.tried
@@ -346,7 +346,12 @@ impl<D: DeviceMemory> ExpandableAllocator<D> {
     /// Leaves `plan`: its arenas become ordinary ranges (never placed into
     /// again; their free pages can be moved and released like any other).
     fn drop_plan(&mut self, plan: Plan, deviated: bool) {
-        self.planner.tried = true;
+        // A plan that never took over and stopped matching (a repeating
+        // part of a longer step) does not end the grace; one that was used
+        // or rejected does.
+        if plan.active || !deviated {
+            self.planner.tried = true;
+        }
         for &(_, _, r) in &plan.arenas {
             if let Some(r) = r {
                 self.ranges[r].planned = false;
