@@ -86,14 +86,21 @@ fn two_stream_requests() -> Vec<(u64, StreamId)> {
         .collect()
 }
 
-#[test]
-fn a_repeating_step_is_served_from_one_arena_per_stream_without_driver_calls() {
-    let mut c = Checked::new(AllocatorConfig::default());
-    let _parameters = c.alloc(200 * MIB, 0).unwrap();
+/// An allocator under `config` with 200 MiB of parameters, after six steps
+/// of [`two_stream_requests`] (enough for a plan to take over).
+fn planned_steps(config: AllocatorConfig) -> (Checked, Vec<(u64, StreamId)>) {
+    let mut c = Checked::new(config);
+    c.alloc(200 * MIB, 0).unwrap();
     let requests = two_stream_requests();
     for _ in 0..6 {
         c.step(&requests, 3);
     }
+    (c, requests)
+}
+
+#[test]
+fn a_repeating_step_is_served_from_one_arena_per_stream_without_driver_calls() {
+    let (mut c, requests) = planned_steps(AllocatorConfig::default());
     let figures = c.a.plan_figures().unwrap();
     assert!(figures.active, "{figures:?}");
     assert_eq!(figures.step_events, 24);
@@ -119,12 +126,7 @@ fn a_repeating_step_is_served_from_one_arena_per_stream_without_driver_calls() {
 
 #[test]
 fn a_step_that_changes_midway_falls_back_and_is_planned_again() {
-    let mut c = Checked::new(AllocatorConfig::default());
-    let _parameters = c.alloc(200 * MIB, 0).unwrap();
-    let requests = two_stream_requests();
-    for _ in 0..6 {
-        c.step(&requests, 3);
-    }
+    let (mut c, requests) = planned_steps(AllocatorConfig::default());
     assert!(c.a.plan_figures().unwrap().active);
     // Half a step, then other sizes (another shape) for a while, with a
     // block kept across the change.
@@ -184,12 +186,7 @@ fn a_plan_that_would_raise_the_reserved_peak_is_not_used() {
 
 #[test]
 fn empty_cache_under_a_plan_gives_free_arena_pages_back_and_the_plan_goes_on() {
-    let mut c = Checked::new(AllocatorConfig::default());
-    let _parameters = c.alloc(200 * MIB, 0).unwrap();
-    let requests = two_stream_requests();
-    for _ in 0..6 {
-        c.step(&requests, 3);
-    }
+    let (mut c, requests) = planned_steps(AllocatorConfig::default());
     assert!(c.a.plan_figures().unwrap().active);
     let reserved = c.a.stats().reserved_bytes.current;
     c.a.empty_cache().unwrap();
@@ -208,12 +205,7 @@ fn a_budget_still_refuses_under_a_plan_with_its_message() {
         budget_bytes: Some(300 * MIB),
         ..Default::default()
     };
-    let mut c = Checked::new(config);
-    let _parameters = c.alloc(200 * MIB, 0).unwrap();
-    let requests = two_stream_requests();
-    for _ in 0..6 {
-        c.step(&requests, 3);
-    }
+    let (mut c, requests) = planned_steps(config);
     assert!(c.a.plan_figures().unwrap().active);
     assert!(c.a.stats().reserved_bytes.peak <= 300 * MIB);
     match c.alloc(150 * MIB, 0) {
