@@ -228,6 +228,22 @@ fn vramfit_calls_per_step(events: &[AllocEvent], starts: &[usize]) -> (Vec<u64>,
     (calls, peak, tight)
 }
 
+/// The vramfit policy (with or without the step plan) over a simulated
+/// device `lag` frees behind the host.
+fn lagging_vramfit(
+    plan: bool,
+    lag: u64,
+    tuning: crate::alloc::Tuning,
+) -> crate::alloc::ExpandableAllocator<crate::alloc::SimulatedDevice> {
+    let mut device = crate::alloc::SimulatedDevice::new(1 << 44);
+    device.free_lag = lag;
+    let config = crate::alloc::AllocatorConfig {
+        disable_step_plan: !plan,
+        ..Default::default()
+    };
+    crate::alloc::ExpandableAllocator::with_tuning(device, config, tuning)
+}
+
 /// [`vramfit_calls_per_step`] with other constants, on a device `lag` frees
 /// behind the host; also the waits for the device. The step plan is off.
 fn tuned_calls_per_step(
@@ -236,16 +252,10 @@ fn tuned_calls_per_step(
     tuning: crate::alloc::Tuning,
     lag: u64,
 ) -> (Vec<u64>, u64, u64, u64) {
-    use crate::alloc::{AllocatorConfig, ExpandableAllocator, GpuAllocator, SimulatedDevice};
-    let mut device = SimulatedDevice::new(1 << 44);
-    device.free_lag = lag;
+    use crate::alloc::GpuAllocator;
     // The policy on its own: the planned layout would take these steps
     // over (`planned_steps_make_no_driver_calls_and_reserve_less`).
-    let config = AllocatorConfig {
-        disable_step_plan: true,
-        ..Default::default()
-    };
-    let mut a = ExpandableAllocator::with_tuning(device, config, tuning);
+    let mut a = lagging_vramfit(false, lag, tuning);
     let mut ptrs = std::collections::HashMap::new();
     let mut marks = Vec::new();
     for (i, event) in events.iter().enumerate() {
@@ -704,16 +714,8 @@ fn replay_checked_lagging(
     plan: bool,
     lag: u64,
 ) -> CheckedReplay {
-    use crate::alloc::{
-        AllocatorConfig, ExpandableAllocator, GpuAllocator, SimulatedDevice, round_request,
-    };
-    let config = AllocatorConfig {
-        disable_step_plan: !plan,
-        ..Default::default()
-    };
-    let mut device = SimulatedDevice::new(1 << 44);
-    device.free_lag = lag;
-    let mut a = ExpandableAllocator::new(device, config);
+    use crate::alloc::{GpuAllocator, round_request};
+    let mut a = lagging_vramfit(plan, lag, crate::alloc::Tuning::default());
     let mut ptrs: HashMap<u64, DevicePtr> = HashMap::new();
     let mut spans: std::collections::BTreeMap<DevicePtr, u64> = Default::default();
     let mut marks = Vec::new();
