@@ -252,36 +252,10 @@ fn tuned_calls_per_step(
     tuning: crate::alloc::Tuning,
     lag: u64,
 ) -> (Vec<u64>, u64, u64, u64) {
-    use crate::alloc::GpuAllocator;
     // The policy on its own: the planned layout would take these steps
     // over (`planned_steps_make_no_driver_calls_and_reserve_less`).
-    let mut a = lagging_vramfit(false, lag, tuning);
-    let mut ptrs = std::collections::HashMap::new();
-    let mut marks = Vec::new();
-    for (i, event) in events.iter().enumerate() {
-        if starts.contains(&i) {
-            marks.push(a.device().map_calls + a.device().unmap_calls);
-        }
-        match *event {
-            AllocEvent::Alloc { id, bytes, stream } => {
-                ptrs.insert(id, a.allocate(bytes, stream).unwrap());
-            }
-            AllocEvent::Free { id } => {
-                if let Some(ptr) = ptrs.remove(&id) {
-                    a.free(ptr).unwrap();
-                }
-            }
-            AllocEvent::ReleaseSegment { .. } => {}
-        }
-    }
-    marks.push(a.device().map_calls + a.device().unmap_calls);
-    let calls = marks.windows(2).map(|w| w[1] - w[0]).collect();
-    (
-        calls,
-        a.stats().reserved_bytes.peak,
-        a.live_page_high_water_bytes(),
-        a.stats().num_device_waits,
-    )
+    let r = replay_checked_with(events, starts, false, lag, tuning);
+    (r.calls, r.peak, r.tight, r.waits)
 }
 
 #[test]
@@ -698,6 +672,8 @@ struct CheckedReplay {
     figures: crate::alloc::PlanFigures,
     /// Waits for the device.
     waits: u64,
+    /// The live-page high-water mark.
+    tight: u64,
 }
 
 /// Replays `events` through the vramfit policy (the step plan on or off)
@@ -714,8 +690,19 @@ fn replay_checked_lagging(
     plan: bool,
     lag: u64,
 ) -> CheckedReplay {
+    replay_checked_with(events, starts, plan, lag, crate::alloc::Tuning::default())
+}
+
+/// [`replay_checked_lagging`] with other constants.
+fn replay_checked_with(
+    events: &[AllocEvent],
+    starts: &[usize],
+    plan: bool,
+    lag: u64,
+    tuning: crate::alloc::Tuning,
+) -> CheckedReplay {
     use crate::alloc::{GpuAllocator, round_request};
-    let mut a = lagging_vramfit(plan, lag, crate::alloc::Tuning::default());
+    let mut a = lagging_vramfit(plan, lag, tuning);
     let mut ptrs: HashMap<u64, DevicePtr> = HashMap::new();
     let mut spans: std::collections::BTreeMap<DevicePtr, u64> = Default::default();
     let mut marks = Vec::new();
@@ -757,6 +744,7 @@ fn replay_checked_lagging(
         peak: a.stats().reserved_bytes.peak,
         figures,
         waits: a.stats().num_device_waits,
+        tight: a.live_page_high_water_bytes(),
     }
 }
 
