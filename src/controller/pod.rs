@@ -434,5 +434,14 @@ mod tests {
         let name = pod_name(&long, 12);
         assert!(name.len() <= 63, "{name}");
         assert!(name.ends_with("-a12"));
+        // As much of the job's name as fits is kept, and a cut that ends in
+        // a separator drops it.
+        assert_eq!(name, format!("{}-a12", "x".repeat(59)));
+        assert_eq!(pod_name("job", 1), "job-a1");
+        let cut_at_a_dash = format!("{}-.{}", "y".repeat(59), "z".repeat(10));
+        assert_eq!(
+            pod_name(&cut_at_a_dash, 1),
+            format!("{}-a1", "y".repeat(59))
+        );
     }
 }
