@@ -405,6 +405,29 @@ mod tests {
     }
 
     #[test]
+    fn template_variables_named_like_ours_are_replaced_and_the_rest_kept() {
+        let mut job = job();
+        job.spec.template = serde_json::from_value(json!({"spec": {
+            "containers": [{"name": "train", "image": "img", "env": [
+                {"name": "VRAMFIT_MICRO_BATCH", "value": "999"},
+                {"name": "VRAMFIT_POD_NAME", "value": "not-the-pod"},
+                {"name": "HF_HOME", "value": "/cache"}]}]}}))
+        .unwrap();
+        let shape = BatchShape { micro: 8, accum: 8 };
+        let pod = training_pod(&job, &placement(), shape, 1, DEFAULT_STATS_ROOT).unwrap();
+        let vars = pod.spec.unwrap().containers[0].env.clone().unwrap();
+        let named = |name: &str| vars.iter().filter(|v| v.name == name).collect::<Vec<_>>();
+        assert_eq!(named("HF_HOME").len(), 1, "the user's own variable stays");
+        assert_eq!(named("HF_HOME")[0].value.as_deref(), Some("/cache"));
+        let micro = named("VRAMFIT_MICRO_BATCH");
+        assert_eq!(micro.len(), 1, "{vars:?}");
+        assert_eq!(micro[0].value.as_deref(), Some("8"));
+        let pod_name = named("VRAMFIT_POD_NAME");
+        assert_eq!(pod_name.len(), 1, "{vars:?}");
+        assert!(pod_name[0].value.is_none() && pod_name[0].value_from.is_some());
+    }
+
+    #[test]
     fn a_template_volume_of_the_same_name_is_replaced_not_doubled() {
         let mut job = job();
         job.spec.template = serde_json::from_value(json!({"spec": {
