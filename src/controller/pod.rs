@@ -368,6 +368,7 @@ mod tests {
         let mut job = job();
         job.spec.batch.min_micro = 2;
         let pod = training_pod(&job, &placement(), shape, 1, "/data/vramfit/").unwrap();
+        assert_eq!(pod.metadata.namespace.as_deref(), Some("ml"));
         let env = env_of(&pod);
         assert_eq!(env["VRAMFIT_MIN_MICRO_BATCH"], "2");
         assert_eq!(env["VRAMFIT_STATS_DIR"], "/run/vramfit");
@@ -433,7 +434,9 @@ mod tests {
         job.spec.template = serde_json::from_value(json!({"spec": {
             "volumes": [{"name": STATS_VOLUME, "emptyDir": {}}, {"name": "data", "emptyDir": {}}],
             "containers": [{"name": "train", "image": "img",
-                            "volumeMounts": [{"name": STATS_VOLUME, "mountPath": "/elsewhere"}]}]}}))
+                            "volumeMounts": [{"name": STATS_VOLUME, "mountPath": "/elsewhere"},
+                                             {"name": "data", "mountPath": "/data"},
+                                             {"name": "other", "mountPath": STATS_DIR}]}]}}))
         .unwrap();
         let shape = BatchShape { micro: 8, accum: 8 };
         let pod = training_pod(&job, &placement(), shape, 1, DEFAULT_STATS_ROOT).unwrap();
@@ -446,9 +449,16 @@ mod tests {
             .map(|v| v.name.as_str())
             .collect();
         assert_eq!(names, vec!["data", STATS_VOLUME]);
-        let mounts = spec.containers[0].volume_mounts.as_ref().unwrap();
-        assert_eq!(mounts.len(), 1);
-        assert_eq!(mounts[0].mount_path, STATS_DIR);
+        // The stats mount replaces one of its name or at its folder; the
+        // user's other mounts stay.
+        let mounts: Vec<(&str, &str)> = spec.containers[0]
+            .volume_mounts
+            .as_ref()
+            .unwrap()
+            .iter()
+            .map(|m| (m.name.as_str(), m.mount_path.as_str()))
+            .collect();
+        assert_eq!(mounts, vec![("data", "/data"), (STATS_VOLUME, STATS_DIR)]);
     }
 
     #[test]
