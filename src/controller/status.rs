@@ -103,3 +103,60 @@ pub async fn write_status(
         .map_err(Error::Kube)?;
     Ok(written.metadata.resource_version)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_condition_keeps_its_transition_time_until_its_status_changes() {
+        let long_ago = Time("2026-01-01T00:00:00Z".parse().unwrap());
+        let mut conditions = vec![Condition {
+            type_: CONDITION_PLACED.into(),
+            status: "False".into(),
+            reason: "WaitingForRoom".into(),
+            message: "waiting".into(),
+            observed_generation: Some(1),
+            last_transition_time: long_ago.clone(),
+        }];
+        // Same status, new reason and message: the time stays.
+        set_condition(
+            &mut conditions,
+            CONDITION_PLACED,
+            false,
+            "FitsNoNode",
+            "never",
+            Some(2),
+        );
+        assert_eq!(conditions.len(), 1);
+        let c = &conditions[0];
+        assert_eq!(
+            (c.reason.as_str(), c.message.as_str()),
+            ("FitsNoNode", "never")
+        );
+        assert_eq!(c.observed_generation, Some(2));
+        assert_eq!(c.last_transition_time, long_ago);
+        // The status flips: the time moves.
+        set_condition(
+            &mut conditions,
+            CONDITION_PLACED,
+            true,
+            "Placed",
+            "placed",
+            Some(2),
+        );
+        assert_eq!(conditions[0].status, "True");
+        assert!(conditions[0].last_transition_time.0 > long_ago.0);
+        // Another type is added beside it.
+        set_condition(
+            &mut conditions,
+            CONDITION_COMPLETE,
+            true,
+            "Succeeded",
+            "done",
+            Some(2),
+        );
+        assert_eq!(conditions.len(), 2);
+        assert_eq!(conditions[1].type_, CONDITION_COMPLETE);
+    }
+}
