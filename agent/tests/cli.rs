@@ -1,7 +1,7 @@
 //! `vramfit-agent run` as a process: the simulated `--once` status, the
 //! daemon without NVML, and bad flags.
 
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 fn agent() -> Command {
@@ -47,26 +47,7 @@ fn simulate_once_prints_the_gpu_node_status_without_an_api_server() {
 fn without_nvml_the_agent_runs_degraded_and_stops_cleanly_on_sigterm() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("status.json");
-    let mut child = agent()
-        .args([
-            "run",
-            "--node",
-            "n",
-            "--standalone",
-            "--no-probe",
-            "--interval",
-            "100ms",
-        ])
-        .arg("--status-file")
-        .arg(&file)
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !file.exists() {
-        assert!(Instant::now() < deadline, "no status written");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let mut child = standalone_agent(&file, &[], &[]);
     std::thread::sleep(Duration::from_millis(1500));
     assert!(
         child.try_wait().unwrap().is_none(),
@@ -268,11 +249,10 @@ fn the_agent_of_a_local_run_stops_when_its_parent_goes() {
     }
 }
 
-/// Runs a standalone agent for a moment with `extra` arguments and returns
-/// what it logged on standard error (a pipe, not a terminal).
-fn logged_by_a_short_run(extra: &[&str], envs: &[(&str, &str)]) -> String {
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("status.json");
+/// Starts a standalone agent (no probe, a status every 100 ms into `file`)
+/// with `extra` arguments and `envs`, standard error piped, and waits for its
+/// first status.
+fn standalone_agent(file: &std::path::Path, extra: &[&str], envs: &[(&str, &str)]) -> Child {
     let child = agent()
         .args([
             "run",
@@ -285,9 +265,8 @@ fn logged_by_a_short_run(extra: &[&str], envs: &[(&str, &str)]) -> String {
         ])
         .args(extra)
         .envs(envs.iter().copied())
-        .env("RUST_LOG", "debug")
         .arg("--status-file")
-        .arg(&file)
+        .arg(file)
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
@@ -296,6 +275,19 @@ fn logged_by_a_short_run(extra: &[&str], envs: &[(&str, &str)]) -> String {
         assert!(Instant::now() < deadline, "no status written");
         std::thread::sleep(Duration::from_millis(50));
     }
+    child
+}
+
+/// Runs a standalone agent for a moment with `extra` arguments and returns
+/// what it logged on standard error (a pipe, not a terminal).
+fn logged_by_a_short_run(extra: &[&str], envs: &[(&str, &str)]) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("status.json");
+    let envs: Vec<(&str, &str)> = [("RUST_LOG", "debug")]
+        .into_iter()
+        .chain(envs.iter().copied())
+        .collect();
+    let child = standalone_agent(&file, extra, &envs);
     // SAFETY: kill(2) with the child's PID and a signal number.
     unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
     let output = child.wait_with_output().unwrap();

@@ -228,6 +228,14 @@ fn vramfit_calls_per_step(events: &[AllocEvent], starts: &[usize]) -> (Vec<u64>,
     (calls, peak, tight)
 }
 
+/// PyTorch's own reserved peak on `events` (the pytorch policy replays it
+/// exactly).
+fn pytorch_peak(events: &[AllocEvent]) -> u64 {
+    replay_events(events, Policy::Pytorch)
+        .unwrap()
+        .peak_reserved_bytes
+}
+
 /// The vramfit policy (with or without the step plan) over a simulated
 /// device `lag` frees behind the host.
 fn lagging_vramfit(
@@ -307,9 +315,7 @@ fn vramfit_policy_makes_no_driver_calls_once_a_training_step_repeats() {
             tight >> 20
         );
         // ...and stays well below PyTorch's policy on the transformers.
-        let pytorch = replay_events(&events, Policy::Pytorch)
-            .unwrap()
-            .peak_reserved_bytes;
+        let pytorch = pytorch_peak(&events);
         let below = if name == "mlp" { 0.0 } else { 0.05 };
         assert!(
             (peak as f64) < pytorch as f64 * (1.0 - below),
@@ -327,9 +333,7 @@ fn steady_state_figures() {
     for (name, bytes, facts) in committed_snapshots() {
         let (events, starts) = with_repeated_last_step(&bytes, 8);
         let (calls, peak, tight) = vramfit_calls_per_step(&events, &starts);
-        let pytorch = replay_events(&events, Policy::Pytorch)
-            .unwrap()
-            .peak_reserved_bytes;
+        let pytorch = pytorch_peak(&events);
         let recorded = facts["maxMemoryReserved"].as_u64().unwrap();
         println!(
             "{name}: driver calls per step {calls:?}; reserved peak {} MiB \
@@ -398,9 +402,7 @@ fn vramfit_policy_settles_on_hugging_face_steps() {
             peak >> 20,
             tight >> 20
         );
-        let pytorch = replay_events(&events, Policy::Pytorch)
-            .unwrap()
-            .peak_reserved_bytes;
+        let pytorch = pytorch_peak(&events);
         assert!(
             peak < pytorch,
             "{name}: {} vs {} MiB",
@@ -416,9 +418,7 @@ fn vramfit_policy_settles_on_hugging_face_steps() {
 fn hugging_face_step_figures() {
     for (name, events, starts) in meta_step_traces() {
         let (calls, peak, tight) = vramfit_calls_per_step(&events, &starts);
-        let pytorch = replay_events(&events, Policy::Pytorch)
-            .unwrap()
-            .peak_reserved_bytes;
+        let pytorch = pytorch_peak(&events);
         println!(
             "{name}: driver calls per step {calls:?}; reserved peak {} MiB (moving at every \
              growth: {} MiB; pytorch policy {} MiB, {:+.1}%)",
@@ -471,9 +471,7 @@ fn tuning_figures() {
         if !only.is_empty() && !only.split(',').any(|o| name.contains(o)) {
             continue;
         }
-        let pytorch = replay_events(&events, Policy::Pytorch)
-            .unwrap()
-            .peak_reserved_bytes;
+        let pytorch = pytorch_peak(&events);
         for (slack, divisor, lag) in [
             (8, 10, 0),
             (4, 10, 0),
@@ -509,9 +507,7 @@ fn vramfit_policy_reserves_less_than_pytorch_on_the_h200_steps() {
     for (name, events, starts) in traces {
         assert_eq!(starts.len(), 10, "{name}");
         let (_, peak, tight) = vramfit_calls_per_step(&events, &starts);
-        let pytorch = replay_events(&events, Policy::Pytorch)
-            .unwrap()
-            .peak_reserved_bytes;
+        let pytorch = pytorch_peak(&events);
         assert!(
             peak < pytorch,
             "{name}: {} vs {} MiB",
@@ -771,9 +767,7 @@ fn planned_steps_make_no_driver_calls_and_reserve_less() {
         let &(_, vs_native, vs_unplanned) = margins.iter().find(|m| m.0 == name).unwrap();
         let planned = replay_checked(&events, &starts, true);
         let unplanned = replay_checked(&events, &starts, false);
-        let native = replay_events(&events, Policy::Pytorch)
-            .unwrap()
-            .peak_reserved_bytes;
+        let native = pytorch_peak(&events);
         assert!(planned.figures.active, "{name}: {:?}", planned.figures);
         assert_eq!(planned.figures.deviations, 0, "{name}");
         assert_eq!(
@@ -805,9 +799,7 @@ fn plan_step_figures() {
     for (name, events, starts) in all_step_traces() {
         let planned = replay_checked(&events, &starts, true);
         let unplanned = replay_checked(&events, &starts, false);
-        let native = replay_events(&events, Policy::Pytorch)
-            .unwrap()
-            .peak_reserved_bytes;
+        let native = pytorch_peak(&events);
         let pct = |a: u64, b: u64| (a as f64 / b as f64 - 1.0) * 100.0;
         println!(
             "{name}: planned: calls {:?}, peak {} MiB ({:+.1}% vs native {} MiB, {:+.1}% vs \

@@ -153,14 +153,19 @@ mod tests {
         assert_eq!(update.unwrap().new, [second]);
     }
 
-    #[test]
-    fn a_report_that_cannot_be_the_jobs_is_ignored() {
-        let s = spec(64, 16, 1, 4);
+    /// A 64 / 16 job at micro-batch 8 in status, and a report of one OOM
+    /// absorbed from 16 to 8.
+    fn at_micro_8_after_one_oom() -> (TrainingJobSpec, TrainingJobStatus, Vec<AbsorbedOom>) {
         let status = TrainingJobStatus {
             micro_batch: Some(8),
             ..TrainingJobStatus::default()
         };
-        let o = vec![oom(16, 8, 4, 8, "t")];
+        (spec(64, 16, 1, 4), status, vec![oom(16, 8, 4, 8, "t")])
+    }
+
+    #[test]
+    fn a_report_that_cannot_be_the_jobs_is_ignored() {
+        let (s, status, o) = at_micro_8_after_one_oom();
         // 6 does not divide 64; 8x4 is not the global batch; 16 is not smaller.
         assert_eq!(
             newly_absorbed(&s, &status, &observed(6, 10, o.clone())),
@@ -211,12 +216,7 @@ mod tests {
     fn a_report_at_the_micro_batch_in_status_records_nothing() {
         // Only a smaller micro-batch than the status's is an absorbed OOM;
         // the same one again (with an OOM status does not list) is not.
-        let s = spec(64, 16, 1, 4);
-        let status = TrainingJobStatus {
-            micro_batch: Some(8),
-            ..TrainingJobStatus::default()
-        };
-        let o = vec![oom(16, 8, 4, 8, "t")];
+        let (s, status, o) = at_micro_8_after_one_oom();
         assert_eq!(
             newly_absorbed(&s, &status, &observed(8, 8, o.clone())),
             None

@@ -27,6 +27,11 @@ pub struct HeldPrediction {
 }
 
 impl HeldPrediction {
+    /// True when it was made from this version of the job.
+    fn made_from(&self, resource_version: Option<&str>) -> bool {
+        resource_version == Some(self.resource_version.as_str())
+    }
+
     /// The job as it would be with its prediction written.
     pub fn overlay(&self, job: &TrainingJob) -> TrainingJob {
         let mut seen = job.clone();
@@ -49,9 +54,9 @@ impl HeldPredictions {
 
     /// The prediction held for `uid` if it was made from `resource_version`.
     pub fn get(&self, uid: &str, resource_version: Option<&str>) -> Option<HeldPrediction> {
-        let held = self.lock();
-        held.get(uid)
-            .filter(|h| Some(h.resource_version.as_str()) == resource_version)
+        self.lock()
+            .get(uid)
+            .filter(|h| h.made_from(resource_version))
             .cloned()
     }
 
@@ -72,7 +77,7 @@ impl HeldPredictions {
                 let uid = job.metadata.uid.as_deref().unwrap_or_default();
                 match held
                     .get(uid)
-                    .filter(|h| job.metadata.resource_version.as_ref() == Some(&h.resource_version))
+                    .filter(|h| h.made_from(job.metadata.resource_version.as_deref()))
                 {
                     Some(h) => Arc::new(h.overlay(&job)),
                     None => job,
