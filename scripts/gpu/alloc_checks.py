@@ -1181,6 +1181,13 @@ def orchestrate(args):
                                f"{v.get('vramfit.planStepEvents')} events a step, deviations "
                                f"{v.get('vramfit.planDeviations')}, rejected {v.get('vramfit.planRejected')}"
                                for v in plans))
+                # A plan is used only where its footprint fits within the
+                # highest reserved level so far; one that does not (a block
+                # alive across every phase) is counted in planRaisedBytes.
+                add(f"train[{model}] vramfit: no plan raised the reserved peak",
+                    all((v.get("vramfit.planRaisedBytes") or 0) == 0 for v in plans),
+                    "planRaisedBytes " + " / ".join(f"{(v.get('vramfit.planRaisedBytes') or 0) / MIB:.0f} MiB"
+                                                   for v in plans))
             if policy == "vramfit" and model in ("gpt2", "llama", "bert"):
                 add(f"train[{model}] vramfit policy reserved peak >= 10% below native", p["reservedVsNativePct"] <= -10,
                     f"{p['reservedVsNativePct']:+.1f}%")
@@ -1222,7 +1229,8 @@ def orchestrate(args):
                   f" headroom {(v.get('vramfit.headroomBytes') or 0) / MIB:.0f} MiB;"
                   f" plan active {v.get('vramfit.planActive')} arena {(v.get('vramfit.planArenaBytes') or 0) / MIB:.0f} MiB"
                   f" (bound {(v.get('vramfit.planMaxLiveBytes') or 0) / MIB:.0f} MiB) served {v.get('vramfit.planServed')}"
-                  f" deviations {v.get('vramfit.planDeviations')} rejected {v.get('vramfit.planRejected')};"
+                  f" deviations {v.get('vramfit.planDeviations')} rejected {v.get('vramfit.planRejected')}"
+                  f" raised {(v.get('vramfit.planRaisedBytes') or 0) / MIB:.0f} MiB;"
                   f" MiB moved per step {row['vramfit'].get('movedMibPerStep')},"
                   f" waits per step {row['vramfit'].get('waitsPerStep')};"
                   f" per-run step ms native {row['native']['perRun']} vramfit {row['vramfit']['perRun']}")

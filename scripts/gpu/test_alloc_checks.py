@@ -15,6 +15,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import alloc_checks  # noqa: E402
 
 MIB = alloc_checks.MIB
+# Bytes a model's vramfit-policy runs report in vramfit.planRaisedBytes.
+RAISED = {}
 
 
 def parse(argv):
@@ -48,11 +50,11 @@ def fake_result(argv):
             "stepMs": [100.0] * a.steps, "losses": [1.0] * a.steps, "maxReserved": int(need),
             "reservedEnd": int(need), "smiEndMib": int(need / MIB) + 600,
             "deviceCallsPerStep": [5] + [0] * (a.steps - 1),
-            "vramfit": {"vramfit.planActive": True} if a.alloc == "vramfit" else None}
+            "vramfit": ({"vramfit.planActive": True, "vramfit.planRaisedBytes": RAISED.get(a.model, 0)}
+                        if a.alloc == "vramfit" else None)}
 
 
-@pytest.fixture
-def orchestrated(tmp_path, monkeypatch, capsys):
+def orchestrate(tmp_path, monkeypatch, capsys):
     started = []
     pid = iter(range(1000, 100000))
 
@@ -85,6 +87,11 @@ def orchestrated(tmp_path, monkeypatch, capsys):
                               trace=False)
     rc = alloc_checks.orchestrate(args)
     return rc, [parse(a) for a in started], capsys.readouterr().out
+
+
+@pytest.fixture
+def orchestrated(tmp_path, monkeypatch, capsys):
+    return orchestrate(tmp_path, monkeypatch, capsys)
 
 
 def test_timed_runs_use_the_sizes_that_fill_the_chip(orchestrated):
@@ -126,4 +133,14 @@ def test_five_rounds_at_most_and_the_summary_names_each_batch(orchestrated):
     assert "budget below the need and the pair: gpt2 8x1024" in out
     assert "PASS  pair: its losses equal the solo run's" in out
     assert "PASS  budget below need[vramfit] fails in step 0 with the budget OOM" in out
+    assert "PASS  train[llama] vramfit: no plan raised the reserved peak" in out
     assert rc == 0, out
+
+
+def test_a_plan_that_raised_the_peak_fails_its_check(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(RAISED, "llama", 96 * MIB)
+    rc, _, out = orchestrate(tmp_path, monkeypatch, capsys)
+    assert "FAIL  train[llama] vramfit: no plan raised the reserved peak  [planRaisedBytes 96 MiB" in out
+    assert "PASS  train[gpt2] vramfit: no plan raised the reserved peak" in out
+    assert "raised 96 MiB;" in out
+    assert rc == 1
