@@ -23,7 +23,7 @@ step "GPU node: binaries (cached in ~/.cache/vramfit/bin/node), the NRI plugin, 
 hack/gpunode.sh build
 (cd hack/node/containerd && go test ./nri-cdi)
 python3 -m pytest -q -p no:cacheprovider hack/node
-python3 -m pytest -q -p no:cacheprovider scripts/gpu/test_calibrate_zero.py
+python3 -m pytest -q -p no:cacheprovider scripts/gpu/test_calibrate_zero.py scripts/gpu/test_alloc_checks.py
 
 step "generated CRDs are current"
 cargo run --quiet --locked -- crdgen --out crds

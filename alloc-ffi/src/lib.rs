@@ -429,6 +429,7 @@ fn stats_text(device_index: c_int, kind: c_int) -> Option<String> {
             "planActivations": state.plan_figures().map(|f| f.activations),
             "planDeviations": state.plan_figures().map(|f| f.deviations),
             "planRejected": state.plan_figures().map(|f| f.rejected),
+            "planRaisedBytes": state.plan_figures().map(|f| f.raised_bytes),
             "statsDir": g.settings.stats_dir.as_ref().map(|d| d.display().to_string()),
         })
         .to_string()

@@ -22,9 +22,10 @@ Cases:
     CUDA graph capture refused, fork.
   bench: vramfit-agent bench alloc.
   train (5 models x native / pytorch policy / vramfit policy, 14 steps, the
-    median of the last 8 timed), in interleaved rounds (each round runs a
-    model's three configurations back to back, the order rotating between
-    rounds; more rounds, up to eight, while the time allows): step time (the median of
+    median of the last 8 timed, at the batches of BATCHES: sizes that fill
+    the chip), in interleaved rounds (each round runs a
+    model's three or two configurations back to back, the order rotating between
+    rounds; up to five rounds while the time allows): step time (the median of
     the runs' medians against native's, the spread between runs, each run
     against the native run of its round), reserved peak, nvidia-smi
     per-process peak vs budget + context and vs native, driver calls per step
@@ -32,9 +33,9 @@ Cases:
     With --trace, round 1's native runs of GPT-2, LLaMA and BERT record 4 more steps
     of PyTorch's allocation history (results.json "traces": the snapshot
     pickle, gzip, base64), the GPU's real step layout for the CPU replays.
-  budget_oom (per policy): a budget below the need fails in step 0 with
-    the budget message.
-  pair: two processes with budgets on the GPU; the one over budget (it keeps
+  budget_oom (per policy, GPT-2 8 x 1024): a budget below the need fails in
+    step 0 with the budget message.
+  pair (GPT-2 8 x 1024): two processes with budgets on the GPU; the one over budget (it keeps
     memory each step) fails alone; the other's losses equal the same run
     alone (both with torch.use_deterministic_algorithms, so that equal means
     bitwise equal).
@@ -92,8 +93,34 @@ def smi_used_mib(pid):
     return 0
 
 
-def build_model(name, torch):
-    """Model, optimizer, batch maker and loss; random weights, synthetic data."""
+# Batch per model for the timed comparison: sizes that fill the H200, whose
+# step time the GPU sets (scripts/gpu/step_noise.py, native allocator, 3
+# processes each: the median step differs by 0.2-0.4% between processes at
+# these sizes, by 4.6-8.8% at GPT-2 8, LLaMA 4 and ViT 64, which left the chip
+# partly idle; ResNet-50 128 was already at 0.6%). BERT 128 x 512 is not
+# measured there: 4x the batch of its earlier 32 x 512, as the others' are.
+BATCHES = {"gpt2": 32, "llama": 16, "bert": 128, "resnet50": 128, "vit": 256}
+SEQ = {"gpt2": 1024, "llama": 2048, "bert": 512}
+# The budget-OOM and two-process cases keep the small GPT-2 (8 x 1024,
+# ~14.5 GB reserved): their budgets derive from its native run, and two of
+# them must fit on the GPU beside each other.
+SMALL_GPT2_BATCH = 8
+# Interleaved rounds of the timed comparison (native and the vramfit policy
+# run in all of them, the pytorch policy in 3 of 5).
+ROUNDS = 5
+
+
+def batch_label(model, batch):
+    """"32x1024" for a transformer (sequences x tokens), "256" for an image model."""
+    return f"{batch}x{SEQ[model]}" if model in SEQ else str(batch)
+
+
+def build_model(name, torch, batch=0):
+    """Model, optimizer, batch maker and loss; random weights, synthetic data.
+    `batch` 0 takes the model's entry of BATCHES."""
+    if name not in BATCHES:
+        raise SystemExit(f"unknown model {name}")
+    batch = batch or BATCHES[name]
     if name in ("gpt2", "llama", "bert"):
         import transformers
 
@@ -103,7 +130,7 @@ def build_model(name, torch):
             config = transformers.GPT2Config(n_positions=1024, n_embd=768, n_layer=12, n_head=12)
             with torch.device("cuda"):
                 model = transformers.GPT2LMHeadModel(config)
-            batch, seq, vocab = 8, 1024, config.vocab_size
+            vocab = config.vocab_size
         elif name == "llama":
             config = transformers.LlamaConfig(
                 vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=12,
@@ -111,12 +138,13 @@ def build_model(name, torch):
             )
             with torch.device("cuda"):
                 model = transformers.LlamaForCausalLM(config)
-            batch, seq, vocab = 4, 2048, 32000
+            vocab = 32000
         else:
             config = transformers.BertConfig()
             with torch.device("cuda"):
                 model = transformers.BertForMaskedLM(config)
-            batch, seq, vocab = 32, 512, config.vocab_size
+            vocab = config.vocab_size
+        seq = SEQ[name]
         model = model.cuda()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
@@ -134,15 +162,11 @@ def build_model(name, torch):
     if name == "resnet50":
         with torch.device("cuda"):
             model = torchvision.models.resnet50()
-        batch = 128
         opt_factory = lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9)  # noqa: E731
     elif name == "vit":
         with torch.device("cuda"):
             model = torchvision.models.vit_b_16()
-        batch = 64
         opt_factory = lambda p: torch.optim.AdamW(p, lr=1e-4)  # noqa: E731
-    else:
-        raise SystemExit(f"unknown model {name}")
     model = model.cuda()
     opt = opt_factory(model.parameters())
 
@@ -258,7 +282,8 @@ def trace_steps(torch, steps, make, loss_of, opt):
 
 
 def worker_train(args):
-    result = {"model": args.model, "alloc": args.alloc, "budget": args.budget, "pid": os.getpid()}
+    batch = args.batch or BATCHES.get(args.model, 0)
+    result = {"model": args.model, "batch": batch, "alloc": args.alloc, "budget": args.budget, "pid": os.getpid()}
     err = install_allocator(args.alloc, args.budget)
     if err:
         result["error"] = err
@@ -278,7 +303,7 @@ def worker_train(args):
         # cuDNN's attention backward has no deterministic algorithm (run 3
         # warned so, and two solo runs differed by 6.5e-5): take another.
         torch.backends.cuda.enable_cudnn_sdp(False)
-    model, opt, make, loss_of = build_model(args.model, torch)
+    model, opt, make, loss_of = build_model(args.model, torch, batch)
     barrier(args.barrier, args.parties, args.name)
     kept = []
     times, losses, device_calls, moved, waits = [], [], [], [], []
@@ -750,9 +775,9 @@ class Runner:
         self.lib = lib
         self.log = log
         self.stats_dir = tempfile.mkdtemp(prefix="vramfit-stats-")
-        # The whole script must stay within 6 minutes of GPU time (the shell
-        # wrapper stops it at 420 s).
-        self.deadline = time.time() + 345
+        # The whole script must stay well within 9 minutes of GPU time
+        # (about 5 expected; the shell wrapper stops it at 480 s).
+        self.deadline = time.time() + 420
         self.zygote = None
         self.zygote_note = "not started"
 
@@ -874,8 +899,9 @@ class Runner:
 # 14 steps, the first 6 not timed: the vramfit policy settles its page
 # layout in the first steps, and a median of 8 steps is steadier than of 5.
 def train_args(model, alloc, budget=0, steps=14, warmup=6, keep_mib=0, barrier_dir="", parties=1, name="",
-               deterministic=False, trace_steps=0):
-    argv = ["worker-train", "--model", model, "--alloc", alloc, "--budget", str(budget), "--steps", str(steps),
+               deterministic=False, trace_steps=0, batch=0):
+    argv = ["worker-train", "--model", model, "--batch", str(batch or BATCHES[model]), "--alloc", alloc,
+            "--budget", str(budget), "--steps", str(steps),
             "--warmup", str(warmup), "--keep-mib", str(keep_mib), "--barrier", barrier_dir,
             "--parties", str(parties), "--name", name or f"{model}-{alloc}", "--trace-steps", str(trace_steps)]
     return argv + (["--deterministic"] if deterministic else [])
@@ -994,15 +1020,35 @@ def orchestrate(args):
     if not args.no_zygote:
         runner.start_zygote()
     results["zygote"] = runner.zygote_note
-    # gpt2 first: the budget and pair cases below build on its runs.
-    train_round("gpt2", 0)
+
+    # 4. and 5. run on the small GPT-2 (8 x 1024): its native run gives the
+    # need their budgets derive from, and a vramfit-policy run at the budget
+    # the timed runs get (native peak x 1.15 + 256 MiB) is the reference
+    # whose losses set the pair's noise floor.
+    small = SMALL_GPT2_BATCH
+    r = runner.run(train_args("gpt2", "native", batch=small, name="small-native"), "small-gpt2-native", 150)
+    cases["small-gpt2-native"] = r
+    small_native = r if r.get("rc") == 0 and "maxReserved" in r else {}
+    if not small_native:
+        add(f"gpt2 {batch_label('gpt2', small)} native ran (the budget and pair cases' need)", False,
+            r.get("error", "") + r.get("stderrTail", "")[-300:])
+    need = small_native.get("maxReserved", 8 * GIB)
+    small_budget = round_up(int(need * 1.15) + 256 * MIB)
+    small_solo = {}
+    if small_native:
+        r = runner.run(train_args("gpt2", "vramfit", small_budget, batch=small, name="small-vramfit"),
+                       "small-gpt2-vramfit", 150)
+        r["budgetBytes"] = small_budget
+        cases["small-gpt2-vramfit"] = r
+        small_solo = r if r.get("rc") == 0 else {}
+        add(f"gpt2 {batch_label('gpt2', small)} vramfit ran (the pair's reference)", small_solo,
+            r.get("error", "") + r.get("stderrTail", "")[-300:])
 
     # 4. budget below the need
     for policy in ("pytorch", "vramfit"):
-        native = first_ok("gpt2", "native")
-        need = native.get("maxReserved", 8 * GIB)
         budget = round_up(int(need * 0.4))
-        r = runner.run(train_args("gpt2", policy, budget, steps=2, warmup=0), f"budget-oom-{policy}", 150)
+        r = runner.run(train_args("gpt2", policy, budget, steps=2, warmup=0, batch=small,
+                                  name=f"budget-oom-{policy}"), f"budget-oom-{policy}", 150)
         cases[f"budget-oom-{policy}"] = r
         oom = r.get("oom") or {}
         add(f"budget below need[{policy}] fails in step 0 with the budget OOM",
@@ -1010,33 +1056,33 @@ def orchestrate(args):
             (oom.get("message") or r.get("error") or "")[:300])
 
     # 5. two processes on the GPU
-    solo = first_ok("gpt2", "vramfit")
-    native = first_ok("gpt2", "native")
-    if solo and solo.get("rc") == 0:
+    if small_solo:
         bdir = tempfile.mkdtemp(prefix="vramfit-barrier-")
-        budget_a = solo["budgetBytes"]
-        budget_b = round_up(native.get("maxReserved", 8 * GIB) + 2 * GIB)
+        budget_a = small_budget
+        budget_b = round_up(need + 2 * GIB)
         # The reference: the same run alone, deterministic like the pair.
-        solo = runner.run(train_args("gpt2", "vramfit", budget_a, deterministic=True), "pair-solo", 150)
+        solo = runner.run(train_args("gpt2", "vramfit", budget_a, deterministic=True, batch=small,
+                                         name="pair-solo"), "pair-solo", 150)
         cases["pair-solo"] = solo
         a = runner.start(train_args("gpt2", "vramfit", budget_a, barrier_dir=bdir, parties=2, name="a",
-                                    deterministic=True))
+                                    deterministic=True, batch=small))
         b = runner.start(train_args("gpt2", "vramfit", budget_b, steps=40, keep_mib=768, barrier_dir=bdir, parties=2,
-                                    name="b"))
+                                    name="b", batch=small))
         ra = runner.finish(a, "pair-a", 180)
         rb = runner.finish(b, "pair-b", 180)
         ra["budgetBytes"], rb["budgetBytes"] = budget_a, budget_b
         cases["pair-a"], cases["pair-b"] = ra, rb
+
         def max_diff(x, y):
             if x and y and len(x) == len(y):
                 return max(abs(p - q) for p, q in zip(x, y))
             return None
 
         diff = max_diff(ra.get("losses"), solo.get("losses"))
-        # The noise floor: the same run alone twice (the timed one and the
+        # The noise floor: the same run alone twice (the reference and the
         # deterministic one). Equal within it means the neighbour changed
         # nothing; exactly equal is reported beside.
-        noise = max_diff(first_ok("gpt2", "vramfit").get("losses"), solo.get("losses"))
+        noise = max_diff(small_solo.get("losses"), solo.get("losses"))
         same = diff is not None and (diff == 0 or (noise is not None and diff <= noise))
         add("pair: the process over its budget fails with the budget OOM",
             rb.get("rc") == 42 and (rb.get("oom") or {}).get("budget"), (rb.get("oom") or {}).get("message", "")[:200])
@@ -1046,7 +1092,7 @@ def orchestrate(args):
         results["pairLossDiff"] = diff
         results["soloLossNoise"] = noise
 
-    for model in models[1:]:
+    for model in models:
         train_round(model, 0)
 
     # 2. bench
@@ -1060,13 +1106,14 @@ def orchestrate(args):
         rows = {row["name"]: row for row in bench.get("rows", [])}
         add("bench alloc ran", bool(rows), json.dumps(bench)[:300] if not rows else "")
 
-    # More rounds while the time allows (the whole script must stay within
-    # 6 minutes of GPU time): the models whose speed is in question first.
-    rounds_end = t0 + 330
+    # More rounds while the time allows (the whole script must stay well
+    # within 9 minutes of GPU time): the models whose speed is in question
+    # first. At these sizes a process's step time is repeatable to ~0.3%
+    # (scripts/gpu/step_noise.py), so five rounds do; a model's round takes
+    # ~7-15 s (run 7's 6-9 s at the small sizes plus ~2 s of steps per process).
+    rounds_end = t0 + 400
     priority = [m for m in ("bert", "llama", "gpt2", "vit", "resnet50") if m in models]
-    # Run 5 (through the zygote): a model's round took 6-8.5 s, so up to
-    # eight rounds fit.
-    for rnd in range(1, 8):
+    for rnd in range(1, ROUNDS):
         for model in priority:
             if model in budgets and time.time() + round_seconds.get(model, 60) + 5 <= rounds_end:
                 train_round(model, rnd)
@@ -1087,7 +1134,7 @@ def orchestrate(args):
         n = natives[0]
         context = max(0, n.get("smiEndMib", 0) * MIB - n.get("reservedEnd", 0))
         native = summarize(natives)
-        row = {"model": model, "native": native, "contextBytes": context}
+        row = {"model": model, "batch": n.get("batch"), "native": native, "contextBytes": context}
         for policy in ("pytorch", "vramfit"):
             all_runs = runs.get((model, policy), [])
             ok = [r for r in all_runs if r.get("rc") == 0 and "stepMsMedian" in r]
@@ -1134,6 +1181,13 @@ def orchestrate(args):
                                f"{v.get('vramfit.planStepEvents')} events a step, deviations "
                                f"{v.get('vramfit.planDeviations')}, rejected {v.get('vramfit.planRejected')}"
                                for v in plans))
+                # A plan is used only where its footprint fits within the
+                # highest reserved level so far; one that does not (a block
+                # alive across every phase) is counted in planRaisedBytes.
+                add(f"train[{model}] vramfit: no plan raised the reserved peak",
+                    all((v.get("vramfit.planRaisedBytes") or 0) == 0 for v in plans),
+                    "planRaisedBytes " + " / ".join(f"{(v.get('vramfit.planRaisedBytes') or 0) / MIB:.0f} MiB"
+                                                   for v in plans))
             if policy == "vramfit" and model in ("gpt2", "llama", "bert"):
                 add(f"train[{model}] vramfit policy reserved peak >= 10% below native", p["reservedVsNativePct"] <= -10,
                     f"{p['reservedVsNativePct']:+.1f}%")
@@ -1154,18 +1208,18 @@ def orchestrate(args):
         print(f"{'PASS' if ok else 'FAIL'}  {name}" + (f"  [{detail}]" if detail and not ok else ""))
     print("\nstep ms: median of the runs' medians (each the median of the last 8 of 14 steps), runs interleaved;"
           "\nspread: (max - min) / median of the runs' medians; paired: each run against the native run of its round")
-    print(f"\n{'model':<9} {'alloc':<8} {'runs':>4} {'step ms':>8} {'spread':>7} {'vs native':>9} {'paired':>17}"
+    print(f"\n{'model':<9} {'batch':<8} {'alloc':<8} {'runs':>4} {'step ms':>8} {'spread':>7} {'vs native':>9} {'paired':>17}"
           f" {'reserved MiB':>12} {'vs nat':>7} {'smi MiB':>8} {'vs nat':>7}  driver calls/step (last run)")
     for row in table:
         n = row["native"]
-        print(f"{row['model']:<9} {'native':<8} {n['runs']:>4} {n['stepMs']:>8.2f} {n['spreadPct']:>6.1f}%"
+        print(f"{row['model']:<9} {batch_label(row['model'], row['batch'] or 0):<8} {'native':<8} {n['runs']:>4} {n['stepMs']:>8.2f} {n['spreadPct']:>6.1f}%"
               f" {'':>9} {'':>17} {n['maxReserved'] / MIB:>12.0f} {'':>7} {n['smiPeakMib'] or 0:>8} {'':>7}")
         for policy in ("pytorch", "vramfit"):
             p = row.get(policy)
             if not p:
                 continue
             smi_vs = f"{p['smiVsNativePct']:+.1f}%" if p["smiVsNativePct"] is not None else "-"
-            print(f"{'':<9} {policy:<8} {p['runs']:>4} {p['stepMs']:>8.2f} {p['spreadPct']:>6.1f}%"
+            print(f"{'':<9} {'':<8} {policy:<8} {p['runs']:>4} {p['stepMs']:>8.2f} {p['spreadPct']:>6.1f}%"
                   f" {p['overheadPct']:>+8.2f}% {fmt_range(p['pairedPct']):>17} {p['maxReserved'] / MIB:>12.0f}"
                   f" {p['reservedVsNativePct']:>+6.1f}% {p['smiPeakMib'] or 0:>8} {smi_vs:>7}  {p['deviceCallsPerStep']}")
     for row in table:
@@ -1175,7 +1229,8 @@ def orchestrate(args):
                   f" headroom {(v.get('vramfit.headroomBytes') or 0) / MIB:.0f} MiB;"
                   f" plan active {v.get('vramfit.planActive')} arena {(v.get('vramfit.planArenaBytes') or 0) / MIB:.0f} MiB"
                   f" (bound {(v.get('vramfit.planMaxLiveBytes') or 0) / MIB:.0f} MiB) served {v.get('vramfit.planServed')}"
-                  f" deviations {v.get('vramfit.planDeviations')} rejected {v.get('vramfit.planRejected')};"
+                  f" deviations {v.get('vramfit.planDeviations')} rejected {v.get('vramfit.planRejected')}"
+                  f" raised {(v.get('vramfit.planRaisedBytes') or 0) / MIB:.0f} MiB;"
                   f" MiB moved per step {row['vramfit'].get('movedMibPerStep')},"
                   f" waits per step {row['vramfit'].get('waitsPerStep')};"
                   f" per-run step ms native {row['native']['perRun']} vramfit {row['vramfit']['perRun']}")
@@ -1183,6 +1238,8 @@ def orchestrate(args):
     for row in bench.get("rows", []):
         print(f"bench {row['name']:<26} alloc p50 {row['allocP50Us']:.2f} us p99 {row['allocP99Us']:.2f} us"
               f"  {row['opsPerSecond']:.0f} ops/s  peak {row['peakReservedBytes'] / MIB:.0f} MiB")
+    print(f"budget below the need and the pair: gpt2 {batch_label('gpt2', SMALL_GPT2_BATCH)}"
+          f" (native reserved peak {need / MIB:.0f} MiB, budget {small_budget / MIB:.0f} MiB)")
     print("traces: " + ", ".join(f"{m} {len(t['snapshotGzB64']) * 3 // 4 // 1024} KiB" for m, t in traces.items()))
     print(f"training processes forked from a zygote: {results['zygote']}; at the end: {results['zygoteAtEnd']}")
     failed = sum(1 for _, ok, _ in checks if not ok)
@@ -1198,6 +1255,7 @@ def main():
         p.add_argument("--alloc", default="native")
         p.add_argument("--budget", type=int, default=0)
         p.add_argument("--model", default="gpt2")
+        p.add_argument("--batch", type=int, default=0, help="0: the model's entry of BATCHES")
         p.add_argument("--steps", type=int, default=10)
         p.add_argument("--warmup", type=int, default=3)
         p.add_argument("--keep-mib", type=int, default=0)

@@ -63,6 +63,8 @@ struct Plan {
     /// Whether the pages left free by the blocks in flight at the switch
     /// were given back (one step after the switch).
     trimmed: bool,
+    /// The highest reserved level just before the switch.
+    high_before_switch: u64,
     active: bool,
     /// Events checked against the plan so far.
     followed: u64,
@@ -160,6 +162,7 @@ impl<D: DeviceMemory> ExpandableAllocator<D> {
                 // give their pages back (only what the device has passed,
                 // so this never waits).
                 plan.trimmed = true;
+                self.note_raise(&plan);
                 self.reclaimable = true;
                 self.reclaim_free_pages(u64::MAX, false, true, false)?;
             }
@@ -232,6 +235,7 @@ impl<D: DeviceMemory> ExpandableAllocator<D> {
             unplanned_bytes,
             max_live_bytes,
             trimmed: false,
+            high_before_switch: 0,
             active: false,
             followed: 0,
         }
@@ -242,6 +246,17 @@ impl<D: DeviceMemory> ExpandableAllocator<D> {
     /// whole free page back (waiting for the device once), then maps the
     /// arenas. Returns whether the plan is active (the caller drops a
     /// rejected one).
+    ///
+    /// The footprint is the pages live blocks touch at the switch, the
+    /// arenas, and a page-rounded share for the step's unplanned requests.
+    /// On every recorded step it fits within the highest reserved level so
+    /// far (the live-page high-water mark, as moves before the first plan
+    /// buy no headroom), so the plan never raises the reserved peak. One
+    /// that does not fit is still used while it stays within what the policy
+    /// may grow to without it (the high-water mark plus the largest
+    /// headroom, a tenth), since that bounds the policy's own peak too; what
+    /// it then raises the highest level by is recorded (`raised_bytes`,
+    /// `vramfit.planRaisedBytes`).
     fn switch_to(&mut self, plan: &mut Plan) -> Result<bool, AllocError> {
         let page = self.page;
         let arena_bytes: u64 = plan.arenas.iter().map(|a| a.1).sum();
@@ -265,6 +280,7 @@ impl<D: DeviceMemory> ExpandableAllocator<D> {
             self.back_off(plan.events.len());
             return Ok(false);
         }
+        plan.high_before_switch = self.reserved_high;
         // Free pages move under the arenas as far as needed to keep the
         // reserved level at its highest so far; the rest are given back one
         // step later, once the device has passed them.
@@ -302,6 +318,13 @@ impl<D: DeviceMemory> ExpandableAllocator<D> {
         self.planner.rejections_in_a_row = 0;
         self.planner.figures.activations += 1;
         Ok(true)
+    }
+
+    /// Counts what the highest reserved level rose by since `plan`'s switch
+    /// (once per switch: one step after it, or when it is left before).
+    fn note_raise(&mut self, plan: &Plan) {
+        self.planner.figures.raised_bytes +=
+            self.reserved_high.saturating_sub(plan.high_before_switch);
     }
 
     /// Stops watching for a while after a plan failed: `REJECT_BACKOFF_STEPS`
@@ -351,6 +374,9 @@ impl<D: DeviceMemory> ExpandableAllocator<D> {
         // or rejected does.
         if plan.active || !deviated {
             self.planner.tried = true;
+        }
+        if plan.active && !plan.trimmed {
+            self.note_raise(&plan);
         }
         for &(_, _, r) in &plan.arenas {
             if let Some(r) = r {

@@ -239,3 +239,66 @@ fn with_the_plan_disabled_nothing_is_planned() {
     }
     assert_eq!(c.a.plan_figures(), None);
 }
+
+/// A step shaped like run 7's LLaMA: activations, then a small gradient
+/// freed by the next step's zero_grad, where the only quiet moment is just
+/// after that free. Whichever event the detected period starts at, the plan
+/// switches after the free and never raises the reserved peak above the
+/// live-page high-water mark (switching just before the free held the
+/// gradient beside an arena that holds it too: the peak rose by its size).
+#[test]
+fn whatever_its_phase_a_plan_switches_after_a_free_and_does_not_raise_the_peak() {
+    // (block, bytes; 0 frees it): A and B activations, G the gradient.
+    let step: [(usize, u64); 6] = [
+        (2, 0),
+        (0, 30 * MIB),
+        (1, 10 * MIB),
+        (1, 0),
+        (0, 0),
+        (2, 4 * MIB),
+    ];
+    for rotation in 0..step.len() {
+        let mut c = Checked::new(AllocatorConfig::default());
+        let _parameters = c.alloc(100 * MIB, 0).unwrap();
+        let mut live: [Option<DevicePtr>; 3] = [None; 3];
+        for i in 0..40 * step.len() {
+            let (b, bytes) = step[(i + rotation) % step.len()];
+            match (bytes, live[b].take()) {
+                (0, Some(ptr)) => c.free(ptr),
+                (0, None) => {}
+                (bytes, _) => live[b] = Some(c.alloc(bytes, 0).unwrap()),
+            }
+        }
+        let figures = c.a.plan_figures().unwrap();
+        assert!(figures.active, "rotation {rotation}: {figures:?}");
+        assert_eq!(figures.raised_bytes, 0, "rotation {rotation}: {figures:?}");
+        assert_eq!(
+            c.a.stats().reserved_bytes.peak,
+            c.a.live_page_high_water_bytes(),
+            "rotation {rotation}"
+        );
+    }
+}
+
+/// A block alive across every phase of the step (no quiet moment): the
+/// plan's footprint is that block above the highest reserved level. It is
+/// used (within what the policy may grow to without it), and the rise is
+/// counted.
+#[test]
+fn a_plan_that_raises_the_peak_within_the_headroom_cap_is_used_and_counted() {
+    let mut c = Checked::new(AllocatorConfig::default());
+    let _parameters = c.alloc(100 * MIB, 0).unwrap();
+    let mut y = c.alloc(4 * MIB, 0).unwrap();
+    for _ in 0..40 {
+        let x = c.alloc(64 * MIB, 0).unwrap();
+        c.free(y);
+        y = c.alloc(4 * MIB, 0).unwrap();
+        c.free(x);
+    }
+    let figures = c.a.plan_figures().unwrap();
+    assert!(figures.active, "{figures:?}");
+    let high_water = c.a.live_page_high_water_bytes();
+    assert_eq!(high_water, 168 * MIB);
+    assert_eq!(figures.raised_bytes, 4 * MIB, "{figures:?}");
+    assert_eq!(c.a.stats().reserved_bytes.peak, high_water + 4 * MIB);
+}

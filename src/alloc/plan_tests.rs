@@ -202,8 +202,106 @@ fn the_quietest_phase_has_the_fewest_bytes_in_flight() {
     let blocks = [block(10, 50, 8 * MIB), block(70, 40, MIB)];
     let (phase, bytes) = quietest_phase(&blocks, 100);
     assert_eq!(bytes, 0);
+    // Not 60: the switch comes just before the event at its phase, and the
+    // event at 60 frees the big block.
     assert!(
-        (60..=70).contains(&phase) || (10..=10).contains(&phase),
+        (61..=70).contains(&phase) || (10..=10).contains(&phase),
         "{phase}"
     );
+}
+
+/// Run 7's LLaMA: the quiet moment right after zero_grad frees a 125 MiB
+/// gradient was taken one event early, just before that free, so the
+/// gradient sat in the old pages beside an arena that holds it too.
+#[test]
+fn a_block_freed_at_the_switch_is_still_held_when_the_arena_is_mapped() {
+    // A block over [10, 60) and one freed by the event at phase 9 (its arc
+    // [61, 109) wraps): phase 9 has nothing alive across it, but the block
+    // it frees is still held before it.
+    let blocks = [block(10, 50, 8 * MIB), block(61, 48, 4 * MIB)];
+    assert_eq!(quietest_phase(&blocks, 100), (10, 0));
+    // Two blocks back to back: every phase holds one, and the phases that
+    // hold the smaller one least (0, the event that frees it, is the first).
+    let blocks = [block(0, 5, 6 * MIB), block(5, 5, 2 * MIB)];
+    assert_eq!(quietest_phase(&blocks, 10), (0, 2 * MIB));
+}
+
+/// On random cycles, the bytes the chosen phase reports are those of the
+/// blocks requested before it and freed by it or later (what is held when
+/// the switch comes, just before the event at that phase), and no phase
+/// holds less.
+#[test]
+fn the_quietest_phase_holds_the_fewest_bytes_by_brute_force() {
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = |m: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % m
+    };
+    for _ in 0..50 {
+        let period = 20 + next(80);
+        let blocks: Vec<StepBlock> = (0..1 + next(12))
+            .map(|_| block(next(period), 1 + next(period - 1), MIB * (1 + next(64))))
+            .collect();
+        let held = |p: u64| -> u64 {
+            blocks
+                .iter()
+                .filter(|b| (1..=b.len).contains(&((p + period - b.start) % period)))
+                .map(|b| b.size)
+                .sum()
+        };
+        let (phase, bytes) = quietest_phase(&blocks, period);
+        assert_eq!(bytes, held(phase), "{blocks:?} at {phase}");
+        let least = (0..period).map(held).min().unwrap();
+        assert_eq!(bytes, least, "{blocks:?}");
+    }
+}
+
+/// A step whose saved activations nest, as in a forward and backward pass:
+/// each layer saves three blocks and makes three temporaries, the backward
+/// pass frees the saved blocks in reverse beside its own temporaries. On
+/// every one of 40 such steps the arena is the max-live bound (largest
+/// first alone was above it on 31 of them, by up to 2.2%).
+#[test]
+fn nested_activations_are_packed_at_their_bound() {
+    let mut seed = 0x1234_5678_9abc_def1u64;
+    let mut next = |m: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % m
+    };
+    for _ in 0..40 {
+        let layers = 10 + next(20);
+        // (is a request, size, block id)
+        let mut events: Vec<(bool, u64, usize)> = Vec::new();
+        let mut saved = Vec::new();
+        let mut id = 0;
+        for _ in 0..3 * layers {
+            events.push((true, MIB * (1 + next(60)), id));
+            saved.push(id);
+            events.push((true, MIB * (1 + next(80)), id + 1));
+            events.push((false, 0, id + 1));
+            id += 2;
+        }
+        for _ in 0..3 * layers {
+            events.push((true, MIB * (1 + next(80)), id));
+            events.push((false, 0, saved.pop().unwrap()));
+            events.push((false, 0, id));
+            id += 1;
+        }
+        let mut requested = HashMap::new();
+        let mut blocks = Vec::new();
+        for (at, &(request, size, id)) in events.iter().enumerate() {
+            if request {
+                requested.insert(id, (at as u64, size));
+            } else {
+                let (start, size) = requested[&id];
+                blocks.push(block(start, at as u64 - start, size));
+            }
+        }
+        let layout = plan_layout(&blocks, events.len() as u64);
+        assert_eq!(layout.arena_bytes, layout.max_live_bytes);
+    }
 }

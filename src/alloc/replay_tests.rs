@@ -749,14 +749,17 @@ fn replay_checked_with(
 /// live blocks ever overlap, and the reserved peak is below both PyTorch's
 /// (the native allocator, which the pytorch policy replays exactly) and the
 /// vramfit policy without the plan, by the margins measured
-/// (`plan_step_figures`).
+/// (`plan_step_figures`). No plan raises the reserved peak: it stays at the
+/// live-page high-water mark (gpu_llama's switch held a 125 MiB gradient
+/// beside the arena and passed it by 96 MiB before the switch waited for
+/// that free).
 #[test]
 fn planned_steps_make_no_driver_calls_and_reserve_less() {
     // (trace, most reserved vs native, vs the policy without the plan)
     let margins = [
         ("gpu_bert", -0.075, -0.012),
         ("gpu_gpt2", -0.07, -0.025),
-        ("gpu_llama", -0.06, -0.03),
+        ("gpu_llama", -0.07, -0.04),
         ("hf_llama", -0.045, -0.006),
         ("hf_gpt2", -0.03, -0.008),
         ("hf_bert", -0.03, -0.002),
@@ -770,6 +773,13 @@ fn planned_steps_make_no_driver_calls_and_reserve_less() {
         let native = pytorch_peak(&events);
         assert!(planned.figures.active, "{name}: {:?}", planned.figures);
         assert_eq!(planned.figures.deviations, 0, "{name}");
+        assert_eq!(planned.figures.raised_bytes, 0, "{name}");
+        assert!(
+            planned.peak <= planned.tight,
+            "{name}: reserved peak {} MiB above the live-page high-water mark {} MiB",
+            planned.peak >> 20,
+            planned.tight >> 20
+        );
         assert_eq!(
             planned.calls[planned.calls.len() - 5..],
             [0, 0, 0, 0, 0],
@@ -802,9 +812,10 @@ fn plan_step_figures() {
         let native = pytorch_peak(&events);
         let pct = |a: u64, b: u64| (a as f64 / b as f64 - 1.0) * 100.0;
         println!(
-            "{name}: planned: calls {:?}, peak {} MiB ({:+.1}% vs native {} MiB, {:+.1}% vs \
+            "{name}: tight {} MiB planned: calls {:?}, peak {} MiB ({:+.1}% vs native {} MiB, {:+.1}% vs \
              unplanned); unplanned: calls {:?}, peak {} MiB ({:+.1}% vs native); arena {} MiB, \
              bound {} MiB, {} blocks, served {}; {:?}",
+            planned.tight >> 20,
             planned.calls,
             planned.peak >> 20,
             pct(planned.peak, native),

@@ -2,9 +2,8 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
-use kube::{Resource, ResourceExt};
-use serde_json::json;
 
 use crate::api::{TrainingJob, TrainingJobStatus};
 use crate::{Error, Result};
@@ -80,33 +79,69 @@ pub fn set_condition(
     }
 }
 
-/// Writes the whole status with server-side apply. The controller owns every
-/// status field, so fields left out are removed. Returns the job's new
-/// `resourceVersion`.
+/// Replaces the whole status with one JSON patch (`add` of `/status`: it
+/// replaces the member when present and creates it when not). The controller
+/// owns every status field, so fields left out are removed. A JSON patch
+/// costs the API server less than a server-side apply of the same status
+/// (no YAML decoding of the patch, no field-ownership merge), and this is the
+/// write every job makes. Returns the job's new `resourceVersion`.
 pub async fn write_status(
     api: &Api<TrainingJob>,
     job: &TrainingJob,
     status: &TrainingJobStatus,
 ) -> Result<Option<String>> {
-    let patch = json!({
-        "apiVersion": TrainingJob::api_version(&()),
-        "kind": TrainingJob::kind(&()),
-        "status": status,
-    });
     let written = api
         .patch_status(
             &job.name_any(),
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(&patch),
+            &PatchParams {
+                field_manager: Some(FIELD_MANAGER.into()),
+                ..PatchParams::default()
+            },
+            &Patch::Json::<()>(status_patch(status)?),
         )
         .await
         .map_err(Error::Kube)?;
     Ok(written.metadata.resource_version)
 }
 
+/// The JSON patch that makes `status` the job's whole status.
+fn status_patch(status: &TrainingJobStatus) -> Result<json_patch::Patch> {
+    let value = serde_json::to_value(status).map_err(Error::Json)?;
+    Ok(json_patch::Patch(vec![json_patch::PatchOperation::Add(
+        json_patch::AddOperation {
+            path: json_patch::jsonptr::PointerBuf::from_tokens(["status"]),
+            value,
+        },
+    )]))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_status_patch_replaces_the_whole_status_or_creates_it() {
+        let new = TrainingJobStatus {
+            message: Some("waiting for room".into()),
+            predicted_bytes: Some(7),
+            ..TrainingJobStatus::default()
+        };
+        let patch = status_patch(&new).unwrap();
+        let expected = serde_json::to_value(&new).unwrap();
+        // An older status with fields the new one leaves out: they go.
+        let mut job = serde_json::json!({
+            "metadata": {"name": "a"},
+            "spec": {"x": 1},
+            "status": {"gpu": "GPU-1", "predictedBytes": 3, "microBatch": 4},
+        });
+        json_patch::patch(&mut job, &patch).unwrap();
+        assert_eq!(job["status"], expected);
+        assert_eq!(job["spec"], serde_json::json!({"x": 1}));
+        // A job without a status gets one.
+        let mut fresh = serde_json::json!({"metadata": {"name": "b"}});
+        json_patch::patch(&mut fresh, &patch).unwrap();
+        assert_eq!(fresh["status"], expected);
+    }
 
     #[test]
     fn a_condition_keeps_its_transition_time_until_its_status_changes() {
