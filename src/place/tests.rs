@@ -1388,3 +1388,57 @@ fn fgd_measures_the_node_as_it_would_be_after_the_placement() {
         }
     }
 }
+
+#[test]
+fn cached_scores_and_node_measures_are_dropped_when_the_learned_mix_moves() {
+    // y's two GPUs have 450 of 1000 free each. While the mix is 100-unit
+    // tasks, that is nearly all usable and a 400-unit job goes to the empty
+    // x; once it is 500-unit tasks, both 450s are fragments and the job
+    // fills one of them. Neither node changes in between: only the
+    // workload version tells the cached scores and node measures to go.
+    let mut p = placer(
+        vec![trace_node("x", 64, 2), trace_node("y", 64, 2)],
+        PolicyKind::Vramfit,
+    );
+    for g in 0..2 {
+        p.restore(&Placement {
+            job_id: format!("old-{g}"),
+            node: "y".into(),
+            gpu_indices: vec![g],
+            gpu_budget: 550,
+            cpu_milli: 0,
+            memory_bytes: 0,
+        })
+        .unwrap();
+    }
+    let d = p
+        .state
+        .demand_of(&JobRequest::new("j", 1, 400, 0, 0))
+        .unwrap();
+    let small = p.state.demand_of(&job("small", 1, 100)).unwrap();
+    let large = p.state.demand_of(&job("large", 1, 500)).unwrap();
+    let mut seen = Vec::new();
+    let choose = |p: &mut Placer, seen: &[Demand]| {
+        let mut fresh = Policy::new(PolicyKind::Vramfit, 1);
+        seen.iter().for_each(|s| fresh.observe(s));
+        let chosen = p.policy.choose(&p.state, &d);
+        assert_eq!(
+            chosen,
+            fresh.choose(&p.state, &d),
+            "after {} arrivals",
+            seen.len()
+        );
+        chosen
+    };
+    for _ in 0..50 {
+        p.policy.observe(&small);
+        seen.push(small.clone());
+    }
+    let before = choose(&mut p, &seen);
+    assert_eq!(before, Some((0, 0b01)), "the empty x");
+    for _ in 0..500 {
+        p.policy.observe(&large);
+        seen.push(large.clone());
+    }
+    assert_eq!(choose(&mut p, &seen), Some((1, 0b01)), "a fragment on y");
+}
