@@ -89,6 +89,18 @@ pub(super) struct Planner {
     /// The last event at which a step seemed on its way (a period repeating,
     /// or a plan laid out).
     promising_at: u64,
+    /// The last plan left after following for two periods or more: its
+    /// period, when it was left, and how long after the one before it (0:
+    /// no such plan of that period before).
+    last_left: Option<(usize, u64, u64)>,
+    /// The period whose longer cycle was looked for last (once per period:
+    /// a cycle that cannot be planned costs one search, not one per cycle).
+    searched_beyond: usize,
+    /// Whether the detector forgets what it saw when the look for longer
+    /// periods ends without a plan (a candidate of the longer cycle that
+    /// fails every cycle would otherwise keep the step's own period from
+    /// being proposed).
+    forget_after_longer: bool,
     figures: PlanFigures,
 }
 
@@ -131,6 +143,9 @@ impl<D: DeviceMemory> ExpandableAllocator<D> {
             if self.planner.longer_until != 0 && self.planner.clock >= self.planner.longer_until {
                 self.planner.longer_until = 0;
                 self.planner.detector.require_longer_than(0);
+                if std::mem::take(&mut self.planner.forget_after_longer) {
+                    self.planner.detector.reset();
+                }
             }
             if self.planner.clock >= self.planner.resume_at {
                 if let Some(step) = self.planner.detector.observe(event) {
@@ -178,6 +193,7 @@ impl<D: DeviceMemory> ExpandableAllocator<D> {
             self.planner.rejections_in_a_row = 0;
             self.planner.known_step = self.planner.known_step.max(plan.events.len() as u64);
             self.planner.longer_until = 0;
+            self.planner.forget_after_longer = false;
             self.planner.detector.require_longer_than(0);
         }
         self.planner.plan = Some(plan);
@@ -388,6 +404,9 @@ impl<D: DeviceMemory> ExpandableAllocator<D> {
             self.planner.figures.deviations += 1;
         }
         let period = plan.events.len();
+        if deviated && plan.followed >= 2 * period as u64 {
+            self.left_after_following(period);
+        }
         if deviated && plan.followed < 2 * period as u64 {
             // It stopped repeating at once: a repeating part of a longer
             // step, or the workload changed. Look for longer periods only
@@ -404,6 +423,35 @@ impl<D: DeviceMemory> ExpandableAllocator<D> {
             self.back_off(period);
         }
         self.planner.detector.reset();
+    }
+
+    /// A plan of `period` that had been followed for two periods or more was
+    /// left. Left twice in a row at the same distance, it is a part of a
+    /// longer cycle (micro-batches of gradient accumulation, left at every
+    /// optimizer step; training steps between regular evaluations): the
+    /// detector looks only for periods longer than `period` for three such
+    /// distances, long enough to see the cycle twice and lay it out, then
+    /// any period again. Once per period: if no longer cycle took over, the
+    /// step is planned and left as before.
+    fn left_after_following(&mut self, period: usize) {
+        let now = self.planner.clock;
+        let gap = match self.planner.last_left {
+            Some((p, at, _)) if p == period => now - at,
+            _ => 0,
+        };
+        if let Some((p, _, before)) = self.planner.last_left
+            && p == period
+            && gap == before
+            && gap > period as u64
+            && gap <= MAX_STEP_EVENTS as u64
+            && self.planner.searched_beyond != period
+        {
+            self.planner.searched_beyond = period;
+            self.planner.detector.require_longer_than(period);
+            self.planner.longer_until = now + 3 * gap;
+            self.planner.forget_after_longer = true;
+        }
+        self.planner.last_left = Some((period, now, gap));
     }
 
     /// Carves exactly `[offset, offset + size)` out of arena range `r`, if

@@ -302,3 +302,72 @@ fn a_plan_that_raises_the_peak_within_the_headroom_cap_is_used_and_counted() {
     assert_eq!(figures.raised_bytes, 4 * MIB, "{figures:?}");
     assert_eq!(c.a.stats().reserved_bytes.peak, high_water + 4 * MIB);
 }
+
+/// Gradient accumulation: `n` micro-batches, then an optimizer step whose
+/// requests differ. The micro-batch's plan is left at every optimizer step;
+/// once it was left twice at the same distance after following for two
+/// periods or more, the detector looks for the longer cycle and plans the
+/// micro-batches and the optimizer step as one, and the cycles make no
+/// driver calls from then on.
+#[test]
+fn gradient_accumulation_is_planned_as_one_cycle_of_its_micro_batches() {
+    for n in [2, 4, 6, 8] {
+        let mut c = Checked::new(AllocatorConfig::default());
+        let _parameters = c.alloc(200 * MIB, 0).unwrap();
+        let micro = two_stream_requests();
+        let optimizer: Vec<(u64, StreamId)> =
+            vec![(7 * MIB, 0), (9 * MIB + 512, 0), (MIB, 0), (5 * MIB, 1)];
+        let cycle = |c: &mut Checked| {
+            for _ in 0..n {
+                c.step(&micro, 3);
+            }
+            c.step(&optimizer, 1);
+        };
+        for _ in 0..14 {
+            cycle(&mut c);
+        }
+        let figures = c.a.plan_figures().unwrap();
+        assert!(figures.active, "{n} micro-batches: {figures:?}");
+        assert_eq!(
+            figures.step_events as usize,
+            2 * (n * micro.len() + optimizer.len()),
+            "{n} micro-batches: {figures:?}"
+        );
+        let deviations = figures.deviations;
+        let before = c.calls();
+        for _ in 0..4 {
+            cycle(&mut c);
+        }
+        assert_eq!(
+            c.calls(),
+            before,
+            "{n} micro-batches: driver calls in the planned cycles"
+        );
+        assert_eq!(c.a.plan_figures().unwrap().deviations, deviations, "{n}");
+    }
+}
+
+/// Micro-batches between optimizer steps that differ every time (no
+/// longer cycle repeats): the longer cycle is looked for once, and from
+/// then on the micro-batches are planned in every cycle as before.
+#[test]
+fn a_longer_cycle_that_does_not_repeat_is_looked_for_once() {
+    let mut c = Checked::new(AllocatorConfig::default());
+    let _parameters = c.alloc(200 * MIB, 0).unwrap();
+    let micro = two_stream_requests();
+    let cycle = |c: &mut Checked, k: u64| {
+        for _ in 0..6 {
+            c.step(&micro, 3);
+        }
+        c.step(&[(7 * MIB + 512 * k, 0), (3 * MIB, 0)], 1);
+    };
+    for k in 0..12 {
+        cycle(&mut c, k);
+    }
+    let before = c.a.plan_figures().unwrap().activations;
+    for k in 12..24 {
+        cycle(&mut c, k);
+    }
+    let figures = c.a.plan_figures().unwrap();
+    assert_eq!(figures.activations - before, 12, "{figures:?}");
+}
