@@ -314,7 +314,7 @@ impl Policy {
     }
 }
 
-fn compare(a: &Score, b: &Score) -> std::cmp::Ordering {
+pub(crate) fn compare(a: &Score, b: &Score) -> std::cmp::Ordering {
     if (a[0] - b[0]).abs() > SCORE_EPSILON {
         return a[0].total_cmp(&b[0]);
     }

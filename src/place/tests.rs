@@ -8,7 +8,7 @@ use super::fragmentation::{
 };
 use super::openb::{parse_nodes, parse_pods, requested_milli_gpu};
 use super::rng::SeededRng;
-use super::state::{ClusterState, Demand, ModelMask, NodeView};
+use super::state::{ClusterState, Demand, GpuSet, ModelMask, NodeView};
 use super::*;
 
 const GIB: u64 = 1 << 30;
@@ -609,4 +609,782 @@ fn observing_running_jobs_teaches_the_job_mix_without_placing_them() {
     assert!(p.release("running").is_none(), "observing places nothing");
     let decision = p.place(&job("next", 1, 1000)).unwrap();
     assert_eq!(decision.placement.gpu_indices.len(), 1);
+}
+
+/// One node with two 1000-unit GPUs, 8 cores and 4000 bytes of memory, of
+/// which a job already holds 200 units of GPU 0, 2 cores and 1000 bytes:
+/// 800 and 1000 units, 6000 millicores and 3000 bytes are free.
+fn partly_used_node() -> ClusterState {
+    let mut state = ClusterState::new(&Inventory {
+        nodes: vec![NodeSpec {
+            name: "n".into(),
+            cpu_milli: 8000,
+            memory_bytes: 4000,
+            taints: Vec::new(),
+            gpus: vec![
+                GpuSpec {
+                    model: "T4".into(),
+                    capacity: 1000,
+                };
+                2
+            ],
+        }],
+    })
+    .unwrap();
+    state
+        .restore(&Placement {
+            job_id: "old".into(),
+            node: "n".into(),
+            gpu_indices: vec![0],
+            gpu_budget: 200,
+            cpu_milli: 2000,
+            memory_bytes: 1000,
+        })
+        .unwrap();
+    state
+}
+
+fn assert_score(got: [f64; 2], want: [f64; 2], what: &str) {
+    assert!(
+        (got[0] - want[0]).abs() < 1e-9 && (got[1] - want[1]).abs() < 1e-9,
+        "{what}: got {got:?}, want {want:?}"
+    );
+}
+
+#[test]
+fn best_fit_scores_the_room_left_on_the_node_then_on_the_chosen_gpus() {
+    let state = partly_used_node();
+    let node = &state.nodes()[0];
+    // (GPUs, per-GPU units, millicores, bytes, GPU set, score). One GPU of
+    // 300 units, 1 core, 500 bytes leaves 1500 of 2000 units, 5000 of 8000
+    // millicores and 2500 of 4000 bytes (0.75 + 0.625 + 0.625), and 500 of
+    // GPU 0's 1000 or 700 of GPU 1's.
+    let cases: [(u32, u64, u64, u64, GpuSet, [f64; 2]); 5] = [
+        (1, 300, 1000, 500, 0b01, [2.0, 0.5]),
+        (1, 300, 1000, 500, 0b10, [2.0, 0.7]),
+        // Two GPUs of 300: 1200 of 2000 units left; 500 + 700 on the GPUs.
+        (2, 300, 1000, 500, 0b11, [1.85, 1.2]),
+        // More CPU, less memory: 0.75 + 3000/8000 + 3000/4000.
+        (1, 300, 3000, 0, 0b10, [1.875, 0.7]),
+        // CPU-only: 1800 of 2000 units stay free, no GPU is chosen.
+        (0, 0, 4000, 3000, 0, [0.9 + 0.25 + 0.0, 0.0]),
+    ];
+    for (gpus, per_gpu, cpu, mem, set, want) in cases {
+        let mut d = demand(gpus, per_gpu, cpu);
+        d.mem = mem;
+        assert_score(
+            super::best_fit::score(node, &d, set),
+            want,
+            &format!("{gpus} x {per_gpu} on {set:#b}, {cpu} m, {mem} B"),
+        );
+    }
+}
+
+#[test]
+fn vramfit_charges_cpu_by_the_gpu_units_each_free_millicore_guards() {
+    let state = partly_used_node();
+    let node = &state.nodes()[0];
+    // 1800 free GPU units over 6000 free millicores: each millicore guards
+    // 0.3 units, and a job pays half of that per millicore it takes, on top
+    // of the measure's growth. Best-fit's room left breaks ties.
+    let cases: [(u64, f64, [f64; 2]); 4] = [
+        (1000, 10.0, [10.0 + 150.0, 2.0]),
+        (3000, -4.0, [-4.0 + 450.0, 1.75]),
+        (0, 10.0, [10.0, 2.125]),
+        (0, 0.0, [0.0, 2.125]),
+    ];
+    for (cpu, growth, want) in cases {
+        let mut d = demand(1, 300, cpu);
+        d.mem = 500;
+        assert_score(
+            super::vramfit::score(node, &d, 0b01, growth),
+            want,
+            &format!("{cpu} m, growth {growth}"),
+        );
+    }
+}
+
+#[test]
+fn vramfit_descends_fragmentation_plus_stranding_and_fgd_fragmentation_alone() {
+    // The node and workload of fgd_fragmentation_matches_a_hand_computed_example:
+    // fragmentation 650, stranding 900.
+    let free = [1000, 400];
+    let models = [0, 0];
+    let v = view(8000, &free, &models);
+    let target = TargetWorkload::from_weights([
+        (demand(1, 500, 5000), 2.0),
+        (demand(1, 1000, 1000), 1.0),
+        (demand(1, 300, 16_000), 1.0),
+    ]);
+    assert!((super::vramfit::measure(&v, &target) - 1550.0).abs() < 1e-9);
+    assert_score(super::fgd::score(650.0), [650.0, 0.0], "fgd");
+}
+
+#[test]
+fn a_toleration_matches_key_value_and_effect_each_exactly_or_any() {
+    use TaintEffect::{NoExecute, NoSchedule};
+    let taint = Taint {
+        key: "team".into(),
+        value: "a".into(),
+        effect: NoSchedule,
+    };
+    let tol = |key: Option<&str>, value: Option<&str>, effect| Toleration {
+        key: key.map(Into::into),
+        value: value.map(Into::into),
+        effect,
+    };
+    let cases = [
+        (
+            "exact",
+            tol(Some("team"), Some("a"), Some(NoSchedule)),
+            true,
+        ),
+        ("any effect", tol(Some("team"), Some("a"), None), true),
+        ("exists", tol(Some("team"), None, None), true),
+        ("everything", tol(None, None, None), true),
+        ("other key", tol(Some("zone"), Some("a"), None), false),
+        ("other key, exists", tol(Some("zone"), None, None), false),
+        ("other value", tol(Some("team"), Some("b"), None), false),
+        (
+            "other effect",
+            tol(Some("team"), Some("a"), Some(NoExecute)),
+            false,
+        ),
+        (
+            "only the effect",
+            tol(Some("zone"), Some("b"), Some(NoSchedule)),
+            false,
+        ),
+    ];
+    for (name, toleration, tolerates) in cases {
+        assert_eq!(toleration.tolerates(&taint), tolerates, "{name}");
+    }
+}
+
+#[test]
+fn the_memo_computes_each_state_once_per_class_and_workload_version() {
+    use std::cell::Cell;
+    let calls = Cell::new(0);
+    let compute = |v: &NodeView, _: &TargetWorkload| {
+        calls.set(calls.get() + 1);
+        (v.cpu_free + v.gpu_free.iter().sum::<u64>()) as f64
+    };
+    let target = TargetWorkload::default();
+    let mut memo = super::memo::MeasureMemo::default();
+    // (what, class, CPU free, GPU free, models, version, computed again, value)
+    type Case = (&'static str, u32, u64, [u64; 2], [u8; 2], u64, bool, f64);
+    let cases: [Case; 8] = [
+        ("first sight", 0, 100, [10, 20], [0, 1], 1, true, 130.0),
+        ("same state", 0, 100, [10, 20], [0, 1], 1, false, 130.0),
+        ("other free units", 0, 100, [10, 30], [0, 1], 1, true, 140.0),
+        ("other models", 0, 100, [10, 20], [1, 0], 1, true, 130.0),
+        ("GPUs permuted", 0, 100, [20, 10], [1, 0], 1, false, 130.0),
+        ("other CPU", 0, 200, [10, 20], [0, 1], 1, true, 230.0),
+        ("other class", 1, 100, [10, 20], [0, 1], 1, true, 130.0),
+        (
+            "new workload version",
+            0,
+            100,
+            [10, 20],
+            [0, 1],
+            2,
+            true,
+            130.0,
+        ),
+    ];
+    for (what, class, cpu, free, models, version, again, value) in cases {
+        let before = calls.get();
+        let got = memo.get_or_compute(class, &view(cpu, &free, &models), &target, version, compute);
+        assert_eq!(calls.get() > before, again, "{what}");
+        assert_eq!(got, value, "{what}");
+    }
+}
+
+#[test]
+fn memo_keys_hash_apart() {
+    use std::collections::HashSet;
+    use std::hash::{BuildHasher, BuildHasherDefault};
+    let hasher = BuildHasherDefault::<super::memo::WordHasher>::default();
+    let mut keys: Vec<Box<[u64]>> = Vec::new();
+    for cpu in (0..64_000).step_by(4000) {
+        for mem in [0, GIB, 2 * GIB] {
+            for a in (0..=1000).step_by(100) {
+                for b in (0..=1000).step_by(100) {
+                    keys.push(vec![0, cpu, mem, a, b].into());
+                }
+            }
+        }
+    }
+    // All-zero keys differ only in their length.
+    keys.extend((1..=4).map(|n| vec![0; n].into()));
+    let hashes: HashSet<u64> = keys.iter().map(|k| hasher.hash_one(k)).collect();
+    assert_eq!(hashes.len(), keys.len());
+}
+
+#[test]
+fn a_restored_placement_holds_its_room_and_a_conflicting_one_changes_nothing() {
+    let mut p = placer(vec![trace_node("a", 8, 2)], PolicyKind::BestFit);
+    let held = Placement {
+        job_id: "old".into(),
+        node: "a".into(),
+        gpu_indices: vec![1],
+        gpu_budget: 600,
+        cpu_milli: 2000,
+        memory_bytes: GIB,
+    };
+    p.restore(&held).unwrap();
+    assert_eq!(p.state().placement("old"), Some(&held));
+    assert_eq!(p.state().nodes()[0].gpu_free, vec![1000, 400]);
+    assert_eq!(p.state().nodes()[0].cpu_free, 6000);
+    let over = Placement {
+        job_id: "over".into(),
+        gpu_budget: 500,
+        ..held.clone()
+    };
+    assert!(matches!(p.restore(&over), Err(PlaceError::Conflict { .. })));
+    assert!(matches!(
+        p.restore(&held),
+        Err(PlaceError::AlreadyPlaced { .. })
+    ));
+    assert!(p.state().placement("over").is_none());
+    assert_eq!(p.state().nodes()[0].gpu_free, vec![1000, 400]);
+    assert_eq!(p.state().placed_jobs(), 1);
+}
+
+/// A cluster of one-GPU, 64-core nodes (1000 units a GPU) whose GPU `i`
+/// already has `held[i]` units taken, for the policy tests.
+fn cluster_with_held(held: &[u64]) -> Vec<(NodeSpec, u64)> {
+    held.iter()
+        .enumerate()
+        .map(|(i, &h)| (trace_node(&format!("n{i}"), 64, 1), h))
+        .collect()
+}
+
+/// A placer over `nodes` where each node's GPU 0 has the paired units held.
+fn placer_with_held(nodes: Vec<(NodeSpec, u64)>, policy: Policy) -> Placer {
+    let inventory = Inventory {
+        nodes: nodes.iter().map(|(n, _)| n.clone()).collect(),
+    };
+    let mut p = Placer::new(&inventory, policy).unwrap();
+    for (n, held) in nodes.iter().filter(|(_, h)| *h > 0) {
+        p.restore(&Placement {
+            job_id: format!("held-{}", n.name),
+            node: n.name.clone(),
+            gpu_indices: vec![0],
+            gpu_budget: *held,
+            cpu_milli: 0,
+            memory_bytes: 0,
+        })
+        .unwrap();
+    }
+    p
+}
+
+#[test]
+fn scores_within_epsilon_tie_and_the_second_component_breaks_ties() {
+    use std::cmp::Ordering::{Equal, Greater, Less};
+    let cases: [(&str, [f64; 2], [f64; 2], std::cmp::Ordering); 11] = [
+        ("first decides", [1.0, 0.0], [0.0, 1.0], Greater),
+        ("first within epsilon", [1e-9, 0.0], [0.0, 1.0], Less),
+        ("first exactly epsilon apart", [1e-7, 0.0], [0.0, 1.0], Less),
+        ("first equal", [0.5, 0.0], [0.5, 1.0], Less),
+        ("tiny firsts", [1e-8, 0.0], [2e-8, 1.0], Less),
+        ("second decides", [2.0, 5.0], [2.0, 3.0], Greater),
+        ("second of opposite signs", [0.0, 1.0], [0.0, -1.0], Greater),
+        ("second within epsilon", [0.0, 1e-9], [0.0, 0.0], Equal),
+        (
+            "second exactly epsilon apart",
+            [0.0, 1e-7],
+            [0.0, 0.0],
+            Equal,
+        ),
+        ("tiny seconds", [0.0, 1e-8], [0.0, 2e-8], Equal),
+        ("same", [1.0, 1.0], [1.0, 1.0], Equal),
+    ];
+    for (name, a, b, expected) in cases {
+        assert_eq!(super::policy::compare(&a, &b), expected, "{name}");
+    }
+}
+
+#[test]
+fn policy_kinds_display_as_their_names() {
+    let shown: Vec<String> = PolicyKind::ALL.iter().map(ToString::to_string).collect();
+    assert_eq!(shown, ["random", "best-fit", "fgd", "vramfit"]);
+}
+
+#[test]
+fn a_cached_choice_is_the_choice_a_fresh_policy_makes() {
+    // A long-lived policy keeps scores per (node, task type) and the node
+    // measures across jobs; after every change it must choose as a policy
+    // that has seen the same arrivals but has nothing cached.
+    let mut nodes = vec![
+        trace_node("a", 32, 2),
+        trace_node("b", 96, 4),
+        node("c", 64, &[("A100", 1000), ("A100", 1000), ("T4", 1000)]),
+        trace_node("d", 16, 1),
+        trace_node("e", 96, 4),
+    ];
+    nodes[3].taints.push(Taint {
+        key: "spot".into(),
+        value: String::new(),
+        effect: TaintEffect::NoExecute,
+    });
+    let inventory = Inventory { nodes };
+    let shapes: [(u32, u64, u64); 6] = [
+        (1, 230, 4000),
+        (1, 500, 8000),
+        (1, 1000, 12_000),
+        (2, 1000, 16_000),
+        (0, 0, 24_000),
+        (1, 470, 2000),
+    ];
+    for kind in [PolicyKind::BestFit, PolicyKind::Vramfit] {
+        let mut rng = SeededRng::new(5);
+        let mut state = ClusterState::new(&inventory).unwrap();
+        let mut live = Policy::new(kind, 1);
+        let mut seen: Vec<Demand> = Vec::new();
+        let mut placed: Vec<String> = Vec::new();
+        for step in 0..300 {
+            if !placed.is_empty() && rng.below(3) == 0 {
+                let k = rng.below(placed.len() as u64) as usize;
+                state.release(&placed.swap_remove(k)).unwrap();
+                continue;
+            }
+            let (gpus, budget, cpu) = shapes[rng.below(shapes.len() as u64) as usize];
+            let mut request = JobRequest::new(format!("j{step}"), gpus, budget, cpu, GIB);
+            if rng.below(4) == 0 {
+                request.tolerations.push(Toleration {
+                    key: Some("spot".into()),
+                    value: None,
+                    effect: None,
+                });
+            }
+            let d = state.demand_of(&request).unwrap();
+            live.observe(&d);
+            seen.push(d.clone());
+            let mut fresh = Policy::new(kind, 1);
+            seen.iter().for_each(|s| fresh.observe(s));
+            let chosen = live.choose(&state, &d);
+            assert_eq!(chosen, fresh.choose(&state, &d), "{kind}, step {step}");
+            if let Some((node, set)) = chosen {
+                state.commit(&request, &d, node, set).unwrap();
+                placed.push(request.id);
+            }
+        }
+    }
+}
+
+#[test]
+fn a_job_that_takes_exactly_the_free_cpu_or_memory_fits() {
+    for kind in PolicyKind::ALL {
+        let mut p = placer(vec![trace_node("a", 8, 2)], kind);
+        let exact_cpu = JobRequest::new("cpu", 1, 500, 8000, GIB);
+        let exact_mem = JobRequest::new("mem", 1, 500, 0, 511 * GIB);
+        assert!(p.place(&exact_cpu).is_ok(), "{kind}: all 8 cores");
+        assert!(p.place(&exact_mem).is_ok(), "{kind}: the remaining 511 GiB");
+    }
+}
+
+#[test]
+fn on_equal_growth_best_fit_and_vramfit_take_the_tightest_earliest_node_and_fgd_any() {
+    // 200-unit tasks use 1000 or 700 free units alike (no fragment, no
+    // stranding change), so the growth ties everywhere. Best-fit's room left
+    // prefers 700 (n1, before its twin n2); FGD picks uniformly.
+    let target = TargetWorkload::from_weights([(demand(1, 200, 0), 1.0)]);
+    let job = JobRequest::new("j", 1, 200, 0, 0);
+    let mut fgd_counts = [0u32; 3];
+    for seed in 0..300 {
+        for kind in [PolicyKind::BestFit, PolicyKind::Vramfit, PolicyKind::Fgd] {
+            let policy = Policy::new(kind, seed).with_target_workload(target.clone());
+            let mut p = placer_with_held(cluster_with_held(&[0, 300, 300]), policy);
+            let node = p.place(&job).unwrap().node_index;
+            if kind == PolicyKind::Fgd {
+                fgd_counts[node] += 1;
+            } else {
+                assert_eq!(node, 1, "{kind}, seed {seed}");
+            }
+        }
+    }
+    // 100 each on average; 60..140 is almost five standard deviations.
+    assert!(
+        fgd_counts.iter().all(|&c| (60..140).contains(&c)),
+        "{fgd_counts:?}"
+    );
+}
+
+#[test]
+fn fgd_and_vramfit_descend_the_growth_of_the_node_measure() {
+    // Target: 500-unit tasks. A 100-unit job either fills n0's 100-unit
+    // fragment (the measure falls by 100) or leaves n1 at 900 (no change);
+    // or it leaves n0 at 450, too small for a task (the measure grows by
+    // 450), instead of n1 at 900. (held units per node, node chosen)
+    let target = TargetWorkload::from_weights([(demand(1, 500, 1000), 1.0)]);
+    let cases: [(&str, [u64; 2], usize); 2] = [
+        ("fills a fragment", [900, 0], 0),
+        ("keeps a usable GPU whole", [450, 0], 1),
+    ];
+    for (name, held, expected) in cases {
+        for kind in [PolicyKind::Fgd, PolicyKind::Vramfit] {
+            for seed in 0..20 {
+                let policy = Policy::new(kind, seed).with_target_workload(target.clone());
+                let mut p = placer_with_held(cluster_with_held(&held), policy);
+                let d = p.place(&job("j", 1, 100)).unwrap();
+                assert_eq!(d.node_index, expected, "{name}, {kind}, seed {seed}");
+            }
+        }
+    }
+}
+
+#[test]
+fn vramfit_counts_the_stranded_tail_that_fgd_does_not_see() {
+    // Target: 460-unit tasks of one core. n0's GPU has 600 free (one task,
+    // a 140 tail); n1's is empty (two tasks, an 80 tail) but a CPU-only job
+    // holds 60 of its 64 cores. A 100-unit job without CPU on n0 shrinks
+    // the tail to 40 (stranding -100); on n1 it leaves 900, room for one
+    // task and a 440 tail (stranding +360). Fragmentation does not change
+    // on either, so FGD's measure alone would leave it to best-fit, which
+    // prefers n1 (its CPU is nearly used up).
+    let target = TargetWorkload::from_weights([(demand(1, 460, 1000), 1.0)]);
+    let policy = Policy::new(PolicyKind::Vramfit, 1).with_target_workload(target);
+    let mut p = placer_with_held(cluster_with_held(&[400, 0]), policy);
+    p.restore(&Placement {
+        job_id: "cpu-hog".into(),
+        node: "n1".into(),
+        gpu_indices: vec![],
+        gpu_budget: 0,
+        cpu_milli: 60_000,
+        memory_bytes: 0,
+    })
+    .unwrap();
+    let d = p.place(&JobRequest::new("j", 1, 100, 0, 0)).unwrap();
+    assert_eq!(d.placement.node, "n0");
+}
+
+#[test]
+fn inside_a_node_the_tightest_gpu_is_offered_whatever_its_neighbours() {
+    // (GPUs as (model, capacity, held), job units, GPU chosen by best-fit).
+    type Case = (&'static str, Vec<(&'static str, u64, u64)>, u64, u32);
+    let cases: Vec<Case> = vec![
+        (
+            "less free",
+            vec![("T4", 1000, 0), ("T4", 1000, 500)],
+            400,
+            1,
+        ),
+        // Same free units; 100 of 2000 left is tighter than 100 of 1000.
+        (
+            "larger capacity",
+            vec![("T4", 1000, 500), ("T4", 2000, 1500)],
+            400,
+            1,
+        ),
+    ];
+    for (name, gpus, units, expected) in cases {
+        let spec: Vec<(&str, u64)> = gpus.iter().map(|&(m, c, _)| (m, c)).collect();
+        let mut p = placer(vec![node("a", 64, &spec)], PolicyKind::BestFit);
+        for (g, &(_, _, held)) in gpus.iter().enumerate().filter(|(_, g)| g.2 > 0) {
+            p.restore(&Placement {
+                job_id: format!("held-{g}"),
+                node: "a".into(),
+                gpu_indices: vec![g as u32],
+                gpu_budget: held,
+                cpu_milli: 0,
+                memory_bytes: 0,
+            })
+            .unwrap();
+        }
+        let d = p.place(&job("j", 1, units)).unwrap();
+        assert_eq!(d.placement.gpu_indices, vec![expected], "{name}");
+    }
+    // Same free units and capacity, other model: the A100 is kept for the
+    // A100-only tasks of the target, so the job goes to the T4.
+    let a100_only = ModelMask::from(1u8);
+    let mut task = demand(1, 600, 0);
+    task.models = a100_only;
+    for kind in [PolicyKind::Fgd, PolicyKind::Vramfit] {
+        let policy = Policy::new(kind, 1)
+            .with_target_workload(TargetWorkload::from_weights([(task.clone(), 1.0)]));
+        let mut p = Placer::new(
+            &Inventory {
+                nodes: vec![node("a", 64, &[("A100", 1000), ("T4", 1000)])],
+            },
+            policy,
+        )
+        .unwrap();
+        let d = p.place(&JobRequest::new("j", 1, 500, 0, 0)).unwrap();
+        assert_eq!(d.placement.gpu_indices, vec![1], "{kind}");
+    }
+}
+
+#[test]
+fn a_multi_gpu_job_takes_the_tightest_gpus_when_enough_serve() {
+    // (held units per GPU of one node, GPUs, units each, GPUs chosen)
+    type Case = (&'static str, Vec<u64>, u32, u64, Option<Vec<u32>>);
+    let cases: Vec<Case> = vec![
+        (
+            "more serve than needed",
+            vec![0, 400, 200],
+            2,
+            500,
+            Some(vec![1, 2]),
+        ),
+        (
+            "exactly as many serve",
+            vec![0, 0],
+            2,
+            1000,
+            Some(vec![0, 1]),
+        ),
+        ("too few serve", vec![0, 700, 0], 3, 500, None),
+    ];
+    for (name, held, gpus, units, expected) in cases {
+        for kind in [PolicyKind::BestFit, PolicyKind::Fgd, PolicyKind::Vramfit] {
+            let mut p = placer(vec![trace_node("a", 64, held.len())], kind);
+            for (g, &h) in held.iter().enumerate().filter(|(_, h)| **h > 0) {
+                p.restore(&Placement {
+                    job_id: format!("held-{g}"),
+                    node: "a".into(),
+                    gpu_indices: vec![g as u32],
+                    gpu_budget: h,
+                    cpu_milli: 0,
+                    memory_bytes: 0,
+                })
+                .unwrap();
+            }
+            let got = p
+                .place(&job("j", gpus, units))
+                .ok()
+                .map(|d| d.placement.gpu_indices);
+            assert_eq!(got, expected, "{name}, {kind}");
+        }
+    }
+}
+
+#[test]
+fn random_picks_among_the_feasible_nodes_only_and_every_one_of_them() {
+    // n0's GPU is full; n1..n3 can take the job.
+    let mut counts = [0u32; 4];
+    for seed in 0..200 {
+        let policy = Policy::new(PolicyKind::Random, seed);
+        let mut p = placer_with_held(cluster_with_held(&[1000, 0, 300, 600]), policy);
+        let d = p.place(&job("j", 1, 400)).unwrap();
+        assert_eq!(d.placement.gpu_indices, vec![0]);
+        counts[d.node_index] += 1;
+    }
+    assert_eq!(counts[0], 0, "{counts:?}");
+    assert!(counts[1..].iter().all(|&c| c > 30), "{counts:?}");
+    // Several GPUs: only the ones that serve, each once.
+    for seed in 0..20 {
+        let mut p = placer(vec![trace_node("a", 64, 4)], PolicyKind::Random);
+        for g in [1, 3] {
+            p.restore(&Placement {
+                job_id: format!("held-{g}"),
+                node: "a".into(),
+                gpu_indices: vec![g],
+                gpu_budget: 800,
+                cpu_milli: 0,
+                memory_bytes: 0,
+            })
+            .unwrap();
+        }
+        p.policy = Policy::new(PolicyKind::Random, seed);
+        let d = p.place(&job("j", 2, 500)).unwrap();
+        assert_eq!(d.placement.gpu_indices, vec![0, 2], "seed {seed}");
+    }
+}
+
+#[test]
+fn the_ledger_takes_and_gives_back_exactly_what_a_job_holds() {
+    let mut p = placer(
+        vec![trace_node("a", 8, 3), trace_node("b", 8, 1)],
+        PolicyKind::BestFit,
+    );
+    let fresh = |p: &Placer, i: usize| {
+        let n = &p.state().nodes()[i];
+        (n.cpu_free, n.mem_free, n.gpu_free.clone())
+    };
+    assert_eq!(p.state().capacity_total(), 4000);
+    assert_eq!(p.state().untouched_gpus(), 4);
+    let pair = p
+        .place(&JobRequest::new("pair", 2, 700, 3000, 100 * GIB))
+        .unwrap();
+    assert_eq!(pair.node_index, 0);
+    let share = p
+        .place(&JobRequest::new("share", 1, 200, 1000, GIB))
+        .unwrap();
+    assert_eq!(
+        (share.node_index, share.placement.gpu_indices.clone()),
+        (0, vec![0])
+    );
+    assert_eq!(fresh(&p, 0), (4000, 411 * GIB, vec![100, 300, 1000]));
+    assert_eq!(p.state().allocated_total(), 1600);
+    assert_eq!(p.state().untouched_gpus(), 2);
+    assert_eq!(p.state().placed_jobs(), 2);
+    assert_eq!(p.release("pair"), Some(pair.placement));
+    assert_eq!(fresh(&p, 0), (7000, 511 * GIB, vec![800, 1000, 1000]));
+    assert_eq!(p.state().allocated_total(), 200);
+    assert_eq!(p.state().untouched_gpus(), 3);
+    assert_eq!(p.state().placed_jobs(), 1);
+    assert_eq!(
+        fresh(&p, 1),
+        (8000, 512 * GIB, vec![1000]),
+        "the other node is untouched"
+    );
+}
+
+#[test]
+fn a_restored_placement_may_take_exactly_the_room_left_and_not_one_unit_more() {
+    // Node a: 2 GPUs of 1000, 8 cores, 512 GiB; "old" holds 400 of GPU 0,
+    // 2 cores and 12 GiB.
+    let base = Placement {
+        job_id: "new".into(),
+        node: "a".into(),
+        gpu_indices: vec![0],
+        gpu_budget: 600,
+        cpu_milli: 6000,
+        memory_bytes: 500 * GIB,
+    };
+    let with = |f: &dyn Fn(&mut Placement)| {
+        let mut p = base.clone();
+        f(&mut p);
+        p
+    };
+    let cases: [(&str, Placement, bool); 7] = [
+        ("exactly what is left", base.clone(), true),
+        ("one unit of GPU more", with(&|p| p.gpu_budget += 1), false),
+        ("one millicore more", with(&|p| p.cpu_milli += 1), false),
+        ("one byte more", with(&|p| p.memory_bytes += 1), false),
+        (
+            "the other GPU whole",
+            with(&|p| {
+                p.gpu_indices = vec![1];
+                p.gpu_budget = 1000
+            }),
+            true,
+        ),
+        (
+            "a GPU the node lacks",
+            with(&|p| p.gpu_indices = vec![2]),
+            false,
+        ),
+        (
+            "a node not in the inventory",
+            with(&|p| p.node = "z".into()),
+            false,
+        ),
+    ];
+    for (name, placement, ok) in cases {
+        let mut p = placer(vec![trace_node("a", 8, 2)], PolicyKind::BestFit);
+        p.restore(&Placement {
+            job_id: "old".into(),
+            node: "a".into(),
+            gpu_indices: vec![0],
+            gpu_budget: 400,
+            cpu_milli: 2000,
+            memory_bytes: 12 * GIB,
+        })
+        .unwrap();
+        let before = p.state().nodes()[0].clone();
+        match p.restore(&placement) {
+            Ok(()) => assert!(ok, "{name}: accepted"),
+            Err(e) => {
+                assert!(!ok, "{name}: {e}");
+                assert!(matches!(e, PlaceError::Conflict { .. }), "{name}: {e}");
+                let after = &p.state().nodes()[0];
+                assert_eq!(
+                    (after.cpu_free, after.mem_free, &after.gpu_free),
+                    (before.cpu_free, before.mem_free, &before.gpu_free),
+                    "{name}: a refused placement changes nothing"
+                );
+                assert!(p.state().placement("new").is_none(), "{name}");
+            }
+        }
+    }
+}
+
+#[test]
+fn random_never_picks_a_node_short_of_cpu_or_memory() {
+    // n0 lacks CPU, n1 memory, n2 GPU room; only n3 fits.
+    let mut nodes = vec![
+        trace_node("n0", 2, 1),
+        trace_node("n1", 64, 1),
+        trace_node("n2", 64, 1),
+        trace_node("n3", 64, 1),
+    ];
+    nodes[1].memory_bytes = GIB;
+    for seed in 0..30 {
+        let mut p = Placer::new(
+            &Inventory {
+                nodes: nodes.clone(),
+            },
+            Policy::new(PolicyKind::Random, seed),
+        )
+        .unwrap();
+        p.restore(&Placement {
+            job_id: "full".into(),
+            node: "n2".into(),
+            gpu_indices: vec![0],
+            gpu_budget: 800,
+            cpu_milli: 0,
+            memory_bytes: 0,
+        })
+        .unwrap();
+        let d = p
+            .place(&JobRequest::new("j", 1, 500, 4000, 2 * GIB))
+            .unwrap();
+        assert_eq!(d.placement.node, "n3", "seed {seed}");
+    }
+}
+
+#[test]
+fn fgd_measures_the_node_as_it_would_be_after_the_placement() {
+    // Target: 500-unit tasks of 8 cores and 8 GiB. A 100-unit job with 10
+    // cores (or 10 GiB) leaves n0 (16 cores, 16 GiB) unable to host a task,
+    // so all its GPU becomes a fragment; n1 (64 cores, 512 GiB) stays usable.
+    let mut task = demand(1, 500, 8000);
+    task.mem = 8 * GIB;
+    let target = TargetWorkload::from_weights([(task, 1.0)]);
+    let mut small = trace_node("n0", 16, 1);
+    small.memory_bytes = 16 * GIB;
+    let nodes = vec![small, trace_node("n1", 64, 1)];
+    for (what, cpu, mem) in [("CPU", 10_000, 0), ("memory", 0, 10 * GIB)] {
+        for seed in 0..20 {
+            let policy = Policy::new(PolicyKind::Fgd, seed).with_target_workload(target.clone());
+            let mut p = Placer::new(
+                &Inventory {
+                    nodes: nodes.clone(),
+                },
+                policy,
+            )
+            .unwrap();
+            let d = p.place(&JobRequest::new("j", 1, 100, cpu, mem)).unwrap();
+            assert_eq!(d.placement.node, "n1", "{what}, seed {seed}");
+        }
+    }
+    // Within a node, only the chosen GPU loses the units: on GPUs with 1000
+    // and 550 free, GPU 0 keeps both usable, GPU 1 would leave 450.
+    let target = TargetWorkload::from_weights([(demand(1, 500, 1000), 1.0)]);
+    for kind in [PolicyKind::Fgd, PolicyKind::Vramfit] {
+        for seed in 0..20 {
+            let policy = Policy::new(kind, seed).with_target_workload(target.clone());
+            let mut p = Placer::new(
+                &Inventory {
+                    nodes: vec![trace_node("a", 64, 2)],
+                },
+                policy,
+            )
+            .unwrap();
+            p.restore(&Placement {
+                job_id: "old".into(),
+                node: "a".into(),
+                gpu_indices: vec![1],
+                gpu_budget: 450,
+                cpu_milli: 0,
+                memory_bytes: 0,
+            })
+            .unwrap();
+            let d = p.place(&job("j", 1, 100)).unwrap();
+            assert_eq!(d.placement.gpu_indices, vec![0], "{kind}, seed {seed}");
+        }
+    }
 }
