@@ -919,7 +919,8 @@ def summarize(ok):
     smi = [r.get("smiPeakMib") for r in ok if r.get("smiPeakMib")]
     return {"runs": len(ok), "stepMs": mid, "perRun": [round(m, 2) for m in medians],
             "spreadPct": (max(medians) - min(medians)) / mid * 100,
-            "maxReserved": max(r["maxReserved"] for r in ok), "smiPeakMib": max(smi) if smi else None}
+            "maxReserved": max(r["maxReserved"] for r in ok), "smiPeakMib": max(smi) if smi else None,
+            "maxAllocated": max((r.get("maxAllocated") or 0) for r in ok)}
 
 
 def fmt_range(values):
@@ -1189,8 +1190,13 @@ def orchestrate(args):
                     "planRaisedBytes " + " / ".join(f"{(v.get('vramfit.planRaisedBytes') or 0) / MIB:.0f} MiB"
                                                    for v in plans))
             if policy == "vramfit" and model in ("gpt2", "llama", "bert"):
+                # No allocator reserves less than the process's allocated
+                # peak (native's: the same tensors): the floor of the goal
+                # (run 8: -5.3% on GPT-2 32x1024, -3.8% on LLaMA 16x2048).
+                floor = (native["maxAllocated"] / native["maxReserved"] - 1) * 100
+                p["floorVsNativePct"] = floor
                 add(f"train[{model}] vramfit policy reserved peak >= 10% below native", p["reservedVsNativePct"] <= -10,
-                    f"{p['reservedVsNativePct']:+.1f}%")
+                    f"{p['reservedVsNativePct']:+.1f}% (floor, native's allocated peak: {floor:+.1f}%)")
                 add(f"train[{model}] vramfit policy nvidia-smi peak >= 10% below native",
                     p["smiVsNativePct"] is not None and p["smiVsNativePct"] <= -10,
                     "-" if p["smiVsNativePct"] is None else f"{p['smiVsNativePct']:+.1f}%")
@@ -1225,7 +1231,8 @@ def orchestrate(args):
     for row in table:
         v = (row.get("vramfit") or {}).get("vramfit") or {}
         if v:
-            print(f"{row['model']}: vramfit live-page high-water {(v.get('vramfit.livePageHighWaterBytes') or 0) / MIB:.0f} MiB,"
+            print(f"{row['model']}: vramfit live-page high-water {(v.get('vramfit.livePageHighWaterBytes') or 0) / MIB:.0f} MiB"
+                  f" (allocated peak {row['vramfit']['maxAllocated'] / MIB:.0f}, native's {row['native']['maxAllocated'] / MIB:.0f}),"
                   f" headroom {(v.get('vramfit.headroomBytes') or 0) / MIB:.0f} MiB;"
                   f" plan active {v.get('vramfit.planActive')} arena {(v.get('vramfit.planArenaBytes') or 0) / MIB:.0f} MiB"
                   f" (bound {(v.get('vramfit.planMaxLiveBytes') or 0) / MIB:.0f} MiB) served {v.get('vramfit.planServed')}"

@@ -48,6 +48,7 @@ def fake_result(argv):
                                   "message": "CUDA out of memory: vramfit budget exceeded"}}
     return {"rc": 0, "model": a.model, "batch": a.batch, "alloc": a.alloc, "stepMsMedian": 100.0 + a.batch / 100,
             "stepMs": [100.0] * a.steps, "losses": [1.0] * a.steps, "maxReserved": int(need),
+            "maxAllocated": int(need * 0.95),
             "reservedEnd": int(need), "smiEndMib": int(need / MIB) + 600,
             "deviceCallsPerStep": [5] + [0] * (a.steps - 1),
             "vramfit": ({"vramfit.planActive": True, "vramfit.planRaisedBytes": RAISED.get(a.model, 0)}
@@ -134,6 +135,8 @@ def test_five_rounds_at_most_and_the_summary_names_each_batch(orchestrated):
     assert "PASS  pair: its losses equal the solo run's" in out
     assert "PASS  budget below need[vramfit] fails in step 0 with the budget OOM" in out
     assert "PASS  train[llama] vramfit: no plan raised the reserved peak" in out
+    # native's allocated peak (95% of its reserved here) is the floor
+    assert "(allocated peak 1292, native's 1520)" in out
     assert rc == 0, out
 
 
