@@ -55,7 +55,7 @@ def fake_result(argv):
                         if a.alloc == "vramfit" else None)}
 
 
-def orchestrate(tmp_path, monkeypatch, capsys):
+def orchestrate(tmp_path, monkeypatch, capsys, trace=False):
     started = []
     pid = iter(range(1000, 100000))
 
@@ -85,7 +85,7 @@ def orchestrate(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(alloc_checks.Runner, "start", start)
     monkeypatch.setattr(alloc_checks.Runner, "finish", finish)
     args = argparse.Namespace(out_dir=str(tmp_path), lib="lib.so", agent=None, quick=False, no_zygote=True,
-                              trace=False)
+                              trace=trace)
     rc = alloc_checks.orchestrate(args)
     return rc, [parse(a) for a in started], capsys.readouterr().out
 
@@ -147,3 +147,9 @@ def test_a_plan_that_raised_the_peak_fails_its_check(tmp_path, monkeypatch, caps
     assert "PASS  train[gpt2] vramfit: no plan raised the reserved peak" in out
     assert "raised 96 MiB;" in out
     assert rc == 1
+
+
+def test_with_trace_every_models_first_native_run_records_steps(tmp_path, monkeypatch, capsys):
+    rc, runs, _ = orchestrate(tmp_path, monkeypatch, capsys, trace=True)
+    traced = sorted(r.model for r in runs if r.mode == "worker-train" and r.trace_steps)
+    assert traced == sorted(alloc_checks.BATCHES)
