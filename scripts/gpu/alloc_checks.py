@@ -1246,7 +1246,8 @@ def orchestrate(args):
     bench = cases.get("bench") or {}
     for row in bench.get("rows", []):
         print(f"bench {row['name']:<26} alloc p50 {row['allocP50Us']:.2f} us p99 {row['allocP99Us']:.2f} us"
-              f"  {row['opsPerSecond']:.0f} ops/s  peak {row['peakReservedBytes'] / MIB:.0f} MiB")
+              f"  {row['opsPerSecond']:.0f} ops/s  peak {row['peakReservedBytes'] / MIB:.0f} MiB"
+              f"  planned {row.get('plannedShare', 0):.0%}")
     print(f"budget below the need and the pair: gpt2 {batch_label('gpt2', SMALL_GPT2_BATCH)}"
           f" (native reserved peak {need / MIB:.0f} MiB, budget {small_budget / MIB:.0f} MiB)")
     print("traces: " + ", ".join(f"{m} {len(t['snapshotGzB64']) * 3 // 4 // 1024} KiB" for m, t in traces.items()))
