@@ -81,6 +81,10 @@ pub struct BenchRow {
     pub ops_per_second: f64,
     /// Reserved peak of the allocator (0 when it does not cache).
     pub peak_reserved_bytes: u64,
+    /// Share of the timed allocations served from a planned step layout
+    /// (0 for allocators without one).
+    #[serde(default)]
+    pub planned_share: f64,
 }
 
 /// Timed allocate/free calls, whatever performs them.
@@ -91,6 +95,10 @@ pub trait TimedAllocator {
     fn release(&mut self, ptr: DevicePtr, bytes: u64) -> crate::Result<()>;
     /// Reserved peak so far.
     fn peak_reserved(&self) -> u64;
+    /// Allocations served from a planned step layout so far.
+    fn plan_served(&self) -> u64 {
+        0
+    }
 }
 
 impl<A: GpuAllocator + ?Sized> TimedAllocator for Box<A> {
@@ -104,6 +112,10 @@ impl<A: GpuAllocator + ?Sized> TimedAllocator for Box<A> {
 
     fn peak_reserved(&self) -> u64 {
         self.stats().reserved_bytes.peak
+    }
+
+    fn plan_served(&self) -> u64 {
+        self.plan_figures().map_or(0, |f| f.served)
     }
 }
 
@@ -122,10 +134,28 @@ pub fn run_mix(
     events: &[AllocEvent],
     rounds: usize,
 ) -> crate::Result<BenchRow> {
+    run_mix_after(name, allocator, events, rounds, 1)
+}
+
+/// Runs `events` through `allocator` `rounds` times and times all but the
+/// first `untimed` rounds (at least one is timed), then frees what is left.
+/// Leaving out the rounds in which a policy settles (finds and lays out a
+/// plan) measures its steady state.
+pub fn run_mix_after(
+    name: &str,
+    allocator: &mut dyn TimedAllocator,
+    events: &[AllocEvent],
+    rounds: usize,
+    untimed: usize,
+) -> crate::Result<BenchRow> {
     let mut alloc_us = Vec::new();
     let mut free_us = Vec::new();
     let mut timed = std::time::Duration::ZERO;
-    for round in 0..rounds.max(2) {
+    let mut served_before = 0;
+    for round in 0..rounds.max(untimed + 1) {
+        if round == untimed {
+            served_before = allocator.plan_served();
+        }
         let mut ptrs = std::collections::HashMap::new();
         for event in events {
             match *event {
@@ -133,7 +163,7 @@ pub fn run_mix(
                     let start = Instant::now();
                     let ptr = allocator.alloc(bytes)?;
                     let took = start.elapsed();
-                    if round > 0 {
+                    if round >= untimed {
                         alloc_us.push(took.as_secs_f64() * 1e6);
                         timed += took;
                     }
@@ -144,7 +174,7 @@ pub fn run_mix(
                     let start = Instant::now();
                     allocator.release(ptr, bytes)?;
                     let took = start.elapsed();
-                    if round > 0 {
+                    if round >= untimed {
                         free_us.push(took.as_secs_f64() * 1e6);
                         timed += took;
                     }
@@ -160,6 +190,12 @@ pub fn run_mix(
         }
     }
     let ops = (alloc_us.len() + free_us.len()) as f64;
+    let planned = allocator.plan_served().saturating_sub(served_before);
+    let planned_share = if alloc_us.is_empty() {
+        0.0
+    } else {
+        planned as f64 / alloc_us.len() as f64
+    };
     alloc_us.sort_by(f64::total_cmp);
     free_us.sort_by(f64::total_cmp);
     Ok(BenchRow {
@@ -176,6 +212,7 @@ pub fn run_mix(
             ops / timed.as_secs_f64()
         },
         peak_reserved_bytes: allocator.peak_reserved(),
+        planned_share,
     })
 }
 
@@ -242,5 +279,37 @@ mod tests {
         run_mix("planned", &mut allocator, &mix, 2).unwrap();
         let after = allocator.stats().num_device_allocs + allocator.stats().num_device_frees;
         assert_eq!(after, calls, "no driver calls under the plan");
+    }
+
+    /// The steady-state row times only passes served from the plan; the
+    /// row over all passes includes the ones before it.
+    #[test]
+    fn untimed_rounds_leave_the_settling_passes_out() {
+        let mix = size_mix(2_000, 7);
+        let fresh = || {
+            new_allocator(
+                Policy::Vramfit,
+                SimulatedDevice::new(1 << 40),
+                AllocatorConfig::default(),
+            )
+        };
+        let steady = run_mix_after("steady", &mut fresh(), &mix, 5, 3).unwrap();
+        assert_eq!(steady.allocs + steady.frees, 2 * 2_000);
+        assert_eq!(steady.planned_share, 1.0, "{steady:?}");
+        let all = run_mix("all", &mut fresh(), &mix, 5).unwrap();
+        assert_eq!(all.allocs + all.frees, 4 * 2_000);
+        assert!(all.planned_share < 1.0, "{all:?}");
+        let pytorch = run_mix(
+            "pytorch",
+            &mut new_allocator(
+                Policy::Pytorch,
+                SimulatedDevice::new(1 << 40),
+                AllocatorConfig::default(),
+            ),
+            &mix,
+            2,
+        )
+        .unwrap();
+        assert_eq!(pytorch.planned_share, 0.0);
     }
 }

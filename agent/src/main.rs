@@ -5,7 +5,7 @@ mod run;
 use anyhow::Result;
 use clap::{Parser, Subcommand, ValueEnum};
 use serde::Serialize;
-use vramfit_agent::bench::{BenchRow, run_mix, size_mix};
+use vramfit_agent::bench::{BenchRow, run_mix_after, size_mix};
 
 #[derive(Parser)]
 #[command(name = "vramfit-agent", version, about = "vramfit node agent")]
@@ -179,15 +179,18 @@ fn probe(
 
 /// The caching allocators the benchmark runs: the pytorch policy, the
 /// vramfit policy on a sequence taken as one that does not repeat (its
-/// step plan off), and the vramfit policy with the plan, which finds that
-/// the passes repeat and serves the later ones from a planned layout (three
-/// more passes; the timing includes laying it out and mapping it once).
+/// step plan off), the vramfit policy with the plan, which finds that the
+/// passes repeat and serves the later ones from a planned layout (three
+/// more passes; the timing includes laying it out and mapping it once), and
+/// the same timed only over the passes served from the plan (its steady
+/// state). Each row: policy, name, configuration, passes, untimed passes.
 fn policy_rows(
     rounds: usize,
 ) -> Vec<(
     vramfit::alloc::Policy,
     &'static str,
     vramfit::alloc::AllocatorConfig,
+    usize,
     usize,
 )> {
     use vramfit::alloc::{AllocatorConfig, Policy};
@@ -201,18 +204,28 @@ fn policy_rows(
             "caching (pytorch policy)",
             AllocatorConfig::default(),
             rounds,
+            1,
         ),
         (
             Policy::Vramfit,
             "caching (vramfit policy)",
             unplanned,
             rounds,
+            1,
         ),
         (
             Policy::Vramfit,
             "caching (vramfit policy, step plan)",
             AllocatorConfig::default(),
             rounds + 3,
+            1,
+        ),
+        (
+            Policy::Vramfit,
+            "caching (vramfit policy, planned passes only)",
+            AllocatorConfig::default(),
+            rounds + 3,
+            3,
         ),
     ]
 }
@@ -232,16 +245,17 @@ fn bench_alloc(
     ctx.bind_to_thread()?;
     let mut rows = Vec::new();
     let mut raw = RawCudaMalloc::new();
-    rows.push(run_mix(
+    rows.push(run_mix_after(
         "raw cuMemAlloc/cuMemFree",
         &mut raw,
         mix,
         raw_rounds,
+        1,
     )?);
-    for (policy, name, config, rounds) in policy_rows(rounds) {
+    for (policy, name, config, rounds, untimed) in policy_rows(rounds) {
         let backend = CudaDeviceMemory::new(ctx.clone())?;
         let mut allocator = new_allocator(policy, backend, config);
-        rows.push(run_mix(name, &mut allocator, mix, rounds)?);
+        rows.push(run_mix_after(name, &mut allocator, mix, rounds, untimed)?);
         allocator.empty_cache()?;
     }
     Ok(("cuda", rows))
@@ -255,13 +269,14 @@ fn bench_alloc(
 ) -> Result<(&'static str, Vec<BenchRow>)> {
     use vramfit::alloc::{SimulatedDevice, new_allocator};
     let mut rows = Vec::new();
-    for (policy, name, config, rounds) in policy_rows(rounds) {
+    for (policy, name, config, rounds, untimed) in policy_rows(rounds) {
         let mut allocator = new_allocator(policy, SimulatedDevice::new(1 << 40), config);
-        rows.push(run_mix(
+        rows.push(run_mix_after(
             &format!("{name}, simulated"),
             &mut allocator,
             mix,
             rounds,
+            untimed,
         )?);
     }
     Ok(("simulated", rows))

@@ -30,7 +30,7 @@ Cases:
     against the native run of its round), reserved peak, nvidia-smi
     per-process peak vs budget + context and vs native, driver calls per step
     (the vramfit policy must make none in the last 4 steps of every run).
-    With --trace, round 1's native runs of GPT-2, LLaMA and BERT record 4 more steps
+    With --trace, round 1's native runs of every model record 4 more steps
     of PyTorch's allocation history (results.json "traces": the snapshot
     pickle, gzip, base64), the GPU's real step layout for the CPU replays.
   budget_oom (per policy, GPT-2 8 x 1024): a budget below the need fails in
@@ -919,7 +919,8 @@ def summarize(ok):
     smi = [r.get("smiPeakMib") for r in ok if r.get("smiPeakMib")]
     return {"runs": len(ok), "stepMs": mid, "perRun": [round(m, 2) for m in medians],
             "spreadPct": (max(medians) - min(medians)) / mid * 100,
-            "maxReserved": max(r["maxReserved"] for r in ok), "smiPeakMib": max(smi) if smi else None}
+            "maxReserved": max(r["maxReserved"] for r in ok), "smiPeakMib": max(smi) if smi else None,
+            "maxAllocated": max((r.get("maxAllocated") or 0) for r in ok)}
 
 
 def fmt_range(values):
@@ -981,7 +982,9 @@ def orchestrate(args):
     # processes), so the second round leaves the pytorch policy out (it
     # reserves exactly what native does, and round 1 and 3 time it).
     orders = (("native", "pytorch", "vramfit"), ("vramfit", "native"), ("pytorch", "vramfit", "native"))
-    traced = ("gpt2", "llama", "bert")
+    # ResNet-50 and ViT too: their input batch outlives a step (run 8), a
+    # shape the transformers' steps do not have.
+    traced = ("gpt2", "llama", "bert", "resnet50", "vit")
     runs = {}  # (model, alloc) -> results in run order
     budgets = {}
     round_seconds = {}
@@ -1189,8 +1192,13 @@ def orchestrate(args):
                     "planRaisedBytes " + " / ".join(f"{(v.get('vramfit.planRaisedBytes') or 0) / MIB:.0f} MiB"
                                                    for v in plans))
             if policy == "vramfit" and model in ("gpt2", "llama", "bert"):
+                # No allocator reserves less than the process's allocated
+                # peak (native's: the same tensors): the floor of the goal
+                # (run 8: -5.3% on GPT-2 32x1024, -3.8% on LLaMA 16x2048).
+                floor = (native["maxAllocated"] / native["maxReserved"] - 1) * 100
+                p["floorVsNativePct"] = floor
                 add(f"train[{model}] vramfit policy reserved peak >= 10% below native", p["reservedVsNativePct"] <= -10,
-                    f"{p['reservedVsNativePct']:+.1f}%")
+                    f"{p['reservedVsNativePct']:+.1f}% (floor, native's allocated peak: {floor:+.1f}%)")
                 add(f"train[{model}] vramfit policy nvidia-smi peak >= 10% below native",
                     p["smiVsNativePct"] is not None and p["smiVsNativePct"] <= -10,
                     "-" if p["smiVsNativePct"] is None else f"{p['smiVsNativePct']:+.1f}%")
@@ -1225,7 +1233,8 @@ def orchestrate(args):
     for row in table:
         v = (row.get("vramfit") or {}).get("vramfit") or {}
         if v:
-            print(f"{row['model']}: vramfit live-page high-water {(v.get('vramfit.livePageHighWaterBytes') or 0) / MIB:.0f} MiB,"
+            print(f"{row['model']}: vramfit live-page high-water {(v.get('vramfit.livePageHighWaterBytes') or 0) / MIB:.0f} MiB"
+                  f" (allocated peak {row['vramfit']['maxAllocated'] / MIB:.0f}, native's {row['native']['maxAllocated'] / MIB:.0f}),"
                   f" headroom {(v.get('vramfit.headroomBytes') or 0) / MIB:.0f} MiB;"
                   f" plan active {v.get('vramfit.planActive')} arena {(v.get('vramfit.planArenaBytes') or 0) / MIB:.0f} MiB"
                   f" (bound {(v.get('vramfit.planMaxLiveBytes') or 0) / MIB:.0f} MiB) served {v.get('vramfit.planServed')}"
@@ -1237,7 +1246,8 @@ def orchestrate(args):
     bench = cases.get("bench") or {}
     for row in bench.get("rows", []):
         print(f"bench {row['name']:<26} alloc p50 {row['allocP50Us']:.2f} us p99 {row['allocP99Us']:.2f} us"
-              f"  {row['opsPerSecond']:.0f} ops/s  peak {row['peakReservedBytes'] / MIB:.0f} MiB")
+              f"  {row['opsPerSecond']:.0f} ops/s  peak {row['peakReservedBytes'] / MIB:.0f} MiB"
+              f"  planned {row.get('plannedShare', 0):.0%}")
     print(f"budget below the need and the pair: gpt2 {batch_label('gpt2', SMALL_GPT2_BATCH)}"
           f" (native reserved peak {need / MIB:.0f} MiB, budget {small_budget / MIB:.0f} MiB)")
     print("traces: " + ", ".join(f"{m} {len(t['snapshotGzB64']) * 3 // 4 // 1024} KiB" for m, t in traces.items()))
@@ -1282,7 +1292,7 @@ def main():
     p.add_argument("--quick", action="store_true")
     p.add_argument("--no-zygote", action="store_true", help="start every training run as a process of its own")
     p.add_argument("--trace", action="store_true",
-                   help="record 4 more steps of the native GPT-2/LLaMA/BERT runs (tests/data/steps/gpu_*)")
+                   help="record 4 more steps of each model's first native run (tests/data/steps/gpu_*)")
     sys.exit(orchestrate(p.parse_args()))
 
 

@@ -48,13 +48,14 @@ def fake_result(argv):
                                   "message": "CUDA out of memory: vramfit budget exceeded"}}
     return {"rc": 0, "model": a.model, "batch": a.batch, "alloc": a.alloc, "stepMsMedian": 100.0 + a.batch / 100,
             "stepMs": [100.0] * a.steps, "losses": [1.0] * a.steps, "maxReserved": int(need),
+            "maxAllocated": int(need * 0.95),
             "reservedEnd": int(need), "smiEndMib": int(need / MIB) + 600,
             "deviceCallsPerStep": [5] + [0] * (a.steps - 1),
             "vramfit": ({"vramfit.planActive": True, "vramfit.planRaisedBytes": RAISED.get(a.model, 0)}
                         if a.alloc == "vramfit" else None)}
 
 
-def orchestrate(tmp_path, monkeypatch, capsys):
+def orchestrate(tmp_path, monkeypatch, capsys, trace=False):
     started = []
     pid = iter(range(1000, 100000))
 
@@ -84,7 +85,7 @@ def orchestrate(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(alloc_checks.Runner, "start", start)
     monkeypatch.setattr(alloc_checks.Runner, "finish", finish)
     args = argparse.Namespace(out_dir=str(tmp_path), lib="lib.so", agent=None, quick=False, no_zygote=True,
-                              trace=False)
+                              trace=trace)
     rc = alloc_checks.orchestrate(args)
     return rc, [parse(a) for a in started], capsys.readouterr().out
 
@@ -134,6 +135,8 @@ def test_five_rounds_at_most_and_the_summary_names_each_batch(orchestrated):
     assert "PASS  pair: its losses equal the solo run's" in out
     assert "PASS  budget below need[vramfit] fails in step 0 with the budget OOM" in out
     assert "PASS  train[llama] vramfit: no plan raised the reserved peak" in out
+    # native's allocated peak (95% of its reserved here) is the floor
+    assert "(allocated peak 1292, native's 1520)" in out
     assert rc == 0, out
 
 
@@ -144,3 +147,9 @@ def test_a_plan_that_raised_the_peak_fails_its_check(tmp_path, monkeypatch, caps
     assert "PASS  train[gpt2] vramfit: no plan raised the reserved peak" in out
     assert "raised 96 MiB;" in out
     assert rc == 1
+
+
+def test_with_trace_every_models_first_native_run_records_steps(tmp_path, monkeypatch, capsys):
+    rc, runs, _ = orchestrate(tmp_path, monkeypatch, capsys, trace=True)
+    traced = sorted(r.model for r in runs if r.mode == "worker-train" and r.trace_steps)
+    assert traced == sorted(alloc_checks.BATCHES)

@@ -581,7 +581,7 @@ impl<D: DeviceMemory> ExpandableAllocator<D> {
         if want > 0 && self.reclaimable {
             if over_limit > 0 {
                 self.stats.num_alloc_retries += 1;
-            } else if !self.expecting_plan() {
+            } else if !self.moves_keep_the_peak() {
                 // Moving pages only to stay under the ceiling: a pattern
                 // that needs it once will likely need it again next step
                 // (unless a planned layout is expected to take over soon).
@@ -598,7 +598,7 @@ impl<D: DeviceMemory> ExpandableAllocator<D> {
             // Before a planned layout takes over, nothing is deferred: the
             // peak reached then is the one the plan starts from.
             let limit = over_limit > 0;
-            let deferrable = if self.expecting_plan() {
+            let deferrable = if self.moves_keep_the_peak() {
                 0
             } else {
                 self.tuning.deferred_move_pages * self.page

@@ -20,6 +20,17 @@ use super::super::plan::{
 };
 use super::{DeviceMemory, ExpandableAllocator, Piece, Range};
 
+/// A step whose requests that no plan of one period places (blocks kept
+/// longer than a step) add up to this many page-rounded bytes is laid out
+/// over two periods ([`StepDetector::doubled_step`]), and its arenas are
+/// mapped as their blocks first need them: such a block kept beside an
+/// arena of one period raises the reserved peak by its size when the next
+/// one comes (run 8: ResNet-50's and ViT's input batches, 84 and 154 MiB),
+/// and the one in flight at the switch would sit beside a fully mapped
+/// arena. Smaller shares (the transformers' token ids, one page) are not
+/// worth two more steps before the plan takes over. 8 pages.
+const DOUBLE_STEP_UNPLANNED_BYTES: u64 = 16 << 20;
+
 /// After a plan was rejected, watching resumes only after this many steps
 /// (doubling with every rejection in a row): finding and laying out a step
 /// costs O(blocks^2) of host time.
@@ -65,6 +76,11 @@ struct Plan {
     trimmed: bool,
     /// The highest reserved level just before the switch.
     high_before_switch: u64,
+    /// Laid out over two periods: its arenas are mapped as their blocks
+    /// first need them (the first period of the plan), not at the switch.
+    lazy: bool,
+    /// Bytes of the step's blocks in flight at the switch phase.
+    held_at_switch: u64,
     active: bool,
     /// Events checked against the plan so far.
     followed: u64,
@@ -89,6 +105,25 @@ pub(super) struct Planner {
     /// The last event at which a step seemed on its way (a period repeating,
     /// or a plan laid out).
     promising_at: u64,
+    /// The last plan left after following for two periods or more: its
+    /// period, when it was left, and how long after the one before it (0:
+    /// no such plan of that period before).
+    last_left: Option<(usize, u64, u64)>,
+    /// The period whose longer cycle was looked for last (once per period:
+    /// a cycle that cannot be planned costs one search, not one per cycle).
+    searched_beyond: usize,
+    /// Whether the detector forgets what it saw when the look for longer
+    /// periods ends without a plan (a candidate of the longer cycle that
+    /// fails every cycle would otherwise keep the step's own period from
+    /// being proposed).
+    forget_after_longer: bool,
+    /// A step was found whose blocks kept longer than a step are worth a
+    /// layout over two periods: waiting for four identical periods.
+    doubling: bool,
+    /// Until this event, a lazily mapped plan fills its arenas: moves for
+    /// the ceiling buy no headroom and are not deferred, as before the first
+    /// plan, so that filling them does not raise the peak.
+    filling_until: u64,
     figures: PlanFigures,
 }
 
@@ -131,11 +166,31 @@ impl<D: DeviceMemory> ExpandableAllocator<D> {
             if self.planner.longer_until != 0 && self.planner.clock >= self.planner.longer_until {
                 self.planner.longer_until = 0;
                 self.planner.detector.require_longer_than(0);
+                if std::mem::take(&mut self.planner.forget_after_longer) {
+                    self.planner.detector.reset();
+                }
             }
             if self.planner.clock >= self.planner.resume_at {
-                if let Some(step) = self.planner.detector.observe(event) {
-                    self.planner.plan = Some(self.lay_out(step));
-                    self.planner.detector.reset();
+                if let Some(step) = self.planner.detector.observe(event)
+                    && !self.planner.doubling
+                {
+                    if self.unplanned_bytes(&step) >= DOUBLE_STEP_UNPLANNED_BYTES
+                        && 2 * step.period <= MAX_STEP_EVENTS
+                    {
+                        self.planner.doubling = true;
+                    } else {
+                        self.planner.plan = Some(self.lay_out(step, false));
+                        self.planner.detector.reset();
+                    }
+                }
+                if self.planner.doubling {
+                    if self.planner.detector.candidate().is_none() {
+                        self.planner.doubling = false;
+                    } else if let Some(step) = self.planner.detector.doubled_step() {
+                        self.planner.doubling = false;
+                        self.planner.plan = Some(self.lay_out(step, true));
+                        self.planner.detector.reset();
+                    }
                 }
                 if self.planner.plan.is_some() || self.planner.detector.repeating() {
                     self.planner.promising_at = self.planner.clock;
@@ -178,6 +233,7 @@ impl<D: DeviceMemory> ExpandableAllocator<D> {
             self.planner.rejections_in_a_row = 0;
             self.planner.known_step = self.planner.known_step.max(plan.events.len() as u64);
             self.planner.longer_until = 0;
+            self.planner.forget_after_longer = false;
             self.planner.detector.require_longer_than(0);
         }
         self.planner.plan = Some(plan);
@@ -190,7 +246,7 @@ impl<D: DeviceMemory> ExpandableAllocator<D> {
     /// Lays out a repeated step: one arena per stream (blocks of different
     /// streams never share memory, so planned reuse is always ordered on
     /// one stream).
-    fn lay_out(&self, step: super::super::plan::RepeatedStep) -> Plan {
+    fn lay_out(&self, step: super::super::plan::RepeatedStep, lazy: bool) -> Plan {
         let period = step.period as u64;
         let page = self.page;
         let mut streams: Vec<StreamId> = step.blocks.iter().flatten().map(|b| b.stream).collect();
@@ -215,16 +271,8 @@ impl<D: DeviceMemory> ExpandableAllocator<D> {
             max_live_bytes += layout.max_live_bytes;
         }
         let all: Vec<StepBlock> = step.blocks.iter().flatten().copied().collect();
-        let (switch_phase, _) = quietest_phase(&all, period);
-        let unplanned_bytes = step
-            .events
-            .iter()
-            .zip(&step.blocks)
-            .filter_map(|(event, block)| match (event, block) {
-                (StepEvent::Alloc { size, .. }, None) => Some(size.div_ceil(page) * page),
-                _ => None,
-            })
-            .sum();
+        let (switch_phase, held_at_switch) = quietest_phase(&all, period);
+        let unplanned_bytes = self.unplanned_bytes(&step);
         Plan {
             planned_blocks: all.len() as u64,
             events: step.events,
@@ -236,9 +284,32 @@ impl<D: DeviceMemory> ExpandableAllocator<D> {
             max_live_bytes,
             trimmed: false,
             high_before_switch: 0,
+            lazy,
+            held_at_switch,
             active: false,
             followed: 0,
         }
+    }
+
+    /// Bytes of the step's requests that the plan would not place (blocks
+    /// kept longer than a step), page-rounded.
+    fn unplanned_bytes(&self, step: &super::super::plan::RepeatedStep) -> u64 {
+        let page = self.page;
+        step.events
+            .iter()
+            .zip(&step.blocks)
+            .filter_map(|(event, block)| match (event, block) {
+                (StepEvent::Alloc { size, .. }, None) => Some(size.div_ceil(page) * page),
+                _ => None,
+            })
+            .sum()
+    }
+
+    /// Whether moves for the ceiling buy no headroom and are not deferred:
+    /// before the first plan ([`Self::expecting_plan`]), and while a lazily
+    /// mapped plan fills its arenas.
+    pub(super) fn moves_keep_the_peak(&self) -> bool {
+        self.expecting_plan() || self.planner.clock < self.planner.filling_until
     }
 
     /// Switches to `plan` if its footprint stays within what the policy may
@@ -260,7 +331,11 @@ impl<D: DeviceMemory> ExpandableAllocator<D> {
     fn switch_to(&mut self, plan: &mut Plan) -> Result<bool, AllocError> {
         let page = self.page;
         let arena_bytes: u64 = plan.arenas.iter().map(|a| a.1).sum();
-        let footprint = self.live_pages * page + arena_bytes + plan.unplanned_bytes;
+        let mut footprint = self.live_pages * page + arena_bytes + plan.unplanned_bytes;
+        if plan.lazy {
+            // The blocks in flight give their pages to the arena once freed.
+            footprint -= plan.held_at_switch.min(self.live_pages * page);
+        }
         let info = self.device.mem_info();
         let allowed = self.config.allowed_bytes(info.total).unwrap_or(u64::MAX);
         let reserved = self.stats.reserved_bytes.current;
@@ -281,6 +356,21 @@ impl<D: DeviceMemory> ExpandableAllocator<D> {
             return Ok(false);
         }
         plan.high_before_switch = self.reserved_high;
+        if plan.lazy {
+            // The arenas are mapped as their blocks first need them, over the
+            // plan's first period: the blocks in flight now (the last input
+            // batch) leave their pages to the arena once freed.
+            for arena in 0..plan.arenas.len() {
+                let (stream, bytes, _) = plan.arenas[arena];
+                plan.arenas[arena].2 = Some(self.arena_range(stream, bytes)?);
+            }
+            self.planner.filling_until = self.planner.clock + plan.events.len() as u64;
+            plan.active = true;
+            self.planner.tried = true;
+            self.planner.rejections_in_a_row = 0;
+            self.planner.figures.activations += 1;
+            return Ok(true);
+        }
         // Free pages move under the arenas as far as needed to keep the
         // reserved level at its highest so far; the rest are given back one
         // step later, once the device has passed them.
@@ -388,6 +478,9 @@ impl<D: DeviceMemory> ExpandableAllocator<D> {
             self.planner.figures.deviations += 1;
         }
         let period = plan.events.len();
+        if deviated && plan.followed >= 2 * period as u64 {
+            self.left_after_following(period);
+        }
         if deviated && plan.followed < 2 * period as u64 {
             // It stopped repeating at once: a repeating part of a longer
             // step, or the workload changed. Look for longer periods only
@@ -404,6 +497,35 @@ impl<D: DeviceMemory> ExpandableAllocator<D> {
             self.back_off(period);
         }
         self.planner.detector.reset();
+    }
+
+    /// A plan of `period` that had been followed for two periods or more was
+    /// left. Left twice in a row at the same distance, it is a part of a
+    /// longer cycle (micro-batches of gradient accumulation, left at every
+    /// optimizer step; training steps between regular evaluations): the
+    /// detector looks only for periods longer than `period` for three such
+    /// distances, long enough to see the cycle twice and lay it out, then
+    /// any period again. Once per period: if no longer cycle took over, the
+    /// step is planned and left as before.
+    fn left_after_following(&mut self, period: usize) {
+        let now = self.planner.clock;
+        let gap = match self.planner.last_left {
+            Some((p, at, _)) if p == period => now - at,
+            _ => 0,
+        };
+        if let Some((p, _, before)) = self.planner.last_left
+            && p == period
+            && gap == before
+            && gap > period as u64
+            && gap <= MAX_STEP_EVENTS as u64
+            && self.planner.searched_beyond != period
+        {
+            self.planner.searched_beyond = period;
+            self.planner.detector.require_longer_than(period);
+            self.planner.longer_until = now + 3 * gap;
+            self.planner.forget_after_longer = true;
+        }
+        self.planner.last_left = Some((period, now, gap));
     }
 
     /// Carves exactly `[offset, offset + size)` out of arena range `r`, if

@@ -244,6 +244,30 @@ impl StepDetector {
         self.candidate.is_some() && self.run >= 2 * WINDOW_EVENTS
     }
 
+    /// The period being checked, if any.
+    pub fn candidate(&self) -> Option<usize> {
+        self.candidate
+    }
+
+    /// Two periods of the step being checked as one step, once four
+    /// periods in a row were identical: blocks kept a little longer than a
+    /// step (an input batch made while the last one is still referenced)
+    /// are blocks of this doubled step, their two lifetimes at two places
+    /// of its arena. `None` until then, or when twice the period would be
+    /// longer than [`MAX_STEP_EVENTS`].
+    pub fn doubled_step(&self) -> Option<RepeatedStep> {
+        let period = self.candidate?;
+        let n = self.events.len();
+        if 2 * period > MAX_STEP_EVENTS
+            || self.run < 3 * period
+            || n < 4 * period
+            || self.net[n] != self.net[n - 2 * period]
+        {
+            return None;
+        }
+        self.repeated_step(2 * period)
+    }
+
     /// Events seen since the last reset (or kept after trimming).
     pub fn len(&self) -> usize {
         self.events.len()
