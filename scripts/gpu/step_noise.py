@@ -28,42 +28,16 @@ CONFIGS = [
 
 def worker(model, batch, steps, warmup):
     import torch
-    import transformers
+
+    # The models, optimizers and synthetic batches of alloc_checks.
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from alloc_checks import build_model
 
     torch.manual_seed(0)
-    if model == "gpt2":
-        cfg = transformers.GPT2Config(n_positions=1024, n_embd=768, n_layer=12, n_head=12)
-        with torch.device("cuda"):
-            net = transformers.GPT2LMHeadModel(cfg)
-        seq, vocab = 1024, cfg.vocab_size
-    elif model == "llama":
-        cfg = transformers.LlamaConfig(vocab_size=32000, hidden_size=1024, intermediate_size=2816,
-                                       num_hidden_layers=12, num_attention_heads=16, num_key_value_heads=4,
-                                       max_position_embeddings=2048)
-        with torch.device("cuda"):
-            net = transformers.LlamaForCausalLM(cfg)
-        seq, vocab = 2048, 32000
-    elif model == "bert":
-        cfg = transformers.BertConfig()
-        with torch.device("cuda"):
-            net = transformers.BertForMaskedLM(cfg)
-        seq, vocab = 512, cfg.vocab_size
-    else:
-        import torchvision
-
-        with torch.device("cuda"):
-            net = torchvision.models.vit_b_16()
-        seq = vocab = 0
-    opt = torch.optim.AdamW(net.parameters(), lr=1e-4)
+    _, opt, make, loss_of_batch = build_model(model, torch, batch)
 
     def loss_of(step):
-        g = torch.Generator(device="cuda").manual_seed(1000 + step)
-        if vocab:
-            ids = torch.randint(0, vocab, (batch, seq), device="cuda", generator=g)
-            return net(input_ids=ids, labels=ids).loss
-        x = torch.randn(batch, 3, 224, 224, device="cuda", generator=g)
-        y = torch.randint(0, 1000, (batch,), device="cuda", generator=g)
-        return torch.nn.functional.cross_entropy(net(x), y)
+        return loss_of_batch(make(step))
 
     wall, cpu, gpu = [], [], []
     for step in range(steps):
