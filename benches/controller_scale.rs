@@ -245,8 +245,13 @@ impl Drop for ControllerProcess {
     }
 }
 
-fn repo_root() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
+/// The checkout whose `hack/` and `crds/` the benchmark uses: `VRAMFIT_REPO_ROOT`
+/// when set (a binary built here and run on another machine), else the one it was
+/// built from.
+fn repo_root() -> PathBuf {
+    std::env::var_os("VRAMFIT_REPO_ROOT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
 }
 
 async fn run(args: Args) -> Result<()> {

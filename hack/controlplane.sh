@@ -14,6 +14,9 @@
 #   hack/controlplane.sh pki  [--dir D]   only make the certificates (hack/gpunode.sh ships them)
 #   hack/controlplane.sh node-cert NAME [--dir D]   a kubelet's client certificate (system:node:NAME)
 #
+# Certificates are made with openssl, or copied from $VRAMFIT_PKI when set (a
+# pki/ folder that `pki` made on another machine).
+#
 # Binaries go to $VRAMFIT_BIN (default ~/.cache/vramfit/bin), outside the clone, so a
 # fresh clone reuses them. The state folder defaults to ~/.cache/vramfit/controlplane.
 set -euo pipefail
@@ -55,6 +58,12 @@ certs() {
   local pki=$dir/pki
   mkdir -p "$pki"
   [[ -f $pki/admin.crt ]] && return 0
+  # Certificates made elsewhere (a machine without openssl): copied as they are.
+  if [[ -n ${VRAMFIT_PKI:-} ]]; then
+    [[ -f $VRAMFIT_PKI/admin.crt ]] || { log "VRAMFIT_PKI=$VRAMFIT_PKI holds no admin.crt"; exit 1; }
+    cp -r "$VRAMFIT_PKI/." "$pki/"
+    return 0
+  fi
   openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=vramfit-local-ca" \
     -keyout "$pki/ca.key" -out "$pki/ca.crt" 2>/dev/null
   openssl req -newkey rsa:2048 -nodes -subj "/CN=kube-apiserver" \

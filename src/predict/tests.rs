@@ -976,7 +976,10 @@ fn a_jobs_headroom_is_its_own_or_the_documented_default() {
     let cases = [
         (format!("{base}}}"), crate::api::DEFAULT_HEADROOM),
         (format!(r#"{base}, "memory": {{"headroom": 0.25}}}}"#), 0.25),
-        (format!(r#"{base}, "memory": {{"request": "20Gi"}}}}"#), 0.05),
+        (
+            format!(r#"{base}, "memory": {{"request": "20Gi"}}}}"#),
+            0.05,
+        ),
         (format!(r#"{base}, "memory": {{"headroom": 0}}}}"#), 0.0),
     ];
     for (text, want) in cases {

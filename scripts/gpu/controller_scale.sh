@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# The controller scale benchmark (benches/controller_scale.rs) on a machine
+# without cargo or Go: the GPU machine, used for its 16 quiet cores (no GPU is
+# touched). The benchmark's processes (kube-apiserver, etcd, the controller
+# and the driver with its simulated agents) can be pinned to a few CPUs, so
+# a quiet 2-core budget is measured beside the shared 2-core development
+# machine.
+#
+#   scripts/gpu/controller_scale.sh bundle [OUT]
+#       here: the release benchmark binary, the release `vramfit` it drives,
+#       kube (kube-apiserver, kubectl) and etcd from hack/gpunode.sh's build,
+#       and the control plane's certificates, as one xz tarball (default .node-bin/vramfit-scale.tar.xz)
+#   scripts/gpu/controller_scale.sh run --bundle F --out D --name NAME [--cpus LIST] -- BENCH-ARGS...
+#       there: unpack F once (beside it), run the benchmark with BENCH-ARGS
+#       (e.g. --nodes 200 --gpus 8 --jobs 2000), pinned to LIST (taskset
+#       syntax, e.g. 0,2) when given; its JSON goes to D/NAME.json, its log to
+#       D/NAME.log, and the machine's CPU topology to D/cpus.txt
+#
+# A summary line per run goes to stdout.
+set -euo pipefail
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+log() { printf 'controller_scale: %s\n' "$*" >&2; }
+die() { log "$*"; exit 1; }
+
+bundle() {
+  local dest=${1:-$repo/.node-bin}
+  local nodebin=${VRAMFIT_BIN:-$HOME/.cache/vramfit/bin}/node
+  [[ -x $nodebin/kube && -x $nodebin/etcd ]] || die "no kube/etcd in $nodebin: run hack/gpunode.sh build kube etcd"
+  log "building the benchmark and vramfit (release)"
+  local exe
+  exe=$(cd "$repo" && cargo bench --bench controller_scale --no-run --message-format json 2>/dev/null |
+    python3 -c 'import json,sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "controller_scale" and m.get("executable"):
+        print(m["executable"])')
+  [[ -x $exe ]] || die "cargo did not report the benchmark's executable"
+  local vramfit
+  vramfit=$(dirname "$(dirname "$exe")")/vramfit
+  [[ -x $vramfit ]] || die "no $vramfit beside the benchmark"
+  local tmp
+  tmp=$(mktemp -d)
+  trap 'rm -rf "$tmp"' RETURN
+  cp "$exe" "$tmp/controller_scale"
+  cp "$vramfit" "$tmp/vramfit"
+  strip "$tmp/controller_scale" "$tmp/vramfit"
+  cp "$nodebin/kube" "$nodebin/etcd" "$tmp/"
+  # Certificates travel too: the machine there may have no openssl.
+  "$repo/hack/controlplane.sh" pki --dir "$tmp/controlplane"
+  mkdir -p "$dest"
+  tar -C "$tmp" -cf - controller_scale vramfit kube etcd controlplane/pki | nice -n 10 xz -9 -T2 >"$dest/vramfit-scale.tar.xz.tmp"
+  mv "$dest/vramfit-scale.tar.xz.tmp" "$dest/vramfit-scale.tar.xz"
+  ls -l "$dest/vramfit-scale.tar.xz"
+}
+
+# Pin a command to CPUs: taskset where it exists, else Python's sched_setaffinity.
+pinned() {
+  local cpus=$1
+  shift
+  if [[ -z $cpus ]]; then
+    "$@"
+  elif command -v taskset >/dev/null; then
+    taskset -c "$cpus" "$@"
+  else
+    python3 -c 'import os,sys
+cpus = set()
+for part in sys.argv[1].split(","):
+    lo, _, hi = part.partition("-")
+    cpus.update(range(int(lo), int(hi or lo) + 1))
+os.sched_setaffinity(0, cpus)
+os.execvp(sys.argv[2], sys.argv[2:])' "$cpus" "$@"
+  fi
+}
+
+run() {
+  local file="" out="" name="" cpus=""
+  while [[ $# -gt 0 ]]; do
+    case $1 in
+      --bundle) file=$2; shift 2 ;;
+      --out) out=$2; shift 2 ;;
+      --name) name=$2; shift 2 ;;
+      --cpus) cpus=$2; shift 2 ;;
+      --) shift; break ;;
+      *) die "unknown argument $1" ;;
+    esac
+  done
+  [[ -f $file && -n $out && -n $name ]] || die "run needs --bundle FILE --out DIR --name NAME"
+  local bin
+  bin=$(dirname "$(realpath "$file")")/scale-bin
+  if [[ ! -x $bin/controller_scale ]]; then
+    mkdir -p "$bin"
+    xz -dc "$file" | tar -C "$bin" -xf -
+    ln -sf kube "$bin/kube-apiserver"
+    ln -sf kube "$bin/kubectl"
+    # hack/controlplane.sh takes the binaries as they are (no Go here).
+    touch "$bin/.prebuilt"
+  fi
+  mkdir -p "$out"
+  [[ -f $out/cpus.txt ]] || { lscpu -e 2>/dev/null || cat /proc/cpuinfo; } >"$out/cpus.txt"
+  log "$name: pinned to ${cpus:-all CPUs}: $*"
+  local rc=0
+  PATH=$bin:$PATH VRAMFIT_BIN=$bin VRAMFIT_REPO_ROOT=$repo VRAMFIT_PKI=$bin/controlplane/pki \
+    pinned "$cpus" "$bin/controller_scale" --controller "$bin/vramfit" "$@" \
+    >"$out/$name.json" 2>"$out/$name.log" || rc=$?
+  python3 - "$out/$name.json" "$name" "$rc" <<'EOF'
+import json, sys
+path, name, rc = sys.argv[1:]
+try:
+    d = json.load(open(path))
+except ValueError:
+    print(f"{name}: rc={rc}, no JSON (see {name}.log)")
+    sys.exit(0)
+keys = ("jobs", "placed", "settled", "jobsPerSecond", "secondsToAllPods", "apiRequestsPerJob",
+        "apiserverCpuSeconds", "controllerCpuSeconds", "driverCpuSeconds", "etcdCpuSeconds",
+        "controllerPeakRssBytes", "schedulingCycleSecondsMean", "overcommittedGpus")
+print(name, f"rc={rc}", " ".join(f"{k}={d.get(k)}" for k in keys))
+EOF
+  return "$rc"
+}
+
+case ${1:-} in
+  bundle) shift; bundle "$@" ;;
+  run) shift; run "$@" ;;
+  *) sed -n '2,19p' "$0"; exit 2 ;;
+esac
