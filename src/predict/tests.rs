@@ -1038,3 +1038,332 @@ fn a_profile_without_grad_accum_was_recorded_without_accumulation() {
     assert_eq!(parsed(format!("{base}}}")), 1);
     assert_eq!(parsed(format!(r#"{base},"gradAccum":4}}"#)), 4);
 }
+
+#[test]
+fn a_declared_parameter_count_scales_the_model_state_and_nothing_else() {
+    let mut model = ModelSpec {
+        mlp: Some(crate::api::MlpSpec {
+            layers: 2,
+            hidden: 1024,
+        }),
+        ..ModelSpec::default()
+    };
+    let derived = resolve_arch(&model).unwrap().parameter_count();
+    let base = predict_model(&model, &one_gpu(1), default_gpu()).unwrap();
+    assert_eq!(base.parameters, derived);
+    // Declaring the derived count changes nothing.
+    model.parameters = Some(derived);
+    assert_eq!(
+        predict_model(&model, &one_gpu(1), default_gpu()).unwrap(),
+        base
+    );
+    // Three times the parameters: weights, gradients and optimizer state
+    // three times as large, the rest as it was, the peak grown by the
+    // difference.
+    model.parameters = Some(3 * derived);
+    let p = predict_model(&model, &one_gpu(1), default_gpu()).unwrap();
+    let (b, s) = (&p.breakdown, &base.breakdown);
+    assert_eq!(p.parameters, 3 * derived);
+    assert_eq!(
+        (b.parameters, b.gradients, b.optimizer),
+        (3 * s.parameters, 3 * s.gradients, 3 * s.optimizer)
+    );
+    assert_eq!(
+        (b.activations, b.workspace, b.context, b.allocator_overhead),
+        (s.activations, s.workspace, s.context, s.allocator_overhead)
+    );
+    let grown = 2 * (s.parameters + s.gradients + s.optimizer);
+    assert_eq!(p.reserved_bytes, base.reserved_bytes + grown);
+    assert_eq!(p.peak_bytes, base.peak_bytes + grown);
+    assert_eq!(p.peak_bytes, p.reserved_bytes + b.context);
+    // A third as many: smaller by the same rule.
+    model.parameters = Some(derived / 3);
+    let p = predict_model(&model, &one_gpu(1), default_gpu()).unwrap();
+    assert!(p.breakdown.gradients.abs_diff(s.gradients / 3) <= 1);
+    assert!(p.peak_bytes < base.peak_bytes);
+}
+
+#[test]
+fn a_batch_shape_without_gpus_micro_batch_or_whole_accumulation_is_refused() {
+    let shape = |gpus, global_batch, micro_batch| JobShape {
+        gpus,
+        global_batch,
+        micro_batch,
+    };
+    let cases = [
+        (
+            shape(1, 8, 0),
+            Err("batch.micro and gpus must be at least 1"),
+        ),
+        (
+            shape(0, 8, 8),
+            Err("batch.micro and gpus must be at least 1"),
+        ),
+        (
+            shape(2, 12, 4),
+            Err("batch.global (12) must be divisible by batch.micro * gpus (8)"),
+        ),
+        (shape(2, 16, 4), Ok(2)),
+        (shape(3, 24, 2), Ok(4)),
+        (shape(1, 5, 5), Ok(1)),
+    ];
+    for (job, want) in cases {
+        let got = job.grad_accum().map_err(|e| e.to_string());
+        assert_eq!(got, want.map_err(String::from), "{job:?}");
+    }
+}
+
+#[test]
+fn an_mlp_without_layers_or_width_and_a_zero_stage_above_3_are_refused() {
+    for (layers, hidden) in [(0, 64), (2, 0)] {
+        let model = ModelSpec {
+            mlp: Some(crate::api::MlpSpec { layers, hidden }),
+            ..ModelSpec::default()
+        };
+        let err = predict_model(&model, &one_gpu(1), default_gpu()).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "mlp.layers and mlp.hidden must be at least 1"
+        );
+    }
+    let mut model = gpt2_small();
+    model.zero_stage = 4;
+    let err = predict_model(&model, &one_gpu(1), default_gpu()).unwrap_err();
+    assert_eq!(err.to_string(), "model.zeroStage 4 is out of range 0..3");
+    model.zero_stage = 3;
+    assert!(predict_model(&model, &one_gpu(1), default_gpu()).is_ok());
+}
+
+#[test]
+fn only_fsdp_sequences_are_refused_as_a_generated_profile() {
+    let mut model = ModelSpec {
+        mlp: Some(crate::api::MlpSpec {
+            layers: 2,
+            hidden: 64,
+        }),
+        ..ModelSpec::default()
+    };
+    for (stage, gpus, refused) in [
+        (2, 2, true),
+        (3, 2, true),
+        (1, 2, false),
+        (2, 1, false),
+        (3, 1, false),
+    ] {
+        model.zero_stage = stage;
+        let job = JobShape {
+            gpus,
+            global_batch: 4 * gpus,
+            micro_batch: 4,
+        };
+        let got = generated_profile(&model, &job, default_gpu());
+        assert_eq!(
+            got.is_err(),
+            refused,
+            "stage {stage} on {gpus} GPUs: {got:?}"
+        );
+        if let Ok(doc) = got {
+            assert_eq!(doc["microBatch"], 4);
+            assert_eq!(doc["gradAccum"], 1);
+        }
+    }
+}
+
+#[test]
+fn gpu_profiles_hold_what_nvml_and_pytorch_report() {
+    // nvidia-smi's total memory of each model, in MiB.
+    let totals = [
+        ("H200", 143_771),
+        ("H100-80GB", 81_559),
+        ("A100-80GB", 81_920),
+        ("A100-40GB", 40_960),
+        ("L40S", 46_068),
+        ("L4", 23_034),
+        ("T4", 15_360),
+    ];
+    assert_eq!(GPU_PROFILES.len(), totals.len());
+    // PyTorch's default CUBLAS_WORKSPACE_CONFIG, `:KiB:count` pairs: ":4096:8"
+    // on Hopper, ":4096:2:16:8" before it.
+    let workspace = |config: &str| -> u64 {
+        let n: Vec<u64> = config[1..].split(':').map(|v| v.parse().unwrap()).collect();
+        n.chunks(2).map(|c| c[0] * 1024 * c[1]).sum()
+    };
+    for (name, mib) in totals {
+        let p = gpu_profile(name).unwrap();
+        assert_eq!(p.capacity_bytes, mib << 20, "{name}");
+        let config = if name.starts_with('H') {
+            ":4096:8"
+        } else {
+            ":4096:2:16:8"
+        };
+        assert_eq!(p.cublas_workspace_bytes, workspace(config), "{name}");
+        // Context and NCCL memory: a few hundred MiB on every model.
+        for bytes in [p.context_bytes, p.nccl_bytes] {
+            assert!((256 << 20..=1 << 30).contains(&bytes), "{name}: {bytes}");
+        }
+    }
+    // The H200's figures are the measured ones (docs/predictor.md).
+    let h200 = default_gpu();
+    assert_eq!(h200.name, "H200");
+    assert_eq!(
+        (h200.context_bytes, h200.nccl_bytes),
+        (758 << 20, 846 << 20)
+    );
+}
+
+/// The gradient allocations made while the model is built (before the first
+/// activation): DDP's flat buckets.
+fn ddp_buckets_of_mlp(layers: u32, zero_stage: u8, gpus: u64) -> Vec<u64> {
+    let model = ModelSpec {
+        mlp: Some(crate::api::MlpSpec {
+            layers,
+            hidden: 1024,
+        }),
+        ..ModelSpec::default()
+    };
+    let run = events::RunShape {
+        micro_batch: 1,
+        grad_accum: 1,
+        precision: crate::api::Precision::Fp32,
+        optimizer: crate::api::Optimizer::Sgd,
+        checkpointing: false,
+        attention: Attention::Sdpa,
+        zero_stage,
+        gpus,
+        cublas_workspace: 1 << 20,
+    };
+    events::training_events(&resolve_arch(&model).unwrap(), &run)
+        .into_iter()
+        .take_while(|e| {
+            !matches!(
+                e,
+                events::TensorEvent::Alloc {
+                    category: events::Category::Activations,
+                    ..
+                }
+            )
+        })
+        .filter_map(|e| match e {
+            events::TensorEvent::Alloc {
+                bytes,
+                category: events::Category::Gradients,
+                ..
+            } => Some(bytes),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn ddp_fills_a_1_mib_bucket_first_then_25_mib_ones_from_the_last_parameter() {
+    // fp32 MLP layers of a 4 MiB weight and a 4 KiB bias, taken from the
+    // last: the first bucket closes at the first layer (over 1 MiB), the
+    // next at the seventh (28 MiB, the first over 25 MiB); what is left is
+    // the last bucket.
+    let layer = (4 << 20) + (4 << 10);
+    let cases: [(u32, u8, u64, &[u64]); 5] = [
+        (10, 0, 2, &[layer, 7 * layer, 2 * layer]),
+        (8, 0, 2, &[layer, 7 * layer]),
+        (8, 1, 2, &[layer, 7 * layer]),
+        // One GPU: no DDP; FSDP: no buckets.
+        (8, 0, 1, &[]),
+        (8, 2, 2, &[]),
+    ];
+    for (layers, stage, gpus, want) in cases {
+        assert_eq!(
+            ddp_buckets_of_mlp(layers, stage, gpus),
+            want,
+            "{layers} layers, stage {stage}, {gpus} GPUs"
+        );
+    }
+}
+
+#[test]
+fn fsdp_gathers_and_reduce_scatters_the_full_flat_unit_over_every_gpu() {
+    use events::{Category, Stream, TensorEvent};
+    for stage in [2, 3] {
+        let (evs, _) = two_block_events(stage, 2);
+        let mut gathers = std::collections::BTreeSet::new();
+        let mut outputs = std::collections::BTreeSet::new();
+        let mut last_default_grad = None;
+        for e in &evs {
+            if let TensorEvent::Alloc {
+                bytes,
+                category,
+                stream,
+                ..
+            } = *e
+            {
+                match (stream, category) {
+                    (Stream::AllGather, _) => {
+                        gathers.insert(bytes);
+                    }
+                    (Stream::ReduceScatter, _) => {
+                        // The input, allocated just before on the default
+                        // stream, is every GPU's shard of the unit.
+                        assert_eq!(last_default_grad, Some(2 * bytes), "stage {stage}");
+                        outputs.insert(bytes);
+                    }
+                    (Stream::Default, Category::Gradients) => last_default_grad = Some(bytes),
+                    _ => {}
+                }
+            }
+        }
+        // The all-gather output of a unit is its shard on each of the GPUs.
+        let from_outputs: std::collections::BTreeSet<u64> = outputs.iter().map(|b| 2 * b).collect();
+        assert_eq!(gathers, from_outputs, "stage {stage}");
+        assert_eq!(
+            outputs.len(),
+            2,
+            "stage {stage}: the root and two equal blocks"
+        );
+    }
+}
+
+#[test]
+fn stage_3_prefetches_the_next_block_for_backward_and_stage_2_keeps_them() {
+    use events::{Category, Stream, TensorEvent};
+    // All-gathers issued in the first step before its first gradient and
+    // before its first reduce-scatter. Stage 3: the three forward gathers
+    // (root, two blocks), the last block again before the loss's backward,
+    // then the first block prefetched at the last one's backward. Stage 2
+    // keeps every unit gathered until its backward.
+    for (stage, want) in [(3, (4, 5)), (2, (3, 3))] {
+        let (evs, _) = two_block_events(stage, 2);
+        let gathers_before = |stop: &dyn Fn(&TensorEvent) -> bool| {
+            evs.iter()
+                .take_while(|e| !stop(e))
+                .filter(|e| {
+                    matches!(
+                        e,
+                        TensorEvent::Alloc {
+                            stream: Stream::AllGather,
+                            ..
+                        }
+                    )
+                })
+                .count()
+        };
+        let got = (
+            gathers_before(&|e| {
+                matches!(
+                    e,
+                    TensorEvent::Alloc {
+                        category: Category::Gradients,
+                        ..
+                    }
+                )
+            }),
+            gathers_before(&|e| {
+                matches!(
+                    e,
+                    TensorEvent::Alloc {
+                        stream: Stream::ReduceScatter,
+                        ..
+                    }
+                )
+            }),
+        );
+        assert_eq!(got, want, "stage {stage}");
+    }
+}
