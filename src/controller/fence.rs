@@ -210,7 +210,7 @@ mod tests {
                 assignments: Assignments::default(),
                 held: Default::default(),
                 own_writes: Default::default(),
-                jobs: reflector::store().0,
+                index: Default::default(),
                 gpu_nodes: reflector::store().0,
                 pods: reflector::store().0,
                 wake: tokio::sync::Notify::new(),

@@ -14,6 +14,7 @@ pub mod exit;
 pub mod fence;
 pub mod held;
 pub mod inventory;
+pub mod job_index;
 pub mod metrics;
 pub mod pod;
 pub mod quantity;
@@ -121,7 +122,8 @@ pub struct Context {
     pub held: held::HeldPredictions,
     /// The versions this process's own status writes produced.
     pub own_writes: held::OwnWrites,
-    jobs: Store<TrainingJob>,
+    /// What predictions read across all jobs, kept from the job watch.
+    index: Arc<job_index::JobIndex>,
     gpu_nodes: Store<GpuNode>,
     pods: Store<Pod>,
     wake: Notify,
@@ -144,23 +146,15 @@ impl Context {
 
     /// Highest peak measured for a job with this model signature.
     pub fn measured_peak_for(&self, signature: &str) -> Option<u64> {
-        self.jobs
-            .state()
-            .iter()
-            .filter_map(|j| j.status.as_ref())
-            .filter(|s| {
-                s.phase == Phase::Succeeded && s.model_signature.as_deref() == Some(signature)
-            })
-            .filter_map(|s| s.measured_peak_bytes)
-            .max()
+        self.index.measured_peak_for(signature)
     }
 
     /// The micro-batch a new job of this spec should start at, learned from
     /// jobs of the same model whose processes absorbed OOMs, with the name of
     /// the job it was learned from.
     pub fn learned_start_micro(&self, spec: &crate::api::TrainingJobSpec) -> Option<(u32, String)> {
-        let jobs = self.jobs.state();
-        absorbed::learned_start_micro(spec, jobs.iter().map(|j| j.as_ref()))
+        let signature = signature::model_signature(spec, spec.batch.micro);
+        absorbed::start_micro_below(spec, self.index.smallest_backoff(&signature)?)
     }
 
     /// The batch shape a pod's process reports (through the node agent), when
@@ -287,10 +281,20 @@ pub async fn run(client: Client, options: ControllerOptions) -> Result<()> {
         .modify(|pod| pod.metadata.managed_fields = None)
         .reflect(pod_writer)
         .touched_objects();
-    let controller = Controller::new(jobs_api, watcher::Config::default()).with_config(
+    // The job watch, as `Controller::new` would make it, with the index of what
+    // predictions read across all jobs kept from its events.
+    let (jobs, job_writer) = reflector::store::<TrainingJob>();
+    let index = Arc::new(job_index::JobIndex::default());
+    let job_stream = {
+        let index = index.clone();
+        watcher(jobs_api, watcher::Config::default())
+            .reflect(job_writer)
+            .inspect_ok(move |event| index.observe(event))
+            .applied_objects()
+    };
+    let controller = Controller::for_stream(job_stream, jobs.clone()).with_config(
         kube::runtime::controller::Config::default().concurrency(RECONCILE_CONCURRENCY),
     );
-    let jobs = controller.store();
     let recorder = Recorder::new(
         client.clone(),
         Reporter {
@@ -307,7 +311,7 @@ pub async fn run(client: Client, options: ControllerOptions) -> Result<()> {
         assignments: Assignments::default(),
         held: held::HeldPredictions::default(),
         own_writes: held::OwnWrites::default(),
-        jobs: jobs.clone(),
+        index,
         gpu_nodes: gpu_nodes.clone(),
         pods: pods.clone(),
         wake: Notify::new(),
