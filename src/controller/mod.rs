@@ -288,6 +288,8 @@ pub async fn run(client: Client, options: ControllerOptions) -> Result<()> {
     let job_stream = {
         let index = index.clone();
         watcher(jobs_api, watcher::Config::default())
+            // Nothing reads managedFields; dropping them keeps the cache small.
+            .modify(|job| job.metadata.managed_fields = None)
             .reflect(job_writer)
             .inspect_ok(move |event| index.observe(event))
             .applied_objects()
