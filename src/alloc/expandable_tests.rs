@@ -425,3 +425,16 @@ fn empty_cache_waits_for_the_device_before_unmapping() {
     assert_eq!(a.device().wait_calls, 1);
     assert_eq!(a.stats().reserved_bytes.current, 0);
 }
+
+#[test]
+fn releasing_one_cached_segment_gives_back_every_free_page() {
+    // The policy has no segments: a replayed `torch.cuda.empty_cache()`
+    // segment release empties the whole cache, as `empty_cache` does.
+    let mut a = allocator(1 << 40);
+    let kept = a.allocate(3 * MIB, 0).unwrap();
+    let freed = a.allocate(40 * MIB, 0).unwrap();
+    a.free(freed).unwrap();
+    assert!(a.release_cached_segment(freed).unwrap());
+    assert_eq!(a.stats().reserved_bytes.current, 4 * MIB);
+    a.free(kept).unwrap();
+}
