@@ -212,6 +212,7 @@ mod tests {
                 own_writes: Default::default(),
                 index: Default::default(),
                 gpu_nodes: reflector::store().0,
+                gpu_models_cache: Default::default(),
                 pods: reflector::store().0,
                 wake: tokio::sync::Notify::new(),
                 stats_root: "/var/run/vramfit/pods".into(),

@@ -16,6 +16,7 @@ pub mod held;
 pub mod inventory;
 pub mod job_index;
 pub mod metrics;
+pub mod model_cache;
 pub mod pod;
 pub mod quantity;
 mod reconcile;
@@ -125,6 +126,8 @@ pub struct Context {
     /// What predictions read across all jobs, kept from the job watch.
     index: Arc<job_index::JobIndex>,
     gpu_nodes: Store<GpuNode>,
+    /// The GPU models of `gpu_nodes`, kept until their GPUs change.
+    gpu_models_cache: model_cache::GpuModelCache,
     pods: Store<Pod>,
     wake: Notify,
     /// Node folder of the pods' stats folders.
@@ -196,20 +199,22 @@ impl Context {
     /// The GPU models of the cluster's nodes, each with the largest capacity
     /// a GPU of that model reports, in name order.
     pub fn gpu_models(&self) -> Vec<(String, u64)> {
-        let mut models = std::collections::BTreeMap::<String, u64>::new();
-        for node in self.gpu_nodes.state() {
-            for gpu in node.status.iter().flat_map(|s| s.gpus.iter()) {
-                // Runs for every prediction over every GPU: the name is
-                // copied only the first time its model is seen.
-                match models.get_mut(&gpu.model) {
-                    Some(largest) => *largest = (*largest).max(gpu.total_bytes),
-                    None => {
-                        models.insert(gpu.model.clone(), gpu.total_bytes);
+        self.gpu_models_cache.get_or_compute(|| {
+            let mut models = std::collections::BTreeMap::<String, u64>::new();
+            for node in self.gpu_nodes.state() {
+                for gpu in node.status.iter().flat_map(|s| s.gpus.iter()) {
+                    // Runs over every GPU (once per change of their GPUs):
+                    // the name is copied only the first time its model is seen.
+                    match models.get_mut(&gpu.model) {
+                        Some(largest) => *largest = (*largest).max(gpu.total_bytes),
+                        None => {
+                            models.insert(gpu.model.clone(), gpu.total_bytes);
+                        }
                     }
                 }
             }
-        }
-        models.into_iter().collect()
+            models.into_iter().collect()
+        })
     }
 
     /// True when the node's agent reported the pod for exceeding its budget.
@@ -315,6 +320,7 @@ pub async fn run(client: Client, options: ControllerOptions) -> Result<()> {
         own_writes: held::OwnWrites::default(),
         index,
         gpu_nodes: gpu_nodes.clone(),
+        gpu_models_cache: Default::default(),
         pods: pods.clone(),
         wake: Notify::new(),
         stats_root: options.stats_root.clone(),
@@ -331,6 +337,10 @@ pub async fn run(client: Client, options: ControllerOptions) -> Result<()> {
         watcher(Api::<GpuNode>::all(client.clone()), node_config.clone())
             .default_backoff()
             .reflect(gpu_node_writer)
+            .inspect_ok({
+                let ctx = ctx.clone();
+                move |event| ctx.gpu_models_cache.observe(event)
+            })
             .applied_objects()
             .inspect_ok({
                 let mut seen = SchedulerFacing::default();
