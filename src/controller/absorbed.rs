@@ -47,6 +47,26 @@ pub fn absorbed_message(oom: &AbsorbedOom) -> String {
     )
 }
 
+/// What other jobs of the same model learn from a job whose process absorbed
+/// OOMs: its signature at its starting micro-batch, the smallest micro-batch it
+/// backed off to, and its name. `None` for a job that absorbed none.
+pub fn absorbed_lesson(job: &TrainingJob) -> Option<(String, u32, String)> {
+    // Jobs without absorbed OOMs are passed over before their signature is
+    // computed: the signature costs a serialisation.
+    let smallest = job
+        .status
+        .as_ref()?
+        .absorbed_ooms
+        .iter()
+        .map(|o| o.to_micro)
+        .min()?;
+    Some((
+        model_signature(&job.spec, job.spec.batch.micro),
+        smallest,
+        job.metadata.name.clone().unwrap_or_default(),
+    ))
+}
+
 /// The micro-batch a new job should start at, learned from other jobs of the
 /// same model (the same signature at their starting micro-batch) whose
 /// processes absorbed OOMs: the smallest micro-batch they backed off to, when
@@ -57,25 +77,20 @@ pub fn learned_start_micro<'a>(
     jobs: impl IntoIterator<Item = &'a TrainingJob>,
 ) -> Option<(u32, String)> {
     let signature = model_signature(spec, spec.batch.micro);
-    // Jobs without absorbed OOMs are passed over before their signature is
-    // computed: the signature costs a serialisation, and this runs for each
-    // new job over all jobs.
-    let (micro, from) = jobs
+    let learned = jobs
         .into_iter()
-        .filter_map(|j| {
-            let smallest = j
-                .status
-                .as_ref()?
-                .absorbed_ooms
-                .iter()
-                .map(|o| o.to_micro)
-                .min()?;
-            Some((j, smallest))
-        })
-        .filter(|(j, _)| model_signature(&j.spec, j.spec.batch.micro) == signature)
-        .map(|(j, smallest)| (smallest, j.metadata.name.clone().unwrap_or_default()))
+        .filter_map(absorbed_lesson)
+        .filter(|(s, _, _)| *s == signature)
+        .map(|(_, micro, from)| (micro, from))
         .min()?;
-    // The largest valid micro-batch not above the learned one.
+    start_micro_below(spec, learned)
+}
+
+/// The largest micro-batch valid for `spec` (its global batch, GPUs and floor)
+/// that is not above the `learned` one and below the spec's own, with the job
+/// it was learned from.
+pub fn start_micro_below(spec: &TrainingJobSpec, learned: (u32, String)) -> Option<(u32, String)> {
+    let (micro, from) = learned;
     (spec.batch.min_micro.max(1)..=micro.min(spec.batch.micro.saturating_sub(1)))
         .rev()
         .find(|m| BatchShape::for_micro(spec.batch.global, *m, spec.gpus).is_some())

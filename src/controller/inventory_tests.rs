@@ -399,3 +399,35 @@ fn node_taints_are_carried_with_their_effect_and_unknown_effects_dropped() {
         ]
     );
 }
+
+/// The ledger reads the requests from the template's JSON; they are what the
+/// parsed template requests.
+#[test]
+fn the_requests_read_from_the_template_json_are_those_of_the_parsed_template() {
+    let templates = [
+        json!({}),
+        json!({"spec": {"containers": []}}),
+        json!({"spec": {"containers": [{"name": "a", "image": "i"}]}}),
+        json!({"spec": {"containers": [
+            {"name": "a", "image": "i", "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}}},
+            {"name": "b", "image": "i", "resources": {"requests": {"cpu": "2", "memory": "512Mi"}}},
+            {"name": "c", "image": "i", "resources": {"limits": {"cpu": "8"}}}
+        ]}}),
+        json!({"spec": {
+            "containers": [{"name": "a", "image": "i", "resources": {"requests": {"cpu": "1.5"}}}],
+            "initContainers": [{"name": "x", "image": "i", "resources": {"requests": {"cpu": "4", "memory": "8Gi"}}}]
+        }}),
+    ];
+    let mut sums = vec![];
+    for template in templates {
+        let map = template.as_object().unwrap().clone();
+        let parsed = crate::api::check_pod_template(&map).unwrap();
+        let want = pod_requests(parsed.spec.as_ref());
+        assert_eq!(template_requests(&map), want, "{template}");
+        sums.push(want);
+    }
+    assert_eq!(
+        sums,
+        [(0, 0), (0, 0), (0, 0), (2500, GIB + GIB / 2), (1500, 0)]
+    );
+}

@@ -14,7 +14,9 @@ pub mod exit;
 pub mod fence;
 pub mod held;
 pub mod inventory;
+pub mod job_index;
 pub mod metrics;
+pub mod model_cache;
 pub mod pod;
 pub mod quantity;
 mod reconcile;
@@ -121,8 +123,11 @@ pub struct Context {
     pub held: held::HeldPredictions,
     /// The versions this process's own status writes produced.
     pub own_writes: held::OwnWrites,
-    jobs: Store<TrainingJob>,
+    /// What predictions read across all jobs, kept from the job watch.
+    index: Arc<job_index::JobIndex>,
     gpu_nodes: Store<GpuNode>,
+    /// The GPU models of `gpu_nodes`, kept until their GPUs change.
+    gpu_models_cache: model_cache::GpuModelCache,
     pods: Store<Pod>,
     wake: Notify,
     /// Node folder of the pods' stats folders.
@@ -144,23 +149,15 @@ impl Context {
 
     /// Highest peak measured for a job with this model signature.
     pub fn measured_peak_for(&self, signature: &str) -> Option<u64> {
-        self.jobs
-            .state()
-            .iter()
-            .filter_map(|j| j.status.as_ref())
-            .filter(|s| {
-                s.phase == Phase::Succeeded && s.model_signature.as_deref() == Some(signature)
-            })
-            .filter_map(|s| s.measured_peak_bytes)
-            .max()
+        self.index.measured_peak_for(signature)
     }
 
     /// The micro-batch a new job of this spec should start at, learned from
     /// jobs of the same model whose processes absorbed OOMs, with the name of
     /// the job it was learned from.
     pub fn learned_start_micro(&self, spec: &crate::api::TrainingJobSpec) -> Option<(u32, String)> {
-        let jobs = self.jobs.state();
-        absorbed::learned_start_micro(spec, jobs.iter().map(|j| j.as_ref()))
+        let signature = signature::model_signature(spec, spec.batch.micro);
+        absorbed::start_micro_below(spec, self.index.smallest_backoff(&signature)?)
     }
 
     /// The batch shape a pod's process reports (through the node agent), when
@@ -202,20 +199,22 @@ impl Context {
     /// The GPU models of the cluster's nodes, each with the largest capacity
     /// a GPU of that model reports, in name order.
     pub fn gpu_models(&self) -> Vec<(String, u64)> {
-        let mut models = std::collections::BTreeMap::<String, u64>::new();
-        for node in self.gpu_nodes.state() {
-            for gpu in node.status.iter().flat_map(|s| s.gpus.iter()) {
-                // Runs for every prediction over every GPU: the name is
-                // copied only the first time its model is seen.
-                match models.get_mut(&gpu.model) {
-                    Some(largest) => *largest = (*largest).max(gpu.total_bytes),
-                    None => {
-                        models.insert(gpu.model.clone(), gpu.total_bytes);
+        self.gpu_models_cache.get_or_compute(|| {
+            let mut models = std::collections::BTreeMap::<String, u64>::new();
+            for node in self.gpu_nodes.state() {
+                for gpu in node.status.iter().flat_map(|s| s.gpus.iter()) {
+                    // Runs over every GPU (once per change of their GPUs):
+                    // the name is copied only the first time its model is seen.
+                    match models.get_mut(&gpu.model) {
+                        Some(largest) => *largest = (*largest).max(gpu.total_bytes),
+                        None => {
+                            models.insert(gpu.model.clone(), gpu.total_bytes);
+                        }
                     }
                 }
             }
-        }
-        models.into_iter().collect()
+            models.into_iter().collect()
+        })
     }
 
     /// True when the node's agent reported the pod for exceeding its budget.
@@ -287,10 +286,22 @@ pub async fn run(client: Client, options: ControllerOptions) -> Result<()> {
         .modify(|pod| pod.metadata.managed_fields = None)
         .reflect(pod_writer)
         .touched_objects();
-    let controller = Controller::new(jobs_api, watcher::Config::default()).with_config(
+    // The job watch, as `Controller::new` would make it, with the index of what
+    // predictions read across all jobs kept from its events.
+    let (jobs, job_writer) = reflector::store::<TrainingJob>();
+    let index = Arc::new(job_index::JobIndex::default());
+    let job_stream = {
+        let index = index.clone();
+        watcher(jobs_api, watcher::Config::default())
+            // Nothing reads managedFields; dropping them keeps the cache small.
+            .modify(|job| job.metadata.managed_fields = None)
+            .reflect(job_writer)
+            .inspect_ok(move |event| index.observe(event))
+            .applied_objects()
+    };
+    let controller = Controller::for_stream(job_stream, jobs.clone()).with_config(
         kube::runtime::controller::Config::default().concurrency(RECONCILE_CONCURRENCY),
     );
-    let jobs = controller.store();
     let recorder = Recorder::new(
         client.clone(),
         Reporter {
@@ -307,8 +318,9 @@ pub async fn run(client: Client, options: ControllerOptions) -> Result<()> {
         assignments: Assignments::default(),
         held: held::HeldPredictions::default(),
         own_writes: held::OwnWrites::default(),
-        jobs: jobs.clone(),
+        index,
         gpu_nodes: gpu_nodes.clone(),
+        gpu_models_cache: Default::default(),
         pods: pods.clone(),
         wake: Notify::new(),
         stats_root: options.stats_root.clone(),
@@ -325,6 +337,10 @@ pub async fn run(client: Client, options: ControllerOptions) -> Result<()> {
         watcher(Api::<GpuNode>::all(client.clone()), node_config.clone())
             .default_backoff()
             .reflect(gpu_node_writer)
+            .inspect_ok({
+                let ctx = ctx.clone();
+                move |event| ctx.gpu_models_cache.observe(event)
+            })
             .applied_objects()
             .inspect_ok({
                 let mut seen = SchedulerFacing::default();

@@ -268,4 +268,46 @@ mod tests {
         assert_eq!(out.live_at_peak.gradients, 12 * MIB);
         assert_eq!(out.live_at_peak.activations, 0);
     }
+
+    #[test]
+    fn idle_bytes_of_another_stream_are_its_highest_live_minus_its_live_then() {
+        let on = |id, bytes, category, stream| TensorEvent::Alloc {
+            id,
+            bytes,
+            category,
+            stream,
+        };
+        let events = vec![
+            on(0, 20 * MIB, Category::Gradients, Stream::ReduceScatter),
+            on(1, 10 * MIB, Category::Gradients, Stream::ReduceScatter),
+            TensorEvent::Free { id: 0 },
+            on(2, 100 * MIB, Category::Activations, Stream::Default),
+        ];
+        let out = CachingAllocatorModel::PYTORCH.replay(&events).unwrap();
+        // At the allocated peak (110 MiB) the reduce-scatter stream has 10 MiB
+        // live of the 30 MiB it once held: 20 MiB of its pool sit idle.
+        assert_eq!(out.allocated_peak, 110 * MIB);
+        assert_eq!(out.idle_other_streams_at_allocated_peak, 20 * MIB);
+    }
+
+    #[test]
+    fn of_two_equally_full_moments_at_the_peak_the_first_is_reported() {
+        let on = |id, category| TensorEvent::Alloc {
+            id,
+            bytes: 12 * MIB,
+            category,
+            stream: Stream::Default,
+        };
+        // The activations reuse the gradients' freed block: the reservation
+        // and the live bytes are the same at both moments.
+        let events = vec![
+            on(0, Category::Parameters),
+            on(1, Category::Gradients),
+            TensorEvent::Free { id: 1 },
+            on(2, Category::Activations),
+        ];
+        let out = CachingAllocatorModel::PYTORCH.replay(&events).unwrap();
+        assert_eq!(out.live_at_peak.gradients, 12 * MIB);
+        assert_eq!(out.live_at_peak.activations, 0);
+    }
 }

@@ -909,3 +909,132 @@ fn the_analytic_hugging_face_path_meets_the_goal_on_the_fresh_validation_runs() 
     assert!(all.median <= 0.03 && all.p90 <= 0.06, "{all:?}");
     assert!(all.under_predictions.is_empty(), "{all:?}");
 }
+
+/// The optimizer term of the breakdown at the peak of an fp32 MLP (two
+/// layers of `hidden`, micro-batch 1), where the optimizer step is the
+/// fullest moment.
+fn mlp_optimizer_at_peak(hidden: u32, optimizer: crate::api::Optimizer) -> u64 {
+    let model = ModelSpec {
+        mlp: Some(crate::api::MlpSpec { layers: 2, hidden }),
+        optimizer,
+        ..ModelSpec::default()
+    };
+    predict_model(&model, &one_gpu(1), default_gpu())
+        .unwrap()
+        .breakdown
+        .optimizer
+}
+
+#[test]
+fn each_optimizer_keeps_its_state_and_step_temporaries() {
+    use crate::api::Optimizer::*;
+    // Two layers of a 1024 x 1024 weight and a 1024 bias: n elements.
+    let (w, b) = (1024u64 * 1024, 1024u64);
+    let n = 2 * (w + b);
+    let cases = [
+        // Plain SGD keeps nothing.
+        (Sgd, 0),
+        // One momentum buffer, no temporary.
+        (SgdMomentum, 4 * n),
+        // One sum of squares (made in the constructor) plus the foreach
+        // step's full-size temporary.
+        (Adagrad, 4 * n + 4 * n),
+        // Two moments plus the foreach temporary.
+        (Adam, 8 * n + 4 * n),
+        (AdamW, 8 * n + 4 * n),
+        // A row and a column vector per matrix, a full vector per bias, and
+        // the largest parameter's fp32 variance estimate while it is updated.
+        (Adafactor, 2 * 4 * (1024 + 1024) + 2 * 4 * b + 4 * w),
+        // Two 8-bit moments and two fp32 scales per 256 elements for the
+        // matrices; 32-bit moments for the small biases.
+        (AdamW8bit, 2 * (2 * w + 2 * (w / 256) * 4) + 2 * (2 * 4 * b)),
+    ];
+    for (optimizer, want) in cases {
+        assert_eq!(
+            mlp_optimizer_at_peak(1024, optimizer),
+            want,
+            "{optimizer:?}"
+        );
+    }
+}
+
+#[test]
+fn adamw_8bit_keeps_32_bit_state_below_4096_elements() {
+    // hidden 64: each weight has exactly 4096 elements (8-bit state plus one
+    // scale pair per 256), each bias 64 (32-bit state).
+    let per_layer = (2 * 4096 + 2 * (4096 / 256) * 4) + 2 * 4 * 64;
+    assert_eq!(
+        mlp_optimizer_at_peak(64, crate::api::Optimizer::AdamW8bit),
+        2 * per_layer
+    );
+}
+
+#[test]
+fn a_jobs_headroom_is_its_own_or_the_documented_default() {
+    let base = r#"{"batch": {"global": 8, "micro": 8},
+        "model": {"mlp": {"layers": 2, "hidden": 64}}"#;
+    let cases = [
+        (format!("{base}}}"), crate::api::DEFAULT_HEADROOM),
+        (format!(r#"{base}, "memory": {{"headroom": 0.25}}}}"#), 0.25),
+        (
+            format!(r#"{base}, "memory": {{"request": "20Gi"}}}}"#),
+            0.05,
+        ),
+        (format!(r#"{base}, "memory": {{"headroom": 0}}}}"#), 0.0),
+    ];
+    for (text, want) in cases {
+        let job = parse_job(&text).unwrap();
+        assert_eq!(job.headroom(), want, "{text}");
+    }
+}
+
+#[test]
+fn auto_micro_batch_reports_a_models_own_error_instead_of_trying_smaller_batches() {
+    // Only a profile's micro-batch limit lets the search go on to a smaller
+    // micro-batch; an analytic model's refusal is the answer.
+    let job = parse_job(
+        r#"{"batch": {"global": 8, "micro": 8},
+            "model": {"huggingFace": {"config": {"model_type": "t5", "d_model": 512}, "seqLen": 128}}}"#,
+    )
+    .unwrap();
+    let err = job::auto_micro_batch(&job, default_gpu(), u64::MAX, 0.05, None).unwrap_err();
+    assert!(
+        err.to_string().contains("model_type 't5' is not supported"),
+        "{err}"
+    );
+}
+
+#[test]
+fn captured_workspaces_never_take_the_id_of_a_profile_allocation() {
+    // A free in the profile names a profile allocation, never a workspace
+    // added at a cublasWorkspaceAt position, so the workspaces stay to the end.
+    let ws = default_gpu().cublas_workspace_bytes;
+    let mib = 1u64 << 20;
+    let cases = [
+        // Two allocations, the second freed after a workspace.
+        ("[2,3]", 2 * ws + mib),
+        // A workspace first, another between the second allocation and its
+        // free, and one at the end.
+        ("[0,2,3]", 3 * ws + mib),
+    ];
+    for (at, want) in cases {
+        let text = format!(
+            r#"{{"format":"vramfit.profile/v1","microBatch":1,"sizes":[1048576],
+                "events":[0,0,-2],"cublasWorkspaceAt":{at}}}"#
+        );
+        let p = predict_from_profile(&text, &one_gpu(1), default_gpu()).unwrap();
+        assert_eq!(p.allocated_bytes, want, "{at}");
+        assert_eq!(p.breakdown.workspace, want - mib, "{at}");
+        assert_eq!(p.breakdown.persistent, mib, "{at}");
+        assert_eq!(p.breakdown.activations, 0, "{at}");
+    }
+}
+
+#[test]
+fn a_profile_without_grad_accum_was_recorded_without_accumulation() {
+    // docs/profile-format.md: `gradAccum` defaults to 1.
+    let base = r#"{"format":"vramfit.profile/v1","microBatch":2,"sizes":[512],"events":[0,-1]"#;
+    let parsed = |text: String| profile::parse_profile(&text).unwrap().grad_accum;
+    assert_eq!(parsed(format!("{base}}}")), 1);
+    assert_eq!(parsed(format!(r#"{base},"gradAccum":4}}"#)), 4);
+}
