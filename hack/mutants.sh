@@ -49,6 +49,8 @@ case "${1:-}" in
       src/controller/retry.rs
       src/controller/supervise.rs
       src/controller/absorbed.rs
+      src/controller/job_index.rs
+      src/controller/model_cache.rs
     )
     ;;
   place | alloc)
