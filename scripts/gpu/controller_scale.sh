@@ -54,22 +54,15 @@ for line in sys.stdin:
   ls -l "$dest/vramfit-scale.tar.xz"
 }
 
-# Pin a command to CPUs: taskset where it exists, else Python's sched_setaffinity.
+# Pin a command (and its children) to CPUs when a list is given.
 pinned() {
   local cpus=$1
   shift
   if [[ -z $cpus ]]; then
     "$@"
-  elif command -v taskset >/dev/null; then
-    taskset -c "$cpus" "$@"
   else
-    python3 -c 'import os,sys
-cpus = set()
-for part in sys.argv[1].split(","):
-    lo, _, hi = part.partition("-")
-    cpus.update(range(int(lo), int(hi or lo) + 1))
-os.sched_setaffinity(0, cpus)
-os.execvp(sys.argv[2], sys.argv[2:])' "$cpus" "$@"
+    command -v taskset >/dev/null || die "--cpus needs taskset (util-linux)"
+    taskset -c "$cpus" "$@"
   fi
 }
 

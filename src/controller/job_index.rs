@@ -12,6 +12,7 @@ use kube::runtime::watcher::Event;
 use crate::api::{Phase, TrainingJob};
 
 use super::absorbed::absorbed_lesson;
+use super::inventory::job_key;
 
 /// A finished job's measured peak with its model signature: what the next job
 /// of the same signature is budgeted on. `None` unless the job succeeded with
@@ -51,15 +52,9 @@ struct Lesson {
     backoff: Option<(String, u32, String)>,
 }
 
-/// The key of a job in the index: its uid, else namespace/name.
+/// The key of a job in the index: its uid, else its ledger key.
 fn job_id(job: &TrainingJob) -> String {
-    job.metadata.uid.clone().unwrap_or_else(|| {
-        format!(
-            "{}/{}",
-            job.metadata.namespace.as_deref().unwrap_or_default(),
-            job.metadata.name.as_deref().unwrap_or_default()
-        )
-    })
+    job.metadata.uid.clone().unwrap_or_else(|| job_key(job))
 }
 
 impl Lessons {
