@@ -71,6 +71,16 @@ if [[ ${MUTANTS_SKIP_DEV_AGENT:-0} == 1 ]]; then
   sed -i '/^vramfit-agent = { path = "agent" }$/d' Cargo.toml
 fi
 
+# Each mutant is one incremental build whose link dominates: link with mold
+# when it is installed (apt-get install mold) and leave debug info out, which
+# the unit tests do not need (MUTANTS_DEBUG=1 keeps it).
+if command -v mold >/dev/null; then
+  export RUSTFLAGS="${RUSTFLAGS:-} -C link-arg=-fuse-ld=mold"
+fi
+if [[ ${MUTANTS_DEBUG:-0} != 1 ]]; then
+  export CARGO_PROFILE_DEV_DEBUG=0
+fi
+
 # --in-place: mutate this tree rather than a copy, so the existing target
 # directory's incremental build is reused. Run it in a tree nobody edits, and
 # with no other tree building into the same target folder: worktrees share
