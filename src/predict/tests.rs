@@ -1367,3 +1367,113 @@ fn stage_3_prefetches_the_next_block_for_backward_and_stage_2_keeps_them() {
         assert_eq!(got, want, "stage {stage}");
     }
 }
+
+/// The first optimizer step of a two-layer MLP 8 wide at micro-batch 2
+/// (SGD, one GPU, 1000-byte cuBLAS workspaces), one word per event: an
+/// allocation as its category's letter (Parameters, Gradients,
+/// Activations, Workspace, Optimizer) and its bytes, ids counting up from 0;
+/// a free as `-id`.
+fn mlp_first_step(precision: crate::api::Precision) -> String {
+    use events::{Category, TensorEvent};
+    let model = ModelSpec {
+        mlp: Some(crate::api::MlpSpec {
+            layers: 2,
+            hidden: 8,
+        }),
+        ..ModelSpec::default()
+    };
+    let run = events::RunShape {
+        micro_batch: 2,
+        grad_accum: 1,
+        precision,
+        optimizer: crate::api::Optimizer::Sgd,
+        checkpointing: false,
+        attention: Attention::Sdpa,
+        zero_stage: 0,
+        gpus: 1,
+        cublas_workspace: 1000,
+    };
+    let evs = events::training_events(&resolve_arch(&model).unwrap(), &run);
+    let mut next = 0;
+    let words: Vec<String> = evs
+        .iter()
+        .map(|e| match *e {
+            TensorEvent::Alloc {
+                id,
+                bytes,
+                category,
+                ..
+            } => {
+                assert_eq!(id, next);
+                next += 1;
+                let c = match category {
+                    Category::Parameters => 'P',
+                    Category::Gradients => 'G',
+                    Category::Activations => 'A',
+                    Category::Workspace => 'W',
+                    Category::Optimizer => 'O',
+                    Category::Persistent => 'X',
+                };
+                format!("{c}{bytes}")
+            }
+            TensorEvent::Free { id } => format!("-{id}"),
+        })
+        .collect();
+    // The first step ends at zero_grad's last free: of the first gradient
+    // made (the last layer's bias gradient).
+    let first_grad = evs
+        .iter()
+        .find_map(|e| match *e {
+            TensorEvent::Alloc {
+                id,
+                category: Category::Gradients,
+                ..
+            } => Some(id),
+            _ => None,
+        })
+        .unwrap();
+    let end = words
+        .iter()
+        .position(|w| *w == format!("-{first_grad}"))
+        .unwrap();
+    words[..=end].join(" ")
+}
+
+#[test]
+fn an_mlp_step_allocates_and_frees_what_autograd_does_in_order() {
+    use crate::api::Precision;
+    // n = 2 x 8 elements of every activation. fp32: the model (ids 0-3:
+    // weight, bias, weight, bias); the input x and target y (4, 5); the
+    // forward thread's workspace at the first matmul (6); each Linear's
+    // output (7, 9) dies at its ReLU, whose output (8, 10) is saved; the
+    // loss (11) and its gradient (12); the autograd thread's workspace at
+    // the first backward matmul (13); per layer from the last: the Linear's
+    // output gradient (14) replaces the incoming one, the bias then weight
+    // gradients (15, 16), the input gradient (17) except for the first
+    // layer, and the saved ReLU output is freed; then x, y and the loss;
+    // zero_grad frees the gradients in parameter order.
+    let fp32 = "P256 P32 P256 P32 A64 A64 W1000 A64 A64 -7 A64 A64 -9 A512 A64 \
+                W1000 A64 -12 G32 G256 A64 -14 -10 A64 -17 G32 G256 -18 -8 \
+                -4 -5 -11 -20 -19 -16 -15";
+    // Pure bf16: two bytes an element, x too; the output is upcast to fp32
+    // (11) for the loss, whose fp32 gradient (13) is cast back (14).
+    let bf16 = "P128 P16 P128 P16 A32 A64 W1000 A32 A32 -7 A32 A32 -9 A64 A512 A64 A32 -13 -11 \
+                W1000 A32 -14 G16 G128 A32 -16 -10 A32 -19 G16 G128 -20 -8 \
+                -4 -5 -12 -22 -21 -18 -17";
+    // AMP: fp32 weights and x; each layer's bf16 weight copy (6, 11) lives
+    // until its weight gradient is made; the bf16 copy of x (7) made at the
+    // first layer lives until the end of backward; a weight gradient is
+    // made in bf16 (21, 26) and converted to the fp32 .grad (22, 27).
+    let amp = "P256 P32 P256 P32 A64 A64 P128 A32 W1000 A32 A32 -9 P128 A32 A32 -12 \
+               A64 A512 A64 A32 -16 -14 \
+               W1000 A32 -17 G32 A128 G256 -21 -11 A32 -19 -13 \
+               A32 -23 G32 A128 G256 -26 -6 -24 -10 -7 -4 -5 -15 -27 -25 -22 -20";
+    for (precision, want) in [
+        (Precision::Fp32, fp32),
+        (Precision::Bf16, bf16),
+        (Precision::AmpBf16, amp),
+    ] {
+        let want: Vec<&str> = want.split_whitespace().collect();
+        assert_eq!(mlp_first_step(precision), want.join(" "), "{precision:?}");
+    }
+}
