@@ -1847,3 +1847,249 @@ fn hugging_face_fields_of_the_wrong_type_or_range_are_named() {
         assert_eq!(hf_arch(config.clone()), Err(want), "{config}");
     }
 }
+
+/// A `transformer` spec from its JSON fields.
+fn transformer_spec(fields: serde_json::Value) -> TransformerSpec {
+    serde_json::from_value(fields).unwrap()
+}
+
+#[test]
+fn transformer_parameters_are_created_in_module_order_with_their_shapes() {
+    use arch::ParamTensor;
+    use serde_json::json;
+    let m = |rows, cols, layer: Option<u32>, matmul_weight| ParamTensor {
+        rows,
+        cols,
+        layer,
+        matmul_weight,
+    };
+    let v = |rows, layer| m(rows, 0, layer, false);
+    let l0 = Some(0);
+    let cases = [
+        // GPT-2-like (LayerNorm, learned positions, tied): the embedding is
+        // the head's matmul weight; biases everywhere; qkv is 8 + 2 x 8 rows;
+        // the feed-forward 4 x 8 wide.
+        (
+            json!({"layers": 1, "hidden": 8, "heads": 2, "vocab": 10, "seqLen": 4}),
+            vec![
+                m(10, 8, None, true),
+                m(4, 8, None, false),
+                v(8, l0),
+                v(8, l0),
+                m(24, 8, l0, true),
+                v(24, l0),
+                m(8, 8, l0, true),
+                v(8, l0),
+                v(8, l0),
+                v(8, l0),
+                m(32, 8, l0, true),
+                v(32, l0),
+                m(8, 32, l0, true),
+                v(8, l0),
+                v(8, None),
+                v(8, None),
+            ],
+            1000,
+        ),
+        // LLaMA-like (RMSNorm, rotary, SwiGLU, untied, 2 key/value heads of
+        // 12 / 4 = 3): no position table, no biases, qkv 12 + 2 x 6 rows,
+        // gate and up projections, a separate head.
+        (
+            json!({"layers": 1, "hidden": 12, "heads": 4, "kvHeads": 2, "ffn": 20,
+                   "vocab": 10, "seqLen": 4, "norm": "rmsnorm", "positional": "rotary",
+                   "mlp": "swiglu", "tiedEmbeddings": false}),
+            vec![
+                m(10, 12, None, false),
+                v(12, l0),
+                m(24, 12, l0, true),
+                m(12, 12, l0, true),
+                v(12, l0),
+                m(20, 12, l0, true),
+                m(20, 12, l0, true),
+                m(12, 20, l0, true),
+                v(12, None),
+                m(10, 12, None, true),
+            ],
+            1428,
+        ),
+        // BERT-like encoder: two token types and a LayerNorm after the
+        // embeddings; the head's transform (dense + LayerNorm) and the
+        // decoder's vocabulary bias.
+        (
+            json!({"kind": "encoder", "layers": 1, "hidden": 8, "heads": 2, "ffn": 16,
+                   "vocab": 10, "seqLen": 4}),
+            vec![
+                m(10, 8, None, true),
+                m(4, 8, None, false),
+                m(2, 8, None, false),
+                v(8, None),
+                v(8, None),
+                v(8, l0),
+                v(8, l0),
+                m(24, 8, l0, true),
+                v(24, l0),
+                m(8, 8, l0, true),
+                v(8, l0),
+                v(8, l0),
+                v(8, l0),
+                m(16, 8, l0, true),
+                v(16, l0),
+                m(8, 16, l0, true),
+                v(8, l0),
+                m(8, 8, None, true),
+                v(8, None),
+                v(8, None),
+                v(8, None),
+                v(10, None),
+            ],
+            842,
+        ),
+    ];
+    for (fields, want, count) in cases {
+        let a = arch::Arch::Transformer(
+            arch::TransformerArch::from_spec(&transformer_spec(fields.clone())).unwrap(),
+        );
+        assert_eq!(a.param_tensors(), want, "{fields}");
+        assert_eq!(a.parameter_count(), count, "{fields}");
+        assert_eq!(a.layers(), 1, "{fields}");
+    }
+    let mlp = arch::Arch::Mlp {
+        layers: 2,
+        hidden: 3,
+    };
+    assert_eq!(
+        mlp.param_tensors(),
+        [
+            m(3, 3, l0, true),
+            v(3, l0),
+            m(3, 3, Some(1), true),
+            v(3, Some(1)),
+        ]
+    );
+    assert_eq!((mlp.parameter_count(), mlp.layers()), (2 * (9 + 3), 2));
+    assert_eq!(resolve_arch(&gpt2_small()).unwrap().layers(), 12);
+}
+
+#[test]
+fn a_transformer_spec_resolves_its_defaults_from_the_norm_kind_and_positions() {
+    use crate::api::{MlpKind, NormKind, PositionalKind, TransformerKind};
+    use serde_json::json;
+    let gpt = arch::TransformerArch {
+        family: "transformer".into(),
+        kind: TransformerKind::Decoder,
+        layers: 2,
+        hidden: 8,
+        heads: 2,
+        kv_heads: 2,
+        head_dim: 4,
+        ffn: 32,
+        vocab: 10,
+        seq_len: 4,
+        positions: 4,
+        mlp: MlpKind::Gelu,
+        norm: NormKind::Layernorm,
+        positional: PositionalKind::Learned,
+        tied: true,
+        linear_bias: true,
+        qkv_bias: true,
+        token_types: 0,
+        library: None,
+    };
+    let cases = [
+        (
+            json!({"layers": 2, "hidden": 8, "heads": 2, "vocab": 10, "seqLen": 4}),
+            gpt.clone(),
+        ),
+        // Rotary: no position table; RMSNorm: no biases.
+        (
+            json!({"layers": 2, "hidden": 8, "heads": 2, "vocab": 10, "seqLen": 4,
+                   "positional": "rotary", "norm": "rmsnorm", "kvHeads": 1, "ffn": 6}),
+            arch::TransformerArch {
+                kv_heads: 1,
+                ffn: 6,
+                positions: 0,
+                norm: NormKind::Rmsnorm,
+                positional: PositionalKind::Rotary,
+                linear_bias: false,
+                qkv_bias: false,
+                ..gpt.clone()
+            },
+        ),
+        // An encoder has BERT's two token types.
+        (
+            json!({"kind": "encoder", "layers": 2, "hidden": 8, "heads": 2, "vocab": 10,
+                   "seqLen": 4, "tiedEmbeddings": false}),
+            arch::TransformerArch {
+                kind: TransformerKind::Encoder,
+                tied: false,
+                token_types: 2,
+                ..gpt.clone()
+            },
+        ),
+    ];
+    for (fields, want) in cases {
+        assert_eq!(
+            arch::TransformerArch::from_spec(&transformer_spec(fields.clone())),
+            Ok(want),
+            "{fields}"
+        );
+    }
+}
+
+#[test]
+fn transformer_shapes_that_would_predict_nonsense_are_refused() {
+    use serde_json::json;
+    let base = json!({"layers": 2, "hidden": 8, "heads": 4, "vocab": 10, "seqLen": 4});
+    let cases = [
+        (
+            "heads",
+            json!(0),
+            "transformer.hidden (8) must be divisible by transformer.heads (0)",
+        ),
+        (
+            "heads",
+            json!(3),
+            "transformer.hidden (8) must be divisible by transformer.heads (3)",
+        ),
+        (
+            "kvHeads",
+            json!(0),
+            "transformer.heads (4) must be divisible by transformer.kvHeads (0)",
+        ),
+        (
+            "kvHeads",
+            json!(3),
+            "transformer.heads (4) must be divisible by transformer.kvHeads (3)",
+        ),
+        ("layers", json!(0), "transformer: layers must be at least 1"),
+        ("hidden", json!(0), "transformer: hidden must be at least 1"),
+        ("vocab", json!(0), "transformer: vocab must be at least 1"),
+        ("seqLen", json!(0), "transformer: seqLen must be at least 1"),
+        ("ffn", json!(0), "transformer: ffn must be at least 1"),
+    ];
+    for (key, value, want) in cases {
+        let spec = transformer_spec(with(base.clone(), key, value.clone()));
+        assert_eq!(
+            arch::TransformerArch::from_spec(&spec).map_err(|e| e.to_string()),
+            Err(want.to_string()),
+            "{key}: {value}"
+        );
+    }
+    // A learned table needs a row per token; rotary positions need none.
+    let learned = arch::TransformerArch::from_spec(&transformer_spec(base.clone())).unwrap();
+    assert_eq!(learned.check(), Ok(()));
+    let short = arch::TransformerArch {
+        positions: 3,
+        ..learned.clone()
+    };
+    assert_eq!(
+        short.check().map_err(|e| e.to_string()),
+        Err("transformer: seqLen 4 exceeds the 3 learned positions".to_string())
+    );
+    let rotary = arch::TransformerArch {
+        positions: 0,
+        positional: crate::api::PositionalKind::Rotary,
+        ..learned
+    };
+    assert_eq!(rotary.check(), Ok(()));
+}
