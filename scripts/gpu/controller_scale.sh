@@ -16,6 +16,15 @@
 #       syntax, e.g. 0,2) when given; its JSON goes to D/NAME.json, its log to
 #       D/NAME.log, and the machine's CPU topology to D/cpus.txt
 #
+#   scripts/gpu/controller_scale.sh bundle-upstream [OUT]
+#       here: kube-scheduler (built from hack/controlplane/apiserver's pinned
+#       k8s.io/kubernetes), kube, etcd and the certificates (default
+#       .node-bin/vramfit-upstream.tar.xz), for run-upstream
+#   scripts/gpu/controller_scale.sh run-upstream --bundle F --out D --name NAME [--cpus LIST] -- ARGS...
+#       there: the upstream kube-scheduler on the same control plane and CPUs
+#       (scripts/bench/upstream_scheduler.py with ARGS, e.g. --nodes 200
+#       --gpus 8 --pods 2000), pinned like `run`
+#
 # A summary line per run goes to stdout.
 set -euo pipefail
 
@@ -54,6 +63,39 @@ for line in sys.stdin:
   ls -l "$dest/vramfit-scale.tar.xz"
 }
 
+bundle_upstream() {
+  local dest=${1:-$repo/.node-bin}
+  local nodebin=${VRAMFIT_BIN:-$HOME/.cache/vramfit/bin}/node
+  [[ -x $nodebin/kube && -x $nodebin/etcd ]] || die "no kube/etcd in $nodebin: run hack/gpunode.sh build kube etcd"
+  local tmp
+  tmp=$(mktemp -d)
+  trap 'rm -rf "$tmp"' RETURN
+  log "building kube-scheduler (k8s.io/kubernetes, the control plane's pinned version)"
+  (cd "$repo/hack/controlplane/apiserver" && nice -n 10 env CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" \
+    -o "$tmp/kube-scheduler" k8s.io/kubernetes/cmd/kube-scheduler)
+  cp "$nodebin/kube" "$nodebin/etcd" "$tmp/"
+  "$repo/hack/controlplane.sh" pki --dir "$tmp/controlplane"
+  mkdir -p "$dest"
+  tar -C "$tmp" -cf - kube-scheduler kube etcd controlplane/pki | nice -n 10 xz -9 -T2 >"$dest/vramfit-upstream.tar.xz.tmp"
+  mv "$dest/vramfit-upstream.tar.xz.tmp" "$dest/vramfit-upstream.tar.xz"
+  ls -l "$dest/vramfit-upstream.tar.xz"
+}
+
+# unpack FILE MARKER: the bundle's binaries, unpacked once beside it; prints the folder.
+unpack() {
+  local file=$1 marker=$2 bin
+  bin=$(dirname "$(realpath "$file")")/$(basename "$file" .tar.xz)-bin
+  if [[ ! -x $bin/$marker ]]; then
+    mkdir -p "$bin"
+    xz -dc "$file" | tar -C "$bin" -xf -
+    ln -sf kube "$bin/kube-apiserver"
+    ln -sf kube "$bin/kubectl"
+    # hack/controlplane.sh takes the binaries as they are (no Go here).
+    touch "$bin/.prebuilt"
+  fi
+  echo "$bin"
+}
+
 # Pin a command (and its children) to CPUs when a list is given.
 pinned() {
   local cpus=$1
@@ -80,15 +122,7 @@ run() {
   done
   [[ -f $file && -n $out && -n $name ]] || die "run needs --bundle FILE --out DIR --name NAME"
   local bin
-  bin=$(dirname "$(realpath "$file")")/scale-bin
-  if [[ ! -x $bin/controller_scale ]]; then
-    mkdir -p "$bin"
-    xz -dc "$file" | tar -C "$bin" -xf -
-    ln -sf kube "$bin/kube-apiserver"
-    ln -sf kube "$bin/kubectl"
-    # hack/controlplane.sh takes the binaries as they are (no Go here).
-    touch "$bin/.prebuilt"
-  fi
+  bin=$(unpack "$file" controller_scale)
   mkdir -p "$out"
   [[ -f $out/cpus.txt ]] || { lscpu -e 2>/dev/null || cat /proc/cpuinfo; } >"$out/cpus.txt"
   log "$name: pinned to ${cpus:-all CPUs}: $*"
@@ -112,8 +146,55 @@ EOF
   return "$rc"
 }
 
+run_upstream() {
+  local file="" out="" name="" cpus=""
+  while [[ $# -gt 0 ]]; do
+    case $1 in
+      --bundle) file=$2; shift 2 ;;
+      --out) out=$2; shift 2 ;;
+      --name) name=$2; shift 2 ;;
+      --cpus) cpus=$2; shift 2 ;;
+      --) shift; break ;;
+      *) die "unknown argument $1" ;;
+    esac
+  done
+  [[ -f $file && -n $out && -n $name ]] || die "run-upstream needs --bundle FILE --out DIR --name NAME"
+  local bin cp
+  bin=$(unpack "$file" kube-scheduler)
+  mkdir -p "$out"
+  [[ -f $out/cpus.txt ]] || { lscpu -e 2>/dev/null || cat /proc/cpuinfo; } >"$out/cpus.txt"
+  cp=$(mktemp -d /tmp/vramfit-upstream-cp-XXXXXX)
+  log "$name: kube-scheduler, pinned to ${cpus:-all CPUs}: $*"
+  local rc=0
+  # The control plane, the scheduler and the driver all run on the pinned CPUs.
+  PATH=$bin:$PATH VRAMFIT_BIN=$bin VRAMFIT_PKI=$bin/controlplane/pki \
+    pinned "$cpus" "$repo/hack/controlplane.sh" up --dir "$cp" >/dev/null 2>"$out/$name.log" || rc=$?
+  if ((rc == 0)); then
+    PATH=$bin:$PATH pinned "$cpus" python3 "$repo/scripts/bench/upstream_scheduler.py" --dir "$cp" \
+      --scheduler "$bin/kube-scheduler" "$@" >"$out/$name.json" 2>>"$out/$name.log" || rc=$?
+  fi
+  cp "$cp/scheduler.log" "$out/$name-scheduler.log" 2>/dev/null || true
+  PATH=$bin:$PATH VRAMFIT_BIN=$bin "$repo/hack/controlplane.sh" down --dir "$cp" || true
+  rm -rf "$cp"
+  python3 - "$out/$name.json" "$name" "$rc" <<'EOF'
+import json, sys
+path, name, rc = sys.argv[1:]
+try:
+    d = json.load(open(path))
+except ValueError:
+    print(f"{name}: rc={rc}, no JSON (see {name}.log)")
+    sys.exit(0)
+keys = ("pods", "bound", "podsPerSecond", "secondsToAllBound", "createsTook", "apiRequestsPerPod",
+        "apiserverCpuSeconds", "etcdCpuSeconds", "schedulerCpuSeconds", "driverCpuSeconds", "nodesOverCapacity")
+print(name, f"rc={rc}", " ".join(f"{k}={d.get(k)}" for k in keys))
+EOF
+  return "$rc"
+}
+
 case ${1:-} in
   bundle) shift; bundle "$@" ;;
   run) shift; run "$@" ;;
-  *) sed -n '2,19p' "$0"; exit 2 ;;
+  bundle-upstream) shift; bundle_upstream "$@" ;;
+  run-upstream) shift; run_upstream "$@" ;;
+  *) sed -n '2,27p' "$0"; exit 2 ;;
 esac

@@ -305,3 +305,372 @@ fn nested_activations_are_packed_at_their_bound() {
         assert_eq!(layout.arena_bytes, layout.max_live_bytes);
     }
 }
+
+#[test]
+fn a_request_matches_on_size_and_stream_and_a_free_on_its_age_alone() {
+    let alloc = |size, stream| StepEvent::Alloc { size, stream };
+    let free = |age, size| StepEvent::Free { age, size };
+    let cases = [
+        (alloc(MIB, 0), alloc(MIB, 0), true),
+        (alloc(MIB, 0), alloc(MIB, 1), false),
+        (alloc(MIB, 0), alloc(2 * MIB, 0), false),
+        (alloc(MIB, 0), alloc(2 * MIB, 1), false),
+        // The size of a free does not take part: its age names the block.
+        (free(3, MIB), free(3, 2 * MIB), true),
+        (free(3, MIB), free(4, MIB), false),
+        (alloc(MIB, 0), free(1, MIB), false),
+    ];
+    for (x, y, same) in cases {
+        assert_eq!(x.same(&y), same, "{x:?} and {y:?}");
+        assert_eq!(y.same(&x), same, "{y:?} and {x:?}");
+    }
+}
+
+/// One period of `k` requests, each freed by the next event, of the sizes
+/// `size(0)`, ..., `size(k - 1)` (the free of request `m` has `free(m)`
+/// bytes).
+fn pairs(k: u64, size: impl Fn(u64) -> u64, free: impl Fn(u64) -> u64) -> Vec<StepEvent> {
+    (0..k)
+        .flat_map(|m| {
+            [
+                StepEvent::Alloc {
+                    size: size(m),
+                    stream: 0,
+                },
+                StepEvent::Free {
+                    age: 1,
+                    size: free(m),
+                },
+            ]
+        })
+        .collect()
+}
+
+/// 20 requests of 1, 2, ..., 20 MiB, each freed by the next event.
+fn twenty_pairs() -> Vec<StepEvent> {
+    pairs(20, |m| (m + 1) * MIB, |m| (m + 1) * MIB)
+}
+
+/// The step of `twenty_pairs` repeated `times` over: a request at each even
+/// phase, freed one event later.
+fn twenty_pair_blocks(times: u64) -> Vec<Option<StepBlock>> {
+    (0..40 * times)
+        .map(|phase| {
+            (phase % 2 == 0).then(|| StepBlock {
+                start: phase,
+                len: 1,
+                size: (phase % 40 / 2 + 1) * MIB,
+                stream: 0,
+            })
+        })
+        .collect()
+}
+
+/// A step of 40 events from the first event on: the window of the 32
+/// events ending at event 72 is the first to have occurred before (at
+/// event 32), so the period is checked from there with a run of 32; it
+/// repeats from a run of 64 (event 104); the step is reported at event 80,
+/// its second whole period, with a block for every request, the very first
+/// one included; the doubled step from event 160, its fourth period.
+#[test]
+fn a_step_from_the_first_event_is_checked_reported_and_doubled_on_time() {
+    let step = twenty_pairs();
+    let mut d = StepDetector::new();
+    assert!(d.is_empty());
+    assert_eq!((d.len(), d.candidate(), d.repeating()), (0, None, false));
+    assert!(d.doubled_step().is_none());
+    let mut reported = Vec::new();
+    let mut doubled = Vec::new();
+    for n in 1..=170usize {
+        let found = d.observe(step[(n - 1) % 40]);
+        assert_eq!(d.len(), n);
+        assert!(!d.is_empty());
+        assert_eq!(d.candidate(), (n >= 72).then_some(40), "event {n}");
+        assert_eq!(d.repeating(), n >= 104, "event {n}");
+        if let Some(found) = found {
+            reported.push((n, found));
+        }
+        if let Some(found) = d.doubled_step() {
+            doubled.push((n, found));
+        }
+    }
+    // Reported at every event from the second period's end on.
+    assert_eq!(
+        reported.iter().map(|r| r.0).collect::<Vec<_>>(),
+        (80..=170).collect::<Vec<_>>()
+    );
+    let expected = RepeatedStep {
+        period: 40,
+        events: step.clone(),
+        blocks: twenty_pair_blocks(1),
+    };
+    assert_eq!(reported[0].1, expected);
+    assert_eq!(
+        doubled.iter().map(|r| r.0).collect::<Vec<_>>(),
+        (160..=170).collect::<Vec<_>>()
+    );
+    let expected = RepeatedStep {
+        period: 80,
+        events: [step.clone(), step].concat(),
+        blocks: twenty_pair_blocks(2),
+    };
+    assert_eq!(doubled[0].1, expected);
+    d.reset();
+    assert!(d.is_empty());
+    assert_eq!((d.len(), d.candidate(), d.repeating()), (0, None, false));
+}
+
+/// After 80 requests kept for good, the step of 40 events is checked from
+/// event 152 (its first window seen twice) and reported from 160, but
+/// doubled only from 240, once three periods in a row repeated: four
+/// periods of events are not enough on their own.
+#[test]
+fn the_doubled_step_waits_for_three_repeated_periods_after_other_events() {
+    let step = twenty_pairs();
+    let mut d = StepDetector::new();
+    for j in 0..80 {
+        let kept = StepEvent::Alloc {
+            size: (100 + j) * MIB,
+            stream: 0,
+        };
+        assert!(d.observe(kept).is_none());
+        assert!(d.doubled_step().is_none());
+    }
+    for n in 81..=290usize {
+        let found = d.observe(step[(n - 81) % 40]);
+        assert_eq!(d.candidate(), (n >= 152).then_some(40), "event {n}");
+        assert_eq!(
+            found.map(|s| s.period),
+            (n >= 160).then_some(40),
+            "event {n}"
+        );
+        let doubled = d.doubled_step();
+        assert_eq!(
+            doubled.map(|s| s.period),
+            (n >= 240).then_some(80),
+            "event {n}"
+        );
+    }
+}
+
+/// A step that keeps 64 MiB each period repeats (the period is checked)
+/// but is neither reported nor doubled: two periods do not give their
+/// bytes back either.
+#[test]
+fn a_step_that_keeps_bytes_is_not_doubled() {
+    let mut step = twenty_pairs();
+    step.push(StepEvent::Alloc {
+        size: 64 * MIB,
+        stream: 0,
+    });
+    let mut d = StepDetector::new();
+    for n in 1..=6 * 41 {
+        assert!(d.observe(step[(n - 1) % 41]).is_none(), "event {n}");
+        assert!(d.doubled_step().is_none(), "event {n}");
+    }
+    assert_eq!(d.candidate(), Some(41));
+    assert!(d.repeating());
+}
+
+/// A step of `k` requests of 512, 1024, ... bytes, each freed by the next
+/// event, whose last free gives back 512 bytes more in even periods and 512
+/// less in odd ones: one period never gives back what it takes (the step is
+/// never reported, which keeps long steps cheap here), two always do.
+fn feed_alternating(
+    d: &mut StepDetector,
+    k: u64,
+    periods: u64,
+    mut each: impl FnMut(&StepDetector),
+) {
+    for r in 0..periods {
+        let extra = |m: u64| match (m + 1 == k, r % 2 == 0) {
+            (false, _) => 0,
+            (true, true) => 512,
+            (true, false) => -512,
+        };
+        let step = pairs(
+            k,
+            |m| (m + 1) * 512,
+            |m| ((m + 1) as i64 * 512 + extra(m)) as u64,
+        );
+        for e in step {
+            assert!(d.observe(e).is_none());
+            each(d);
+        }
+    }
+}
+
+/// A period of exactly half the longest step doubles into a step of
+/// `MAX_STEP_EVENTS` events, at the end of its fourth period.
+#[test]
+fn a_step_of_half_the_longest_doubles_into_the_longest() {
+    let k = MAX_STEP_EVENTS as u64 / 4;
+    let mut d = StepDetector::new();
+    let mut doubled = None;
+    feed_alternating(&mut d, k, 4, |d| {
+        if doubled.is_none() {
+            doubled = d.doubled_step().map(|s| (d.len(), s));
+        }
+    });
+    let (at, step) = doubled.expect("doubled");
+    assert_eq!(at, 2 * MAX_STEP_EVENTS);
+    assert_eq!(step.period, MAX_STEP_EVENTS);
+    let blocks: Vec<StepBlock> = step.blocks.iter().flatten().copied().collect();
+    assert_eq!(blocks.len(), MAX_STEP_EVENTS / 2);
+    for (m, b) in blocks.iter().enumerate() {
+        let m = m as u64;
+        assert_eq!(*b, block(2 * m, 1, (m % k + 1) * 512));
+    }
+}
+
+/// A period just over half the longest step is checked and repeats, but
+/// twice it would be longer than the longest step: never doubled.
+#[test]
+fn a_step_over_half_the_longest_is_never_doubled() {
+    let k = MAX_STEP_EVENTS as u64 / 4 + 4;
+    let mut d = StepDetector::new();
+    feed_alternating(&mut d, k, 4, |d| assert!(d.doubled_step().is_none()));
+    assert_eq!(d.len(), 8 * k as usize);
+    assert_eq!(d.candidate(), Some(2 * k as usize));
+    assert!(d.repeating());
+}
+
+/// At three of the longest steps the history drops its oldest events,
+/// keeping two of the longest steps (with the hashes of their windows):
+/// after a deviation right at that moment the step is found again, 89
+/// events after it, just as by a detector that saw only 224 events of the
+/// step before the deviation.
+#[test]
+fn trimming_the_history_keeps_the_step_found_after_a_deviation() {
+    let step = twenty_pairs();
+    let deviation = StepEvent::Alloc {
+        size: 1000 * MIB,
+        stream: 0,
+    };
+    let run = |before: usize| {
+        let mut d = StepDetector::new();
+        for i in 0..before {
+            d.observe(step[i % 40]);
+        }
+        let kept = d.len();
+        d.observe(deviation);
+        let after = d.len();
+        let timeline: Vec<_> = (0..200)
+            .map(|j| {
+                let found = d.observe(step[(before + j) % 40]);
+                (found.map(|s| s.period), d.candidate(), d.repeating())
+            })
+            .collect();
+        (kept, after, d.len(), timeline)
+    };
+    // Both end their last step before the deviation 24 events in.
+    let (_, _, _, reference) = run(224);
+    let (kept, after, end, trimmed) = run(3 * MAX_STEP_EVENTS);
+    assert_eq!(kept, 3 * MAX_STEP_EVENTS);
+    assert_eq!(after, 2 * MAX_STEP_EVENTS + 1);
+    assert_eq!(end, 2 * MAX_STEP_EVENTS + 201);
+    assert_eq!(trimmed, reference);
+    assert_eq!(reference.iter().position(|t| t.0.is_some()), Some(88));
+    assert_eq!(reference[88].0, Some(40));
+}
+
+/// The two halves of an 80-event step differ in one request, 3 MiB in
+/// the first and 35 MiB in the second (bit 25 apart, a bit the token's
+/// hash state holds after the tag): the step is found whole, at the end of
+/// its second period, and never taken for a step of 40.
+#[test]
+fn a_step_whose_halves_differ_in_one_size_is_found_whole() {
+    let size = |big: bool| {
+        move |m: u64| {
+            if big && m == 2 {
+                35 * MIB
+            } else {
+                (m + 1) * MIB
+            }
+        }
+    };
+    let step = [
+        pairs(20, size(false), size(false)),
+        pairs(20, size(true), size(true)),
+    ]
+    .concat();
+    let mut d = StepDetector::new();
+    let mut first = None;
+    for n in 1..=4 * 80 {
+        if let Some(found) = d.observe(step[(n - 1) % 80])
+            && first.is_none()
+        {
+            first = Some((n, found.period));
+        }
+    }
+    assert_eq!(first, Some((160, 80)));
+}
+
+/// The FNV-1a prime of [`StepEvent::token`].
+const FNV_PRIME: u64 = 0x0100_0000_01b3;
+
+/// The stream that gives a request of `size` bytes the token `target`:
+/// the token's last step xors the stream in and multiplies by the prime.
+fn stream_with_token(size: u64, target: u64) -> u64 {
+    // The inverse of the (odd) prime modulo 2^64, by Newton's iteration.
+    let mut inverse = FNV_PRIME;
+    for _ in 0..6 {
+        inverse = inverse.wrapping_mul(2u64.wrapping_sub(FNV_PRIME.wrapping_mul(inverse)));
+    }
+    assert_eq!(FNV_PRIME.wrapping_mul(inverse), 1);
+    let before_stream = StepEvent::Alloc { size, stream: 0 }
+        .token()
+        .wrapping_mul(inverse);
+    target.wrapping_mul(inverse) ^ before_stream
+}
+
+/// Two windows whose rolling hashes are equal but whose oldest two events
+/// differ (the second given a stream that makes up for the first): the
+/// events themselves are compared, so no period is proposed.
+#[test]
+fn a_window_whose_hash_collides_with_other_events_proposes_no_period() {
+    let alloc = |size, stream| StepEvent::Alloc { size, stream };
+    let first: Vec<StepEvent> = (0..32).map(|m| alloc((m + 1) * MIB, 0)).collect();
+    let filler: Vec<StepEvent> = (0..8).map(|m| alloc((100 + m) * MIB, 0)).collect();
+    let mut second = first.clone();
+    second[0] = alloc(200 * MIB, 0);
+    // Hash = sum of token(i) * ROLL^(31 - i): a change of d in the oldest
+    // token is undone by -d * ROLL in the next one.
+    let d0 = second[0].token().wrapping_sub(first[0].token());
+    let target = first[1].token().wrapping_sub(d0.wrapping_mul(ROLL));
+    second[1] = alloc(2 * MIB, stream_with_token(2 * MIB, target));
+    assert_eq!(second[1].token(), target);
+    assert!(!second[1].same(&first[1]));
+    let mut d = StepDetector::new();
+    for e in &first {
+        d.observe(*e);
+    }
+    let hash_of_first = d.window_hash;
+    for e in filler.iter().chain(&second) {
+        d.observe(*e);
+        assert_eq!(d.candidate(), None);
+    }
+    // The windows of the first and the second 32 requests did collide.
+    assert_eq!(d.window_hash, hash_of_first);
+}
+
+/// Three blocks that meet two by two (never all three): every order packs
+/// them into 7 MiB, above the 6 MiB bound, so all three are tried and the
+/// first, largest first, is kept.
+#[test]
+fn of_orders_that_tie_the_earliest_is_kept() {
+    let blocks = [block(1, 3, MIB), block(0, 3, 4 * MIB), block(3, 2, 2 * MIB)];
+    // Largest first: 4 MiB at 0, 2 MiB at 4, 1 MiB at 6. Longest first and
+    // request order: 4 MiB at 0, 1 MiB at 4, 2 MiB at 5.
+    for order in layout_orders(&blocks) {
+        assert_eq!(pack_in_order(&blocks, 4, &order).0, 7 * MIB);
+    }
+    assert_eq!(
+        plan_layout(&blocks, 4),
+        StepLayout {
+            offsets: vec![6 * MIB, 0, 4 * MIB],
+            arena_bytes: 7 * MIB,
+            max_live_bytes: 6 * MIB,
+        }
+    );
+}

@@ -1367,3 +1367,483 @@ fn stage_3_prefetches_the_next_block_for_backward_and_stage_2_keeps_them() {
         assert_eq!(got, want, "stage {stage}");
     }
 }
+
+/// The first optimizer step of a two-layer MLP 8 wide at micro-batch 2
+/// (SGD, one GPU, 1000-byte cuBLAS workspaces), one word per event: an
+/// allocation as its category's letter (Parameters, Gradients,
+/// Activations, Workspace, Optimizer) and its bytes, ids counting up from 0;
+/// a free as `-id`.
+fn mlp_first_step(precision: crate::api::Precision) -> String {
+    use events::{Category, TensorEvent};
+    let model = ModelSpec {
+        mlp: Some(crate::api::MlpSpec {
+            layers: 2,
+            hidden: 8,
+        }),
+        ..ModelSpec::default()
+    };
+    let run = events::RunShape {
+        micro_batch: 2,
+        grad_accum: 1,
+        precision,
+        optimizer: crate::api::Optimizer::Sgd,
+        checkpointing: false,
+        attention: Attention::Sdpa,
+        zero_stage: 0,
+        gpus: 1,
+        cublas_workspace: 1000,
+    };
+    let evs = events::training_events(&resolve_arch(&model).unwrap(), &run);
+    let mut next = 0;
+    let words: Vec<String> = evs
+        .iter()
+        .map(|e| match *e {
+            TensorEvent::Alloc {
+                id,
+                bytes,
+                category,
+                ..
+            } => {
+                assert_eq!(id, next);
+                next += 1;
+                let c = match category {
+                    Category::Parameters => 'P',
+                    Category::Gradients => 'G',
+                    Category::Activations => 'A',
+                    Category::Workspace => 'W',
+                    Category::Optimizer => 'O',
+                    Category::Persistent => 'X',
+                };
+                format!("{c}{bytes}")
+            }
+            TensorEvent::Free { id } => format!("-{id}"),
+        })
+        .collect();
+    // The first step ends at zero_grad's last free: of the first gradient
+    // made (the last layer's bias gradient).
+    let first_grad = evs
+        .iter()
+        .find_map(|e| match *e {
+            TensorEvent::Alloc {
+                id,
+                category: Category::Gradients,
+                ..
+            } => Some(id),
+            _ => None,
+        })
+        .unwrap();
+    let end = words
+        .iter()
+        .position(|w| *w == format!("-{first_grad}"))
+        .unwrap();
+    words[..=end].join(" ")
+}
+
+#[test]
+fn an_mlp_step_allocates_and_frees_what_autograd_does_in_order() {
+    use crate::api::Precision;
+    // n = 2 x 8 elements of every activation. fp32: the model (ids 0-3:
+    // weight, bias, weight, bias); the input x and target y (4, 5); the
+    // forward thread's workspace at the first matmul (6); each Linear's
+    // output (7, 9) dies at its ReLU, whose output (8, 10) is saved; the
+    // loss (11) and its gradient (12); the autograd thread's workspace at
+    // the first backward matmul (13); per layer from the last: the Linear's
+    // output gradient (14) replaces the incoming one, the bias then weight
+    // gradients (15, 16), the input gradient (17) except for the first
+    // layer, and the saved ReLU output is freed; then x, y and the loss;
+    // zero_grad frees the gradients in parameter order.
+    let fp32 = "P256 P32 P256 P32 A64 A64 W1000 A64 A64 -7 A64 A64 -9 A512 A64 \
+                W1000 A64 -12 G32 G256 A64 -14 -10 A64 -17 G32 G256 -18 -8 \
+                -4 -5 -11 -20 -19 -16 -15";
+    // Pure bf16: two bytes an element, x too; the output is upcast to fp32
+    // (11) for the loss, whose fp32 gradient (13) is cast back (14).
+    let bf16 = "P128 P16 P128 P16 A32 A64 W1000 A32 A32 -7 A32 A32 -9 A64 A512 A64 A32 -13 -11 \
+                W1000 A32 -14 G16 G128 A32 -16 -10 A32 -19 G16 G128 -20 -8 \
+                -4 -5 -12 -22 -21 -18 -17";
+    // AMP: fp32 weights and x; each layer's bf16 weight copy (6, 11) lives
+    // until its weight gradient is made; the bf16 copy of x (7) made at the
+    // first layer lives until the end of backward; a weight gradient is
+    // made in bf16 (21, 26) and converted to the fp32 .grad (22, 27).
+    let amp = "P256 P32 P256 P32 A64 A64 P128 A32 W1000 A32 A32 -9 P128 A32 A32 -12 \
+               A64 A512 A64 A32 -16 -14 \
+               W1000 A32 -17 G32 A128 G256 -21 -11 A32 -19 -13 \
+               A32 -23 G32 A128 G256 -26 -6 -24 -10 -7 -4 -5 -15 -27 -25 -22 -20";
+    for (precision, want) in [
+        (Precision::Fp32, fp32),
+        (Precision::Bf16, bf16),
+        (Precision::AmpBf16, amp),
+    ] {
+        let want: Vec<&str> = want.split_whitespace().collect();
+        assert_eq!(mlp_first_step(precision), want.join(" "), "{precision:?}");
+    }
+}
+
+/// What `config` (a tiny model's config.json, see `tiny`) maps onto at
+/// sequence 64.
+fn hf_arch(config: serde_json::Value) -> Result<arch::TransformerArch, String> {
+    hf::arch_from_hugging_face(&HuggingFaceSpec {
+        config: config.as_object().unwrap().clone(),
+        seq_len: 64,
+    })
+    .map_err(|e| e.to_string())
+}
+
+#[test]
+fn each_hugging_face_family_maps_onto_its_shapes_and_library_defaults() {
+    use crate::api::{MlpKind, NormKind, PositionalKind, TransformerKind};
+    use arch::{HfFamily, HfImpl, TransformerArch};
+    let gpt2 = TransformerArch {
+        family: "gpt2".into(),
+        kind: TransformerKind::Decoder,
+        layers: 2,
+        hidden: 96,
+        heads: 4,
+        kv_heads: 4,
+        head_dim: 24,
+        ffn: 384,
+        vocab: 5000,
+        seq_len: 64,
+        positions: 64,
+        mlp: MlpKind::Gelu,
+        norm: NormKind::Layernorm,
+        positional: PositionalKind::Learned,
+        tied: true,
+        linear_bias: true,
+        qkv_bias: true,
+        token_types: 0,
+        // GPT-2's dropouts default to 0.1, its activation to gelu_new.
+        library: Some(HfImpl {
+            family: HfFamily::Gpt2,
+            dropout: true,
+            gelu_new: true,
+            use_cache: true,
+        }),
+    };
+    let llama = TransformerArch {
+        family: "llama".into(),
+        kind: TransformerKind::Decoder,
+        layers: 2,
+        hidden: 96,
+        heads: 4,
+        kv_heads: 4,
+        head_dim: 24,
+        ffn: 176,
+        vocab: 5000,
+        seq_len: 64,
+        positions: 0,
+        mlp: MlpKind::Swiglu,
+        norm: NormKind::Rmsnorm,
+        positional: PositionalKind::Rotary,
+        tied: false,
+        linear_bias: false,
+        qkv_bias: false,
+        token_types: 0,
+        // attention_dropout defaults to 0.0.
+        library: Some(HfImpl {
+            family: HfFamily::Llama,
+            dropout: false,
+            gelu_new: false,
+            use_cache: true,
+        }),
+    };
+    let bert = TransformerArch {
+        family: "bert".into(),
+        kind: TransformerKind::Encoder,
+        layers: 2,
+        hidden: 96,
+        heads: 4,
+        kv_heads: 4,
+        head_dim: 24,
+        ffn: 384,
+        vocab: 5000,
+        seq_len: 64,
+        positions: 512,
+        mlp: MlpKind::Gelu,
+        norm: NormKind::Layernorm,
+        positional: PositionalKind::Learned,
+        tied: true,
+        linear_bias: true,
+        qkv_bias: true,
+        token_types: 2,
+        library: Some(HfImpl {
+            family: HfFamily::Bert,
+            dropout: true,
+            gelu_new: false,
+            use_cache: false,
+        }),
+    };
+    use serde_json::json;
+    let without = |mut c: serde_json::Value, key: &str| {
+        c.as_object_mut().unwrap().remove(key);
+        c
+    };
+    let lib = |a: &TransformerArch| a.library.unwrap();
+    let cases: Vec<(serde_json::Value, TransformerArch)> = vec![
+        (tiny("gpt2"), gpt2.clone()),
+        // n_inner absent: 4 x n_embd; n_positions absent: 1024.
+        (
+            without(
+                without(with(tiny("gpt2"), "n_embd", json!(64)), "n_inner"),
+                "n_positions",
+            ),
+            TransformerArch {
+                hidden: 64,
+                head_dim: 16,
+                ffn: 256,
+                positions: 1024,
+                ..gpt2.clone()
+            },
+        ),
+        (
+            with(tiny("gpt2"), "n_inner", json!(200)),
+            TransformerArch {
+                ffn: 200,
+                ..gpt2.clone()
+            },
+        ),
+        // A null optional field is its default.
+        (with(tiny("gpt2"), "n_inner", json!(null)), gpt2.clone()),
+        (
+            with(
+                with(tiny("gpt2"), "tie_word_embeddings", json!(false)),
+                "use_cache",
+                json!(false),
+            ),
+            TransformerArch {
+                tied: false,
+                library: Some(HfImpl {
+                    use_cache: false,
+                    ..lib(&gpt2)
+                }),
+                ..gpt2.clone()
+            },
+        ),
+        (
+            with(tiny("gpt2"), "activation_function", json!("gelu")),
+            TransformerArch {
+                library: Some(HfImpl {
+                    gelu_new: false,
+                    ..lib(&gpt2)
+                }),
+                ..gpt2.clone()
+            },
+        ),
+        (
+            with(tiny("gpt2"), "activation_function", json!("gelu_new")),
+            gpt2.clone(),
+        ),
+        // Any of the three dropouts above 0 keeps masks; all three at 0 none.
+        (
+            with(
+                with(tiny("gpt2"), "resid_pdrop", json!(0.0)),
+                "embd_pdrop",
+                json!(0.0),
+            ),
+            gpt2.clone(),
+        ),
+        (
+            with(
+                with(
+                    with(tiny("gpt2"), "resid_pdrop", json!(0.0)),
+                    "embd_pdrop",
+                    json!(0.0),
+                ),
+                "attn_pdrop",
+                json!(0.0),
+            ),
+            TransformerArch {
+                library: Some(HfImpl {
+                    dropout: false,
+                    ..lib(&gpt2)
+                }),
+                ..gpt2.clone()
+            },
+        ),
+        (tiny("llama"), llama.clone()),
+        // num_key_value_heads absent: one per query head; head_dim given.
+        (
+            with(
+                without(tiny("llama"), "num_key_value_heads"),
+                "head_dim",
+                json!(32),
+            ),
+            TransformerArch {
+                head_dim: 32,
+                ..llama.clone()
+            },
+        ),
+        (
+            with(tiny("llama"), "num_key_value_heads", json!(2)),
+            TransformerArch {
+                kv_heads: 2,
+                ..llama.clone()
+            },
+        ),
+        (
+            with(
+                with(
+                    with(tiny("llama"), "attention_dropout", json!(0.1)),
+                    "mlp_bias",
+                    json!(true),
+                ),
+                "tie_word_embeddings",
+                json!(true),
+            ),
+            TransformerArch {
+                tied: true,
+                linear_bias: true,
+                library: Some(HfImpl {
+                    dropout: true,
+                    ..lib(&llama)
+                }),
+                ..llama.clone()
+            },
+        ),
+        (
+            with(tiny("llama"), "attention_bias", json!(true)),
+            TransformerArch {
+                qkv_bias: true,
+                ..llama.clone()
+            },
+        ),
+        // Qwen2 has query/key/value biases without attention_bias; Mistral not.
+        (
+            with(tiny("llama"), "model_type", json!("qwen2")),
+            TransformerArch {
+                family: "qwen2".into(),
+                qkv_bias: true,
+                ..llama.clone()
+            },
+        ),
+        (
+            with(
+                with(tiny("llama"), "model_type", json!("mistral")),
+                "use_cache",
+                json!(false),
+            ),
+            TransformerArch {
+                family: "mistral".into(),
+                library: Some(HfImpl {
+                    use_cache: false,
+                    ..lib(&llama)
+                }),
+                ..llama.clone()
+            },
+        ),
+        (tiny("bert"), bert.clone()),
+        (
+            with(
+                with(tiny("bert"), "max_position_embeddings", json!(128)),
+                "type_vocab_size",
+                json!(1),
+            ),
+            TransformerArch {
+                positions: 128,
+                token_types: 1,
+                ..bert.clone()
+            },
+        ),
+        // Either dropout above 0 keeps masks.
+        (
+            with(tiny("bert"), "hidden_dropout_prob", json!(0.0)),
+            bert.clone(),
+        ),
+        (
+            with(tiny("bert"), "attention_probs_dropout_prob", json!(0)),
+            bert.clone(),
+        ),
+        (
+            with(
+                with(tiny("bert"), "hidden_dropout_prob", json!(0)),
+                "attention_probs_dropout_prob",
+                json!(0.0),
+            ),
+            TransformerArch {
+                library: Some(HfImpl {
+                    dropout: false,
+                    ..lib(&bert)
+                }),
+                ..bert.clone()
+            },
+        ),
+    ];
+    for (config, want) in cases {
+        assert_eq!(hf_arch(config.clone()), Ok(want), "{config}");
+    }
+}
+
+#[test]
+fn hugging_face_fields_of_the_wrong_type_or_range_are_named() {
+    use serde_json::json;
+    let f = "huggingFace.config";
+    let cases = [
+        (json!({"n_layer": 2}), format!("{f}.model_type is missing")),
+        (
+            with(tiny("gpt2"), "model_type", json!(2)),
+            format!("{f}.model_type must be a string"),
+        ),
+        (
+            with(tiny("gpt2"), "n_head", json!(0)),
+            format!("{f}.n_head must be a positive integer"),
+        ),
+        (
+            with(tiny("gpt2"), "n_head", json!(-4)),
+            format!("{f}.n_head must be a positive integer"),
+        ),
+        (
+            with(tiny("gpt2"), "n_head", json!("4")),
+            format!("{f}.n_head must be a positive integer"),
+        ),
+        (
+            with(tiny("gpt2"), "n_head", json!(null)),
+            format!("{f}.n_head is missing"),
+        ),
+        (
+            with(tiny("gpt2"), "n_inner", json!(0)),
+            format!("{f}.n_inner must be a positive integer"),
+        ),
+        (
+            with(tiny("gpt2"), "n_embd", json!(98)),
+            format!("{f}.n_embd (98) must be divisible by n_head (4)"),
+        ),
+        (
+            with(tiny("gpt2"), "use_cache", json!("yes")),
+            format!("{f}.use_cache must be a boolean"),
+        ),
+        (
+            with(tiny("gpt2"), "attn_pdrop", json!(1.5)),
+            format!("{f}.attn_pdrop must be a number in [0, 1]"),
+        ),
+        (
+            with(tiny("gpt2"), "embd_pdrop", json!("0.1")),
+            format!("{f}.embd_pdrop must be a number in [0, 1]"),
+        ),
+        (
+            with(tiny("gpt2"), "activation_function", json!(1)),
+            format!("{f}.activation_function must be a string"),
+        ),
+        (
+            with(tiny("gpt2"), "n_positions", json!(32)),
+            "gpt2: seqLen 64 exceeds the 32 learned positions".to_string(),
+        ),
+        (
+            with(tiny("llama"), "num_key_value_heads", json!(3)),
+            format!("{f}.num_attention_heads (4) must be divisible by num_key_value_heads (3)"),
+        ),
+        (
+            with(tiny("llama"), "hidden_size", json!(98)),
+            format!("{f}.hidden_size (98) must be divisible by num_attention_heads (4)"),
+        ),
+        (
+            with(tiny("bert"), "hidden_size", json!(98)),
+            format!("{f}.hidden_size (98) must be divisible by num_attention_heads (4)"),
+        ),
+        (
+            with(tiny("bert"), "type_vocab_size", json!(0)),
+            format!("{f}.type_vocab_size must be a positive integer"),
+        ),
+    ];
+    for (config, want) in cases {
+        assert_eq!(hf_arch(config.clone()), Err(want), "{config}");
+    }
+}

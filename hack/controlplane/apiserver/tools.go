@@ -6,4 +6,5 @@ package tools
 
 import (
 	_ "k8s.io/kubernetes/cmd/kube-apiserver/app"
+	_ "k8s.io/kubernetes/cmd/kube-scheduler/app"
 )
