@@ -172,17 +172,8 @@ pub async fn run(
         let wanted = wanted(&job_list, &node_list, Timestamp::now(), heartbeat_ttl);
         drop((job_list, node_list));
         let now = Instant::now();
-        next = now + IDLE_RECHECK;
-        let mut writes = Vec::new();
-        for (name, want) in wanted {
-            let current = in_status.get(&name).and_then(Option::as_ref);
-            match due(&want, states.get(&name), current, now) {
-                Some(at) if at <= now => writes.push((name, want)),
-                Some(at) => next = next.min(at),
-                None => {}
-            }
-        }
-        states.retain(|name, _| in_status.contains_key(name));
+        let (writes, wake_at) = plan(wanted, &states, &in_status, now);
+        next = wake_at;
         let results: Vec<(String, Wanted, bool)> = futures::stream::iter(writes)
             .map(|(name, want)| {
                 let (api, fence) = (api.clone(), fence.clone());
@@ -194,15 +185,49 @@ pub async fn run(
             .buffer_unordered(WRITE_CONCURRENCY)
             .collect()
             .await;
-        for (name, want, ok) in results {
-            let state = states.entry(name).or_insert(NodeState {
-                written: None,
-                last_attempt: now,
-            });
-            state.last_attempt = now;
-            if ok {
-                state.written = Some(want);
-            }
+        record(&mut states, results, &in_status, now);
+    }
+}
+
+/// The writes due at `now` (node, allocation) and when the task should look
+/// again: the earliest write due later, or [`IDLE_RECHECK`] from now.
+/// `in_status` is each GpuNode's allocation as the watch cache shows it.
+pub fn plan(
+    wanted: Vec<(String, Wanted)>,
+    states: &HashMap<String, NodeState>,
+    in_status: &HashMap<String, Option<NodeAllocation>>,
+    now: Instant,
+) -> (Vec<(String, Wanted)>, Instant) {
+    let mut next = now + IDLE_RECHECK;
+    let mut writes = Vec::new();
+    for (name, want) in wanted {
+        let current = in_status.get(&name).and_then(Option::as_ref);
+        match due(&want, states.get(&name), current, now) {
+            Some(at) if at <= now => writes.push((name, want)),
+            Some(at) => next = next.min(at),
+            None => {}
+        }
+    }
+    (writes, next)
+}
+
+/// Keeps the outcome of the writes sent at `now` (`true`: it worked), and
+/// forgets the nodes no longer in `in_status` (deleted GpuNodes).
+pub fn record(
+    states: &mut HashMap<String, NodeState>,
+    results: Vec<(String, Wanted, bool)>,
+    in_status: &HashMap<String, Option<NodeAllocation>>,
+    now: Instant,
+) {
+    states.retain(|name, _| in_status.contains_key(name));
+    for (name, want, ok) in results {
+        let state = states.entry(name).or_insert(NodeState {
+            written: None,
+            last_attempt: now,
+        });
+        state.last_attempt = now;
+        if ok {
+            state.written = Some(want);
         }
     }
 }
@@ -358,5 +383,161 @@ mod tests {
             due(&last, Some(&s), Some(&other.allocation), written_at),
             Some(written_at + MIN_INTERVAL)
         );
+    }
+
+    fn named(name: &str, want: &Wanted) -> (String, Wanted) {
+        (name.to_string(), want.clone())
+    }
+
+    fn shown(pairs: &[(&str, Option<&Wanted>)]) -> HashMap<String, Option<NodeAllocation>> {
+        pairs
+            .iter()
+            .map(|(name, w)| (name.to_string(), w.map(|w| w.allocation.clone())))
+            .collect()
+    }
+
+    #[test]
+    fn a_pass_writes_what_is_due_by_now_and_wakes_for_the_earliest_later_write() {
+        let now = Instant::now();
+        let shows = wanted(10 * GIB, 3 * GIB);
+        let moved = wanted(20 * GIB, 3 * GIB);
+        let states: HashMap<String, NodeState> = [
+            // Written 5 s ago: the interval is over exactly now.
+            ("due-now", state(Some(shows.clone()), now - MIN_INTERVAL)),
+            // Written 1 s and 3 s ago: due in 4 s and in 2 s.
+            (
+                "due-in-4s",
+                state(Some(shows.clone()), now - Duration::from_secs(1)),
+            ),
+            (
+                "due-in-2s",
+                state(Some(shows.clone()), now - Duration::from_secs(3)),
+            ),
+        ]
+        .into_iter()
+        .map(|(n, s)| (n.to_string(), s))
+        .collect();
+        let in_status = shown(&[
+            ("up-to-date", Some(&shows)),
+            ("new", None),
+            ("due-now", Some(&shows)),
+            ("due-in-4s", Some(&shows)),
+            ("due-in-2s", Some(&shows)),
+        ]);
+        let all = vec![
+            named("up-to-date", &shows),
+            named("new", &moved),
+            named("due-now", &moved),
+            named("due-in-4s", &moved),
+            named("due-in-2s", &moved),
+        ];
+        let (writes, next) = plan(all, &states, &in_status, now);
+        let names: Vec<&str> = writes.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["new", "due-now"]);
+        assert!(writes.iter().all(|(_, w)| *w == moved));
+        assert_eq!(next, now + Duration::from_secs(2));
+
+        // Nothing due at all: look again after the idle recheck.
+        let (writes, next) = plan(vec![named("up-to-date", &shows)], &states, &in_status, now);
+        assert!(writes.is_empty());
+        assert_eq!(next, now + IDLE_RECHECK);
+        // A write due later than the idle recheck does not delay the recheck.
+        let small = wanted(10 * GIB, 3 * GIB + 1);
+        let recent: HashMap<String, NodeState> =
+            [("n".to_string(), state(Some(shows.clone()), now))].into();
+        let (writes, next) = plan(
+            vec![named("n", &small)],
+            &recent,
+            &shown(&[("n", Some(&shows))]),
+            now,
+        );
+        assert!(writes.is_empty());
+        assert_eq!(next, now + IDLE_RECHECK, "the refresh is 60 s away");
+    }
+
+    #[test]
+    fn a_pass_keeps_what_was_written_and_when_and_forgets_deleted_nodes() {
+        let before = Instant::now();
+        let now = before + Duration::from_secs(7);
+        let old = wanted(10 * GIB, 3 * GIB);
+        let new = wanted(20 * GIB, 4 * GIB);
+        let mut states: HashMap<String, NodeState> = [
+            ("kept", state(Some(old.clone()), before)),
+            ("failed", state(Some(old.clone()), before)),
+            ("deleted", state(Some(old.clone()), before)),
+            ("untouched", state(Some(old.clone()), before)),
+        ]
+        .into_iter()
+        .map(|(n, s)| (n.to_string(), s))
+        .collect();
+        let in_status = shown(&[
+            ("kept", Some(&old)),
+            ("failed", Some(&old)),
+            ("untouched", Some(&old)),
+            ("first", None),
+            ("first-failed", None),
+        ]);
+        let results = vec![
+            ("kept".to_string(), new.clone(), true),
+            ("failed".to_string(), new.clone(), false),
+            ("first".to_string(), new.clone(), true),
+            ("first-failed".to_string(), new.clone(), false),
+        ];
+        record(&mut states, results, &in_status, now);
+        let view = |name: &str| {
+            let s = &states[name];
+            (s.written.clone(), s.last_attempt)
+        };
+        assert_eq!(view("kept"), (Some(new.clone()), now));
+        assert_eq!(
+            view("failed"),
+            (Some(old.clone()), now),
+            "a failure keeps the last write"
+        );
+        assert_eq!(view("first"), (Some(new.clone()), now));
+        assert_eq!(view("first-failed"), (None, now));
+        assert_eq!(view("untouched"), (Some(old.clone()), before));
+        assert!(!states.contains_key("deleted"));
+        assert_eq!(states.len(), 5);
+    }
+
+    #[test]
+    fn each_reported_node_wants_its_allocation_and_its_gpus_measured_memory() {
+        let gpu = |index: u32, used: u64| {
+            serde_json::json!({"index": index, "uuid": format!("GPU-{index}"), "model": "H200",
+                               "totalBytes": 140 * GIB, "usedBytes": used, "health": "Healthy"})
+        };
+        let node = |name: &str, gpus: Vec<serde_json::Value>| -> GpuNode {
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "vramfit.dev/v1alpha1", "kind": "GpuNode",
+                "metadata": {"name": name}, "spec": {},
+                "status": {"heartbeat": "2026-12-01T08:00:00Z", "gpus": gpus},
+            }))
+            .unwrap()
+        };
+        let nodes = [
+            node("a", vec![gpu(0, 3 * GIB), gpu(1, 5 * GIB)]),
+            node("b", vec![gpu(0, 7 * GIB)]),
+        ];
+        let now: Timestamp = "2026-12-01T08:00:10Z".parse().unwrap();
+        let ttl = SignedDuration::from_secs(120);
+        let got = super::wanted::<TrainingJob, _>(&[], &nodes, now, ttl);
+        let (views, _) = crate::status::node_views::<TrainingJob, _>(&[], &nodes, now, ttl);
+        let expected: Vec<(String, Wanted)> = views
+            .iter()
+            .zip([8 * GIB, 7 * GIB])
+            .map(|(view, used)| {
+                let allocation = crate::status::node_allocation(view);
+                (
+                    view.name.clone(),
+                    Wanted {
+                        allocation,
+                        used_bytes: used,
+                    },
+                )
+            })
+            .collect();
+        assert_eq!(got, expected);
+        assert_eq!(got[0].1.allocation.free_bytes, 280 * GIB);
     }
 }

@@ -50,6 +50,14 @@ async fn job_goes_from_apply_to_placed_running_and_succeeded() {
     cluster.apply_job(mlp_job("mlp", 64, 8, 1, None)).await;
 
     let job = cluster.wait_phase("mlp", Phase::Placed).await;
+    // The watch may lag the wait on a busy machine: give it the time to see
+    // the placed status before looking at what it saw.
+    for _ in 0..100 {
+        if statuses.lock().unwrap().contains(&(true, true)) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     watch.abort();
     let seen = statuses.lock().unwrap().clone();
     assert!(
