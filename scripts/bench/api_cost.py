@@ -29,7 +29,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from upstream_scheduler import Api, cpu_seconds, node, parallel, pod  # noqa: E402
+from upstream_scheduler import connect, cpu_seconds, node, parallel, pod  # noqa: E402
 
 NS = "default"
 JOBS = f"/apis/vramfit.dev/v1alpha1/namespaces/{NS}/trainingjobs"
@@ -107,13 +107,7 @@ def main():
     args = parser.parse_args()
     if args.count < 1 or args.threads < 1:
         parser.error("--count and --threads must be positive")
-    with open(os.path.join(args.dir, "ports")) as f:
-        port = int(f.read().split()[2])
-    pids = {}
-    for process in ("apiserver", "etcd"):
-        with open(os.path.join(args.dir, f"{process}.pid")) as f:
-            pids[process] = int(f.read().strip())
-    api = Api(port, os.path.join(args.dir, "pki"))
+    api, pids = connect(args.dir)
     api.ok("POST", "/api/v1/nodes", node("node-00000", args.count))
 
     names = [f"job-{i:06d}" for i in range(args.count)]

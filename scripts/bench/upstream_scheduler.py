@@ -83,6 +83,18 @@ class Api:
         return json.loads(payload) if payload else None
 
 
+def connect(folder):
+    """The API server of the control plane `hack/controlplane.sh up --dir
+    folder` started, and the pids of its kube-apiserver and etcd."""
+    with open(os.path.join(folder, "ports")) as f:
+        port = int(f.read().split()[2])
+    pids = {}
+    for process in ("apiserver", "etcd"):
+        with open(os.path.join(folder, f"{process}.pid")) as f:
+            pids[process] = int(f.read().strip())
+    return Api(port, os.path.join(folder, "pki")), pids
+
+
 def node(name, gpus):
     resources = {"cpu": "128", "memory": "1024Gi", "pods": "250", GPU: str(gpus)}
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
@@ -247,13 +259,8 @@ def main():
     if args.pods > args.nodes * slots - 1:
         parser.error(f"--pods {args.pods} exceeds the {args.nodes * slots - 1} free GPU slots of the nodes")
 
-    with open(os.path.join(args.dir, "ports")) as f:
-        port = int(f.read().split()[2])
-    pids = {}
-    for process in ("apiserver", "etcd"):
-        with open(os.path.join(args.dir, f"{process}.pid")) as f:
-            pids[process] = int(f.read().strip())
-    api = Api(port, os.path.join(args.dir, "pki"))
+    api, pids = connect(args.dir)
+    port = api.port
 
     log(f"registering {args.nodes} nodes with {args.gpus} GPUs x {args.replicas} = {slots} {GPU} each")
     names = [f"node-{i:05d}" for i in range(args.nodes)]

@@ -108,8 +108,12 @@ pinned() {
   fi
 }
 
-run() {
-  local file="" out="" name="" cpus=""
+# run_args COMMAND ARGS...: sets the caller's file, out, name and cpus from
+# --bundle, --out, --name and --cpus, and rest to what follows `--`.
+run_args() {
+  local command=$1
+  shift
+  file="" out="" name="" cpus="" rest=()
   while [[ $# -gt 0 ]]; do
     case $1 in
       --bundle) file=$2; shift 2 ;;
@@ -120,7 +124,14 @@ run() {
       *) die "unknown argument $1" ;;
     esac
   done
-  [[ -f $file && -n $out && -n $name ]] || die "run needs --bundle FILE --out DIR --name NAME"
+  rest=("$@")
+  [[ -f $file && -n $out && -n $name ]] || die "$command needs --bundle FILE --out DIR --name NAME"
+}
+
+run() {
+  local file out name cpus rest
+  run_args run "$@"
+  set -- "${rest[@]}"
   local bin
   bin=$(unpack "$file" controller_scale)
   mkdir -p "$out"
@@ -147,18 +158,9 @@ EOF
 }
 
 run_upstream() {
-  local file="" out="" name="" cpus=""
-  while [[ $# -gt 0 ]]; do
-    case $1 in
-      --bundle) file=$2; shift 2 ;;
-      --out) out=$2; shift 2 ;;
-      --name) name=$2; shift 2 ;;
-      --cpus) cpus=$2; shift 2 ;;
-      --) shift; break ;;
-      *) die "unknown argument $1" ;;
-    esac
-  done
-  [[ -f $file && -n $out && -n $name ]] || die "run-upstream needs --bundle FILE --out DIR --name NAME"
+  local file out name cpus rest
+  run_args run-upstream "$@"
+  set -- "${rest[@]}"
   local bin cp
   bin=$(unpack "$file" kube-scheduler)
   mkdir -p "$out"
