@@ -108,6 +108,20 @@ pinned() {
   fi
 }
 
+# summary JSON NAME RC KEY...: one line with the run's exit status and the keys' values.
+summary() {
+  python3 - "$@" <<'EOF'
+import json, sys
+path, name, rc, *keys = sys.argv[1:]
+try:
+    d = json.load(open(path))
+except ValueError:
+    print(f"{name}: rc={rc}, no JSON (see {name}.log)")
+    sys.exit(0)
+print(name, f"rc={rc}", " ".join(f"{k}={d.get(k)}" for k in keys))
+EOF
+}
+
 # run_args COMMAND ARGS...: sets the caller's file, out, name and cpus from
 # --bundle, --out, --name and --cpus, and rest to what follows `--`.
 run_args() {
@@ -141,19 +155,9 @@ run() {
   PATH=$bin:$PATH VRAMFIT_BIN=$bin VRAMFIT_REPO_ROOT=$repo VRAMFIT_PKI=$bin/controlplane/pki \
     pinned "$cpus" "$bin/controller_scale" --controller "$bin/vramfit" "$@" \
     >"$out/$name.json" 2>"$out/$name.log" || rc=$?
-  python3 - "$out/$name.json" "$name" "$rc" <<'EOF'
-import json, sys
-path, name, rc = sys.argv[1:]
-try:
-    d = json.load(open(path))
-except ValueError:
-    print(f"{name}: rc={rc}, no JSON (see {name}.log)")
-    sys.exit(0)
-keys = ("jobs", "placed", "settled", "jobsPerSecond", "secondsToAllPods", "apiRequestsPerJob",
-        "apiserverCpuSeconds", "controllerCpuSeconds", "driverCpuSeconds", "etcdCpuSeconds",
-        "controllerPeakRssBytes", "schedulingCycleSecondsMean", "overcommittedGpus")
-print(name, f"rc={rc}", " ".join(f"{k}={d.get(k)}" for k in keys))
-EOF
+  summary "$out/$name.json" "$name" "$rc" jobs placed settled jobsPerSecond secondsToAllPods apiRequestsPerJob \
+    apiserverCpuSeconds controllerCpuSeconds driverCpuSeconds etcdCpuSeconds controllerPeakRssBytes \
+    schedulingCycleSecondsMean overcommittedGpus
   return "$rc"
 }
 
@@ -178,18 +182,8 @@ run_upstream() {
   cp "$cp/scheduler.log" "$out/$name-scheduler.log" 2>/dev/null || true
   PATH=$bin:$PATH VRAMFIT_BIN=$bin "$repo/hack/controlplane.sh" down --dir "$cp" || true
   rm -rf "$cp"
-  python3 - "$out/$name.json" "$name" "$rc" <<'EOF'
-import json, sys
-path, name, rc = sys.argv[1:]
-try:
-    d = json.load(open(path))
-except ValueError:
-    print(f"{name}: rc={rc}, no JSON (see {name}.log)")
-    sys.exit(0)
-keys = ("pods", "bound", "podsPerSecond", "secondsToAllBound", "createsTook", "apiRequestsPerPod",
-        "apiserverCpuSeconds", "etcdCpuSeconds", "schedulerCpuSeconds", "driverCpuSeconds", "nodesOverCapacity")
-print(name, f"rc={rc}", " ".join(f"{k}={d.get(k)}" for k in keys))
-EOF
+  summary "$out/$name.json" "$name" "$rc" pods bound podsPerSecond secondsToAllBound createsTook apiRequestsPerPod \
+    apiserverCpuSeconds etcdCpuSeconds schedulerCpuSeconds driverCpuSeconds nodesOverCapacity
   return "$rc"
 }
 
