@@ -1442,3 +1442,138 @@ fn cached_scores_and_node_measures_are_dropped_when_the_learned_mix_moves() {
     }
     assert_eq!(choose(&mut p, &seen), Some((1, 0b01)), "a fragment on y");
 }
+
+/// A task finds every free GPU unit of a node fragmented when it cannot run
+/// there at all: CPU or memory short by one unit, or a taint it does not
+/// tolerate. Exactly the free amount still fits, and a taint counts only
+/// when the task does not tolerate it.
+#[test]
+fn a_task_that_cannot_run_on_a_node_finds_all_its_free_gpu_fragmented() {
+    let free = [1000, 300];
+    let models = [0, 0];
+    let taints = [Taint {
+        key: "team".into(),
+        value: "a".into(),
+        effect: TaintEffect::NoSchedule,
+    }];
+    let tolerates = vec![Toleration {
+        key: Some("team".into()),
+        value: None,
+        effect: None,
+    }];
+    // A 500-unit task: GPU 0 serves it, GPU 1's 300 units are a fragment.
+    let fits = 300;
+    let nowhere = 1300;
+    type Case<'a> = (&'a str, u64, u64, &'a [Taint], Vec<Toleration>, u64);
+    let cases: [Case; 10] = [
+        ("room for it", 1000, GIB, &[], vec![], fits),
+        ("CPU exactly what is free", 4000, GIB, &[], vec![], fits),
+        ("one millicore more CPU", 4001, GIB, &[], vec![], nowhere),
+        (
+            "memory exactly what is free",
+            1000,
+            8 * GIB,
+            &[],
+            vec![],
+            fits,
+        ),
+        (
+            "one byte more memory",
+            1000,
+            8 * GIB + 1,
+            &[],
+            vec![],
+            nowhere,
+        ),
+        ("both short", 4001, 8 * GIB + 1, &[], vec![], nowhere),
+        (
+            "a taint it does not tolerate",
+            1000,
+            GIB,
+            &taints,
+            vec![],
+            nowhere,
+        ),
+        (
+            "a taint it tolerates",
+            1000,
+            GIB,
+            &taints,
+            tolerates.clone(),
+            fits,
+        ),
+        (
+            "a toleration and no taint",
+            1000,
+            GIB,
+            &[],
+            tolerates.clone(),
+            fits,
+        ),
+        (
+            "tolerated, but CPU short",
+            4001,
+            GIB,
+            &taints,
+            tolerates.clone(),
+            nowhere,
+        ),
+    ];
+    for (name, cpu, mem, node_taints, tolerations, want) in cases {
+        let v = NodeView {
+            cpu_free: 4000,
+            mem_free: 8 * GIB,
+            gpu_free: &free,
+            gpu_model: &models,
+            taints: node_taints,
+        };
+        let task = Demand {
+            mem,
+            tolerations,
+            ..demand(1, 500, cpu)
+        };
+        assert_eq!(task_fragmentation(&v, &task), want, "{name}");
+        // The fused measure (tainted nodes go through the definitions).
+        let only = TargetWorkload::from_weights([(task, 1.0)]);
+        assert_eq!(measure_node(&v, &only).fragmentation, want as f64, "{name}");
+    }
+}
+
+#[test]
+fn a_workload_from_observed_demands_weighs_each_type_by_its_count() {
+    let (a, b) = (demand(1, 500, 1000), demand(2, 1000, 2000));
+    let target = TargetWorkload::from_demands([&a, &b, &a, &a]);
+    let weights: Vec<(Demand, f64)> = target
+        .types()
+        .iter()
+        .map(|t| (t.demand.clone(), t.weight))
+        .collect();
+    assert_eq!(weights, [(a.clone(), 0.75), (b.clone(), 0.25)]);
+    // A type of weight 0 is not a type of the workload.
+    let zero = TargetWorkload::from_weights([(a.clone(), 2.0), (b, 0.0)]);
+    assert_eq!(zero.types().len(), 1);
+    assert_eq!(zero.types()[0].demand, a);
+    assert_eq!(zero.types()[0].weight, 1.0);
+}
+
+/// Types of the same GPU shape that accept different GPU models are measured
+/// with their own models: on a node with one GPU of each model, each type
+/// finds the other model's GPU fragmented.
+#[test]
+fn types_of_one_shape_and_other_models_are_measured_apart() {
+    let free = [1000, 600];
+    let models = [0, 1];
+    let v = view(64_000, &free, &models);
+    let on_model = |mask: ModelMask| Demand {
+        models: mask,
+        ..demand(1, 500, 1000)
+    };
+    let (first, second) = (on_model(1), on_model(2));
+    assert_eq!(task_fragmentation(&v, &first), 600);
+    assert_eq!(task_fragmentation(&v, &second), 1000);
+    let target = TargetWorkload::from_weights([(first, 1.0), (second, 1.0)]);
+    let fused = measure_node(&v, &target);
+    assert_eq!(fused.fragmentation, 800.0);
+    assert_eq!(fused.fragmentation, expected_fragmentation(&v, &target));
+    assert_eq!(fused.stranding, expected_stranding(&v, &target));
+}
