@@ -1577,3 +1577,24 @@ fn types_of_one_shape_and_other_models_are_measured_apart() {
     assert_eq!(fused.fragmentation, expected_fragmentation(&v, &target));
     assert_eq!(fused.stranding, expected_stranding(&v, &target));
 }
+
+/// A workload model that decays fast rescales its counts before they
+/// overflow: after 3,000 arrivals at a half-life of one arrival (the
+/// increment doubles each time, past f64's range by the 1,024th), the
+/// weights are still those of the last arrivals.
+#[test]
+fn a_fast_decaying_workload_model_keeps_finite_weights_over_long_runs() {
+    let (a, b) = (demand(1, 500, 1000), demand(1, 250, 1000));
+    let mut model = WorkloadModel::new(1.0, 1);
+    for i in 0..3000 {
+        model.observe(if i % 2 == 0 { &a } else { &b });
+    }
+    let types = model.target().types();
+    let weights: Vec<(u64, f64)> = types.iter().map(|t| (t.demand.per_gpu, t.weight)).collect();
+    // The last arrival (b) counts twice the one before it (a), and so on
+    // back: b holds 2/3 of the weight.
+    assert_eq!(weights.len(), 2, "{weights:?}");
+    assert_eq!(weights[0].0, 250);
+    assert!((weights[0].1 - 2.0 / 3.0).abs() < 1e-9, "{weights:?}");
+    assert!((weights[1].1 - 1.0 / 3.0).abs() < 1e-9, "{weights:?}");
+}
