@@ -1598,3 +1598,37 @@ fn a_fast_decaying_workload_model_keeps_finite_weights_over_long_runs() {
     assert!((weights[0].1 - 2.0 / 3.0).abs() < 1e-9, "{weights:?}");
     assert!((weights[1].1 - 1.0 / 3.0).abs() < 1e-9, "{weights:?}");
 }
+
+/// The published target changes only when it must: a new type refreshes it
+/// at once only while nothing is published; otherwise it waits for the
+/// refresh interval, and a refresh that finds the same distribution keeps
+/// the published one (and its version, which the score caches compare).
+#[test]
+fn the_published_workload_changes_only_at_a_refresh_that_moves_it() {
+    let (a, b) = (demand(1, 500, 1000), demand(1, 250, 1000));
+    let per_gpu = |m: &WorkloadModel| -> Vec<u64> {
+        m.target()
+            .types()
+            .iter()
+            .map(|t| t.demand.per_gpu)
+            .collect()
+    };
+    let mut model = WorkloadModel::new(f64::INFINITY, 4);
+    model.observe(&a);
+    assert_eq!((per_gpu(&model), model.version()), (vec![500], 1));
+    // A new type before the interval is over: not published yet.
+    model.observe(&b);
+    assert_eq!((per_gpu(&model), model.version()), (vec![500], 1));
+    model.observe(&a);
+    model.observe(&a);
+    model.observe(&b);
+    // The fourth arrival since the first refresh: a, a, b counted, 3:2.
+    assert_eq!((per_gpu(&model), model.version()), (vec![500, 250], 2));
+
+    // Only a's: every refresh finds the same distribution.
+    let mut same = WorkloadModel::new(f64::INFINITY, 1);
+    for _ in 0..5 {
+        same.observe(&a);
+    }
+    assert_eq!((per_gpu(&same), same.version()), (vec![500], 1));
+}
