@@ -1622,7 +1622,7 @@ fn the_published_workload_changes_only_at_a_refresh_that_moves_it() {
     model.observe(&a);
     model.observe(&a);
     model.observe(&b);
-    // The fourth arrival since the first refresh: a, a, b counted, 3:2.
+    // The fourth arrival since the first refresh: a counted 3 times, b twice.
     assert_eq!((per_gpu(&model), model.version()), (vec![500, 250], 2));
 
     // Only a's: every refresh finds the same distribution.
