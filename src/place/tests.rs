@@ -1632,3 +1632,36 @@ fn the_published_workload_changes_only_at_a_refresh_that_moves_it() {
     }
     assert_eq!((per_gpu(&same), same.version()), (vec![500], 1));
 }
+
+#[test]
+fn total_variation_is_half_the_l1_distance_of_the_weights() {
+    use super::fragmentation::total_variation;
+    let (a, b, c) = (demand(1, 500, 0), demand(1, 250, 0), demand(2, 1000, 0));
+    let w = |pairs: &[(&Demand, f64)]| {
+        TargetWorkload::from_weights(pairs.iter().map(|(d, w)| ((*d).clone(), *w)))
+    };
+    let cases = [
+        ("the same", w(&[(&a, 1.0)]), w(&[(&a, 1.0)]), 0.0),
+        ("disjoint", w(&[(&a, 1.0)]), w(&[(&b, 1.0)]), 1.0),
+        (
+            "half moved",
+            w(&[(&a, 1.0)]),
+            w(&[(&a, 1.0), (&b, 1.0)]),
+            0.5,
+        ),
+        // |0.5-0.25| + |0.5-0| + (c only) 0.75 = 1.5, halved.
+        (
+            "partly shared",
+            w(&[(&a, 1.0), (&b, 1.0)]),
+            w(&[(&a, 1.0), (&c, 3.0)]),
+            0.75,
+        ),
+    ];
+    for (name, x, y, want) in cases {
+        assert!((total_variation(&x, &y) - want).abs() < 1e-12, "{name}");
+        assert!(
+            (total_variation(&y, &x) - want).abs() < 1e-12,
+            "{name}, reversed"
+        );
+    }
+}
