@@ -1665,3 +1665,28 @@ fn total_variation_is_half_the_l1_distance_of_the_weights() {
         );
     }
 }
+
+/// The rescale keeps the history: at a half-life of 100 arrivals the counts
+/// pass 1e200 after 66,439 arrivals and are divided down. 66,000 of one
+/// type, then 445 of another: the first keeps 2^(-445/100) of the weight,
+/// as without any rescale, instead of losing its history at the rescale.
+#[test]
+fn rescaling_the_workload_models_counts_keeps_their_ratios() {
+    let (a, b) = (demand(1, 500, 1000), demand(1, 250, 1000));
+    let mut model = WorkloadModel::new(100.0, 1);
+    for i in 0..66_445 {
+        model.observe(if i < 66_000 { &a } else { &b });
+    }
+    let weight = |per_gpu| {
+        model
+            .target()
+            .types()
+            .iter()
+            .find(|t| t.demand.per_gpu == per_gpu)
+            .map(|t| t.weight)
+    };
+    let old = 2f64.powf(-4.45);
+    let got = weight(500).expect("the first type is still in the workload");
+    assert!((got - old).abs() < 1e-3, "{got} against {old}");
+    assert!((weight(250).unwrap() - (1.0 - old)).abs() < 1e-3);
+}
