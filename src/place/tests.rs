@@ -1533,6 +1533,11 @@ fn a_task_that_cannot_run_on_a_node_finds_all_its_free_gpu_fragmented() {
             ..demand(1, 500, cpu)
         };
         assert_eq!(task_fragmentation(&v, &task), want, "{name}");
+        // Where it can run, two copies fit GPU 0 (CPU and memory allow 4):
+        // GPU 1's 300 units are stranded too.
+        if mem <= 8 * GIB && cpu <= 1000 {
+            assert_eq!(task_stranding(&v, &task), want, "{name}: stranding");
+        }
         // The fused measure (tainted nodes go through the definitions).
         let only = TargetWorkload::from_weights([(task, 1.0)]);
         assert_eq!(measure_node(&v, &only).fragmentation, want as f64, "{name}");
@@ -1571,6 +1576,10 @@ fn types_of_one_shape_and_other_models_are_measured_apart() {
     let (first, second) = (on_model(1), on_model(2));
     assert_eq!(task_fragmentation(&v, &first), 600);
     assert_eq!(task_fragmentation(&v, &second), 1000);
+    // Two copies of the first fit GPU 0 (1,600 - 1,000 stranded), one of
+    // the second GPU 1 (1,600 - 500).
+    assert_eq!(task_stranding(&v, &first), 600);
+    assert_eq!(task_stranding(&v, &second), 1100);
     let target = TargetWorkload::from_weights([(first, 1.0), (second, 1.0)]);
     let fused = measure_node(&v, &target);
     assert_eq!(fused.fragmentation, 800.0);
