@@ -1699,3 +1699,18 @@ fn rescaling_the_workload_models_counts_keeps_their_ratios() {
     assert!((got - old).abs() < 1e-3, "{got} against {old}");
     assert!((weight(250).unwrap() - (1.0 - old)).abs() < 1e-3);
 }
+
+/// A two-GPU type on three free GPUs: one copy fits, the third GPU is
+/// stranded, in the fused measure as in the definition.
+#[test]
+fn a_multi_gpu_type_strands_the_gpus_left_over_from_its_copies() {
+    let free = [1000, 1000, 1000];
+    let models = [0, 0, 0];
+    let v = view(64_000, &free, &models);
+    let pair = demand(2, 1000, 1000);
+    assert_eq!(task_stranding(&v, &pair), 1000);
+    let target = TargetWorkload::from_weights([(pair, 1.0)]);
+    let fused = measure_node(&v, &target);
+    assert_eq!(fused.stranding, 1000.0);
+    assert_eq!(fused.fragmentation, 0.0);
+}
