@@ -198,6 +198,7 @@ fn cycle<'a>(
     run_cycle(
         assignments,
         jobs,
+        &[],
         &gpu_nodes,
         &nodes,
         now,

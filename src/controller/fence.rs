@@ -214,7 +214,7 @@ mod tests {
                 gpu_nodes: reflector::store().0,
                 gpu_models_cache: Default::default(),
                 pods: reflector::store().0,
-                wake: tokio::sync::Notify::new(),
+                wake: Default::default(),
                 stats_root: "/var/run/vramfit/pods".into(),
                 fence: Arc::new(fence),
             })

@@ -18,6 +18,7 @@ pub mod job_index;
 pub mod metrics;
 pub mod model_cache;
 pub mod pod;
+pub mod pod_ledger;
 pub mod quantity;
 mod reconcile;
 pub mod retry;
@@ -129,7 +130,7 @@ pub struct Context {
     /// The GPU models of `gpu_nodes`, kept until their GPUs change.
     gpu_models_cache: model_cache::GpuModelCache,
     pods: Store<Pod>,
-    wake: Notify,
+    wake: Arc<Notify>,
     /// Node folder of the pods' stats folders.
     pub stats_root: String,
     /// Closed once this replica may no longer act as the leader.
@@ -290,13 +291,22 @@ pub async fn run(client: Client, options: ControllerOptions) -> Result<()> {
     // predictions read across all jobs kept from its events.
     let (jobs, job_writer) = reflector::store::<TrainingJob>();
     let index = Arc::new(job_index::JobIndex::default());
+    let wake = Arc::new(Notify::new());
     let job_stream = {
         let index = index.clone();
+        let wake = wake.clone();
         watcher(jobs_api, watcher::Config::default())
             // Nothing reads managedFields; dropping them keeps the cache small.
             .modify(|job| job.metadata.managed_fields = None)
             .reflect(job_writer)
-            .inspect_ok(move |event| index.observe(event))
+            .inspect_ok(move |event| {
+                index.observe(event);
+                // A job gone frees its room once its pod is: the cycle
+                // deletes the pod and counts it until then.
+                if matches!(event, watcher::Event::Delete(_)) {
+                    wake.notify_one();
+                }
+            })
             .applied_objects()
     };
     let controller = Controller::for_stream(job_stream, jobs.clone()).with_config(
@@ -322,7 +332,7 @@ pub async fn run(client: Client, options: ControllerOptions) -> Result<()> {
         gpu_nodes: gpu_nodes.clone(),
         gpu_models_cache: Default::default(),
         pods: pods.clone(),
-        wake: Notify::new(),
+        wake,
         stats_root: options.stats_root.clone(),
         fence: leader_fence,
     });
@@ -533,8 +543,11 @@ async fn scheduling_loop(
     wait_ready(&jobs).await?;
     wait_ready(&gpu_nodes).await?;
     wait_ready(&nodes).await?;
+    // Pods hold memory their jobs' status may not record (`pod_ledger`).
+    wait_ready(&ctx.pods).await?;
     tracing::debug!("caches ready; scheduling starts");
     let ttl = heartbeat_ttl(&options);
+    let mut deleting = HashMap::new();
     loop {
         // A replica past its Lease decides nothing more (and the process ends).
         ctx.fence.check()?;
@@ -544,9 +557,11 @@ async fn scheduling_loop(
         let job_refs: Vec<&TrainingJob> = job_list.iter().map(|j| j.as_ref()).collect();
         let gpu_node_list = gpu_nodes.state();
         let node_list = nodes.state();
+        let pod_list = ctx.pods.state();
         let outcome = run_cycle(
             &ctx.assignments,
             &job_refs,
+            &pod_list.iter().map(|p| p.as_ref()).collect::<Vec<_>>(),
             &gpu_node_list.iter().map(|n| n.as_ref()).collect::<Vec<_>>(),
             &node_list.iter().map(|n| n.as_ref()).collect::<Vec<_>>(),
             Timestamp::now(),
@@ -556,6 +571,14 @@ async fn scheduling_loop(
         for job in &outcome.changed {
             let _ = trigger.unbounded_send(ObjectRef::from_obj(*job));
         }
+        // What is kept in memory for jobs that are gone goes with them.
+        let live: std::collections::HashSet<&str> = job_refs
+            .iter()
+            .filter_map(|j| j.metadata.uid.as_deref())
+            .collect();
+        ctx.held.retain(|uid| live.contains(uid));
+        ctx.own_writes.retain(|uid| live.contains(uid));
+        delete_orphans(&ctx, outcome.orphans.clone(), &mut deleting);
         let (view, ledger) = (outcome.view, outcome.ledger);
         update_gauges(&ctx.metrics, &job_refs, &view, &ledger);
         // A replica past its Lease decides nothing more (and the process ends).
@@ -575,6 +598,66 @@ async fn scheduling_loop(
     }
 }
 
+/// How long a pod asked to be deleted is left to the request before it is
+/// asked again (the request failed, or the job turned out to exist).
+const ORPHAN_RETRY: Duration = Duration::from_secs(30);
+
+/// Deletes the pods of jobs that are gone, each once per [`ORPHAN_RETRY`]:
+/// `deleting` keeps when each was asked for, until a cycle no longer lists it
+/// (its deletion is seen in the cache). Each job is read first, so a job the
+/// cache has not seen yet keeps its pod.
+fn delete_orphans(
+    ctx: &Arc<Context>,
+    orphans: Vec<pod_ledger::OrphanPod>,
+    deleting: &mut HashMap<pod_ledger::OrphanPod, Instant>,
+) {
+    deleting.retain(|pod, asked| orphans.contains(pod) && asked.elapsed() < ORPHAN_RETRY);
+    for orphan in orphans {
+        if deleting.contains_key(&orphan) {
+            continue;
+        }
+        deleting.insert(orphan.clone(), Instant::now());
+        let ctx = ctx.clone();
+        tokio::spawn(async move {
+            if let Err(error) = delete_orphan(&ctx, &orphan).await {
+                tracing::warn!(%error, namespace = orphan.namespace, pod = orphan.pod,
+                    "could not delete the pod of a deleted job");
+            }
+        });
+    }
+}
+
+async fn delete_orphan(ctx: &Context, orphan: &pod_ledger::OrphanPod) -> Result<()> {
+    let jobs: Api<TrainingJob> = Api::namespaced(ctx.client.clone(), &orphan.namespace);
+    let job = jobs.get_opt(&orphan.job).await.map_err(Error::Kube)?;
+    if job.is_some_and(|j| j.metadata.uid.as_deref() == Some(orphan.job_uid.as_str())) {
+        return Ok(());
+    }
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &orphan.namespace);
+    let params = kube::api::DeleteParams {
+        preconditions: Some(kube::api::Preconditions {
+            uid: Some(orphan.pod_uid.clone()),
+            resource_version: None,
+        }),
+        ..kube::api::DeleteParams::background()
+    };
+    ctx.fence.check()?;
+    match pods.delete(&orphan.pod, &params).await {
+        Ok(_) => {
+            tracing::info!(
+                namespace = orphan.namespace,
+                job = orphan.job,
+                pod = orphan.pod,
+                decision = "released",
+                "decision"
+            );
+            Ok(())
+        }
+        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(()),
+        Err(e) => Err(Error::Kube(e)),
+    }
+}
+
 /// What one scheduling cycle decided.
 pub struct CycleOutcome<'a> {
     /// The inventory it placed on.
@@ -586,13 +669,19 @@ pub struct CycleOutcome<'a> {
     pub waiting: usize,
     /// Jobs whose verdict changed (their reconcile must run).
     pub changed: Vec<&'a TrainingJob>,
+    /// Pods of jobs that are gone, to delete.
+    pub orphans: Vec<pod_ledger::OrphanPod>,
 }
 
-/// One scheduling cycle over a snapshot of the caches: rebuilds the ledger,
-/// places the waiting jobs and records the verdicts in `assignments`.
+/// One scheduling cycle over a snapshot of the caches: rebuilds the ledger
+/// (from the jobs' status, the cycle's own decisions not yet written and the
+/// pods that neither records, `pod_ledger`), places the waiting jobs and
+/// records the verdicts in `assignments`.
+#[allow(clippy::too_many_arguments)]
 pub fn run_cycle<'a>(
     assignments: &Assignments,
     jobs: &[&'a TrainingJob],
+    pods: &[&Pod],
     gpu_nodes: &[&GpuNode],
     nodes: &[&Node],
     now: Timestamp,
@@ -600,8 +689,28 @@ pub fn run_cycle<'a>(
     policy: PolicyKind,
 ) -> CycleOutcome<'a> {
     let view = cluster_view(gpu_nodes, nodes, now, ttl);
+    let mut changed = Vec::new();
+    let from_pods = pod_ledger::read_pods(jobs, pods, |uid, attempt| {
+        assignments.placement(uid, attempt).is_some()
+    });
+    if !from_pods.unrecorded.is_empty() {
+        // A pod created before a stop that kept its placement from status:
+        // the cycle takes it as its own decision, which the job's reconcile
+        // then writes.
+        let by_uid: HashMap<&str, &'a TrainingJob> = jobs
+            .iter()
+            .filter_map(|j| j.metadata.uid.as_deref().map(|uid| (uid, *j)))
+            .collect();
+        for (uid, attempt, placement) in from_pods.unrecorded {
+            assignments.record(&uid, attempt, scheduler::Verdict::Place(placement));
+            if let Some(job) = by_uid.get(uid.as_str()) {
+                changed.push(*job);
+            }
+        }
+    }
     let mut ledger = recorded_placements(jobs.iter().copied());
     ledger.extend(assignments.pending_ledger(jobs));
+    ledger.extend(from_pods.orphaned);
     let waiting: Vec<&'a TrainingJob> = jobs
         .iter()
         .copied()
@@ -619,7 +728,6 @@ pub fn run_cycle<'a>(
         waiting = waiting.len(),
         "scheduling cycle"
     );
-    let mut changed = Vec::new();
     if !waiting.is_empty() {
         let by_key: HashMap<String, &'a TrainingJob> = waiting
             .iter()
@@ -644,6 +752,7 @@ pub fn run_cycle<'a>(
         ledger,
         waiting: waiting.len(),
         changed,
+        orphans: from_pods.to_delete,
     }
 }
 

@@ -20,6 +20,10 @@ pub const JOB_LABEL: &str = "vramfit.dev/training-job";
 pub const ATTEMPT_LABEL: &str = "vramfit.dev/attempt";
 /// Annotation carrying the budget in bytes (read by the node agent).
 pub const BUDGET_ANNOTATION: &str = "vramfit.dev/budget-bytes";
+/// Annotation carrying the attempt's placement (JSON of `PlacementStatus`):
+/// the pod is created before the job's status records it, so a restarted
+/// controller reads the placement from here (`controller::pod_ledger`).
+pub const PLACEMENT_ANNOTATION: &str = "vramfit.dev/placement";
 /// Prefix of the annotation (one per container, the container's name follows)
 /// listing the CDI devices it gets. On the node, an NRI plugin hands them to
 /// containerd's CDI injection (`hack/node/containerd/nri-cdi`): the kubelet
@@ -175,6 +179,10 @@ pub fn training_pod(
     labels.insert(ATTEMPT_LABEL.into(), attempt.to_string());
     let mut annotations = template_meta.annotations.unwrap_or_default();
     annotations.insert(BUDGET_ANNOTATION.into(), placement.budget_bytes.to_string());
+    annotations.insert(
+        PLACEMENT_ANNOTATION.into(),
+        serde_json::to_string(placement).map_err(|e| format!("placement: {e}"))?,
+    );
     for container in &spec.containers {
         annotations.insert(
             format!("{CDI_ANNOTATION_PREFIX}{}", container.name),

@@ -24,6 +24,10 @@ use super::{Context, FINALIZER};
 use crate::api::{PlacementStatus, TrainingJob, TrainingJobStatus};
 use crate::{Error, Result};
 
+/// How soon a job whose placement was taken from its pod is reconciled again
+/// after its prediction is held, to record the two together.
+const ADOPTED_REQUEUE: std::time::Duration = std::time::Duration::from_millis(10);
+
 /// Reconciles one TrainingJob, counted and timed.
 pub async fn reconcile(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action> {
     let started = std::time::Instant::now();
@@ -36,13 +40,23 @@ pub async fn reconcile(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Actio
 }
 
 async fn reconcile_job(job: Arc<TrainingJob>, ctx: &Arc<Context>) -> Result<Action> {
-    // Nothing is written (the finalizer included) by a replica past its Lease.
+    // Nothing is written by a replica past its Lease.
     ctx.fence.check()?;
+    if job.metadata.deletion_timestamp.is_none() {
+        return apply(&job, ctx).await;
+    }
+    // A job has no finalizer: once it is gone, the scheduling cycle deletes
+    // its pod and counts the pod's memory until the pod is gone
+    // (`pod_ledger`). A job that still carries the finalizer of an earlier
+    // version is released here, and the finalizer taken off.
+    if !job.finalizers().iter().any(|f| f == FINALIZER) {
+        return Ok(Action::await_change());
+    }
     let namespace = job.namespace().unwrap_or_default();
     let api: Api<TrainingJob> = Api::namespaced(ctx.client.clone(), &namespace);
     finalizer(&api, FINALIZER, job, |event| async {
         match event {
-            Finalizer::Apply(job) => apply(&job, ctx).await,
+            Finalizer::Apply(_) => Ok(Action::await_change()),
             Finalizer::Cleanup(job) => cleanup(&job, ctx).await,
         }
     })
@@ -77,69 +91,83 @@ async fn apply(job: &TrainingJob, ctx: &Context) -> Result<Action> {
     let held = ctx.held.get(&uid, job.resource_version().as_deref());
     let overlaid = held.as_ref().map(|h| h.overlay(job));
     let seen = overlaid.as_ref().unwrap_or(job);
-    let transition = match transition::next_step(seen, |attempt| {
-        ctx.assignments.placement(&uid, attempt)
-    }) {
-        Step::Done => return Ok(Action::await_change()),
-        Step::Predict {
-            status,
-            attempt,
-            forget_assignment,
-        } => {
-            if forget_assignment {
-                ctx.assignments.forget(&uid);
-            }
-            let learned = transition::wants_learned_start(&status, attempt)
-                .then(|| ctx.learned_start_micro(&job.spec))
-                .flatten();
-            let profile = load_profile(job, ctx).await;
-            // The budgets per GPU model need the GpuNodes: a controller that
-            // just started predicts only once their first list is in.
-            super::wait_ready(&ctx.gpu_nodes).await?;
-            let gpu_models = ctx.gpu_models();
-            let predicted = transition::predict(
-                job,
+    let transition =
+        match transition::next_step(seen, |attempt| ctx.assignments.placement(&uid, attempt)) {
+            Step::Done => return Ok(Action::await_change()),
+            Step::Predict {
                 status,
-                PredictFacts {
-                    attempt,
-                    learned,
-                    profile: profile.as_ref().map(|p| p.as_deref()).map_err(Clone::clone),
-                    measured: &|signature| ctx.measured_peak_for(signature),
-                    gpu_models: &gpu_models,
-                },
-            );
-            // Held only for a version it can be tied to (a job read from the
-            // API server always has one).
-            match job.resource_version() {
-                Some(version) => match transition::defer_prediction(predicted) {
-                    transition::Prediction::Hold(deferred) => {
-                        let rest = hold_prediction(job, ctx, version, &before, deferred);
-                        return carry_out(job, ctx, &before, rest).await;
-                    }
-                    transition::Prediction::Write(transition) => transition,
-                },
-                None => predicted,
+                attempt,
+                forget_assignment,
+            } => {
+                if forget_assignment {
+                    ctx.assignments.forget(&uid);
+                }
+                let learned = transition::wants_learned_start(&status, attempt)
+                    .then(|| ctx.learned_start_micro(&job.spec))
+                    .flatten();
+                let profile = load_profile(job, ctx).await;
+                // The budgets per GPU model need the GpuNodes: a controller that
+                // just started predicts only once their first list is in.
+                super::wait_ready(&ctx.gpu_nodes).await?;
+                let gpu_models = ctx.gpu_models();
+                let predicted = transition::predict(
+                    job,
+                    status,
+                    PredictFacts {
+                        attempt,
+                        learned,
+                        profile: profile.as_ref().map(|p| p.as_deref()).map_err(Clone::clone),
+                        measured: &|signature| ctx.measured_peak_for(signature),
+                        gpu_models: &gpu_models,
+                    },
+                );
+                // Held only for a version it can be tied to (a job read from the
+                // API server always has one).
+                match job.resource_version() {
+                    Some(version) => match transition::defer_prediction(predicted) {
+                        transition::Prediction::Hold(deferred) => {
+                            let rest = hold_prediction(job, ctx, version, &before, deferred);
+                            let action = carry_out(job, ctx, &before, rest).await?;
+                            // A placement the cycle took from the attempt's
+                            // pod (`pod_ledger`) needs no cycle: record it now.
+                            if ctx.assignments.placement(&uid, attempt).is_some() {
+                                return Ok(Action::requeue(ADOPTED_REQUEUE));
+                            }
+                            return Ok(action);
+                        }
+                        transition::Prediction::Write(transition) => transition,
+                    },
+                    None => predicted,
+                }
             }
-        }
-        Step::RecordPlacement { status, placement } => transition::place(seen, status, placement),
-        Step::ReportWaiting { status, attempt } => {
-            let verdict = ctx.assignments.waiting(&uid, attempt);
-            let verdict = match &verdict {
-                Some(Verdict::Wait {
-                    message,
-                    never_fits,
-                }) => Some((message.as_str(), *never_fits)),
-                _ => None,
-            };
-            transition::wait(seen, status, verdict)
-        }
-        Step::FollowPod { status, placement } => {
-            match follow_pod(job, ctx, status, &placement).await? {
-                Some(transition) => transition,
-                None => return Ok(Action::requeue(transition::WRITE_RESYNC)),
+            Step::RecordPlacement { status, placement } => {
+                // The pod first, then the status that records it: the pod is the
+                // first record of the placement (`pod_ledger` reads it back after
+                // a restart), and it starts without waiting for a status write.
+                let placed = transition::place(seen, status.clone(), placement.clone());
+                match create_pod(job, ctx, &placed.status, &placement).await? {
+                    Ok(()) => placed,
+                    Err(message) => transition::invalid(job, status, &message),
+                }
             }
-        }
-    };
+            Step::ReportWaiting { status, attempt } => {
+                let verdict = ctx.assignments.waiting(&uid, attempt);
+                let verdict = match &verdict {
+                    Some(Verdict::Wait {
+                        message,
+                        never_fits,
+                    }) => Some((message.as_str(), *never_fits)),
+                    _ => None,
+                };
+                transition::wait(seen, status, verdict)
+            }
+            Step::FollowPod { status, placement } => {
+                match follow_pod(job, ctx, status, &placement).await? {
+                    Some(transition) => transition,
+                    None => return Ok(Action::requeue(transition::WRITE_RESYNC)),
+                }
+            }
+        };
     let transition = match &held {
         Some(held) => transition::with_held(transition, &before, &held.note),
         None => transition,
@@ -320,23 +348,10 @@ async fn follow_pod(
                 return Ok(None);
             }
         }
-        let shape = BatchShape {
-            micro: status.micro_batch.unwrap_or(job.spec.batch.micro),
-            accum: status.grad_accum.unwrap_or(1),
-        };
-        let pod = match training_pod(job, placement, shape, placement.attempt, &ctx.stats_root) {
-            Ok(pod) => pod,
-            Err(message) => return Ok(Some(transition::invalid(job, status, &message))),
-        };
-        let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
-        ctx.fence.check()?;
-        // No event: the `Placed` event and the pod itself say as much.
-        match pods.create(&PostParams::default(), &pod).await {
-            Ok(_) => tracing::debug!(job = %job.name_any(), namespace, pod = name, "pod created"),
-            Err(kube::Error::Api(e)) if e.code == 409 => {}
-            Err(e) => return Err(Error::Kube(e)),
-        }
-        return Ok(None);
+        return Ok(match create_pod(job, ctx, &status, placement).await? {
+            Ok(()) => None,
+            Err(message) => Some(transition::invalid(job, status, &message)),
+        });
     };
     let facts = PodFacts {
         outcome: pod_outcome(&pod),
@@ -345,6 +360,40 @@ async fn follow_pod(
         observed_shape: ctx.observed_shape_for_pod(&placement.node, &namespace, &name),
     };
     Ok(Some(transition::follow(job, status, placement, facts)))
+}
+
+/// Creates the pod of a placed attempt (`AlreadyExists` is success: a
+/// restarted controller, or a cache that lags). The inner error is a template
+/// that cannot make a pod, in words.
+async fn create_pod(
+    job: &TrainingJob,
+    ctx: &Context,
+    status: &TrainingJobStatus,
+    placement: &PlacementStatus,
+) -> Result<Result<(), String>> {
+    let namespace = job.namespace().unwrap_or_default();
+    let shape = BatchShape {
+        micro: status.micro_batch.unwrap_or(job.spec.batch.micro),
+        accum: status.grad_accum.unwrap_or(1),
+    };
+    let pod = match training_pod(job, placement, shape, placement.attempt, &ctx.stats_root) {
+        Ok(pod) => pod,
+        Err(message) => return Ok(Err(message)),
+    };
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
+    ctx.fence.check()?;
+    // No event: the `Placed` event and the pod itself say as much.
+    match pods.create(&PostParams::default(), &pod).await {
+        Ok(_) => tracing::debug!(
+            job = %job.name_any(),
+            namespace,
+            pod = pod.metadata.name.as_deref(),
+            "pod created"
+        ),
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        Err(e) => return Err(Error::Kube(e)),
+    }
+    Ok(Ok(()))
 }
 
 async fn cleanup(job: &TrainingJob, ctx: &Context) -> Result<Action> {

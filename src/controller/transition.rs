@@ -537,8 +537,8 @@ pub fn place(
                 note: message,
             },
         ],
-        // The next reconcile, triggered by this write's watch event, creates
-        // the pod.
+        // The pod is created before this status is written; the next
+        // reconcile, triggered by the watch events of both, follows it.
         requeue: Requeue::After(WRITE_RESYNC),
     }
 }

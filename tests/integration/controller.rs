@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use kube::api::{Api, PostParams};
 use serde_json::json;
-use vramfit::api::{Phase, TrainingJob};
+use vramfit::api::{AssignedGpu, GpuNode, Phase, PlacementStatus, TrainingJob};
+use vramfit::controller::backoff::BatchShape;
+use vramfit::controller::pod::training_pod;
 
 use crate::driver::{GIB, TestCluster, mlp_job};
 
@@ -267,13 +269,87 @@ async fn deleting_a_job_frees_its_gpu_for_the_next() {
     assert_eq!(phase(&waiting), Phase::Pending);
 
     cluster.delete_job("first").await;
+    // No finalizer holds the job: it goes at once.
     cluster.wait_job_gone("first").await;
+    // Its pod is deleted, and holds its memory until its containers stop.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let still = cluster.jobs().get("second").await.unwrap();
+    assert_eq!(
+        phase(&still),
+        Phase::Pending,
+        "the deleted job's pod still holds the GPU"
+    );
+    cluster.kubelet_removes_deleted("first-a1").await;
     cluster.wait_phase("second", Phase::Placed).await;
-    // Without a kubelet the pod keeps its deletion timestamp instead of vanishing.
-    let pod = cluster.pods().get_opt("first-a1").await.unwrap();
-    assert!(
-        pod.is_none_or(|p| p.metadata.deletion_timestamp.is_some()),
-        "the pod is being deleted"
+}
+
+#[tokio::test]
+async fn a_pod_created_before_its_status_was_written_is_taken_as_the_placement() {
+    // A controller that stopped between an attempt's pod and its status
+    // write left the pod as the only record of the placement.
+    let cluster = TestCluster::new("adopt").await;
+    let node = cluster
+        .add_gpu_node("n1", &[("H100-80GB", 80 * GIB), ("H100-80GB", 80 * GIB)])
+        .await;
+    let gpu_nodes: Api<GpuNode> = Api::all(cluster.client.clone());
+    let uuid = gpu_nodes
+        .get_status(&node)
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .gpus[1]
+        .uuid
+        .clone();
+    let job = cluster
+        .apply_job(mlp_job("adopted", 64, 8, 1, Some("60Gi")))
+        .await;
+    let placement = PlacementStatus {
+        node: node.clone(),
+        gpus: vec![AssignedGpu { index: 1, uuid }],
+        budget_bytes: 60 * GIB,
+        memory_fraction: 0.75,
+        attempt: 1,
+        gpu_model: Some("H100-80GB".into()),
+        micro_batch: None,
+    };
+    let shape = BatchShape { micro: 8, accum: 1 };
+    let pod = training_pod(&job, &placement, shape, 1, "/var/run/vramfit/pods").unwrap();
+    cluster
+        .pods()
+        .create(&PostParams::default(), &pod)
+        .await
+        .unwrap();
+    // Two more jobs of 60 GiB: one fits GPU 0, the other only GPU 1, which
+    // the pod holds.
+    for name in ["second", "third"] {
+        cluster
+            .apply_job(mlp_job(name, 64, 8, 1, Some("60Gi")))
+            .await;
+    }
+    let _controller = cluster.start_controller();
+    let adopted = cluster.wait_phase("adopted", Phase::Placed).await;
+    assert_eq!(
+        adopted.status.unwrap().placement,
+        Some(placement),
+        "the pod's placement is recorded, not a new one"
+    );
+    cluster.wait_message("third", "waiting for room").await;
+    let second = cluster.wait_phase("second", Phase::Placed).await;
+    assert_eq!(second.status.unwrap().placement.unwrap().gpus[0].index, 0);
+    let names: Vec<String> = cluster
+        .pods()
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|p| p.metadata.name)
+        .collect();
+    assert_eq!(
+        names.len(),
+        2,
+        "no second pod for the adopted job: {names:?}"
     );
 }
 

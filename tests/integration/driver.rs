@@ -206,7 +206,7 @@ impl TestCluster {
         .await
     }
 
-    /// Waits until the job is gone (its finalizer ran).
+    /// Waits until the job is gone.
     pub async fn wait_job_gone(&self, name: &str) {
         let deadline = Instant::now() + Duration::from_secs(60);
         while self
@@ -216,7 +216,7 @@ impl TestCluster {
             .expect("get TrainingJob")
             .is_some()
         {
-            assert!(Instant::now() < deadline, "{name} was not finalized");
+            assert!(Instant::now() < deadline, "{name} is still there");
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
@@ -248,6 +248,33 @@ impl TestCluster {
         patch_pod_status(&self.pods(), pod, running_status(&["train".into()]))
             .await
             .unwrap_or_else(|e| panic!("pod {pod} status: {e}"));
+    }
+
+    /// Waits until the pod's deletion is asked for, then removes it as the
+    /// kubelet does once its containers have stopped (a delete with no grace
+    /// period).
+    pub async fn kubelet_removes_deleted(&self, pod: &str) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let current = self.pods().get_opt(pod).await.expect("get pod");
+            match current {
+                None => return,
+                Some(p) if p.metadata.deletion_timestamp.is_some() => break,
+                Some(_) => {
+                    assert!(Instant::now() < deadline, "pod {pod} was not deleted");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        }
+        match self
+            .pods()
+            .delete(pod, &DeleteParams::default().grace_period(0))
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => panic!("remove pod {pod}: {e}"),
+        }
     }
 
     /// Ends a pod with `exit_code` and a termination message, as the kubelet would.
