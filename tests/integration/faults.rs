@@ -18,8 +18,9 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, PostParams};
 use serde_json::{Value, json};
-use vramfit::api::{GpuNode, Phase, TrainingJob};
+use vramfit::api::{GpuNode, Phase, PlacementStatus, TrainingJob};
 use vramfit::controller::pod::{ATTEMPT_LABEL, BUDGET_ANNOTATION, JOB_LABEL};
+use vramfit::controller::pod_ledger::pod_placement;
 use vramfit_agent::node::publish::PublishPolicy;
 
 use crate::agent::{Proxy, SimAgent, api_server_addr};
@@ -75,17 +76,24 @@ impl Audit {
         let Some(placement) = job.status.as_ref().and_then(|s| s.placement.as_ref()) else {
             return;
         };
+        let uid = job.uid().unwrap_or_default();
+        self.observe_placement(&job.name_any(), uid, placement);
+    }
+
+    /// Records the first placement seen of an attempt, from its job's status
+    /// or from its pod (created before the status records it); any other
+    /// placement of the same attempt is a violation.
+    fn observe_placement(&mut self, job: &str, uid: String, placement: &PlacementStatus) {
         let mut uuids: Vec<String> = placement.gpus.iter().map(|g| g.uuid.clone()).collect();
         uuids.sort();
-        let key = (job.uid().unwrap_or_default(), placement.attempt);
+        let key = (uid, placement.attempt);
         let seen = (placement.node.clone(), uuids);
         match self.placements.get(&key) {
             None => {
                 self.placements.insert(key, seen);
             }
             Some(first) if *first != seen => self.violations.push(format!(
-                "{} attempt {} placed twice: {first:?}, then {seen:?}",
-                job.name_any(),
+                "{job} attempt {} placed twice: {first:?}, then {seen:?}",
                 placement.attempt
             )),
             Some(_) => {}
@@ -93,6 +101,9 @@ impl Audit {
     }
 
     fn observe_pod(&mut self, pod: &Pod) {
+        if let Some(read) = pod_placement(pod) {
+            self.observe_placement(&read.job, read.job_uid, &read.placement);
+        }
         let uids = self.pod_uids.entry(pod.name_any()).or_default();
         uids.insert(pod.uid().unwrap_or_default());
         if uids.len() > 1 {
