@@ -43,6 +43,10 @@ pub struct ControllerArgs {
     /// node agent's `--stats-root`.
     #[arg(long, default_value = crate::controller::pod::DEFAULT_STATS_ROOT)]
     pub stats_root: String,
+    /// Placed statuses written at once by a writer of their own, after the
+    /// pods (0: each in its job's reconcile, right after its pod).
+    #[arg(long, default_value_t = crate::controller::status_writer::DEFAULT_WRITERS)]
+    pub status_writers: usize,
     /// Log lines as text (colour only on a terminal) or as JSON objects.
     #[arg(long, value_enum, env = "VRAMFIT_LOG_FORMAT", default_value = "text")]
     pub log_format: crate::cli::logging::LogFormat,
@@ -66,6 +70,7 @@ impl ControllerArgs {
                 identity,
             }),
             stats_root: self.stats_root.clone(),
+            status_writers: self.status_writers,
         }
     }
 }

@@ -217,6 +217,8 @@ mod tests {
                 wake: Default::default(),
                 stats_root: "/var/run/vramfit/pods".into(),
                 fence: Arc::new(fence),
+                status_queue: crate::controller::status_writer::StatusQueue::new().0,
+                defer_placed_status: false,
             })
         };
         let job: Arc<TrainingJob> = Arc::new(

@@ -24,6 +24,9 @@ pub struct HeldPrediction {
     pub status: TrainingJobStatus,
     /// The note of the prediction's event, sent with the write that records it.
     pub note: String,
+    /// A placed status whose pod exists, written by the status writer
+    /// (`status_writer`) rather than with the next step.
+    pub deferred_write: bool,
 }
 
 impl HeldPrediction {
@@ -58,6 +61,23 @@ impl HeldPredictions {
             .get(uid)
             .filter(|h| h.made_from(resource_version))
             .cloned()
+    }
+
+    /// What is held for `uid`, whatever version it was made from.
+    pub fn get_any(&self, uid: &str) -> Option<HeldPrediction> {
+        self.lock().get(uid).cloned()
+    }
+
+    /// Drops what is held for `uid` if it was made from `resource_version`
+    /// (a newer hold stays).
+    pub fn forget_if(&self, uid: &str, resource_version: &str) {
+        let mut held = self.lock();
+        if held
+            .get(uid)
+            .is_some_and(|h| h.resource_version == resource_version)
+        {
+            held.remove(uid);
+        }
     }
 
     /// Drops what is held for `uid` (its status was written, or it is gone).
@@ -170,6 +190,7 @@ mod tests {
                 ..Default::default()
             },
             note: "predicted".into(),
+            deferred_write: false,
         }
     }
 
@@ -232,5 +253,15 @@ mod tests {
         assert_eq!(held_predictions.get("b", Some("7")), Some(held("7", 10)));
         assert!(!writes.is_latest(&job("a", "7")));
         assert!(writes.is_latest(&job("b", "7")));
+    }
+
+    #[test]
+    fn a_write_drops_only_the_hold_it_was_made_from() {
+        let held_predictions = HeldPredictions::default();
+        held_predictions.hold("a", held("7", 10));
+        held_predictions.forget_if("a", "6");
+        assert_eq!(held_predictions.get_any("a"), Some(held("7", 10)));
+        held_predictions.forget_if("a", "7");
+        assert_eq!(held_predictions.get_any("a"), None);
     }
 }

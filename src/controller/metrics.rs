@@ -40,6 +40,8 @@ pub struct Metrics {
     pub oom_retries: Counter,
     /// Jobs placed.
     pub placements: Counter,
+    /// Placed statuses written after their pods by the status writer.
+    pub status_writes_deferred: Counter,
     /// GPU memory committed to placed jobs, bytes.
     pub committed_bytes: Gauge,
     /// GPU memory of the usable GPUs, bytes.
@@ -64,6 +66,7 @@ impl Default for Metrics {
             ]),
             oom_retries: Counter::default(),
             placements: Counter::default(),
+            status_writes_deferred: Counter::default(),
             committed_bytes: Gauge::default(),
             total_bytes: Gauge::default(),
             reconcile_runs: Counter::default(),
@@ -98,6 +101,11 @@ impl Default for Metrics {
                 metrics.oom_retries.clone(),
             );
             r.register("placements", "Placements made", metrics.placements.clone());
+            r.register(
+                "status_writes_deferred",
+                "Placed statuses written after their pods by the status writer",
+                metrics.status_writes_deferred.clone(),
+            );
             r.register(
                 "gpu_memory_committed_bytes",
                 "GPU memory committed to placed jobs",

@@ -25,6 +25,7 @@ pub mod retry;
 pub mod scheduler;
 pub mod signature;
 pub mod status;
+pub mod status_writer;
 pub mod supervise;
 pub mod transition;
 
@@ -82,6 +83,9 @@ pub struct ControllerOptions {
     pub lease: Option<LeaseOptions>,
     /// Node folder of the pods' stats folders (docs/node-protocol.md).
     pub stats_root: String,
+    /// Placed statuses written at once after their pods (`status_writer`);
+    /// 0 writes each in its job's reconcile.
+    pub status_writers: usize,
 }
 
 /// The Lease two replicas compete for.
@@ -106,6 +110,7 @@ impl Default for ControllerOptions {
             metrics_addr: None,
             lease: None,
             stats_root: pod::DEFAULT_STATS_ROOT.into(),
+            status_writers: status_writer::DEFAULT_WRITERS,
         }
     }
 }
@@ -135,6 +140,10 @@ pub struct Context {
     pub stats_root: String,
     /// Closed once this replica may no longer act as the leader.
     pub fence: Arc<fence::Fence>,
+    /// Where placed statuses wait for the status writer.
+    pub status_queue: status_writer::StatusQueue,
+    /// True when the status writer writes placed statuses.
+    pub defer_placed_status: bool,
 }
 
 impl Context {
@@ -321,6 +330,7 @@ pub async fn run(client: Client, options: ControllerOptions) -> Result<()> {
     );
     let (event_queue, queued_events) = events::EventQueue::new();
     tasks.spawn("event publisher", events::send_all(recorder, queued_events));
+    let (status_queue, queued_statuses) = status_writer::StatusQueue::new();
     let ctx = Arc::new(Context {
         client: client.clone(),
         events: event_queue,
@@ -335,8 +345,21 @@ pub async fn run(client: Client, options: ControllerOptions) -> Result<()> {
         wake,
         stats_root: options.stats_root.clone(),
         fence: leader_fence,
+        status_queue,
+        defer_placed_status: options.status_writers > 0,
     });
     let (trigger, triggers) = futures::channel::mpsc::unbounded::<ObjectRef<TrainingJob>>();
+    if options.status_writers > 0 {
+        tasks.spawn(
+            "status writer",
+            status_writer::run(
+                ctx.clone(),
+                jobs.clone(),
+                queued_statuses,
+                options.status_writers,
+            ),
+        );
+    }
 
     // A GpuNode change wakes the scheduler unless it only changed the
     // allocation the controller itself writes there. Most are heartbeats; the

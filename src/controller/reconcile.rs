@@ -168,9 +168,15 @@ async fn apply(job: &TrainingJob, ctx: &Context) -> Result<Action> {
                 }
             }
         };
-    let transition = match &held {
-        Some(held) => transition::with_held(transition, &before, &held.note),
-        None => transition,
+    let (transition, before) = match held {
+        // A placed status the status writer has yet to write: the step
+        // starts from it, and writes only what changed since.
+        Some(held) if held.deferred_write => (transition, held.status),
+        Some(held) => (
+            transition::with_held(transition, &before, &held.note),
+            before,
+        ),
+        None => (transition, before),
     };
     carry_out(job, ctx, &before, transition).await
 }
@@ -200,6 +206,7 @@ fn hold_prediction(
             resource_version,
             status: deferred.status,
             note: deferred.note,
+            deferred_write: false,
         },
     );
     Transition {
@@ -208,6 +215,23 @@ fn hold_prediction(
         effects: deferred.effects,
         requeue: deferred.requeue,
     }
+}
+
+/// One structured line per decision that changes a status.
+fn log_decision(job: &TrainingJob, transition: &Transition) {
+    tracing::info!(
+        job = %job.name_any(),
+        namespace = job.namespace().unwrap_or_default(),
+        decision = transition.decision,
+        phase = ?transition.status.phase,
+        attempt = transition.status.attempt,
+        node = transition.status.placement.as_ref().map(|p| p.node.as_str()),
+        gpus = transition.status.gpu.as_deref(),
+        batch = transition.status.batch_shape.as_deref(),
+        budget_bytes = transition.status.budget_bytes,
+        status_message = transition.status.message.as_deref(),
+        "decision"
+    );
 }
 
 /// Writes the transition's status when it changed, then carries out its
@@ -219,8 +243,22 @@ async fn carry_out(
     transition: Transition,
 ) -> Result<Action> {
     let namespace = job.namespace().unwrap_or_default();
-    let name = job.name_any();
-    if transition.status != *before {
+    let deferred = ctx.defer_placed_status && transition.decision == "placed";
+    if let (true, Some(version)) = (deferred, job.resource_version()) {
+        // The pod exists: the status writer writes its status (`status_writer`).
+        ctx.held.hold(
+            &job.uid().unwrap_or_default(),
+            HeldPrediction {
+                resource_version: version,
+                status: transition.status.clone(),
+                note: String::new(),
+                deferred_write: true,
+            },
+        );
+        ctx.status_queue
+            .push(kube::runtime::reflector::ObjectRef::from_obj(job));
+        log_decision(job, &transition);
+    } else if transition.status != *before {
         let api: Api<TrainingJob> = Api::namespaced(ctx.client.clone(), &namespace);
         ctx.fence.check()?;
         let uid = job.uid().unwrap_or_default();
@@ -228,19 +266,7 @@ async fn carry_out(
         // What is written supersedes a held prediction.
         ctx.held.forget(&uid);
         ctx.own_writes.wrote(&uid, written);
-        tracing::info!(
-            job = %name,
-            namespace,
-            decision = transition.decision,
-            phase = ?transition.status.phase,
-            attempt = transition.status.attempt,
-            node = transition.status.placement.as_ref().map(|p| p.node.as_str()),
-            gpus = transition.status.gpu.as_deref(),
-            batch = transition.status.batch_shape.as_deref(),
-            budget_bytes = transition.status.budget_bytes,
-            status_message = transition.status.message.as_deref(),
-            "decision"
-        );
+        log_decision(job, &transition);
     }
     for effect in transition.effects {
         match effect {
