@@ -81,6 +81,10 @@ struct Args {
     /// `--cycle-seconds` of the controller.
     #[arg(long, default_value_t = 5)]
     cycle_seconds: u64,
+    /// `--status-writers` of the controller (0: each placed status written
+    /// in its job's reconcile, right after the pod).
+    #[arg(long, default_value_t = vramfit::controller::status_writer::DEFAULT_WRITERS)]
+    status_writers: usize,
     /// Give up after this many seconds.
     #[arg(long, default_value_t = 900)]
     timeout_seconds: u64,
@@ -167,6 +171,8 @@ struct Report {
     /// Load average (1 minute) when the jobs were created, and at the end.
     load_average_at_start: Option<f64>,
     load_average_at_end: Option<f64>,
+    /// The controller's `--status-writers`.
+    status_writers: usize,
     /// Seconds after the last pod until the controller's event creates
     /// stopped (the request counts and CPU figures are taken after them).
     events_settle_seconds: f64,
@@ -484,6 +490,7 @@ async fn run(args: Args) -> Result<()> {
         placed_p50_seconds: round(quantile(&placed_times, 0.5), 3),
         placed_p99_seconds: round(quantile(&placed_times, 0.99), 3),
         seconds_to_all_pods: seconds_to_all_pods.map(|s| round(s, 3)),
+        status_writers: args.status_writers,
         pods,
         controller_peak_rss_bytes,
         controller_cpu_seconds: round(controller_cpu_seconds, 2),
@@ -680,6 +687,7 @@ fn start_controller(
         .args(["--node-selector", &format!("{POOL_LABEL}={pool}")])
         .args(["--metrics-addr", &format!("127.0.0.1:{metrics_port}")])
         .args(["--cycle-seconds", &args.cycle_seconds.to_string()])
+        .args(["--status-writers", &args.status_writers.to_string()])
         .env("KUBECONFIG", kubeconfig)
         .env("RUST_LOG", &args.controller_rust_log)
         .stdout(Stdio::null())

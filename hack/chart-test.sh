@@ -134,7 +134,7 @@ mustnt() { ! can "$@" || fail "$1 can, and must not: ${*:2}"; }
 
 log "kubectl auth can-i as each ServiceAccount (all namespaces)"
 apply_release
-for verb in list watch patch; do must controller "$verb" trainingjobs.vramfit.dev -n ml; done
+for verb in get list watch patch; do must controller "$verb" trainingjobs.vramfit.dev -n ml; done
 must controller patch trainingjobs.vramfit.dev -n ml --subresource=status
 for verb in list watch create delete; do must controller "$verb" pods -n ml; done
 must controller get configmaps -n ml

@@ -55,7 +55,7 @@ app.kubernetes.io/component: {{ .component }}
 {{- define "vramfit.controller.namespacedRules" }}
 - apiGroups: ["vramfit.dev"]
   resources: ["trainingjobs"]
-  verbs: ["list", "watch", "patch"]
+  verbs: ["get", "list", "watch", "patch"]
 - apiGroups: ["vramfit.dev"]
   resources: ["trainingjobs/status"]
   verbs: ["patch"]
