@@ -677,9 +677,13 @@ fn start_controller(
         .controller
         .clone()
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_vramfit")));
-    let stderr = match &args.controller_log {
-        Some(path) => Stdio::from(std::fs::File::create(path)?),
-        None => Stdio::null(),
+    // The controller logs to standard output; both streams go to the log.
+    let (stdout, stderr) = match &args.controller_log {
+        Some(path) => {
+            let file = std::fs::File::create(path)?;
+            (Stdio::from(file.try_clone()?), Stdio::from(file))
+        }
+        None => (Stdio::null(), Stdio::null()),
     };
     let child = Command::new(&binary)
         .args(["controller", "--no-leader-election"])
@@ -690,7 +694,7 @@ fn start_controller(
         .args(["--status-writers", &args.status_writers.to_string()])
         .env("KUBECONFIG", kubeconfig)
         .env("RUST_LOG", &args.controller_rust_log)
-        .stdout(Stdio::null())
+        .stdout(stdout)
         .stderr(stderr)
         .spawn()
         .with_context(|| format!("starting {}", binary.display()))?;

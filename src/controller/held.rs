@@ -85,11 +85,6 @@ impl HeldPredictions {
         self.lock().remove(uid);
     }
 
-    /// Keeps only what is held for jobs `live` says are still there.
-    pub fn retain(&self, live: impl Fn(&str) -> bool) {
-        self.lock().retain(|uid, _| live(uid));
-    }
-
     /// The jobs as the scheduling cycle must see them: a job with a held
     /// prediction for its current version carries that prediction.
     pub fn overlay_all(&self, jobs: Vec<Arc<TrainingJob>>) -> Vec<Arc<TrainingJob>> {
@@ -149,14 +144,6 @@ impl OwnWrites {
     /// Forgets `uid` (the job is gone).
     pub fn forget(&self, uid: &str) {
         self.inner.lock().expect("own writes lock").remove(uid);
-    }
-
-    /// Keeps only the jobs `live` says are still there.
-    pub fn retain(&self, live: impl Fn(&str) -> bool) {
-        self.inner
-            .lock()
-            .expect("own writes lock")
-            .retain(|uid, _| live(uid));
     }
 }
 
@@ -237,22 +224,6 @@ mod tests {
         writes.wrote("a", Some("9".into()));
         writes.forget("a");
         assert!(!writes.is_latest(&job("a", "9")));
-    }
-
-    #[test]
-    fn what_is_kept_for_jobs_that_are_gone_is_dropped() {
-        let held_predictions = HeldPredictions::default();
-        let writes = OwnWrites::default();
-        for uid in ["a", "b"] {
-            held_predictions.hold(uid, held("7", 10));
-            writes.wrote(uid, Some("7".into()));
-        }
-        held_predictions.retain(|uid| uid == "b");
-        writes.retain(|uid| uid == "b");
-        assert_eq!(held_predictions.get("a", Some("7")), None);
-        assert_eq!(held_predictions.get("b", Some("7")), Some(held("7", 10)));
-        assert!(!writes.is_latest(&job("a", "7")));
-        assert!(writes.is_latest(&job("b", "7")));
     }
 
     #[test]

@@ -126,9 +126,9 @@ pub struct Context {
     /// Decisions of the scheduling cycle not yet written to status.
     pub assignments: Assignments,
     /// Predictions not yet written, held until the cycle's verdict.
-    pub held: held::HeldPredictions,
+    pub held: Arc<held::HeldPredictions>,
     /// The versions this process's own status writes produced.
-    pub own_writes: held::OwnWrites,
+    pub own_writes: Arc<held::OwnWrites>,
     /// What predictions read across all jobs, kept from the job watch.
     index: Arc<job_index::JobIndex>,
     gpu_nodes: Store<GpuNode>,
@@ -301,9 +301,12 @@ pub async fn run(client: Client, options: ControllerOptions) -> Result<()> {
     let (jobs, job_writer) = reflector::store::<TrainingJob>();
     let index = Arc::new(job_index::JobIndex::default());
     let wake = Arc::new(Notify::new());
+    let held_predictions = Arc::new(held::HeldPredictions::default());
+    let own_writes = Arc::new(held::OwnWrites::default());
     let job_stream = {
         let index = index.clone();
         let wake = wake.clone();
+        let (held, own_writes) = (held_predictions.clone(), own_writes.clone());
         watcher(jobs_api, watcher::Config::default())
             // Nothing reads managedFields; dropping them keeps the cache small.
             .modify(|job| job.metadata.managed_fields = None)
@@ -312,7 +315,11 @@ pub async fn run(client: Client, options: ControllerOptions) -> Result<()> {
                 index.observe(event);
                 // A job gone frees its room once its pod is: the cycle
                 // deletes the pod and counts it until then.
-                if matches!(event, watcher::Event::Delete(_)) {
+                if let watcher::Event::Delete(job) = event {
+                    // What is kept in memory for the job goes with it.
+                    let uid = job.metadata.uid.as_deref().unwrap_or_default();
+                    held.forget(uid);
+                    own_writes.forget(uid);
                     wake.notify_one();
                 }
             })
@@ -336,8 +343,8 @@ pub async fn run(client: Client, options: ControllerOptions) -> Result<()> {
         events: event_queue,
         metrics,
         assignments: Assignments::default(),
-        held: held::HeldPredictions::default(),
-        own_writes: held::OwnWrites::default(),
+        held: held_predictions,
+        own_writes,
         index,
         gpu_nodes: gpu_nodes.clone(),
         gpu_models_cache: Default::default(),
@@ -594,13 +601,6 @@ async fn scheduling_loop(
         for job in &outcome.changed {
             let _ = trigger.unbounded_send(ObjectRef::from_obj(*job));
         }
-        // What is kept in memory for jobs that are gone goes with them.
-        let live: std::collections::HashSet<&str> = job_refs
-            .iter()
-            .filter_map(|j| j.metadata.uid.as_deref())
-            .collect();
-        ctx.held.retain(|uid| live.contains(uid));
-        ctx.own_writes.retain(|uid| live.contains(uid));
         delete_orphans(&ctx, outcome.orphans.clone(), &mut deleting);
         let (view, ledger) = (outcome.view, outcome.ledger);
         update_gauges(&ctx.metrics, &job_refs, &view, &ledger);

@@ -140,6 +140,13 @@ async fn apply(job: &TrainingJob, ctx: &Context) -> Result<Action> {
                     None => predicted,
                 }
             }
+            // This process wrote the placement already: the cached job lags the
+            // write, whose watch event brings the job back.
+            Step::RecordPlacement { placement, .. }
+                if ctx.assignments.is_recorded(&uid, placement.attempt) =>
+            {
+                return Ok(Action::requeue(transition::WRITE_RESYNC));
+            }
             Step::RecordPlacement { status, placement } => {
                 // The pod first, then the status that records it: the pod is the
                 // first record of the placement (`pod_ledger` reads it back after
@@ -217,6 +224,18 @@ fn hold_prediction(
     }
 }
 
+/// Notes a placement as written, so that a reconcile on a cached job from
+/// before the write does not record it again.
+fn mark_recorded(ctx: &Context, job: &TrainingJob, transition: &Transition) {
+    if let (true, Some(placement)) = (
+        transition.decision == "placed",
+        transition.status.placement.as_ref(),
+    ) {
+        ctx.assignments
+            .mark_recorded(&job.uid().unwrap_or_default(), placement.attempt);
+    }
+}
+
 /// One structured line per decision that changes a status.
 fn log_decision(job: &TrainingJob, transition: &Transition) {
     tracing::info!(
@@ -257,6 +276,7 @@ async fn carry_out(
         );
         ctx.status_queue
             .push(kube::runtime::reflector::ObjectRef::from_obj(job));
+        mark_recorded(ctx, job, &transition);
         log_decision(job, &transition);
     } else if transition.status != *before {
         let api: Api<TrainingJob> = Api::namespaced(ctx.client.clone(), &namespace);
@@ -266,6 +286,7 @@ async fn carry_out(
         // What is written supersedes a held prediction.
         ctx.held.forget(&uid);
         ctx.own_writes.wrote(&uid, written);
+        mark_recorded(ctx, job, &transition);
         log_decision(job, &transition);
     }
     for effect in transition.effects {

@@ -323,6 +323,9 @@ pub struct Assignments {
 #[derive(Default)]
 struct AssignmentMaps {
     placed: HashMap<(String, u32), PlacementStatus>,
+    /// Placements of `placed` this process has written (or handed to the
+    /// status writer): a cached job without them only lags the write.
+    recorded: std::collections::HashSet<(String, u32)>,
     /// The last verdict, and when the job was last told of a change.
     waiting: HashMap<(String, u32), (Verdict, Instant)>,
 }
@@ -339,6 +342,27 @@ impl Assignments {
     pub fn placement(&self, uid: &str, attempt: u32) -> Option<PlacementStatus> {
         let maps = self.inner.lock().expect("assignments lock");
         maps.placed.get(&(uid.to_string(), attempt)).cloned()
+    }
+
+    /// Notes that the placement of this attempt is written (or held for the
+    /// status writer), so a cached job that lacks it only lags.
+    pub fn mark_recorded(&self, uid: &str, attempt: u32) {
+        let mut maps = self.inner.lock().expect("assignments lock");
+        if maps.placed.contains_key(&(uid.to_string(), attempt)) {
+            maps.recorded.insert((uid.to_string(), attempt));
+        }
+    }
+
+    /// Undoes [`Assignments::mark_recorded`]: the write did not happen.
+    pub fn unmark_recorded(&self, uid: &str, attempt: u32) {
+        let mut maps = self.inner.lock().expect("assignments lock");
+        maps.recorded.remove(&(uid.to_string(), attempt));
+    }
+
+    /// True when this process wrote the placement of this attempt already.
+    pub fn is_recorded(&self, uid: &str, attempt: u32) -> bool {
+        let maps = self.inner.lock().expect("assignments lock");
+        maps.recorded.contains(&(uid.to_string(), attempt))
     }
 
     /// Why the attempt waits, if the cycle said so.
@@ -364,6 +388,7 @@ impl Assignments {
         match verdict {
             Verdict::Place(placement) => {
                 maps.waiting.remove(&key);
+                maps.recorded.remove(&key);
                 maps.placed.insert(key, placement);
                 true
             }
@@ -408,7 +433,13 @@ impl Assignments {
             ledger.push(recorded_placement(job, placement));
             true
         });
-        maps.waiting.retain(|(uid, _), _| live.contains_key(uid));
+        let AssignmentMaps {
+            placed,
+            recorded,
+            waiting,
+        } = &mut *maps;
+        recorded.retain(|key| placed.contains_key(key));
+        waiting.retain(|(uid, _), _| live.contains_key(uid));
         ledger
     }
 
@@ -416,6 +447,7 @@ impl Assignments {
     pub fn forget(&self, uid: &str) {
         let mut maps = self.inner.lock().expect("assignments lock");
         maps.placed.retain(|(u, _), _| u != uid);
+        maps.recorded.retain(|(u, _)| u != uid);
         maps.waiting.retain(|(u, _), _| u != uid);
     }
 }

@@ -489,3 +489,38 @@ fn an_assignment_leaves_the_ledger_once_its_job_moved_on() {
         assert_eq!(assignments.placement("uid-a", 1).is_some(), kept, "{what}");
     }
 }
+
+#[test]
+fn a_placement_marked_recorded_stays_so_until_a_new_decision_or_its_entry_goes() {
+    let assignments = Assignments::default();
+    assignments.mark_recorded("uid-a", 1);
+    assert!(
+        !assignments.is_recorded("uid-a", 1),
+        "only a placement the cycle made is marked"
+    );
+    assignments.record("uid-a", 1, Verdict::Place(on_gpu0(10 * GIB)));
+    assignments.mark_recorded("uid-a", 1);
+    assert!(assignments.is_recorded("uid-a", 1));
+    assert!(!assignments.is_recorded("uid-a", 2), "per attempt");
+    assignments.unmark_recorded("uid-a", 1);
+    assert!(!assignments.is_recorded("uid-a", 1));
+
+    assignments.mark_recorded("uid-a", 1);
+    assignments.record("uid-a", 1, Verdict::Place(on_gpu0(20 * GIB)));
+    assert!(
+        !assignments.is_recorded("uid-a", 1),
+        "a new placement is not written yet"
+    );
+
+    assignments.mark_recorded("uid-a", 1);
+    let a = job("a", 0, "2026-12-01T00:00:00Z", 20 * GIB);
+    assert_eq!(assignments.pending_ledger(&[&a]).len(), 1);
+    assert!(assignments.is_recorded("uid-a", 1), "kept while pending");
+    assert!(assignments.pending_ledger(&[]).is_empty());
+    assert!(!assignments.is_recorded("uid-a", 1), "the job is gone");
+
+    assignments.record("uid-a", 1, Verdict::Place(on_gpu0(20 * GIB)));
+    assignments.mark_recorded("uid-a", 1);
+    assignments.forget("uid-a");
+    assert!(!assignments.is_recorded("uid-a", 1));
+}

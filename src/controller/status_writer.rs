@@ -173,6 +173,9 @@ async fn write(
         // Gone, or changed since (the test failed): its reconcile decides.
         Err(kube::Error::Api(e)) if e.code == 404 || e.code == 422 || e.code == 409 => {
             ctx.held.forget_if(&uid, &resource_version);
+            if let Some(placement) = &status.placement {
+                ctx.assignments.unmark_recorded(&uid, placement.attempt);
+            }
             Ok(())
         }
         Err(e) => Err(Error::Kube(e)),
