@@ -63,11 +63,17 @@ impl EventQueue {
 
 /// The sender task: publishes queued events until every queue handle is
 /// dropped. A failed event is logged, not retried.
-pub async fn send_all(recorder: Recorder, receiver: mpsc::Receiver<Queued>) -> Result<()> {
+pub async fn send_all(
+    recorder: Recorder,
+    receiver: mpsc::Receiver<Queued>,
+    pods_first: std::sync::Arc<super::pods_first::PodsFirst>,
+) -> Result<()> {
     tokio_stream_of(receiver)
         .map(|queued| {
             let recorder = recorder.clone();
+            let pods_first = pods_first.clone();
             async move {
+                pods_first.wait_turn(super::pods_first::MAX_YIELD).await;
                 if let Err(error) = recorder.publish(&queued.event, &queued.job).await {
                     tracing::warn!(
                         %error,

@@ -219,6 +219,7 @@ mod tests {
                 fence: Arc::new(fence),
                 status_queue: crate::controller::status_writer::StatusQueue::new().0,
                 defer_placed_status: false,
+                pods_first: Default::default(),
             })
         };
         let job: Arc<TrainingJob> = Arc::new(

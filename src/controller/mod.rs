@@ -19,6 +19,7 @@ pub mod metrics;
 pub mod model_cache;
 pub mod pod;
 pub mod pod_ledger;
+pub mod pods_first;
 pub mod quantity;
 mod reconcile;
 pub mod retry;
@@ -144,6 +145,9 @@ pub struct Context {
     pub status_queue: status_writer::StatusQueue,
     /// True when the status writer writes placed statuses.
     pub defer_placed_status: bool,
+    /// The pod creates in flight, which the status writer and the event
+    /// sender give way to.
+    pub pods_first: Arc<pods_first::PodsFirst>,
 }
 
 impl Context {
@@ -336,7 +340,11 @@ pub async fn run(client: Client, options: ControllerOptions) -> Result<()> {
         },
     );
     let (event_queue, queued_events) = events::EventQueue::new();
-    tasks.spawn("event publisher", events::send_all(recorder, queued_events));
+    let pods_first = Arc::new(pods_first::PodsFirst::default());
+    tasks.spawn(
+        "event publisher",
+        events::send_all(recorder, queued_events, pods_first.clone()),
+    );
     let (status_queue, queued_statuses) = status_writer::StatusQueue::new();
     let ctx = Arc::new(Context {
         client: client.clone(),
@@ -354,6 +362,7 @@ pub async fn run(client: Client, options: ControllerOptions) -> Result<()> {
         fence: leader_fence,
         status_queue,
         defer_placed_status: options.status_writers > 0,
+        pods_first,
     });
     let (trigger, triggers) = futures::channel::mpsc::unbounded::<ObjectRef<TrainingJob>>();
     if options.status_writers > 0 {

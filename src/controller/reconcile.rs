@@ -430,7 +430,10 @@ async fn create_pod(
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
     ctx.fence.check()?;
     // No event: the `Placed` event and the pod itself say as much.
-    match pods.create(&PostParams::default(), &pod).await {
+    let creating = ctx.pods_first.creating();
+    let created = pods.create(&PostParams::default(), &pod).await;
+    drop(creating);
+    match created {
         Ok(_) => tracing::debug!(
             job = %job.name_any(),
             namespace,

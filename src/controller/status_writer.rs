@@ -31,7 +31,7 @@ use crate::api::{TrainingJob, TrainingJobStatus};
 use crate::{Error, Result};
 
 /// Status writes in flight unless `--status-writers` says otherwise.
-pub const DEFAULT_WRITERS: usize = 8;
+pub const DEFAULT_WRITERS: usize = 2;
 
 /// How long a failed write waits before it is tried again.
 const RETRY_AFTER: Duration = Duration::from_secs(1);
@@ -150,6 +150,7 @@ async fn write(
         ctx.client.clone(),
         job.namespace.as_deref().unwrap_or_default(),
     );
+    ctx.pods_first.wait_turn(super::pods_first::MAX_YIELD).await;
     ctx.fence.check()?;
     let params = PatchParams {
         field_manager: Some(FIELD_MANAGER.into()),
