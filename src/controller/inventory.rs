@@ -251,16 +251,29 @@ pub fn job_request(job: &TrainingJob, budget: u64) -> Result<JobRequest, String>
 
 /// The ledger entry for a placement recorded in a job's status.
 pub fn recorded_placement(job: &TrainingJob, placement: &PlacementStatus) -> Placement {
-    let (cpu_milli, memory_bytes) = template_requests(&job.spec.template);
+    ledger_entry(
+        job_key(job),
+        placement,
+        template_requests(&job.spec.template),
+    )
+}
+
+/// The ledger entry of `placement` under `job_id`, with the CPU (millicores)
+/// and memory (bytes) its pod requests.
+pub fn ledger_entry(
+    job_id: String,
+    placement: &PlacementStatus,
+    requests: (u64, u64),
+) -> Placement {
     let mut gpu_indices: Vec<u32> = placement.gpus.iter().map(|g| g.index).collect();
     gpu_indices.sort_unstable();
     Placement {
-        job_id: job_key(job),
+        job_id,
         node: placement.node.clone(),
         gpu_indices,
         gpu_budget: placement.budget_bytes,
-        cpu_milli,
-        memory_bytes,
+        cpu_milli: requests.0,
+        memory_bytes: requests.1,
     }
 }
 

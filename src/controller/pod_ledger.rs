@@ -204,16 +204,11 @@ fn may_be_unrecorded(job: &TrainingJob) -> bool {
 /// The ledger entry of an orphaned pod. Its id names the pod, not the job: a
 /// new job of the same name may be placed beside it.
 fn orphan_placement(pod: &PodPlacement) -> Placement {
-    let mut gpu_indices: Vec<u32> = pod.placement.gpus.iter().map(|g| g.index).collect();
-    gpu_indices.sort_unstable();
-    Placement {
-        job_id: format!("{}/{} (pod of a deleted job)", pod.namespace, pod.pod),
-        node: pod.placement.node.clone(),
-        gpu_indices,
-        gpu_budget: pod.placement.budget_bytes,
-        cpu_milli: pod.requests.0,
-        memory_bytes: pod.requests.1,
-    }
+    super::inventory::ledger_entry(
+        format!("{}/{} (pod of a deleted job)", pod.namespace, pod.pod),
+        &pod.placement,
+        pod.requests,
+    )
 }
 
 #[cfg(test)]

@@ -105,7 +105,7 @@ pub async fn write_status(
 }
 
 /// The JSON patch that makes `status` the job's whole status.
-fn status_patch(status: &TrainingJobStatus) -> Result<json_patch::Patch> {
+pub(super) fn status_patch(status: &TrainingJobStatus) -> Result<json_patch::Patch> {
     let value = serde_json::to_value(status).map_err(Error::Json)?;
     Ok(json_patch::Patch(vec![json_patch::PatchOperation::Add(
         json_patch::AddOperation {

@@ -91,18 +91,16 @@ pub fn plan(held: Option<&HeldPrediction>, cached: Option<&TrainingJob>) -> Writ
 /// The JSON patch of a deferred write: the whole status, only while the job
 /// is still at `resource_version`.
 pub fn patch(resource_version: &str, status: &TrainingJobStatus) -> Result<json_patch::Patch> {
-    use json_patch::jsonptr::PointerBuf;
-    use json_patch::{AddOperation, PatchOperation, TestOperation};
-    Ok(json_patch::Patch(vec![
+    use json_patch::{PatchOperation, TestOperation, jsonptr::PointerBuf};
+    let mut patch = super::status::status_patch(status)?;
+    patch.0.insert(
+        0,
         PatchOperation::Test(TestOperation {
             path: PointerBuf::from_tokens(["metadata", "resourceVersion"]),
             value: resource_version.into(),
         }),
-        PatchOperation::Add(AddOperation {
-            path: PointerBuf::from_tokens(["status"]),
-            value: serde_json::to_value(status).map_err(Error::Json)?,
-        }),
-    ]))
+    );
+    Ok(patch)
 }
 
 /// Drains the queue with at most `writers` writes in flight.
