@@ -46,26 +46,41 @@ impl HeldPrediction {
 /// Held predictions by job UID.
 #[derive(Default)]
 pub struct HeldPredictions {
-    inner: Mutex<HashMap<String, HeldPrediction>>,
+    inner: Mutex<HashMap<String, Held>>,
+}
+
+/// A held prediction and the job as the cycle sees it with it, made once:
+/// a burst of new jobs holds thousands of placed statuses until the status
+/// writer has written them, and every cycle reads them all.
+struct Held {
+    prediction: HeldPrediction,
+    seen: Option<Arc<TrainingJob>>,
 }
 
 impl HeldPredictions {
     /// Holds a prediction of `uid` (replacing an older one).
     pub fn hold(&self, uid: &str, held: HeldPrediction) {
-        self.lock().insert(uid.to_string(), held);
+        self.lock().insert(
+            uid.to_string(),
+            Held {
+                prediction: held,
+                seen: None,
+            },
+        );
     }
 
     /// The prediction held for `uid` if it was made from `resource_version`.
     pub fn get(&self, uid: &str, resource_version: Option<&str>) -> Option<HeldPrediction> {
         self.lock()
             .get(uid)
+            .map(|h| &h.prediction)
             .filter(|h| h.made_from(resource_version))
             .cloned()
     }
 
     /// What is held for `uid`, whatever version it was made from.
     pub fn get_any(&self, uid: &str) -> Option<HeldPrediction> {
-        self.lock().get(uid).cloned()
+        self.lock().get(uid).map(|h| h.prediction.clone())
     }
 
     /// Drops what is held for `uid` if it was made from `resource_version`
@@ -74,7 +89,7 @@ impl HeldPredictions {
         let mut held = self.lock();
         if held
             .get(uid)
-            .is_some_and(|h| h.resource_version == resource_version)
+            .is_some_and(|h| h.prediction.resource_version == resource_version)
         {
             held.remove(uid);
         }
@@ -86,27 +101,32 @@ impl HeldPredictions {
     }
 
     /// The jobs as the scheduling cycle must see them: a job with a held
-    /// prediction for its current version carries that prediction.
+    /// prediction for its current version carries that prediction. The job
+    /// with its prediction is made on the first call and shared after: the
+    /// cached job of one version does not change.
     pub fn overlay_all(&self, jobs: Vec<Arc<TrainingJob>>) -> Vec<Arc<TrainingJob>> {
-        let held = self.lock();
+        let mut held = self.lock();
         if held.is_empty() {
             return jobs;
         }
         jobs.into_iter()
             .map(|job| {
                 let uid = job.metadata.uid.as_deref().unwrap_or_default();
-                match held
-                    .get(uid)
-                    .filter(|h| h.made_from(job.metadata.resource_version.as_deref()))
-                {
-                    Some(h) => Arc::new(h.overlay(&job)),
+                match held.get_mut(uid).filter(|h| {
+                    h.prediction
+                        .made_from(job.metadata.resource_version.as_deref())
+                }) {
+                    Some(h) => h
+                        .seen
+                        .get_or_insert_with(|| Arc::new(h.prediction.overlay(&job)))
+                        .clone(),
                     None => job,
                 }
             })
             .collect()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, HeldPrediction>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Held>> {
         self.inner.lock().expect("held predictions lock")
     }
 }
@@ -207,6 +227,26 @@ mod tests {
             .collect();
         assert_eq!(budgets, vec![Some(10), None, None]);
         assert_eq!(seen[0].metadata.resource_version.as_deref(), Some("7"));
+    }
+
+    #[test]
+    fn the_cycle_shares_one_overlaid_job_until_the_hold_changes() {
+        let held_predictions = HeldPredictions::default();
+        held_predictions.hold("a", held("7", 10));
+        let first = held_predictions.overlay_all(vec![job("a", "7")]);
+        let again = held_predictions.overlay_all(vec![job("a", "7")]);
+        assert!(Arc::ptr_eq(&first[0], &again[0]), "made once");
+        held_predictions.hold("a", held("7", 20));
+        let replaced = held_predictions.overlay_all(vec![job("a", "7")]);
+        assert!(!Arc::ptr_eq(&first[0], &replaced[0]));
+        assert_eq!(
+            replaced[0].status.as_ref().and_then(|s| s.budget_bytes),
+            Some(20),
+            "a new hold is seen, not the one made before it"
+        );
+        // A newer version of the job is not shown the old hold's status.
+        let newer = held_predictions.overlay_all(vec![job("a", "8")]);
+        assert_eq!(newer[0].status, None);
     }
 
     #[test]

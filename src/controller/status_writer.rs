@@ -150,34 +150,61 @@ async fn write(
     );
     ctx.pods_first.wait_turn(super::pods_first::MAX_YIELD).await;
     ctx.fence.check()?;
-    let params = PatchParams {
-        field_manager: Some(FIELD_MANAGER.into()),
-        ..PatchParams::default()
-    };
     let result = api
         .patch_status(
             &job.name,
-            &params,
+            &params(),
             &Patch::Json::<()>(patch(&resource_version, &status)?),
         )
         .await;
-    match result {
-        Ok(written) => {
+    match outcome(result) {
+        Outcome::Written(written) => {
             ctx.held.forget_if(&uid, &resource_version);
             ctx.own_writes
                 .wrote(&uid, written.metadata.resource_version);
             ctx.metrics.status_writes_deferred.inc();
             Ok(())
         }
-        // Gone, or changed since (the test failed): its reconcile decides.
-        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 422 || e.code == 409 => {
+        Outcome::Superseded => {
             ctx.held.forget_if(&uid, &resource_version);
             if let Some(placement) = &status.placement {
                 ctx.assignments.unmark_recorded(&uid, placement.attempt);
             }
             Ok(())
         }
-        Err(e) => Err(Error::Kube(e)),
+        Outcome::Retry(e) => Err(Error::Kube(e)),
+    }
+}
+
+/// The parameters of a deferred write: the controller's field manager, so
+/// that the status fields stay owned by the same manager as the reconcile's
+/// own writes.
+fn params() -> PatchParams {
+    PatchParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..PatchParams::default()
+    }
+}
+
+/// What the API server's answer to a deferred write means.
+#[derive(Debug)]
+enum Outcome<T> {
+    /// Written: the job as it is now.
+    Written(T),
+    /// Not written and never to be: the job is gone (404), or it changed
+    /// since the status was made (the `test` failed: 422; a conflict: 409).
+    /// The held status is dropped and the job's reconcile decides again.
+    Superseded,
+    /// Not written for a reason that may pass (the server busy or away, a
+    /// lost connection): written again after [`RETRY_AFTER`].
+    Retry(kube::Error),
+}
+
+fn outcome<T>(result: std::result::Result<T, kube::Error>) -> Outcome<T> {
+    match result {
+        Ok(written) => Outcome::Written(written),
+        Err(kube::Error::Api(e)) if matches!(e.code, 404 | 409 | 422) => Outcome::Superseded,
+        Err(e) => Outcome::Retry(e),
     }
 }
 
@@ -238,6 +265,47 @@ mod tests {
         for (case, held, cached) in cases {
             assert_eq!(plan(held.as_ref(), cached.as_ref()), Write::Skip, "{case}");
         }
+    }
+
+    fn api_error(code: u16) -> kube::Error {
+        kube::Error::Api(Box::new(
+            kube::core::Status::failure("refused", "Reason").with_code(code),
+        ))
+    }
+
+    #[test]
+    fn a_refused_write_is_dropped_only_when_it_can_never_land() {
+        assert!(matches!(outcome(Ok::<u8, _>(7)), Outcome::Written(7)));
+        let cases = [
+            (404, "the job is gone", true),
+            (409, "a conflict: the job changed", true),
+            (422, "the resourceVersion test failed", true),
+            (429, "too many requests", false),
+            (500, "the server failed", false),
+            (503, "the server is away", false),
+            (403, "not allowed (RBAC is being fixed)", false),
+        ];
+        for (code, case, superseded) in cases {
+            let got = outcome::<()>(Err(api_error(code)));
+            assert_eq!(
+                matches!(got, Outcome::Superseded),
+                superseded,
+                "{code} {case}: {got:?}"
+            );
+            assert_eq!(
+                matches!(got, Outcome::Retry(_)),
+                !superseded,
+                "{code} {case}"
+            );
+        }
+        let lost = kube::Error::Service("connection reset".into());
+        assert!(matches!(outcome::<()>(Err(lost)), Outcome::Retry(_)));
+    }
+
+    #[test]
+    fn deferred_writes_are_made_by_the_controllers_field_manager() {
+        assert_eq!(params().field_manager.as_deref(), Some(FIELD_MANAGER));
+        assert!(!params().force, "a status patch never forces ownership");
     }
 
     #[test]
