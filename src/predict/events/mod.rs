@@ -196,8 +196,8 @@ pub fn training_events(arch: &Arch, run: &RunShape) -> Vec<TensorEvent> {
     let mut g = Gen::new(arch, run);
     g.build();
     for step in 0..2 {
-        for micro in 0..run.grad_accum.max(1) {
-            g.micro_step(micro == 0 && step == 0, micro == 0);
+        for _ in 0..run.grad_accum.max(1) {
+            g.micro_step();
         }
         g.optimizer_step(step == 0);
     }
@@ -268,8 +268,8 @@ impl<'a> Gen<'a> {
 
     /// Elements of a tensor held by this GPU under ZeRO sharding at `stage`.
     fn shard(&self, numel: u64, stage: u8) -> u64 {
-        if self.run.zero_stage >= stage && self.run.gpus > 1 {
-            numel.div_ceil(self.run.gpus)
+        if self.run.zero_stage >= stage {
+            numel.div_ceil(self.run.gpus.max(1))
         } else {
             numel
         }
@@ -374,8 +374,7 @@ impl<'a> Gen<'a> {
         }
     }
 
-    fn micro_step(&mut self, first_ever: bool, _first_of_step: bool) {
-        let _ = first_ever;
+    fn micro_step(&mut self) {
         match self.arch {
             Arch::Mlp { layers, hidden } => self.mlp_micro_step(*layers, *hidden),
             Arch::Transformer(t) => {
@@ -388,3 +387,6 @@ impl<'a> Gen<'a> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

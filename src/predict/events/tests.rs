@@ -1,0 +1,331 @@
+//! The generated sequence of a tiny transformer, tensor by tensor where
+//! PyTorch's own code says what each tensor is: the inputs, the embeddings,
+//! the head and the loss, the weights' gradients, the rotary tables, the
+//! eager mask and the cuBLAS workspaces.
+//!
+//! Sizes are chosen so that the tensors named here have sizes no other
+//! tensor has: 15 tokens (3 x 5, odd, so never a power of two), hidden 24,
+//! vocabulary 1000.
+
+use super::*;
+use crate::api::{Attention, ModelSpec, Optimizer, Precision, TransformerSpec};
+use crate::predict::resolve_arch;
+
+const MICRO: u64 = 3;
+const SEQ: u64 = 5;
+const N: u64 = MICRO * SEQ;
+const H: u64 = 24;
+const HEADS: u64 = 2;
+const V: u64 = 1000;
+
+fn model(extra: serde_json::Value) -> ModelSpec {
+    let mut spec = serde_json::json!({
+        "layers": 2, "hidden": H, "heads": HEADS, "vocab": V, "seqLen": SEQ
+    });
+    spec.as_object_mut()
+        .unwrap()
+        .extend(extra.as_object().unwrap().clone());
+    let t: TransformerSpec = serde_json::from_value(spec).unwrap();
+    ModelSpec {
+        transformer: Some(t),
+        ..ModelSpec::default()
+    }
+}
+
+fn run(precision: Precision) -> RunShape {
+    RunShape {
+        micro_batch: MICRO,
+        grad_accum: 1,
+        precision,
+        optimizer: Optimizer::Sgd,
+        checkpointing: false,
+        attention: Attention::Sdpa,
+        zero_stage: 0,
+        gpus: 1,
+        cublas_workspace: 0,
+    }
+}
+
+fn events_of(model: &ModelSpec, run: &RunShape) -> (Vec<TensorEvent>, Vec<ParamTensorSizes>) {
+    let arch = resolve_arch(model).unwrap();
+    let params = arch
+        .param_tensors()
+        .iter()
+        .map(|p| ParamTensorSizes {
+            numel: p.numel(),
+            layer: p.layer,
+            matmul_weight: p.matmul_weight,
+        })
+        .collect();
+    (training_events(&arch, run), params)
+}
+
+struct ParamTensorSizes {
+    numel: u64,
+    layer: Option<u32>,
+    matmul_weight: bool,
+}
+
+/// Sizes of the allocations of `category`, in order.
+fn sizes(evs: &[TensorEvent], category: Category) -> Vec<u64> {
+    evs.iter()
+        .filter_map(|e| match *e {
+            TensorEvent::Alloc {
+                bytes, category: c, ..
+            } if c == category => Some(bytes),
+            _ => None,
+        })
+        .collect()
+}
+
+fn count(sizes: &[u64], bytes: u64) -> usize {
+    sizes.iter().filter(|&&b| b == bytes).count()
+}
+
+#[test]
+fn a_step_begins_with_the_token_ids_the_labels_and_the_embeddings() {
+    // ids and labels (int64), then the embedding lookup; GPT-2 adds the
+    // learned positions (a new tensor), BERT the token types and its norm
+    // (plus the norm's saved statistics) before the first block.
+    let cases = [
+        (
+            "learned positions",
+            serde_json::json!({}),
+            vec![N * 8, N * 8, N * H * 4, N * H * 4],
+        ),
+        (
+            "rotary: nothing added to the embedding",
+            serde_json::json!({"positional": "rotary"}),
+            vec![N * 8, N * 8, N * H * 4],
+        ),
+        (
+            "an encoder",
+            serde_json::json!({"kind": "encoder"}),
+            vec![
+                N * 8,
+                N * 8,
+                N * H * 4,
+                N * H * 4,
+                N * H * 4,
+                N * 8,
+                N * H * 4,
+            ],
+        ),
+    ];
+    for (case, extra, expected) in cases {
+        let (evs, _) = events_of(&model(extra), &run(Precision::Fp32));
+        let acts = sizes(&evs, Category::Activations);
+        assert_eq!(acts[..expected.len()], expected[..], "{case}");
+        // The next one is the first block's, never one of these again.
+        assert_ne!(acts[expected.len()], N * 8, "{case}");
+    }
+    // Under autocast the lookup is in the weights' dtype (fp32) and the
+    // residual stream stays fp32.
+    let (evs, _) = events_of(&model(serde_json::json!({})), &run(Precision::AmpBf16));
+    assert_eq!(
+        sizes(&evs, Category::Activations)[..4],
+        [N * 8, N * 8, N * H * 4, N * H * 4]
+    );
+    // Pure bf16 weights: everything in two bytes.
+    let (evs, _) = events_of(&model(serde_json::json!({})), &run(Precision::Bf16));
+    assert_eq!(
+        sizes(&evs, Category::Activations)[..4],
+        [N * 8, N * 8, N * H * 2, N * H * 2]
+    );
+}
+
+/// The activations allocated just before the loss (the first 512-byte one)
+/// and just after it.
+fn around_the_loss(evs: &[TensorEvent], before: usize, after: usize) -> (Vec<u64>, Vec<u64>) {
+    let acts = sizes(evs, Category::Activations);
+    let loss = acts.iter().position(|&b| b == 512).expect("a loss");
+    (
+        acts[loss + 1 - before..=loss].to_vec(),
+        acts[loss + 1..loss + 1 + after].to_vec(),
+    )
+}
+
+#[test]
+fn the_head_keeps_the_logits_and_the_fp32_log_softmax_for_the_loss() {
+    // fp32: the last block's output is normed, projected to the vocabulary,
+    // log-softmaxed, and the loss is a scalar (one 512-byte block). Backward
+    // starts with the log-softmax's and the logits' gradients, then the
+    // head's input gradient and the residual stream's.
+    let (evs, _) = events_of(&model(serde_json::json!({})), &run(Precision::Fp32));
+    let (before, after) = around_the_loss(&evs, 5, 4);
+    assert_eq!(before, [N * 8, N * H * 4, N * V * 4, N * V * 4, 512]);
+    assert_eq!(after, [N * V * 4, N * V * 4, N * H * 4, N * H * 4]);
+
+    // Autocast: the normed output is cast for the head's matmul, the
+    // logits come out in bf16 and are upcast to fp32 for the log-softmax;
+    // in backward the logits' gradient goes back to bf16.
+    let (evs, _) = events_of(&model(serde_json::json!({})), &run(Precision::AmpBf16));
+    let (before, after) = around_the_loss(&evs, 7, 4);
+    assert_eq!(
+        before,
+        [
+            N * 8,
+            N * H * 4,
+            N * H * 2,
+            N * V * 2,
+            N * V * 4,
+            N * V * 4,
+            512
+        ]
+    );
+    assert_eq!(after, [N * V * 4, N * V * 4, N * V * 2, N * H * 2]);
+
+    // BERT's head: a dense layer and its GELU before the norm.
+    let (evs, _) = events_of(
+        &model(serde_json::json!({"kind": "encoder"})),
+        &run(Precision::Fp32),
+    );
+    let (before, _) = around_the_loss(&evs, 7, 0);
+    assert_eq!(
+        before,
+        [
+            N * 8,
+            N * H * 4,
+            N * H * 4,
+            N * H * 4,
+            N * V * 4,
+            N * V * 4,
+            512
+        ]
+    );
+}
+
+#[test]
+fn the_embedding_gradient_is_a_dense_table_once_a_micro_step() {
+    let (evs, _) = events_of(&model(serde_json::json!({})), &run(Precision::Fp32));
+    // Two optimizer steps of one micro-step each.
+    assert_eq!(count(&sizes(&evs, Category::Activations), V * H * 4), 2);
+    let mut accumulating = run(Precision::Fp32);
+    accumulating.grad_accum = 3;
+    let (evs, _) = events_of(&model(serde_json::json!({})), &accumulating);
+    // Six tables, and in each step's two later micro-steps the temporary
+    // that adds the table into the existing .grad.
+    assert_eq!(
+        count(&sizes(&evs, Category::Activations), V * H * 4),
+        6 + 2 * 2
+    );
+}
+
+#[test]
+fn building_the_model_allocates_its_weights_and_the_rotary_tables() {
+    for precision in [Precision::Fp32, Precision::Bf16] {
+        let weight = if precision == Precision::Fp32 { 4 } else { 2 };
+        let (evs, params) = events_of(&model(serde_json::json!({})), &run(precision));
+        let all: u64 = params.iter().map(|p| p.numel * weight).sum();
+        assert_eq!(sizes(&evs, Category::Parameters).iter().sum::<u64>(), all);
+        // Rotary positions: a cos and a sin table, sequence x head size, in
+        // the weights' dtype; no learned position table.
+        let (evs, params) = events_of(
+            &model(serde_json::json!({"positional": "rotary"})),
+            &run(precision),
+        );
+        let all: u64 = params.iter().map(|p| p.numel * weight).sum();
+        let table = SEQ * (H / HEADS) * weight;
+        let parameters = sizes(&evs, Category::Parameters);
+        assert_eq!(
+            parameters.iter().sum::<u64>(),
+            all + 2 * table,
+            "{precision:?}"
+        );
+        assert_eq!(parameters[params.len()..], [table, table], "{precision:?}");
+    }
+}
+
+#[test]
+fn eager_attention_in_a_decoder_builds_the_causal_mask_once() {
+    let mut eager = run(Precision::Fp32);
+    eager.attention = Attention::Eager;
+    let before_the_first_step = |evs: &[TensorEvent]| {
+        let acts = sizes(evs, Category::Activations);
+        let first_ids = acts.iter().position(|&b| b == N * 8).unwrap();
+        acts[..first_ids].to_vec()
+    };
+    let (evs, _) = events_of(&model(serde_json::json!({})), &eager);
+    assert_eq!(before_the_first_step(&evs), [SEQ * SEQ]);
+    let (evs, _) = events_of(&model(serde_json::json!({"kind": "encoder"})), &eager);
+    assert_eq!(before_the_first_step(&evs), Vec::<u64>::new(), "no mask");
+    let (evs, _) = events_of(&model(serde_json::json!({})), &run(Precision::Fp32));
+    assert_eq!(before_the_first_step(&evs), Vec::<u64>::new(), "sdpa");
+}
+
+#[test]
+fn each_thread_that_runs_a_matmul_gets_one_cublas_workspace() {
+    // The forward's thread and autograd's, each at its first matmul, kept.
+    let mut with = run(Precision::Fp32);
+    with.cublas_workspace = 1 << 20;
+    let (evs, _) = events_of(&model(serde_json::json!({})), &with);
+    assert_eq!(sizes(&evs, Category::Workspace), [1 << 20, 1 << 20]);
+    let (evs, _) = events_of(&model(serde_json::json!({})), &run(Precision::Fp32));
+    assert_eq!(sizes(&evs, Category::Workspace), Vec::<u64>::new());
+}
+
+#[test]
+fn gradients_are_made_once_and_later_micro_steps_add_into_them() {
+    for precision in [Precision::Fp32, Precision::AmpBf16] {
+        let (evs, params) = events_of(&model(serde_json::json!({})), &run(precision));
+        let grads = sizes(&evs, Category::Gradients);
+        // One fp32 gradient per parameter, made in each step's backward
+        // (the optimizer step sets them to None).
+        assert_eq!(grads.len(), 2 * params.len(), "{precision:?}");
+        let all: u64 = params.iter().map(|p| p.numel * 4).sum();
+        assert_eq!(grads.iter().sum::<u64>(), 2 * all, "{precision:?}");
+    }
+    // With accumulation, every later micro-step adds each weight's
+    // gradient into .grad through an fp32 temporary of its size (under
+    // autocast converted from the bf16 gradient). Counted against the same
+    // model with one micro-step a step (2 steps, 3 micro-steps each).
+    let (_, params) = events_of(&model(serde_json::json!({})), &run(Precision::Fp32));
+    let h4: Vec<&ParamTensorSizes> = params
+        .iter()
+        .filter(|p| p.numel == 4 * H * H && p.layer.is_some())
+        .collect();
+    assert!(!h4.is_empty(), "the MLP's matrices");
+    for precision in [Precision::Fp32, Precision::AmpBf16] {
+        let (plain, _) = events_of(&model(serde_json::json!({})), &run(precision));
+        let mut accumulating = run(precision);
+        accumulating.grad_accum = 3;
+        let (acc, _) = events_of(&model(serde_json::json!({})), &accumulating);
+        let extra = |bytes: u64| {
+            count(&sizes(&acc, Category::Activations), bytes) as i64
+                - 3 * count(&sizes(&plain, Category::Activations), bytes) as i64
+        };
+        let later_micro_steps = 2 * 2;
+        let fp32_temps = (later_micro_steps * h4.len()) as i64;
+        assert_eq!(extra(4 * H * H * 4), fp32_temps, "{precision:?}");
+        if precision == Precision::AmpBf16 {
+            // Every micro-step's matmul-weight gradient comes in bf16
+            // first: once a step per weight without accumulation, and no
+            // more than once a micro-step with it.
+            assert!(h4.iter().all(|p| p.matmul_weight));
+            let bf16 = count(&sizes(&plain, Category::Activations), 4 * H * H * 2);
+            assert_eq!(bf16, 2 * h4.len(), "bf16 gradients");
+            assert_eq!(extra(4 * H * H * 2), 0, "bf16 gradients, accumulating");
+        }
+    }
+}
+
+#[test]
+fn fsdp_makes_full_size_gradients_until_the_reduce_scatter() {
+    let mut fsdp = run(Precision::AmpBf16);
+    (fsdp.zero_stage, fsdp.gpus) = (2, 2);
+    let (evs, params) = events_of(&model(serde_json::json!({})), &fsdp);
+    // Every parameter's gradient is made full size (fp32) on the default
+    // stream, from a bf16 one for the matmul weights; both steps.
+    let acts = sizes(&evs, Category::Activations);
+    for p in params.iter().filter(|p| p.numel == 4 * H * H) {
+        assert!(p.matmul_weight);
+    }
+    let h4 = params.iter().filter(|p| p.numel == 4 * H * H).count();
+    assert_eq!(count(&acts, 4 * H * H * 2), 2 * h4, "bf16 gradients");
+    let grads = sizes(&evs, Category::Gradients);
+    assert_eq!(
+        count(&grads, 4 * H * H * 4),
+        2 * h4,
+        "full fp32 gradients: {grads:?}"
+    );
+}
