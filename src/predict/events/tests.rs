@@ -329,3 +329,190 @@ fn fsdp_makes_full_size_gradients_until_the_reduce_scatter() {
         "full fp32 gradients: {grads:?}"
     );
 }
+
+/// The activations of the first block's forward: those after the step's
+/// first `start` ones (the inputs and embeddings), `len` of them.
+fn first_block_forward(evs: &[TensorEvent], start: usize, len: usize) -> Vec<u64> {
+    sizes(evs, Category::Activations)[start..start + len].to_vec()
+}
+
+/// The activations of the last block's backward, which follows the head's
+/// four (see the head test), `len` of them; fp32, so that no weight
+/// gradient's temporary comes between.
+fn last_block_backward(evs: &[TensorEvent], len: usize) -> Vec<u64> {
+    let (_, after) = around_the_loss(evs, 1, 4 + len);
+    after[4..].to_vec()
+}
+
+const F: u64 = 4 * H;
+/// Elements of one head's scores over the micro-batch.
+const S2: u64 = MICRO * HEADS * SEQ * SEQ;
+
+#[test]
+fn a_gpt_block_keeps_what_its_backward_reads() {
+    let block = [
+        N * H * 4,               // ln_1
+        N * 4 * 2,               // its mean and rstd
+        N * 3 * H * 4,           // c_attn: q, k, v
+        MICRO * HEADS * SEQ * 4, // SDPA's logsumexp
+        N * H * 4,               // attention output
+        N * H * 4,               // c_proj
+        N * H * 4,               // the residual sum
+        N * H * 4,               // ln_2
+        N * 4 * 2,               // its mean and rstd
+        N * F * 4,               // c_fc
+        N * F * 4,               // GELU
+        N * H * 4,               // mlp c_proj
+        N * H * 4,               // the block's output
+    ];
+    let (evs, _) = events_of(&model(serde_json::json!({})), &run(Precision::Fp32));
+    assert_eq!(first_block_forward(&evs, 4, block.len()), block);
+    // Backward, newest first: the MLP's gradients, ln_2's input gradient,
+    // the residual's two, attention's output and q, k, v gradients, the
+    // qkv gradient, ln_1's and the block input's.
+    let backward = [
+        N * F * 4,
+        N * F * 4,
+        N * F * 4,
+        N * H * 4,
+        N * H * 4,
+        N * H * 4,
+        N * H * 4,
+        N * H * 4,
+        N * H * 4,
+        N * H * 4,
+        N * 3 * H * 4,
+        N * H * 4,
+        N * H * 4,
+        N * H * 4,
+    ];
+    assert_eq!(last_block_backward(&evs, backward.len()), backward);
+    // Flash attention's backward accumulates the query gradient in fp32.
+    let mut flash = run(Precision::Fp32);
+    flash.attention = Attention::Flash;
+    let (evs, _) = events_of(&model(serde_json::json!({})), &flash);
+    let mut with_acc = backward[..10].to_vec();
+    with_acc.push(N * H * 4);
+    with_acc.extend(&backward[10..]);
+    assert_eq!(last_block_backward(&evs, with_acc.len()), with_acc);
+}
+
+#[test]
+fn under_autocast_a_block_casts_its_norms_outputs_and_keeps_bf16_matmul_outputs() {
+    let block = [
+        N * H * 4,
+        N * 4 * 2,
+        N * H * 2, // ln_1's output cast for c_attn
+        N * 3 * H * 2,
+        MICRO * HEADS * SEQ * 4,
+        N * H * 2,
+        N * H * 2,
+        N * H * 4, // the residual stream stays fp32
+        N * H * 4,
+        N * 4 * 2,
+        N * H * 2,
+        N * F * 2,
+        N * F * 2,
+        N * H * 2,
+        N * H * 4,
+    ];
+    let (evs, _) = events_of(&model(serde_json::json!({})), &run(Precision::AmpBf16));
+    assert_eq!(first_block_forward(&evs, 4, block.len()), block);
+}
+
+#[test]
+fn a_llama_block_rotates_q_and_k_repeats_kv_and_gates_its_mlp() {
+    // RMSNorm (one statistic), rotary on q and on k (three temporaries and
+    // the result each), grouped-query attention (k and v repeated to every
+    // head), SwiGLU (gate, up, SiLU and their product).
+    let (f, kv_heads) = (40, 1);
+    let kvd = kv_heads * (H / HEADS);
+    let llama = model(serde_json::json!({
+        "positional": "rotary", "norm": "rmsnorm", "mlp": "swiglu",
+        "kvHeads": kv_heads, "ffn": f
+    }));
+    let block = [
+        N * H * 4,
+        N * 4,
+        N * (H + 2 * kvd) * 4,
+        N * H * 4,
+        N * H * 4,
+        N * H * 4,
+        N * H * 4,
+        N * kvd * 4,
+        N * kvd * 4,
+        N * kvd * 4,
+        N * kvd * 4,
+        N * H * 4,
+        N * H * 4,
+        MICRO * HEADS * SEQ * 4,
+        N * H * 4,
+        N * H * 4,
+        N * H * 4,
+        N * H * 4,
+        N * 4,
+        N * f * 4,
+        N * f * 4,
+        N * f * 4,
+        N * f * 4,
+        N * H * 4,
+        N * H * 4,
+    ];
+    let (evs, _) = events_of(&llama, &run(Precision::Fp32));
+    assert_eq!(first_block_forward(&evs, 3, block.len()), block);
+    let backward = [
+        N * f * 4,
+        N * f * 4,
+        N * f * 4,
+        N * f * 4,
+        N * f * 4,
+        N * H * 4,
+        N * H * 4,
+        N * H * 4,
+        N * H * 4,
+        N * H * 4,
+        N * H * 4,
+        N * H * 4,
+        N * (H + 2 * kvd) * 4,
+        N * H * 4,
+        N * H * 4,
+        N * H * 4,
+    ];
+    assert_eq!(last_block_backward(&evs, backward.len()), backward);
+}
+
+#[test]
+fn eager_attention_materialises_the_scores_and_their_softmax() {
+    let mut eager = run(Precision::Fp32);
+    eager.attention = Attention::Eager;
+    let attention = |decoder: bool, amp: bool| {
+        let c = if amp { 2 } else { 4 };
+        let mut v = vec![S2 * c, S2 * c]; // q k^T, scaled
+        if decoder {
+            v.push(S2 * c); // masked
+        }
+        v.push(S2 * 4); // softmax (fp32 under autocast)
+        if amp {
+            v.push(S2 * c); // cast back for the product with v
+        }
+        v.extend([N * H * c, N * H * c]); // the product, heads merged
+        v
+    };
+    for (amp, precision) in [(false, Precision::Fp32), (true, Precision::AmpBf16)] {
+        let mut shape = eager.clone();
+        shape.precision = precision;
+        let (evs, _) = events_of(&model(serde_json::json!({})), &shape);
+        // The causal mask (built once), the step's first four, then ln_1,
+        // its statistics, (the cast) and qkv.
+        let before = if amp { 4 } else { 3 };
+        let got = first_block_forward(&evs, 1 + 4 + before, attention(true, amp).len());
+        assert_eq!(got, attention(true, amp), "decoder, amp {amp}");
+    }
+    let (evs, _) = events_of(&model(serde_json::json!({"kind": "encoder"})), &eager);
+    let got = first_block_forward(&evs, 7 + 3, attention(false, false).len());
+    assert_eq!(got, attention(false, false), "encoder: no mask");
+    // Its backward: the gradients of the softmax and of the scores, fp32.
+    let (evs, _) = events_of(&model(serde_json::json!({})), &eager);
+    let back = last_block_backward(&evs, 12);
+    assert_eq!(back[10..], [S2 * 4, S2 * 4]);
+}
