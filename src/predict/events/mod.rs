@@ -389,4 +389,6 @@ impl<'a> Gen<'a> {
 }
 
 #[cfg(test)]
+mod hf_tests;
+#[cfg(test)]
 mod tests;

@@ -1,0 +1,1110 @@
+//! The generated sequence of tiny Hugging Face models (GPT-2, LLaMA, BERT),
+//! tensor by tensor as the library's modelling code makes them (see the
+//! module comment of `hf.rs` for where each comes from).
+//!
+//! Each block is written down once as what its forward allocates, in order,
+//! and which of those tensors autograd keeps for backward, in the order they
+//! were kept; its backward then allocates one gradient of each kept tensor's
+//! size, newest first (two or three for a kept softmax), and the gradient of
+//! the block input. 15 tokens (3 x 5), hidden 24, 3 heads, FFN 40,
+//! vocabulary 1000.
+
+use super::*;
+use crate::api::{Attention, HuggingFaceSpec, ModelSpec, Optimizer, Precision};
+use crate::predict::resolve_arch;
+
+const MICRO: u64 = 3;
+const SEQ: u64 = 5;
+const N: u64 = MICRO * SEQ;
+const H: u64 = 24;
+const HEADS: u64 = 3;
+const HD: u64 = H / HEADS;
+const V: u64 = 1000;
+const F: u64 = 40;
+
+fn config(model_type: &str, extra: serde_json::Value) -> serde_json::Value {
+    let mut c = match model_type {
+        "gpt2" => serde_json::json!({"model_type": "gpt2", "n_layer": 2, "n_embd": H,
+            "n_head": HEADS, "n_positions": SEQ, "n_inner": F, "vocab_size": V}),
+        "llama" => serde_json::json!({"model_type": "llama", "num_hidden_layers": 2,
+            "hidden_size": H, "num_attention_heads": HEADS, "intermediate_size": F,
+            "vocab_size": V}),
+        _ => serde_json::json!({"model_type": "bert", "num_hidden_layers": 2, "hidden_size": H,
+            "num_attention_heads": HEADS, "intermediate_size": F, "vocab_size": V}),
+    };
+    c.as_object_mut()
+        .unwrap()
+        .extend(extra.as_object().unwrap().clone());
+    c
+}
+
+fn run(precision: Precision, attention: Attention) -> RunShape {
+    RunShape {
+        micro_batch: MICRO,
+        grad_accum: 1,
+        precision,
+        optimizer: Optimizer::Sgd,
+        checkpointing: false,
+        attention,
+        zero_stage: 0,
+        gpus: 1,
+        cublas_workspace: 0,
+    }
+}
+
+fn events(config: &serde_json::Value, run: &RunShape) -> Vec<TensorEvent> {
+    let model = ModelSpec {
+        hugging_face: Some(HuggingFaceSpec {
+            config: config.as_object().unwrap().clone(),
+            seq_len: SEQ as u32,
+        }),
+        ..ModelSpec::default()
+    };
+    training_events(&resolve_arch(&model).unwrap(), run)
+}
+
+/// Sizes of the activations, in order.
+fn acts(evs: &[TensorEvent]) -> Vec<u64> {
+    evs.iter()
+        .filter_map(|e| match *e {
+            TensorEvent::Alloc {
+                bytes,
+                category: Category::Activations,
+                ..
+            } => Some(bytes),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Element widths: weights, matmul outputs, the residual stream and the
+/// elementwise ops autocast runs in fp32.
+#[derive(Clone, Copy, Debug)]
+struct Wd {
+    w: u64,
+    c: u64,
+    r: u64,
+    e: u64,
+    amp: bool,
+}
+
+fn widths(p: Precision) -> Wd {
+    match p {
+        Precision::Fp32 => Wd {
+            w: 4,
+            c: 4,
+            r: 4,
+            e: 4,
+            amp: false,
+        },
+        Precision::AmpBf16 | Precision::AmpFp16 => Wd {
+            w: 4,
+            c: 2,
+            r: 4,
+            e: 4,
+            amp: true,
+        },
+        Precision::Bf16 | Precision::Fp16 => Wd {
+            w: 2,
+            c: 2,
+            r: 2,
+            e: 2,
+            amp: false,
+        },
+    }
+}
+
+/// Elements of the attention scores of one micro-batch.
+const S2: u64 = MICRO * HEADS * SEQ * SEQ;
+/// SDPA's log-sum-exp (fp32).
+const LSE: u64 = MICRO * HEADS * SEQ * 4;
+
+#[derive(Clone, Copy, Debug)]
+enum Kept {
+    Tensor(u64),
+    /// A softmax output: its backward writes the gradient of the output,
+    /// then of the scores (`scores_w` bytes an element), and eager's
+    /// scaling one more.
+    Softmax {
+        bytes: u64,
+        scores_w: u64,
+        scaled: bool,
+    },
+}
+
+/// One block: what its forward allocates and what autograd keeps.
+#[derive(Default)]
+struct Block {
+    fwd: Vec<u64>,
+    kept: Vec<Kept>,
+}
+
+impl Block {
+    fn tmp(&mut self, bytes: u64) {
+        self.fwd.push(bytes);
+    }
+    fn keep(&mut self, bytes: u64) {
+        self.fwd.push(bytes);
+        self.kept.push(Kept::Tensor(bytes));
+    }
+    /// Keeps a tensor allocated earlier.
+    fn keep_earlier(&mut self, bytes: u64) {
+        self.kept.push(Kept::Tensor(bytes));
+    }
+    fn keep_softmax(&mut self, bytes: u64, scores_w: u64, scaled: bool) {
+        self.fwd.push(bytes);
+        self.kept.push(Kept::Softmax {
+            bytes,
+            scores_w,
+            scaled,
+        });
+    }
+    /// Dropout on a branch: the output and its one-byte mask (kept).
+    fn dropout(&mut self, on: bool, bytes: u64) {
+        if on {
+            self.tmp(bytes);
+            self.keep(N * H);
+        }
+    }
+    /// Eager attention's scores: the product, its scaling and the mask, the
+    /// softmax, its low-precision copy and dropout on the probabilities.
+    fn eager_scores(&mut self, w: Wd, cast_first: bool, softmax_fp32: bool, dropout: bool) {
+        for _ in 0..3 {
+            self.tmp(S2 * w.c);
+        }
+        let pw = if softmax_fp32 { 4 } else { w.e };
+        self.keep_softmax(S2 * pw, w.c, true);
+        let cast = pw != w.c && (cast_first || !dropout);
+        if cast {
+            self.tmp(S2 * w.c);
+        }
+        if dropout {
+            let width = if cast { w.c } else { pw };
+            self.tmp(S2 * width);
+            self.keep(S2);
+            if width == w.c {
+                self.keep_earlier(S2 * width);
+            } else {
+                self.keep(S2 * w.c);
+            }
+        } else if cast {
+            self.keep_earlier(S2 * w.c);
+        }
+    }
+    /// `transpose(1, 2).contiguous()` of a (batch, heads, seq, dim) product.
+    fn contiguous_output(&mut self, w: Wd) {
+        self.tmp(N * H * w.c);
+        self.keep(N * H * w.c);
+    }
+    /// Backward: one gradient per kept tensor, newest first, then the block
+    /// input's.
+    fn backward(&self, w: Wd) -> Vec<u64> {
+        let mut out = Vec::new();
+        for k in self.kept.iter().rev() {
+            match *k {
+                Kept::Tensor(b) => out.push(b),
+                Kept::Softmax {
+                    bytes,
+                    scores_w,
+                    scaled,
+                } => {
+                    out.extend([bytes, S2 * scores_w]);
+                    if scaled {
+                        out.push(S2 * scores_w);
+                    }
+                }
+            }
+        }
+        out.push(N * H * w.r);
+        out
+    }
+}
+
+/// What the run varies besides the precision.
+#[derive(Clone, Copy, Debug)]
+struct Opt {
+    eager: bool,
+    cache: bool,
+    dropout: bool,
+    gelu_new: bool,
+    /// Key/value width (LLaMA's grouped-query heads).
+    kvd: u64,
+}
+
+const DEFAULTS: Opt = Opt {
+    eager: false,
+    cache: true,
+    dropout: true,
+    gelu_new: true,
+    kvd: H,
+};
+
+fn gpt2_block(w: Wd, o: Opt) -> Block {
+    let mut b = Block::default();
+    b.keep(N * 8); // ln_1's mean and rstd
+    if w.amp {
+        b.tmp(N * H * w.r);
+        b.keep(N * H * w.c); // its cast for c_attn
+    } else {
+        b.keep(N * H * w.r);
+    }
+    let qkv = N * 3 * H * w.c;
+    if o.eager && o.cache {
+        b.tmp(qkv); // the query view is copied for the batched matmul below
+    } else {
+        b.keep(qkv);
+    }
+    if o.cache {
+        b.tmp(N * H * w.c); // the DynamicCache's keys
+        b.tmp(N * H * w.c); // and values
+    }
+    if o.eager {
+        if o.cache {
+            b.keep(N * H * w.c);
+        }
+        b.eager_scores(w, true, false, o.dropout);
+        b.contiguous_output(w);
+    } else {
+        b.keep(N * H * w.c); // SDPA's output, already contiguous
+        b.keep(LSE);
+    }
+    b.tmp(N * H * w.c); // c_proj
+    b.dropout(o.dropout, N * H * w.c);
+    b.keep(N * H * w.r); // the residual sum
+    b.keep(N * 8); // ln_2's statistics
+    if w.amp {
+        b.tmp(N * H * w.r);
+        b.keep(N * H * w.c);
+    } else {
+        b.keep(N * H * w.r);
+    }
+    let nf = N * F;
+    if o.gelu_new {
+        // 0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * pow(x, 3))))
+        if w.amp {
+            b.tmp(nf * w.c); // c_fc
+            b.keep(nf * w.c); // 0.5 * x
+            b.keep(nf * 4); // x.float() for pow
+        } else {
+            b.keep(nf * w.c);
+            b.keep(nf * w.c);
+        }
+        for _ in 0..4 {
+            b.tmp(nf * w.e); // pow, * 0.044715, x +, * sqrt(2 / pi)
+        }
+        b.keep(nf * w.e); // tanh
+        b.keep(nf * w.e); // 1 + tanh
+        if w.amp {
+            b.tmp(nf * w.e);
+            b.keep(nf * w.c); // cast for the second matmul
+        } else {
+            b.keep(nf * w.e);
+        }
+    } else {
+        b.keep(nf * w.c);
+        b.keep(nf * w.c);
+    }
+    b.tmp(N * H * w.c); // mlp c_proj
+    b.dropout(o.dropout, N * H * w.c);
+    b.tmp(N * H * w.r); // the block's output
+    b
+}
+
+/// LLaMA's RMSNorm: the fp32 upcast, `pow(2).mean`, `rsqrt`, `x * rsqrt`,
+/// the cast back and the weight's product (the output, returned unkept).
+fn rmsnorm(b: &mut Block, w: Wd) {
+    if w.r == 4 {
+        b.tmp(N * H * 4);
+        b.tmp(N * 4);
+        b.keep(N * 4);
+        b.keep(N * H * 4);
+    } else {
+        b.keep(N * H * 4); // the fp32 copy of the input
+        b.tmp(N * H * 4);
+        b.tmp(N * 4);
+        b.keep(N * 4);
+        b.tmp(N * H * 4);
+        b.keep(N * H * w.r);
+    }
+    b.tmp(N * H * w.w);
+}
+
+/// `x * cos + rotate_half(x) * sin` over `elems` elements.
+fn rope(b: &mut Block, w: Wd, elems: u64) {
+    b.tmp(elems * w.e);
+    b.tmp(elems / 2 * w.c);
+    b.tmp(elems * w.c);
+    b.tmp(elems * w.e);
+    b.tmp(elems * w.e);
+}
+
+/// An op's input of `bytes` (`elems` elements) as autocast keeps it: a
+/// low-precision copy when it is wider, else itself when the op owns it.
+fn autocast_input(b: &mut Block, w: Wd, bytes: u64, elems: u64, owned: bool) {
+    if w.amp && bytes > elems * w.c {
+        b.keep(elems * w.c);
+    } else if owned {
+        b.keep_earlier(bytes);
+    }
+}
+
+fn llama_block(w: Wd, o: Opt) -> Block {
+    let mut b = Block::default();
+    let kvd = o.kvd;
+    rmsnorm(&mut b, w);
+    if w.amp {
+        for _ in 0..3 {
+            b.keep(N * H * w.c); // q_proj's, k_proj's and v_proj's casts
+        }
+    } else {
+        b.keep_earlier(N * H * w.w);
+    }
+    b.tmp(N * H * w.c);
+    b.tmp(N * kvd * w.c);
+    b.tmp(N * kvd * w.c);
+    rope(&mut b, w, N * H);
+    rope(&mut b, w, N * kvd);
+    let (keys, values) = if o.cache {
+        b.tmp(N * kvd * w.e);
+        b.tmp(N * kvd * w.e);
+        (N * kvd * w.e, N * kvd * w.e)
+    } else {
+        (N * kvd * w.e, N * kvd * w.c)
+    };
+    let owned = !o.cache;
+    let gqa = kvd < H;
+    if o.eager {
+        autocast_input(&mut b, w, N * H * w.e, N * H, true);
+        for (i, bytes) in [keys, values].into_iter().enumerate() {
+            if i == 1 {
+                b.eager_scores(w, false, true, o.dropout);
+            }
+            if gqa {
+                // repeat_kv: a full-width copy in the same dtype
+                let wide = N * H * (bytes / (N * kvd));
+                b.tmp(wide);
+                autocast_input(&mut b, w, wide, N * H, true);
+            } else {
+                autocast_input(&mut b, w, bytes, N * H, owned);
+            }
+        }
+        b.contiguous_output(w);
+    } else if w.c == 4 && gqa {
+        // fp32 with grouped-query heads: SDPA's math path
+        b.keep_earlier(N * H * w.e);
+        b.keep(N * H * 4);
+        b.keep(N * H * 4);
+        b.tmp(S2 * 4);
+        b.keep_softmax(S2 * 4, 4, false);
+        b.contiguous_output(w);
+    } else {
+        autocast_input(&mut b, w, N * H * w.e, N * H, true);
+        autocast_input(&mut b, w, keys, N * kvd, owned);
+        autocast_input(&mut b, w, values, N * kvd, owned);
+        b.keep(N * H * w.c);
+        b.keep(LSE);
+    }
+    b.tmp(N * H * w.c); // o_proj
+    if w.r == 4 {
+        b.keep(N * H * w.r); // the residual sum, the next norm's input
+    } else {
+        b.tmp(N * H * w.r);
+    }
+    rmsnorm(&mut b, w);
+    if w.amp {
+        b.keep(N * H * w.c); // gate_proj's and up_proj's casts
+        b.keep(N * H * w.c);
+    } else {
+        b.keep_earlier(N * H * w.w);
+    }
+    for _ in 0..4 {
+        b.keep(N * F * w.c); // gate, silu(gate), up, silu(gate) * up
+    }
+    b.tmp(N * H * w.c); // down_proj
+    b.tmp(N * H * w.r);
+    b
+}
+
+fn bert_block(w: Wd, o: Opt) -> Block {
+    let mut b = Block::default();
+    if w.amp {
+        for _ in 0..3 {
+            b.keep(N * H * w.c); // the query's, key's and value's input casts
+        }
+    }
+    if o.eager {
+        b.keep(N * H * w.c);
+        b.keep(N * H * w.c);
+        b.tmp(N * H * w.c);
+        b.eager_scores(w, false, false, o.dropout);
+        b.keep_earlier(N * H * w.c); // the values
+        b.contiguous_output(w);
+    } else {
+        for _ in 0..3 {
+            b.keep(N * H * w.c);
+        }
+        b.keep(N * H * w.c);
+        b.keep(LSE);
+    }
+    b.tmp(N * H * w.c); // attention.output.dense
+    b.dropout(o.dropout, N * H * w.c);
+    b.keep(N * H * w.r); // the residual sum, LayerNorm's input
+    b.keep(N * 8);
+    if w.amp {
+        b.tmp(N * H * w.r);
+        b.keep(N * H * w.c);
+    } else {
+        b.keep(N * H * w.r);
+    }
+    b.keep(N * F * w.c); // intermediate.dense
+    b.keep(N * F * w.c); // its GELU
+    b.tmp(N * H * w.c); // output.dense
+    b.dropout(o.dropout, N * H * w.c);
+    b.keep(N * H * w.r);
+    b.keep(N * 8);
+    b.tmp(N * H * w.r);
+    b
+}
+
+/// The step's inputs (ids, labels) and the embeddings.
+fn embeddings(family: &str, w: Wd, o: Opt) -> Vec<u64> {
+    let mut v = vec![N * 8, N * 8];
+    match family {
+        "gpt2" => {
+            v.extend([N * H * w.w, SEQ * H * w.w, N * H * w.w]);
+            if o.dropout {
+                v.extend([N * H * w.w, N * H]);
+            }
+        }
+        "llama" => v.extend([N * H * w.w, SEQ * HD * w.w, SEQ * HD * w.w]),
+        _ => {
+            // word + token types, + positions, LayerNorm (input, statistics)
+            v.extend([N * H * w.w; 3]);
+            v.extend([SEQ * H * w.w, N * H * w.w, N * 8, N * H * w.r]);
+            if o.dropout {
+                v.extend([N * H * w.r, N * H]);
+            }
+        }
+    }
+    v
+}
+
+/// The head's forward and the loss.
+fn head(family: &str, w: Wd) -> Vec<u64> {
+    let mut v = Vec::new();
+    match family {
+        "gpt2" => v.extend([N * 8, N * H * w.r]),
+        "llama" => {
+            let mut b = Block::default();
+            rmsnorm(&mut b, w);
+            v = b.fwd;
+        }
+        _ => {
+            if w.amp {
+                v.push(N * H * w.c);
+            }
+            v.extend([N * H * w.c, N * H * w.c]); // transform.dense, its GELU
+            if w.amp {
+                v.push(N * H * 4);
+            }
+            v.extend([N * 8, N * H * w.r]);
+        }
+    }
+    if w.amp {
+        v.push(N * H * w.c);
+    }
+    v.push(N * V * w.c); // the logits
+    let upcast = family != "bert";
+    if upcast && w.c != 4 {
+        v.extend([N * V * 4, N * V * 4]); // logits.float(), log-softmax
+    } else {
+        v.push(N * V * if upcast || w.amp { 4 } else { w.c });
+    }
+    v.push(512);
+    v
+}
+
+/// The loss's and the head's backward, up to the residual gradient.
+fn head_backward(family: &str, w: Wd) -> Vec<u64> {
+    let upcast = family != "bert";
+    let lsm_w = if upcast || w.amp { 4 } else { w.c };
+    let mut v = vec![N * V * lsm_w, N * V * if upcast { 4 } else { w.c }];
+    if upcast && w.c != 4 {
+        v.push(N * V * w.c);
+    }
+    v.push(N * H * w.c);
+    if w.amp {
+        // the bf16 gradients of the head's matmul weights
+        match family {
+            "llama" => v.push(V * H * w.c),
+            "bert" => v.push(H * H * w.c),
+            _ => {}
+        }
+    }
+    if family != "llama" {
+        v.push(V * H * w.c); // the tied head's contribution, in autograd's buffer
+    }
+    v.push(N * H * w.r);
+    v
+}
+
+/// Under autocast, the low-precision gradients of a layer's matmul weights,
+/// last parameter first.
+fn layer_grad_temps(family: &str, w: Wd, kvd: u64) -> Vec<u64> {
+    if !w.amp {
+        return Vec::new();
+    }
+    let mut v = vec![H * F * w.c, F * H * w.c];
+    if family == "llama" {
+        v.push(F * H * w.c);
+    }
+    v.extend([H * H * w.c, (H + 2 * kvd) * H * w.c]);
+    v
+}
+
+fn block_of(family: &str, w: Wd, o: Opt) -> Block {
+    match family {
+        "gpt2" => gpt2_block(w, o),
+        "llama" => llama_block(w, o),
+        _ => bert_block(w, o),
+    }
+}
+
+/// The first micro-step's activations: its forward up to the loss, and its
+/// backward.
+fn first_micro_step(evs: &[TensorEvent]) -> (Vec<u64>, Vec<u64>) {
+    let a = acts(evs);
+    let start = a.iter().position(|&b| b == N * 8).unwrap();
+    let loss = a.iter().position(|&b| b == 512).unwrap();
+    let next = start
+        + 1
+        + a[start + 1..]
+            .windows(2)
+            .position(|p| p == [N * 8, N * 8])
+            .unwrap();
+    (a[start..=loss].to_vec(), a[loss + 1..next].to_vec())
+}
+
+fn expected(family: &str, p: Precision, o: Opt) -> (Vec<u64>, Vec<u64>) {
+    let w = widths(p);
+    let block = block_of(family, w, o);
+    let mut fwd = embeddings(family, w, o);
+    for _ in 0..2 {
+        fwd.extend(&block.fwd);
+    }
+    fwd.extend(head(family, w));
+    let mut bwd = head_backward(family, w);
+    for _ in 0..2 {
+        bwd.extend(block.backward(w));
+        bwd.extend(layer_grad_temps(family, w, o.kvd));
+    }
+    if family != "llama" {
+        bwd.push(V * H * w.w); // the word table's dense gradient
+    }
+    (fwd, bwd)
+}
+
+/// The runs the sequence tests cover: each family with its defaults and
+/// with each library term turned off or on, fused and eager attention.
+fn cases() -> Vec<(&'static str, serde_json::Value, Opt)> {
+    let mut cases: Vec<(&str, serde_json::Value, Opt)> = Vec::new();
+    for eager in [false, true] {
+        let o = Opt { eager, ..DEFAULTS };
+        cases.push(("gpt2", serde_json::json!({}), o));
+        cases.push((
+            "gpt2",
+            serde_json::json!({"use_cache": false}),
+            Opt { cache: false, ..o },
+        ));
+        cases.push((
+            "gpt2",
+            serde_json::json!({"resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}),
+            Opt {
+                dropout: false,
+                ..o
+            },
+        ));
+        cases.push((
+            "gpt2",
+            serde_json::json!({"activation_function": "gelu"}),
+            Opt {
+                gelu_new: false,
+                ..o
+            },
+        ));
+        let llama = Opt {
+            dropout: false,
+            ..o
+        };
+        cases.push(("llama", serde_json::json!({}), llama));
+        cases.push((
+            "llama",
+            serde_json::json!({"use_cache": false}),
+            Opt {
+                cache: false,
+                ..llama
+            },
+        ));
+        cases.push((
+            "llama",
+            serde_json::json!({"num_key_value_heads": 1}),
+            Opt { kvd: HD, ..llama },
+        ));
+        cases.push((
+            "llama",
+            serde_json::json!({"num_key_value_heads": 1, "use_cache": false}),
+            Opt {
+                kvd: HD,
+                cache: false,
+                ..llama
+            },
+        ));
+        cases.push((
+            "llama",
+            serde_json::json!({"attention_dropout": 0.1}),
+            Opt {
+                dropout: true,
+                ..llama
+            },
+        ));
+        let bert = Opt { cache: false, ..o };
+        cases.push(("bert", serde_json::json!({}), bert));
+        cases.push((
+            "bert",
+            serde_json::json!({"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}),
+            Opt {
+                dropout: false,
+                ..bert
+            },
+        ));
+    }
+    cases
+}
+
+const PRECISIONS: [Precision; 3] = [Precision::Fp32, Precision::AmpBf16, Precision::Bf16];
+
+#[test]
+fn each_family_allocates_and_keeps_what_its_modelling_code_does() {
+    for (family, extra, o) in cases() {
+        for p in PRECISIONS {
+            let a = if o.eager {
+                Attention::Eager
+            } else {
+                Attention::Sdpa
+            };
+            let evs = events(&config(family, extra.clone()), &run(p, a));
+            let (fwd, bwd) = first_micro_step(&evs);
+            let (want_fwd, want_bwd) = expected(family, p, o);
+            assert_eq!(fwd, want_fwd, "forward: {family} {extra} {p:?} {o:?}");
+            assert_eq!(bwd, want_bwd, "backward: {family} {extra} {p:?} {o:?}");
+        }
+    }
+}
+
+/// Replays `evs`: panics on a free of a tensor not alive; returns what is
+/// alive at the end, by category, sizes sorted.
+fn alive_at_end(evs: &[TensorEvent]) -> BTreeMap<&'static str, Vec<u64>> {
+    let mut live: BTreeMap<u32, (u64, Category)> = BTreeMap::new();
+    for e in evs {
+        match *e {
+            TensorEvent::Alloc {
+                id,
+                bytes,
+                category,
+                ..
+            } => {
+                assert!(live.insert(id, (bytes, category)).is_none());
+            }
+            TensorEvent::Free { id } => {
+                assert!(live.remove(&id).is_some(), "tensor {id} freed twice");
+            }
+        }
+    }
+    let mut out: BTreeMap<&'static str, Vec<u64>> = BTreeMap::new();
+    for (bytes, category) in live.into_values() {
+        let name = match category {
+            Category::Parameters => "parameters",
+            Category::Gradients => "gradients",
+            Category::Optimizer => "optimizer",
+            Category::Activations => "activations",
+            Category::Workspace => "workspace",
+            Category::Persistent => "persistent",
+        };
+        out.entry(name).or_default().push(bytes);
+    }
+    for v in out.values_mut() {
+        v.sort_unstable();
+    }
+    out
+}
+
+#[test]
+fn a_run_frees_every_tensor_once_and_keeps_only_the_weights_and_the_last_outputs() {
+    for family in ["gpt2", "llama", "bert"] {
+        let cfg = config(family, serde_json::json!({"num_key_value_heads": 1}));
+        let arch = resolve_arch(&ModelSpec {
+            hugging_face: Some(HuggingFaceSpec {
+                config: cfg.as_object().unwrap().clone(),
+                seq_len: SEQ as u32,
+            }),
+            ..ModelSpec::default()
+        })
+        .unwrap();
+        for p in [Precision::Fp32, Precision::AmpBf16, Precision::Bf16] {
+            let w = widths(p);
+            let mut weights: Vec<u64> = arch
+                .param_tensors()
+                .iter()
+                .map(|t| t.numel() * w.w)
+                .collect();
+            weights.sort_unstable();
+            for a in [Attention::Sdpa, Attention::Eager] {
+                for checkpointing in [false, true] {
+                    for grad_accum in [1, 3] {
+                        for workspace in [0, 1 << 20] {
+                            let shape = RunShape {
+                                checkpointing,
+                                grad_accum,
+                                cublas_workspace: workspace,
+                                ..run(p, a)
+                            };
+                            let case = format!(
+                                "{family} {p:?} {a:?} ckpt {checkpointing} accum {grad_accum}"
+                            );
+                            let end = alive_at_end(&events(&cfg, &shape));
+                            assert_eq!(end["parameters"], weights, "{case}");
+                            assert!(!end.contains_key("gradients"), "{case}");
+                            assert_eq!(
+                                end.get("workspace").map_or(0, Vec::len),
+                                if workspace > 0 { 2 } else { 0 },
+                                "{case}"
+                            );
+                            // `outputs` of the last step: the logits and, for the
+                            // decoders without checkpointing, each layer's cached
+                            // keys and values.
+                            let mut outputs = vec![N * V * w.c];
+                            if family != "bert" && !checkpointing {
+                                let kv = if family == "gpt2" {
+                                    N * H * w.c
+                                } else {
+                                    N * HD * w.e
+                                };
+                                outputs.extend([kv; 4]);
+                            }
+                            outputs.sort_unstable();
+                            assert_eq!(end["activations"], outputs, "{case}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn checkpointing_keeps_block_inputs_and_recomputes_each_block_before_its_backward() {
+    for (family, extra, o) in cases() {
+        for p in PRECISIONS {
+            let w = widths(p);
+            let a = if o.eager {
+                Attention::Eager
+            } else {
+                Attention::Sdpa
+            };
+            let shape = RunShape {
+                checkpointing: true,
+                ..run(p, a)
+            };
+            let evs = events(&config(family, extra.clone()), &shape);
+            let (fwd, bwd) = first_micro_step(&evs);
+            // gradient_checkpointing_enable() turns the cache off
+            let o = Opt { cache: false, ..o };
+            let (want_fwd, _) = expected(family, p, o);
+            assert_eq!(fwd, want_fwd, "forward: {family} {extra} {p:?}");
+            let block = block_of(family, w, o);
+            let mut want = head_backward(family, w);
+            for _ in 0..2 {
+                want.extend(&block.fwd);
+                want.extend(block.backward(w));
+                want.extend(layer_grad_temps(family, w, o.kvd));
+            }
+            if family != "llama" {
+                want.push(V * H * w.w);
+            }
+            assert_eq!(bwd, want, "backward: {family} {extra} {p:?}");
+        }
+    }
+}
+
+/// Sizes of the activations alive just before backward's first allocation
+/// in the first micro-step (the forward's locals freed), sorted.
+fn alive_when_backward_starts(evs: &[TensorEvent]) -> Vec<u64> {
+    let mut live: BTreeMap<u32, u64> = BTreeMap::new();
+    let mut loss_seen = false;
+    for e in evs {
+        match *e {
+            TensorEvent::Alloc {
+                id,
+                bytes,
+                category,
+                ..
+            } => {
+                if loss_seen {
+                    break;
+                }
+                loss_seen = bytes == 512;
+                if category == Category::Activations {
+                    live.insert(id, bytes);
+                }
+            }
+            TensorEvent::Free { id } => {
+                live.remove(&id);
+            }
+        }
+    }
+    let mut v: Vec<u64> = live.into_values().collect();
+    v.sort_unstable();
+    v
+}
+
+fn kept_bytes(b: &Block) -> Vec<u64> {
+    b.kept
+        .iter()
+        .map(|k| match *k {
+            Kept::Tensor(b) | Kept::Softmax { bytes: b, .. } => b,
+        })
+        .collect()
+}
+
+#[test]
+fn at_the_loss_each_block_holds_what_it_kept_and_the_inputs_it_did_not_free() {
+    for (family, extra, o) in cases() {
+        for p in PRECISIONS {
+            let w = widths(p);
+            let a = if o.eager {
+                Attention::Eager
+            } else {
+                Attention::Sdpa
+            };
+            let evs = events(&config(family, extra.clone()), &run(p, a));
+            let mut want = vec![N * 8, N * 8];
+            let emb_out = match family {
+                "gpt2" => {
+                    if o.dropout {
+                        want.push(N * H);
+                    }
+                    N * H * w.w
+                }
+                "llama" => N * H * w.w,
+                _ => {
+                    // LayerNorm's input and statistics
+                    want.extend([N * H * w.w, N * 8]);
+                    if o.dropout {
+                        want.push(N * H);
+                    }
+                    N * H * w.r
+                }
+            };
+            // LLaMA in low precision keeps the norm's fp32 copy and BERT
+            // under autocast the casts: the block input dies at the
+            // residual add.
+            let input_freed = (family == "llama" && w.r != 4) || (family == "bert" && w.amp);
+            let block = block_of(family, w, o);
+            for input in [emb_out, N * H * w.r] {
+                want.extend(kept_bytes(&block));
+                if !input_freed {
+                    want.push(input);
+                }
+            }
+            // the head: the last block's output and what the head keeps
+            want.push(N * H * w.r);
+            match family {
+                "gpt2" => want.extend([N * 8, if w.amp { N * H * w.c } else { N * H * w.r }]),
+                "llama" => {
+                    let mut b = Block::default();
+                    rmsnorm(&mut b, w);
+                    want.extend(kept_bytes(&b));
+                    want.push(if w.amp { N * H * w.c } else { N * H * w.w });
+                }
+                _ => {
+                    if w.amp {
+                        want.extend([N * H * w.c, N * H * w.c, N * H * 4]);
+                    } else {
+                        want.extend([N * H * w.c, N * H * w.c]);
+                    }
+                    want.extend([N * 8, if w.amp { N * H * w.c } else { N * H * w.r }]);
+                }
+            }
+            // the logits, the log-softmax, the loss and the cache
+            let upcast = family != "bert";
+            let lsm = N * V * if upcast || w.amp { 4 } else { w.c };
+            want.extend([N * V * w.c, lsm, 512]);
+            if o.cache {
+                let kv = if family == "gpt2" {
+                    N * H * w.c
+                } else {
+                    N * o.kvd * w.e
+                };
+                want.extend([kv; 4]);
+            }
+            want.sort_unstable();
+            assert_eq!(
+                alive_when_backward_starts(&evs),
+                want,
+                "{family} {extra} {p:?} {o:?}"
+            );
+        }
+    }
+}
+
+/// The activations of the backward of the micro-step that starts at the
+/// `k`-th pair of input ids (from 0).
+fn backward_of_micro_step(evs: &[TensorEvent], k: usize) -> Vec<u64> {
+    let a = acts(evs);
+    let starts: Vec<usize> = (0..a.len() - 1)
+        .filter(|&i| a[i] == N * 8 && a[i + 1] == N * 8)
+        .collect();
+    let end = starts.get(k + 1).copied().unwrap_or(a.len());
+    let loss = starts[k] + a[starts[k]..].iter().position(|&b| b == 512).unwrap();
+    a[loss + 1..end].to_vec()
+}
+
+#[test]
+fn a_tied_word_tables_gradient_is_summed_into_a_new_tensor_then_added_into_grad() {
+    for family in ["gpt2", "bert", "llama"] {
+        for p in PRECISIONS {
+            let w = widths(p);
+            let shape = RunShape {
+                grad_accum: 2,
+                ..run(p, Attention::Sdpa)
+            };
+            let evs = events(&config(family, serde_json::json!({})), &shape);
+            let grads = |evs: &[TensorEvent]| {
+                evs.iter()
+                    .filter(|e| {
+                        matches!(
+                            e,
+                            TensorEvent::Alloc {
+                                category: Category::Gradients,
+                                ..
+                            }
+                        )
+                    })
+                    .count()
+            };
+            let first = backward_of_micro_step(&evs, 0);
+            let second = backward_of_micro_step(&evs, 1);
+            let table = V * H * w.w;
+            if family == "llama" {
+                // untied: the head's gradient (with autocast from its bf16
+                // one) is made once and added into on the second micro-step
+                assert!(!first.ends_with(&[table]), "{family} {p:?}");
+                let head = if w.amp {
+                    vec![V * H * w.c, V * H * w.w]
+                } else {
+                    vec![V * H * w.w]
+                };
+                let at = N * H * w.c; // after the head's input gradient
+                let i = second.iter().position(|&b| b == at).unwrap();
+                assert_eq!(
+                    second[i + 1..i + 1 + head.len()],
+                    head[..],
+                    "{family} {p:?}"
+                );
+                // and the embedding's dense gradient is added at the end
+                assert!(second.ends_with(&[table]), "{family} {p:?}");
+            } else {
+                // the dense table, then (first micro-step) the sum becomes
+                // .grad, a gradient; later the sum is a temporary added in
+                assert!(first.ends_with(&[table]), "{family} {p:?}");
+                assert!(!first.ends_with(&[table, table]), "{family} {p:?}");
+                assert!(second.ends_with(&[table, table]), "{family} {p:?}");
+            }
+            // every parameter's gradient once a step, two steps
+            let params = resolve_arch(&ModelSpec {
+                hugging_face: Some(HuggingFaceSpec {
+                    config: config(family, serde_json::json!({}))
+                        .as_object()
+                        .unwrap()
+                        .clone(),
+                    seq_len: SEQ as u32,
+                }),
+                ..ModelSpec::default()
+            })
+            .unwrap()
+            .param_tensors()
+            .len();
+            assert_eq!(grads(&evs), 2 * params, "{family} {p:?}");
+        }
+    }
+}
+
+#[test]
+fn under_fsdp_the_head_and_the_tables_make_full_size_gradients_for_the_reduce_scatter() {
+    for family in ["gpt2", "llama", "bert"] {
+        let p = Precision::AmpBf16;
+        let w = widths(p);
+        let shape = RunShape {
+            zero_stage: 2,
+            gpus: 2,
+            ..run(p, Attention::Sdpa)
+        };
+        let evs = events(&config(family, serde_json::json!({})), &shape);
+        let bwd = backward_of_micro_step(&evs, 0);
+        // no tied contribution waits in autograd's buffer: the head's
+        // gradients (the tied table's bf16 one included) go to the unit's
+        // reduce-scatter at once
+        let at = bwd.iter().position(|&b| b == N * H * w.c).unwrap();
+        let head_temps = match family {
+            "llama" => vec![V * H * w.c],
+            "bert" => vec![H * H * w.c, V * H * w.c],
+            _ => vec![V * H * w.c],
+        };
+        assert_eq!(
+            bwd[at + 1..at + 1 + head_temps.len()],
+            head_temps[..],
+            "{family}"
+        );
+        // the embedding's backward writes one dense table, freed
+        assert!(bwd.ends_with(&[V * H * w.w]), "{family}: {bwd:?}");
+        let end = alive_at_end(&evs);
+        assert!(!end.contains_key("gradients"), "{family}");
+    }
+}
+
+#[test]
+fn the_previous_steps_outputs_are_freed_when_the_next_forward_returns() {
+    for family in ["gpt2", "llama", "bert"] {
+        let p = Precision::AmpBf16;
+        let w = widths(p);
+        let evs = events(
+            &config(family, serde_json::json!({})),
+            &run(p, Attention::Sdpa),
+        );
+        let logits: Vec<u32> = evs
+            .iter()
+            .filter_map(|e| match *e {
+                TensorEvent::Alloc { id, bytes, .. } if bytes == N * V * w.c => Some(id),
+                _ => None,
+            })
+            .collect();
+        let losses: Vec<usize> = evs
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| matches!(e, TensorEvent::Alloc { bytes: 512, .. }))
+            .map(|(i, _)| i)
+            .collect();
+        let freed_at = |id: u32| evs.iter().position(|e| *e == TensorEvent::Free { id });
+        // the first step's logits (the first tensor of that size) are freed
+        // after the second step's loss and before its backward starts
+        let first = freed_at(logits[0]).expect("freed");
+        assert!(first > losses[1], "{family}");
+        let next_alloc = losses[1]
+            + 1
+            + evs[losses[1] + 1..]
+                .iter()
+                .position(|e| matches!(e, TensorEvent::Alloc { .. }))
+                .unwrap();
+        assert!(first < next_alloc, "{family}");
+    }
+}
