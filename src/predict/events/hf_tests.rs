@@ -10,7 +10,7 @@
 //! vocabulary 1000.
 
 use super::*;
-use crate::api::{Attention, HuggingFaceSpec, ModelSpec, Optimizer, Precision};
+use crate::api::{Attention, HuggingFaceSpec, ModelSpec, Precision};
 use crate::predict::resolve_arch;
 
 const MICRO: u64 = 3;
@@ -40,15 +40,8 @@ fn config(model_type: &str, extra: serde_json::Value) -> serde_json::Value {
 
 fn run(precision: Precision, attention: Attention) -> RunShape {
     RunShape {
-        micro_batch: MICRO,
-        grad_accum: 1,
-        precision,
-        optimizer: Optimizer::Sgd,
-        checkpointing: false,
         attention,
-        zero_stage: 0,
-        gpus: 1,
-        cublas_workspace: 0,
+        ..super::tests::run(precision)
     }
 }
 
@@ -238,6 +231,16 @@ const DEFAULTS: Opt = Opt {
     gelu_new: true,
     kvd: H,
 };
+
+impl Opt {
+    fn attention(self) -> Attention {
+        if self.eager {
+            Attention::Eager
+        } else {
+            Attention::Sdpa
+        }
+    }
+}
 
 fn gpt2_block(w: Wd, o: Opt) -> Block {
     let mut b = Block::default();
@@ -687,11 +690,7 @@ const PRECISIONS: [Precision; 3] = [Precision::Fp32, Precision::AmpBf16, Precisi
 fn each_family_allocates_and_keeps_what_its_modelling_code_does() {
     for (family, extra, o) in cases() {
         for p in PRECISIONS {
-            let a = if o.eager {
-                Attention::Eager
-            } else {
-                Attention::Sdpa
-            };
+            let a = o.attention();
             let evs = events(&config(family, extra.clone()), &run(p, a));
             let (fwd, bwd) = first_micro_step(&evs);
             let (want_fwd, want_bwd) = expected(family, p, o);
@@ -806,11 +805,7 @@ fn checkpointing_keeps_block_inputs_and_recomputes_each_block_before_its_backwar
     for (family, extra, o) in cases() {
         for p in PRECISIONS {
             let w = widths(p);
-            let a = if o.eager {
-                Attention::Eager
-            } else {
-                Attention::Sdpa
-            };
+            let a = o.attention();
             let shape = RunShape {
                 checkpointing: true,
                 ..run(p, a)
@@ -881,11 +876,7 @@ fn at_the_loss_each_block_holds_what_it_kept_and_the_inputs_it_did_not_free() {
     for (family, extra, o) in cases() {
         for p in PRECISIONS {
             let w = widths(p);
-            let a = if o.eager {
-                Attention::Eager
-            } else {
-                Attention::Sdpa
-            };
+            let a = o.attention();
             let evs = events(&config(family, extra.clone()), &run(p, a));
             let mut want = vec![N * 8, N * 8];
             let emb_out = match family {

@@ -32,7 +32,7 @@ fn model(extra: serde_json::Value) -> ModelSpec {
     }
 }
 
-fn run(precision: Precision) -> RunShape {
+pub(super) fn run(precision: Precision) -> RunShape {
     RunShape {
         micro_batch: MICRO,
         grad_accum: 1,
