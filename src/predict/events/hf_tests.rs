@@ -1099,3 +1099,41 @@ fn the_previous_steps_outputs_are_freed_when_the_next_forward_returns() {
         assert!(first < next_alloc, "{family}");
     }
 }
+
+#[test]
+fn the_embedding_tables_get_their_gradients_last_from_the_embedding_backward() {
+    // The word, position and token-type tables' gradients come from the
+    // embedding's backward, after every layer's; the head's come first.
+    let gpt2_positions = SEQ * H * 4;
+    let (bert_positions, bert_types) = (512 * H * 4, 2 * H * 4);
+    for (family, tables) in [
+        ("gpt2", vec![gpt2_positions, V * H * 4]),
+        ("bert", vec![bert_types, bert_positions, V * H * 4]),
+        ("llama", vec![V * H * 4]),
+    ] {
+        let evs = events(
+            &config(family, serde_json::json!({})),
+            &run(Precision::Fp32, Attention::Sdpa),
+        );
+        let grads: Vec<u64> = evs
+            .iter()
+            .filter_map(|e| match *e {
+                TensorEvent::Alloc {
+                    bytes,
+                    category: Category::Gradients,
+                    ..
+                } => Some(bytes),
+                _ => None,
+            })
+            .collect();
+        let step = grads.len() / 2;
+        assert_eq!(grads[step - tables.len()..step], tables[..], "{family}");
+        for t in &tables[..tables.len() - 1] {
+            assert_eq!(count(&grads[..step], *t), 1, "{family}: {grads:?}");
+        }
+    }
+}
+
+fn count(sizes: &[u64], bytes: u64) -> usize {
+    sizes.iter().filter(|&&b| b == bytes).count()
+}
