@@ -9,6 +9,7 @@
 //! the block input. 15 tokens (3 x 5), hidden 24, 3 heads, FFN 40,
 //! vocabulary 1000.
 
+use super::tests::count;
 use super::*;
 use crate::api::{Attention, HuggingFaceSpec, ModelSpec, Precision};
 use crate::predict::resolve_arch;
@@ -58,16 +59,7 @@ fn events(config: &serde_json::Value, run: &RunShape) -> Vec<TensorEvent> {
 
 /// Sizes of the activations, in order.
 fn acts(evs: &[TensorEvent]) -> Vec<u64> {
-    evs.iter()
-        .filter_map(|e| match *e {
-            TensorEvent::Alloc {
-                bytes,
-                category: Category::Activations,
-                ..
-            } => Some(bytes),
-            _ => None,
-        })
-        .collect()
+    super::tests::sizes(evs, Category::Activations)
 }
 
 /// Element widths: weights, matmul outputs, the residual stream and the
@@ -1132,8 +1124,4 @@ fn the_embedding_tables_get_their_gradients_last_from_the_embedding_backward() {
             assert_eq!(count(&grads[..step], *t), 1, "{family}: {grads:?}");
         }
     }
-}
-
-fn count(sizes: &[u64], bytes: u64) -> usize {
-    sizes.iter().filter(|&&b| b == bytes).count()
 }

@@ -67,7 +67,7 @@ struct ParamTensorSizes {
 }
 
 /// Sizes of the allocations of `category`, in order.
-fn sizes(evs: &[TensorEvent], category: Category) -> Vec<u64> {
+pub(super) fn sizes(evs: &[TensorEvent], category: Category) -> Vec<u64> {
     evs.iter()
         .filter_map(|e| match *e {
             TensorEvent::Alloc {
@@ -78,7 +78,7 @@ fn sizes(evs: &[TensorEvent], category: Category) -> Vec<u64> {
         .collect()
 }
 
-fn count(sizes: &[u64], bytes: u64) -> usize {
+pub(super) fn count(sizes: &[u64], bytes: u64) -> usize {
     sizes.iter().filter(|&&b| b == bytes).count()
 }
 
