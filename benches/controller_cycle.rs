@@ -22,10 +22,10 @@ use serde::Serialize;
 use serde_json::json;
 use vramfit::api::{GpuNode, Phase, TrainingJob};
 use vramfit::controller::allocation;
-use vramfit::controller::backoff::BatchShape;
 use vramfit::controller::pod::training_pod;
 use vramfit::controller::scheduler::Assignments;
 use vramfit::controller::{CycleOutcome, run_cycle};
+use vramfit::job::backoff::BatchShape;
 use vramfit::place::PolicyKind;
 use vramfit::place::bench::parse_vm_hwm_bytes;
 

@@ -4,10 +4,12 @@
 # fail. Unit tests only, so each mutant costs one incremental build of the
 # library's test binary.
 #
-#   hack/mutants.sh                 # the controller's decision files (tests controller::)
+#   hack/mutants.sh                 # the decision files of controller/ and job/ (tests controller:: job::)
 #   hack/mutants.sh place           # the packer, src/place (tests place::)
-#   hack/mutants.sh alloc           # the caching allocator, src/alloc (tests alloc::)
-#   hack/mutants.sh FILE...         # other files (tests controller::, or MUTANTS_TESTS)
+#   hack/mutants.sh alloc           # the caching allocator, the vramfit-alloc-core crate (all its tests)
+#   hack/mutants.sh FILE...         # other files (tests controller:: job::, or MUTANTS_TESTS)
+#
+# MUTANTS_TESTS is a space-separated list of test-name filters.
 #
 # MUTANTS_SKIP is a space-separated list of test names (substrings) to leave
 # out, passed to the test binary as `--skip NAME` each: e.g. the allocator's
@@ -33,18 +35,21 @@ if ! command -v cargo-mutants >/dev/null; then
   nice -n 19 cargo install --locked cargo-mutants
 fi
 
-tests=${MUTANTS_TESTS:-controller::}
+tests=${MUTANTS_TESTS:-controller:: job::}
+package=vramfit
 files=()
 case "${1:-}" in
   "")
     files=(
       src/controller/inventory.rs
-      src/controller/budget.rs
-      src/controller/backoff.rs
-      src/controller/exit.rs
+      src/job/budget.rs
+      src/job/backoff.rs
+      src/job/exit.rs
+      src/job/env.rs
+      src/job/shape_file.rs
       src/controller/scheduler.rs
-      src/controller/signature.rs
-      src/controller/quantity.rs
+      src/job/signature.rs
+      src/quantity.rs
       src/controller/transition.rs
       src/controller/retry.rs
       src/controller/supervise.rs
@@ -53,9 +58,14 @@ case "${1:-}" in
       src/controller/model_cache.rs
     )
     ;;
-  place | alloc)
-    files=("src/$1/**")
-    tests=${MUTANTS_TESTS:-$1::}
+  place)
+    files=("src/place/**")
+    tests=${MUTANTS_TESTS:-place::}
+    ;;
+  alloc)
+    files=("alloc-core/src/**")
+    package=vramfit-alloc-core
+    tests=${MUTANTS_TESTS:-}
     ;;
   *) files=("$@") ;;
 esac
@@ -86,6 +96,6 @@ fi
 # with no other tree building into the same target folder: worktrees share
 # artifact hashes there, and another tree's build can make a mutant's test run
 # an unmutated binary (a false "missed").
-# shellcheck disable=SC2086 # MUTANTS_ARGS is a list of flags
-nice -n 19 cargo mutants --in-place --no-shuffle -p vramfit "${args[@]}" \
-  --timeout 120 --build-timeout 900 ${MUTANTS_ARGS:-} --cargo-arg=--lib -- -- "$tests" "${skips[@]}"
+# shellcheck disable=SC2086 # MUTANTS_ARGS and tests are lists of words
+nice -n 19 cargo mutants --in-place --no-shuffle -p "$package" "${args[@]}" \
+  --timeout 120 --build-timeout 900 ${MUTANTS_ARGS:-} --cargo-arg=--lib -- -- $tests "${skips[@]}"

@@ -29,6 +29,9 @@ step "generated CRDs are current"
 cargo run --quiet --locked -- crdgen --out crds
 git diff --exit-code -- crds/ charts/vramfit/crds/ || { echo "crds/ is stale: commit the regenerated files" >&2; exit 1; }
 
+step "module layers: no import of controller/ from below, no cycle, docs/architecture.md current"
+python3 hack/modgraph.py --check
+
 step "Helm chart: lint, schema, dry-run against the API server, RBAC (kubectl auth can-i)"
 hack/chart-test.sh
 

@@ -6,7 +6,7 @@ scripts/gpu/alloc_checks.py --trace records, in round 1's native run of each
 model, four more steps of PyTorch's allocation history and puts the
 snapshot (the pickle of torch.cuda.memory._dump_snapshot, gzip, base64) in
 results.json under "traces". This writes each as OUT_DIR/gpu_<model>.pickle.gz,
-which src/alloc/replay_tests.rs replays (the trace starts mid-run: blocks
+which alloc-core/src/replay_tests.rs replays (the trace starts mid-run: blocks
 alive before it are allocated first, in address order).
 """
 

@@ -1,13 +1,15 @@
 //! vramfit: run deep-learning training jobs on shared GPUs without running out of
 //! memory. See DESIGN.md for how the parts fit together.
 
-pub mod alloc;
+pub use vramfit_alloc_core as alloc;
 pub mod api;
 pub mod cli;
 pub mod controller;
 pub mod crdgen;
+pub mod job;
 pub mod place;
 pub mod predict;
+pub mod quantity;
 pub mod status;
 
 /// Errors of the vramfit crate.

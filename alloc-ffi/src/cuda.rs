@@ -11,7 +11,7 @@
 use cudarc::driver::sys::{self, CUresult, cudaError_enum};
 use std::time::Instant;
 
-use vramfit::alloc::{DeviceError, DeviceMemory, DevicePtr, MemInfo, StreamId};
+use vramfit_alloc_core::{DeviceError, DeviceMemory, DevicePtr, MemInfo, StreamId};
 use vramfit_vmm::{Pages, check};
 
 use crate::fences::{FENCE_INTERVAL, FreeFences, QUIET_AFTER};

@@ -4,7 +4,7 @@
 //! PyTorch frees a block when the host drops the tensor; kernels queued on
 //! the block's stream before that may still use it. Reusing the block on
 //! the same stream is ordered after them, unmapping its pages is not. So the
-//! allocator numbers its frees ([`vramfit::alloc::DeviceMemory::note_free`])
+//! allocator numbers its frees ([`vramfit_alloc_core::DeviceMemory::note_free`])
 //! and this records a CUDA event on the freeing stream now and then (at most
 //! one per [`FENCE_INTERVAL`]), stamped with the number of the latest free
 //! before it. Once an event has completed, every free up to its stamp is
@@ -21,7 +21,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
-use vramfit::alloc::StreamId;
+use vramfit_alloc_core::StreamId;
 
 use crate::state::StreamEvents;
 

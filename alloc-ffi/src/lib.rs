@@ -1,4 +1,4 @@
-//! `libvramfit_alloc.so`: vramfit's caching allocator (`vramfit::alloc`) as
+//! `libvramfit_alloc.so`: vramfit's caching allocator (`vramfit_alloc_core`) as
 //! PyTorch's CUDA allocator, through `torch.cuda.memory.CUDAPluggableAllocator`,
 //! with a hard budget per GPU.
 //!
@@ -35,12 +35,13 @@ use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
-use vramfit::alloc::{
+use vramfit_alloc_core::{
     AllocatorConfig, DeviceMemory, ExpandableAllocator, GpuAllocator, Policy, PytorchAllocator,
 };
 
 use crate::cuda::{Context, CudaEvents, CudaMemory};
-use crate::state::{DeviceState, Published, Refusal};
+use crate::state::{DeviceState, Refusal};
+use vramfit_alloc_core::stats_file::AllocCounters;
 
 /// Devices one process can use.
 const MAX_DEVICES: usize = 64;
@@ -198,7 +199,7 @@ fn publish_loop(dir: PathBuf) {
     }
 }
 
-fn publish_now(published: &Published) {
+fn publish_now(published: &AllocCounters) {
     if let Ok(g) = global()
         && let Some(dir) = &g.settings.stats_dir
     {

@@ -8,7 +8,8 @@
 use std::collections::HashMap;
 
 use serde_json::{Value, json};
-use vramfit::alloc::{
+use vramfit_alloc_core::stats_file::AllocCounters;
+use vramfit_alloc_core::{
     AllocError, DevicePtr, GpuAllocator, MemoryStats, Policy, SMALL_REQUEST_BYTES, StreamId,
     round_request,
 };
@@ -180,7 +181,7 @@ impl<E: StreamEvents> DeviceState<E> {
     }
 
     /// What the vramfit policy's step planner did (`None`: no planner).
-    pub fn plan_figures(&self) -> Option<vramfit::alloc::PlanFigures> {
+    pub fn plan_figures(&self) -> Option<vramfit_alloc_core::PlanFigures> {
         self.alloc.plan_figures()
     }
 
@@ -444,9 +445,9 @@ impl<E: StreamEvents> DeviceState<E> {
 
     /// The counters the node agent reads (docs/node-protocol.md), without
     /// the `pid` and time the publisher adds.
-    pub fn published(&self) -> Published {
+    pub fn published(&self) -> AllocCounters {
         let s = self.alloc.stats();
-        Published {
+        AllocCounters {
             device: self.device,
             policy: self.policy.to_string(),
             budget_bytes: self.budget(),
@@ -457,27 +458,6 @@ impl<E: StreamEvents> DeviceState<E> {
             num_ooms: self.lifetime_ooms,
         }
     }
-}
-
-/// The per-device part of `alloc-<pid>-<device>.json`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Published {
-    /// Device index.
-    pub device: u32,
-    /// `pytorch` or `vramfit`.
-    pub policy: String,
-    /// Budget in bytes (0: none).
-    pub budget_bytes: u64,
-    /// Bytes in live blocks.
-    pub allocated_bytes: u64,
-    /// Bytes held from the driver.
-    pub reserved_bytes: u64,
-    /// Highest allocated bytes since the process started.
-    pub peak_allocated_bytes: u64,
-    /// Highest reserved bytes since the process started.
-    pub peak_reserved_bytes: u64,
-    /// Out-of-memory errors since the process started.
-    pub num_ooms: u64,
 }
 
 fn plain(message: String) -> Refusal {

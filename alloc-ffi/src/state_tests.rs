@@ -2,7 +2,7 @@ use std::cell::RefCell;
 use std::collections::HashSet;
 use std::rc::Rc;
 
-use vramfit::alloc::{AllocatorConfig, SimulatedDevice};
+use vramfit_alloc_core::{AllocatorConfig, SimulatedDevice};
 
 use super::*;
 use crate::build_allocator;

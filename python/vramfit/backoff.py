@@ -1,6 +1,6 @@
 """The OOM back-off policy: half the micro-batch, more accumulation, the same global batch.
 
-This is the Python twin of ``src/controller/backoff.rs``; both are tested
+This is the Python twin of ``src/job/backoff.rs``; both are tested
 against ``tests/data/backoff-cases.json`` so they make the same decision.
 """
 

@@ -379,3 +379,13 @@ pub struct TrainingJobStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
 }
+
+impl TrainingJobStatus {
+    /// The placement of the current attempt as recorded here, while the job
+    /// is live.
+    pub fn recorded_placement(&self) -> Option<&PlacementStatus> {
+        self.placement
+            .as_ref()
+            .filter(|p| p.attempt == self.attempt.max(1) && !self.phase.is_terminal())
+    }
+}

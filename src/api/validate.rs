@@ -13,7 +13,7 @@ use kube::CustomResourceExt;
 use serde_json::{Map, Value};
 
 use super::TrainingJob;
-use crate::controller::quantity::parse_quantity;
+use crate::quantity::parse_quantity;
 
 /// The CRD's OpenAPI schema, made strict the way the API server treats a
 /// structural schema: an object with declared properties has no others,

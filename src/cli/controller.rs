@@ -41,7 +41,7 @@ pub struct ControllerArgs {
     /// Node folder of the training pods' stats folders (a hostPath
     /// `<root>/<namespace>_<pod>` mounted at /run/vramfit); must match the
     /// node agent's `--stats-root`.
-    #[arg(long, default_value = crate::controller::pod::DEFAULT_STATS_ROOT)]
+    #[arg(long, default_value = crate::job::keys::DEFAULT_STATS_ROOT)]
     pub stats_root: String,
     /// Placed statuses written at once by a writer of their own, after the
     /// pods (0: each in its job's reconcile, right after its pod).

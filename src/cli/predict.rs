@@ -6,8 +6,8 @@ use anyhow::Context as _;
 use clap::Args;
 
 use super::{OutputFormat, read_text};
-use crate::controller::quantity::{human_bytes, parse_quantity};
 use crate::predict::{GPU_PROFILES, default_gpu, gpu_profile, job, output};
+use crate::quantity::{human_bytes, parse_quantity};
 
 /// Arguments of `vramfit predict`.
 #[derive(Args, Debug)]

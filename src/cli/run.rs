@@ -24,10 +24,12 @@ use serde::Serialize;
 
 use super::{OutputFormat, read_text};
 use crate::api::{AbsorbedOom, TrainingJob};
-use crate::controller::backoff::{BatchShape, OomDecision, after_oom};
-use crate::controller::budget::{attempt_budget, outside_allocator_bytes};
-use crate::controller::exit::{OOM_EXIT_CODE, first_line, is_oom_exit};
-use crate::controller::quantity::human_bytes;
+use crate::job::backoff::{BatchShape, OomDecision, after_oom};
+use crate::job::budget::attempt_budget;
+use crate::job::env::{self, Attempt, attempt_env};
+use crate::job::exit::{OOM_EXIT_CODE, first_line, is_oom_exit};
+use crate::job::shape_file::{self, ShapeFile};
+use crate::quantity::human_bytes;
 
 pub use gpu::{LocalGpu, PeakSource};
 
@@ -221,41 +223,36 @@ impl AttemptPlan<'_> {
     /// The variables of `docs/node-protocol.md`, as the controller sets them,
     /// plus `CUDA_VISIBLE_DEVICES` and the per-attempt termination log.
     pub fn environment(&self) -> Vec<(String, String)> {
-        let spec = &self.job.spec;
-        let mut env = vec![
-            ("VRAMFIT_BUDGET_BYTES", self.budget_bytes.to_string()),
-            (
-                "VRAMFIT_CONTEXT_BYTES",
+        let uuids: Vec<&str> = self.gpus.iter().map(|g| g.uuid.as_str()).collect();
+        let stats_dir = self.dir.join("stats").display().to_string();
+        let mut vars = attempt_env(
+            &self.job.spec,
+            &Attempt {
+                shape: self.shape,
+                attempt: self.attempt,
+                budget_bytes: self.budget_bytes,
                 // The budget is predicted for the default profile.
-                outside_allocator_bytes(None, spec.gpus).to_string(),
-            ),
-            ("VRAMFIT_MICRO_BATCH", self.shape.micro.to_string()),
-            ("VRAMFIT_GRAD_ACCUM", self.shape.accum.to_string()),
-            ("VRAMFIT_GLOBAL_BATCH", spec.batch.global.to_string()),
-            ("VRAMFIT_MIN_MICRO_BATCH", spec.batch.min_micro.to_string()),
-            ("VRAMFIT_ATTEMPT", self.attempt.to_string()),
-            ("VRAMFIT_OOM_EXIT_CODE", OOM_EXIT_CODE.to_string()),
+                gpu_model: None,
+                memory_fraction: self.memory_fraction(),
+                gpu_uuids: uuids,
+                stats_dir: &stats_dir,
+            },
+        );
+        vars.extend([
             (
-                "VRAMFIT_STATS_DIR",
-                self.dir.join("stats").display().to_string(),
-            ),
-            (
-                "VRAMFIT_TERMINATION_LOG",
+                env::TERMINATION_LOG,
                 self.termination_log().display().to_string(),
             ),
             (
-                "VRAMFIT_POD_NAME",
+                env::POD_NAME,
                 format!("{}-local-{}", job_name(self.job), self.attempt),
             ),
-        ];
-        if let Some(fraction) = self.memory_fraction() {
-            env.push(("VRAMFIT_MEMORY_FRACTION", format!("{fraction:.6}")));
+        ]);
+        if !self.gpus.is_empty() {
             let indices: Vec<String> = self.gpus.iter().map(|g| g.index.to_string()).collect();
-            env.push(("CUDA_VISIBLE_DEVICES", indices.join(",")));
-            let uuids: Vec<&str> = self.gpus.iter().map(|g| g.uuid.as_str()).collect();
-            env.push(("NVIDIA_VISIBLE_DEVICES", uuids.join(",")));
+            vars.push(("CUDA_VISIBLE_DEVICES", indices.join(",")));
         }
-        env.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
+        vars.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
     }
 
     /// Where the process writes its OOM message.
@@ -324,56 +321,25 @@ pub fn parse_training_job(text: &str) -> anyhow::Result<TrainingJob> {
 
 /// The shape file the process wrote last, if any: its shape and absorbed OOMs.
 pub fn read_shape_files(stats: &Path) -> Option<(BatchShape, Vec<AbsorbedOom>)> {
-    let mut newest: Option<(SystemTime, serde_json::Value)> = None;
+    let mut newest: Option<(SystemTime, ShapeFile)> = None;
     for entry in fs::read_dir(stats).ok()?.flatten() {
         let name = entry.file_name();
         let name = name.to_string_lossy();
         if !(name.starts_with("shape-") && name.ends_with(".json")) {
             continue;
         }
-        let modified = entry.metadata().and_then(|m| m.modified()).ok()?;
-        let Ok(doc) = serde_json::from_str(&fs::read_to_string(entry.path()).ok()?) else {
+        let Ok(modified) = entry.metadata().and_then(|m| m.modified()) else {
+            continue;
+        };
+        let Ok(file) = shape_file::read(&entry.path()) else {
             continue;
         };
         if newest.as_ref().is_none_or(|(t, _)| modified > *t) {
-            newest = Some((modified, doc));
+            newest = Some((modified, file));
         }
     }
-    let (_, doc) = newest?;
-    shape_from_document(&doc)
-}
-
-/// Reads the protocol's `shape-<pid>.json` document.
-pub fn shape_from_document(doc: &serde_json::Value) -> Option<(BatchShape, Vec<AbsorbedOom>)> {
-    let num = |v: &serde_json::Value, k: &str| v.get(k)?.as_u64().map(|n| n as u32);
-    let shape = BatchShape {
-        micro: num(doc, "microBatch")?,
-        accum: num(doc, "gradAccum")?,
-    };
-    let absorbed = doc
-        .get("absorbedOoms")
-        .and_then(|a| a.as_array())
-        .map(|list| {
-            list.iter()
-                .filter_map(|o| {
-                    Some(AbsorbedOom {
-                        from_micro: num(o, "fromMicro")?,
-                        to_micro: num(o, "toMicro")?,
-                        from_accum: num(o, "fromAccum")?,
-                        to_accum: num(o, "toAccum")?,
-                        time: unix_ms_rfc3339(o.get("unixMs")?.as_u64()?),
-                    })
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    Some((shape, absorbed))
-}
-
-fn unix_ms_rfc3339(ms: u64) -> String {
-    chrono::DateTime::from_timestamp_millis(ms as i64)
-        .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
-        .unwrap_or_default()
+    let (_, file) = newest?;
+    Some((file.shape(), file.absorbed()))
 }
 
 fn unix_ms_now() -> u64 {
@@ -808,14 +774,22 @@ mod tests {
     }
 
     #[test]
-    fn the_shape_file_gives_the_shape_the_process_ended_with() {
-        let doc = serde_json::json!({"version": 1, "pid": 7, "microBatch": 8, "gradAccum": 8, "globalBatch": 64,
-            "attempt": 1, "absorbedOoms": [{"fromMicro": 16, "toMicro": 8, "fromAccum": 4, "toAccum": 8, "unixMs": 1_700_000_000_000u64}]});
-        let (shape, absorbed) = shape_from_document(&doc).unwrap();
+    fn the_newest_shape_file_gives_the_shape_the_process_ended_with() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(read_shape_files(dir.path()).is_none());
+        std::fs::write(
+            dir.path().join("shape-7.json"),
+            r#"{"version": 1, "pid": 7, "microBatch": 8, "gradAccum": 8, "globalBatch": 64,
+            "attempt": 1, "absorbedOoms": [{"fromMicro": 16, "toMicro": 8, "fromAccum": 4, "toAccum": 8, "unixMs": 1700000000000}]}"#,
+        )
+        .unwrap();
+        // Not a shape file, and a broken one: both skipped.
+        std::fs::write(dir.path().join("alloc-7-0.json"), "{}").unwrap();
+        std::fs::write(dir.path().join("shape-9.json"), "{\"version\": 1}").unwrap();
+        let (shape, absorbed) = read_shape_files(dir.path()).unwrap();
         assert_eq!(shape, BatchShape { micro: 8, accum: 8 });
         assert_eq!(absorbed.len(), 1);
         assert_eq!((absorbed[0].from_micro, absorbed[0].to_accum), (16, 8));
-        assert_eq!(absorbed[0].time, "2023-11-14T22:13:20.000Z");
-        assert!(shape_from_document(&serde_json::json!({"version": 1})).is_none());
+        assert_eq!(absorbed[0].time, "2023-11-14T22:13:20Z");
     }
 }

@@ -4,8 +4,8 @@
 
 use crate::api::{AbsorbedOom, ObservedShape, TrainingJob, TrainingJobSpec, TrainingJobStatus};
 
-use super::backoff::BatchShape;
-use super::signature::model_signature;
+use crate::job::backoff::BatchShape;
+use crate::job::signature::model_signature;
 
 /// What a process's reported shape changes in its job's status.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -6,11 +6,11 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{Node, PodSpec};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
-use super::quantity::parse_quantity;
 use crate::api::{GpuHealth, GpuNode, PlacementStatus, TrainingJob};
 use crate::place::{
     GpuSpec, Inventory, JobRequest, NodeSpec, Placement, Taint, TaintEffect, Toleration,
 };
+use crate::quantity::parse_quantity;
 
 /// The cluster as the engine sees it, plus the GPUs that are held back.
 #[derive(Debug, Default)]

@@ -1,7 +1,7 @@
 use super::*;
 use crate::api::{AbsorbedOom, TrainingJobSpec, TrainingJobStatus};
 use crate::controller::absorbed::{learned_start_micro, start_micro_below};
-use crate::controller::signature::model_signature;
+use crate::job::signature::model_signature;
 use serde_json::json;
 
 fn spec(global: u32, micro: u32, layers: u32) -> TrainingJobSpec {

@@ -7,10 +7,7 @@
 
 pub mod absorbed;
 pub mod allocation;
-pub mod backoff;
-pub mod budget;
 pub mod events;
-pub mod exit;
 pub mod fence;
 pub mod held;
 pub mod inventory;
@@ -20,11 +17,9 @@ pub mod model_cache;
 pub mod pod;
 pub mod pod_ledger;
 pub mod pods_first;
-pub mod quantity;
 mod reconcile;
 pub mod retry;
 pub mod scheduler;
-pub mod signature;
 pub mod status;
 pub mod status_writer;
 pub mod supervise;
@@ -110,7 +105,7 @@ impl Default for ControllerOptions {
             cycle_interval: Duration::from_secs(5),
             metrics_addr: None,
             lease: None,
-            stats_root: pod::DEFAULT_STATS_ROOT.into(),
+            stats_root: crate::job::keys::DEFAULT_STATS_ROOT.into(),
             status_writers: status_writer::DEFAULT_WRITERS,
         }
     }
@@ -170,7 +165,7 @@ impl Context {
     /// jobs of the same model whose processes absorbed OOMs, with the name of
     /// the job it was learned from.
     pub fn learned_start_micro(&self, spec: &crate::api::TrainingJobSpec) -> Option<(u32, String)> {
-        let signature = signature::model_signature(spec, spec.batch.micro);
+        let signature = crate::job::signature::model_signature(spec, spec.batch.micro);
         absorbed::start_micro_below(spec, self.index.smallest_backoff(&signature)?)
     }
 
@@ -294,12 +289,15 @@ pub async fn run(client: Client, options: ControllerOptions) -> Result<()> {
     // The training pods, cached: their changes trigger the owning job's
     // reconcile, and the reconcile reads them from here instead of the API.
     let (pods, pod_writer) = reflector::store::<Pod>();
-    let pod_stream = watcher(pods_api, watcher::Config::default().labels(pod::JOB_LABEL))
-        .default_backoff()
-        // Nothing reads managedFields; dropping them keeps the cache small.
-        .modify(|pod| pod.metadata.managed_fields = None)
-        .reflect(pod_writer)
-        .touched_objects();
+    let pod_stream = watcher(
+        pods_api,
+        watcher::Config::default().labels(crate::job::keys::JOB_LABEL),
+    )
+    .default_backoff()
+    // Nothing reads managedFields; dropping them keeps the cache small.
+    .modify(|pod| pod.metadata.managed_fields = None)
+    .reflect(pod_writer)
+    .touched_objects();
     // The job watch, as `Controller::new` would make it, with the index of what
     // predictions read across all jobs kept from its events.
     let (jobs, job_writer) = reflector::store::<TrainingJob>();

@@ -9,28 +9,10 @@ use k8s_openapi::api::core::v1::{
 use kube::Resource;
 use kube::api::ObjectMeta;
 
-use super::backoff::BatchShape;
-use super::budget::outside_allocator_bytes;
-use super::exit::OOM_EXIT_CODE;
 use crate::api::{PlacementStatus, TrainingJob};
-
-/// Label carrying the owning TrainingJob's name.
-pub const JOB_LABEL: &str = "vramfit.dev/training-job";
-/// Label carrying the attempt number.
-pub const ATTEMPT_LABEL: &str = "vramfit.dev/attempt";
-/// Annotation carrying the budget in bytes (read by the node agent).
-pub const BUDGET_ANNOTATION: &str = "vramfit.dev/budget-bytes";
-/// Annotation carrying the attempt's placement (JSON of `PlacementStatus`):
-/// the pod is created before the job's status records it, so a restarted
-/// controller reads the placement from here (`controller::pod_ledger`).
-pub const PLACEMENT_ANNOTATION: &str = "vramfit.dev/placement";
-/// Prefix of the annotation (one per container, the container's name follows)
-/// listing the CDI devices it gets. On the node, an NRI plugin hands them to
-/// containerd's CDI injection (`hack/node/containerd/nri-cdi`): the kubelet
-/// passes pod annotations to the runtime, but no pod field names a CDI device.
-pub const CDI_ANNOTATION_PREFIX: &str = "cdi-devices.noderesource.dev/container.";
-/// CDI kind of a node's GPUs; each GPU is a device named by its UUID.
-pub const CDI_GPU_KIND: &str = "nvidia.com/gpu";
+use crate::job::backoff::BatchShape;
+use crate::job::env::{self, Attempt, attempt_env};
+use crate::job::keys::*;
 
 /// The value of a container's CDI annotation: a YAML list of the placed GPUs.
 fn cdi_devices(uuids: &[&str]) -> String {
@@ -38,29 +20,6 @@ fn cdi_devices(uuids: &[&str]) -> String {
         .iter()
         .map(|u| format!("- {CDI_GPU_KIND}={u}\n"))
         .collect()
-}
-
-/// Where the training process finds its stats folder (docs/node-protocol.md).
-pub const STATS_DIR: &str = "/run/vramfit";
-/// The pod volume of the stats folder.
-pub const STATS_VOLUME: &str = "vramfit-stats";
-/// The node folder that holds the pods' stats folders unless the controller's
-/// `--stats-root` says otherwise; the agent's `--stats-root` must agree.
-pub const DEFAULT_STATS_ROOT: &str = "/var/run/vramfit/pods";
-
-/// The stats folder of pod `name` in `namespace` on its node:
-/// `<stats_root>/<namespace>_<name>`.
-pub fn stats_host_path(stats_root: &str, namespace: &str, name: &str) -> String {
-    format!("{}/{namespace}_{name}", stats_root.trim_end_matches('/'))
-}
-
-/// Name of the pod of `attempt`: one name per attempt, so a restarted
-/// controller that creates it again gets `AlreadyExists`, never a second pod.
-pub fn pod_name(job_name: &str, attempt: u32) -> String {
-    let suffix = format!("-a{attempt}");
-    let keep = 63 - suffix.len();
-    let base: String = job_name.chars().take(keep).collect();
-    format!("{}{suffix}", base.trim_end_matches(['-', '.']))
 }
 
 /// True when `fresh` (the job as the API server has it now) still runs the
@@ -74,7 +33,7 @@ pub fn still_wanted(fresh: &TrainingJob, placement: &PlacementStatus) -> bool {
         && fresh
             .status
             .as_ref()
-            .and_then(super::transition::recorded_in)
+            .and_then(|s| s.recorded_placement())
             .is_some_and(|recorded| recorded == placement)
 }
 
@@ -102,32 +61,22 @@ pub fn training_pod(
     spec.node_name = Some(placement.node.clone());
     spec.restart_policy = Some("Never".into());
     let uuids: Vec<&str> = placement.gpus.iter().map(|g| g.uuid.as_str()).collect();
-    let env = [
-        ("NVIDIA_VISIBLE_DEVICES", uuids.join(",")),
-        (
-            "VRAMFIT_MEMORY_FRACTION",
-            format!("{:.6}", placement.memory_fraction),
-        ),
-        ("VRAMFIT_BUDGET_BYTES", placement.budget_bytes.to_string()),
-        (
-            "VRAMFIT_CONTEXT_BYTES",
-            outside_allocator_bytes(placement.gpu_model.as_deref(), job.spec.gpus).to_string(),
-        ),
-        ("VRAMFIT_MICRO_BATCH", shape.micro.to_string()),
-        ("VRAMFIT_GRAD_ACCUM", shape.accum.to_string()),
-        ("VRAMFIT_GLOBAL_BATCH", job.spec.batch.global.to_string()),
-        (
-            "VRAMFIT_MIN_MICRO_BATCH",
-            job.spec.batch.min_micro.to_string(),
-        ),
-        ("VRAMFIT_ATTEMPT", attempt.to_string()),
-        ("VRAMFIT_OOM_EXIT_CODE", OOM_EXIT_CODE.to_string()),
-        ("VRAMFIT_STATS_DIR", STATS_DIR.to_string()),
-    ];
+    let protocol = attempt_env(
+        &job.spec,
+        &Attempt {
+            shape,
+            attempt,
+            budget_bytes: placement.budget_bytes,
+            gpu_model: placement.gpu_model.as_deref(),
+            memory_fraction: Some(placement.memory_fraction),
+            gpu_uuids: uuids.clone(),
+            stats_dir: STATS_DIR,
+        },
+    );
     let downward = [
-        ("VRAMFIT_POD_NAME", "metadata.name"),
-        ("VRAMFIT_POD_NAMESPACE", "metadata.namespace"),
-        ("VRAMFIT_POD_UID", "metadata.uid"),
+        (env::POD_NAME, "metadata.name"),
+        (env::POD_NAMESPACE, "metadata.namespace"),
+        (env::POD_UID, "metadata.uid"),
     ];
     let volumes = spec.volumes.get_or_insert_with(Vec::new);
     volumes.retain(|v| v.name != STATS_VOLUME);
@@ -141,10 +90,10 @@ pub fn training_pod(
     });
     for container in &mut spec.containers {
         let vars = container.env.get_or_insert_with(Vec::new);
-        vars.retain(|v| {
-            !env.iter().any(|(k, _)| *k == v.name) && !downward.iter().any(|(k, _)| *k == v.name)
-        });
-        vars.extend(env.iter().map(|(k, v)| EnvVar {
+        // A template's own device list or VRAMFIT_* variable never reaches
+        // the process: vramfit's are the only ones.
+        vars.retain(|v| !env::is_reserved(&v.name));
+        vars.extend(protocol.iter().map(|(k, v)| EnvVar {
             name: (*k).into(),
             value: Some(v.clone()),
             ..EnvVar::default()
@@ -173,11 +122,21 @@ pub fn training_pod(
             container.termination_message_policy = Some("FallbackToLogsOnError".into());
         }
     }
+    // Init containers get no GPU: none of the device list or budget
+    // variables a template may have put there.
+    for container in spec.init_containers.iter_mut().flatten() {
+        if let Some(vars) = container.env.as_mut() {
+            vars.retain(|v| !env::is_reserved(&v.name));
+        }
+    }
     let template_meta = template.metadata.unwrap_or_default();
     let mut labels: BTreeMap<String, String> = template_meta.labels.unwrap_or_default();
     labels.insert(JOB_LABEL.into(), name.clone());
     labels.insert(ATTEMPT_LABEL.into(), attempt.to_string());
     let mut annotations = template_meta.annotations.unwrap_or_default();
+    // CDI devices come from the placement only: a template's own keys (the
+    // pod-wide one, an init container's, a container's) are dropped.
+    annotations.retain(|k, _| !k.starts_with(CDI_ANNOTATION_DOMAIN));
     annotations.insert(BUDGET_ANNOTATION.into(), placement.budget_bytes.to_string());
     annotations.insert(
         PLACEMENT_ANNOTATION.into(),
@@ -434,6 +393,62 @@ mod tests {
         let pod_name = named("VRAMFIT_POD_NAME");
         assert_eq!(pod_name.len(), 1, "{vars:?}");
         assert!(pod_name[0].value.is_none() && pod_name[0].value_from.is_some());
+    }
+
+    /// A template cannot pick its own GPU: device annotations and variables
+    /// it carries (pod-wide, per container, in init containers) are dropped,
+    /// and only the placement's remain.
+    #[test]
+    fn a_template_asking_for_gpus_itself_gets_only_the_placed_one() {
+        let mut job = job();
+        job.spec.template = serde_json::from_value(json!({
+            "metadata": {"annotations": {
+                "cdi-devices.noderesource.dev/pod": "- nvidia.com/gpu=GPU-other",
+                "cdi-devices.noderesource.dev/container.setup": "- nvidia.com/gpu=GPU-other",
+                "cdi-devices.noderesource.dev/container.train": "- nvidia.com/gpu=GPU-other",
+                "vramfit.dev/budget-bytes": "999999999999",
+                "team": "nlp"}},
+            "spec": {
+                "initContainers": [{"name": "setup", "image": "img", "env": [
+                    {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
+                    {"name": "VRAMFIT_BUDGET_BYTES", "value": "1"},
+                    {"name": "PIP_INDEX", "value": "x"}]}],
+                "containers": [{"name": "train", "image": "img", "env": [
+                    {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
+                    {"name": "VRAMFIT_ALLOCATOR", "value": "native"},
+                    {"name": "VRAMFIT_MEMORY_FRACTION", "value": "1.0"}]}]}}))
+        .unwrap();
+        let shape = BatchShape { micro: 8, accum: 8 };
+        let pod = training_pod(&job, &placement(), shape, 1, DEFAULT_STATS_ROOT).unwrap();
+        let annotations = pod.metadata.annotations.unwrap();
+        let cdi: Vec<(&String, &String)> = annotations
+            .iter()
+            .filter(|(k, _)| k.starts_with(CDI_ANNOTATION_DOMAIN))
+            .collect();
+        assert_eq!(cdi.len(), 1, "{cdi:?}");
+        assert_eq!(cdi[0].0, "cdi-devices.noderesource.dev/container.train");
+        assert_eq!(cdi[0].1, "- nvidia.com/gpu=GPU-abc\n");
+        assert_eq!(annotations[BUDGET_ANNOTATION], (20u64 << 30).to_string());
+        assert_eq!(annotations["team"], "nlp");
+        let spec = pod.spec.unwrap();
+        let init_vars = spec.init_containers.unwrap()[0].env.clone().unwrap();
+        let names: Vec<&str> = init_vars.iter().map(|v| v.name.as_str()).collect();
+        assert_eq!(names, ["PIP_INDEX"]);
+        let vars = spec.containers[0].env.clone().unwrap();
+        let visible: Vec<_> = vars
+            .iter()
+            .filter(|v| v.name == "NVIDIA_VISIBLE_DEVICES")
+            .collect();
+        assert_eq!(visible.len(), 1);
+        assert_eq!(visible[0].value.as_deref(), Some("GPU-abc"));
+        let fraction: Vec<_> = vars
+            .iter()
+            .filter(|v| v.name == "VRAMFIT_MEMORY_FRACTION")
+            .collect();
+        assert_eq!(fraction.len(), 1);
+        assert_eq!(fraction[0].value.as_deref(), Some("0.140000"));
+        // The user's own choice of allocator stays.
+        assert!(vars.iter().any(|v| v.name == "VRAMFIT_ALLOCATOR"));
     }
 
     #[test]

@@ -21,11 +21,11 @@ use std::collections::HashMap;
 
 use k8s_openapi::api::core::v1::Pod;
 
-use super::pod::{ATTEMPT_LABEL, JOB_LABEL, PLACEMENT_ANNOTATION};
-use super::quantity::parse_quantity;
 use super::scheduler::{current_attempt, recorded};
 use crate::api::{PlacementStatus, TrainingJob};
+use crate::job::keys::{ATTEMPT_LABEL, JOB_LABEL, PLACEMENT_ANNOTATION};
 use crate::place::Placement;
+use crate::quantity::parse_quantity;
 
 /// The placement a training pod was created for, as its metadata tells it.
 #[derive(Clone, Debug, PartialEq)]

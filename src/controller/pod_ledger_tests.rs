@@ -1,7 +1,7 @@
 use super::*;
 use crate::api::{AssignedGpu, Phase, TrainingJobStatus};
-use crate::controller::backoff::BatchShape;
 use crate::controller::pod::training_pod;
+use crate::job::backoff::BatchShape;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde_json::json;
 

@@ -11,17 +11,18 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 
-use super::backoff::BatchShape;
-use super::exit::pod_outcome;
 use super::held::HeldPrediction;
 use super::metrics::ErrorLabel;
-use super::pod::{pod_name, still_wanted, training_pod};
+use super::pod::{still_wanted, training_pod};
 use super::retry;
 use super::scheduler::Verdict;
 use super::status::write_status;
 use super::transition::{self, Effect, PodFacts, PredictFacts, Requeue, Step, Transition};
 use super::{Context, FINALIZER};
 use crate::api::{PlacementStatus, TrainingJob, TrainingJobStatus};
+use crate::job::backoff::BatchShape;
+use crate::job::exit::pod_outcome;
+use crate::job::keys::pod_name;
 use crate::{Error, Result};
 
 /// How soon a job whose placement was taken from its pod is reconciled again

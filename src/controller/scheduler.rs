@@ -50,7 +50,7 @@ pub fn current_attempt(job: &TrainingJob) -> u32 {
 
 /// The placement recorded in status for the current attempt, if any.
 pub fn recorded(job: &TrainingJob) -> Option<&PlacementStatus> {
-    super::transition::recorded_in(job.status.as_ref()?)
+    job.status.as_ref()?.recorded_placement()
 }
 
 /// True when the job waits for a placement: predicted, alive, not placed.

@@ -25,15 +25,15 @@ use crate::api::{
 };
 
 use super::absorbed::{absorbed_message, newly_absorbed};
-use super::backoff::{BatchShape, OomDecision, after_oom};
-use super::budget::{Budget, attempt_budget, gpu_model_budgets, oom_correction};
-use super::exit::PodOutcome;
-use super::pod::pod_name;
-use super::quantity::human_bytes;
-use super::signature::model_signature;
 use super::status::{
     CONDITION_COMPLETE, CONDITION_INVALID, CONDITION_PLACED, reason, set_condition,
 };
+use crate::job::backoff::{BatchShape, OomDecision, after_oom};
+use crate::job::budget::{Budget, attempt_budget, gpu_model_budgets, oom_correction};
+use crate::job::exit::PodOutcome;
+use crate::job::keys::pod_name;
+use crate::job::signature::model_signature;
+use crate::quantity::human_bytes;
 
 /// Resync period of a job whose pod waits or runs: pod changes and the node
 /// agent's reports trigger reconciles of their own, so this is no poll.
@@ -140,15 +140,6 @@ pub enum Step {
     },
 }
 
-/// The placement of the current attempt as recorded in status, while the job
-/// is live.
-pub fn recorded_in(status: &TrainingJobStatus) -> Option<&PlacementStatus> {
-    status
-        .placement
-        .as_ref()
-        .filter(|p| p.attempt == status.attempt.max(1) && !status.phase.is_terminal())
-}
-
 /// True when the status carries a true `Invalid` condition.
 pub fn is_invalid(status: &TrainingJobStatus) -> bool {
     status
@@ -175,7 +166,7 @@ pub fn next_step(job: &TrainingJob, assigned: impl FnOnce(u32) -> Option<Placeme
         };
     }
     let attempt = status.attempt.max(1);
-    let recorded = recorded_in(&status).cloned();
+    let recorded = status.recorded_placement().cloned();
     if spec_changed && recorded.is_none() {
         // A waiting job is predicted again from its new spec. A placed job
         // keeps running as it was placed.

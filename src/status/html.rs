@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 
 use super::{ClusterStatus, GpuView, JobOnGpu, fraction};
 use crate::api::GpuHealth;
-use crate::controller::quantity::human_bytes;
+use crate::quantity::human_bytes;
 
 /// Escapes text for HTML element content and attribute values.
 pub fn escape(text: &str) -> String {

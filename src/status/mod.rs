@@ -13,7 +13,6 @@ use kube::ResourceExt;
 use serde::Serialize;
 
 use crate::api::{GpuHealth, GpuNode, NodeAllocation, Phase, TrainingJob};
-use crate::controller::scheduler::recorded;
 
 /// Retries shown, most recent first.
 pub const RECENT_RETRIES: usize = 10;
@@ -189,7 +188,11 @@ pub fn cluster_status<J: Borrow<TrainingJob>, N: Borrow<GpuNode>>(
         };
         *phases.entry(format!("{:?}", status.phase)).or_default() += 1;
         retries.extend(restart_retries(job));
-        if recorded(job).is_none()
+        if job
+            .status
+            .as_ref()
+            .and_then(|s| s.recorded_placement())
+            .is_none()
             && !status.phase.is_terminal()
             && job.metadata.deletion_timestamp.is_none()
         {
@@ -278,7 +281,10 @@ pub fn node_views<J: Borrow<TrainingJob>, N: Borrow<GpuNode>>(
     let mut orphans = Vec::new();
     for job in jobs {
         let job = job.borrow();
-        let (Some(status), Some(placement)) = (job.status.as_ref(), recorded(job)) else {
+        let Some(status) = job.status.as_ref() else {
+            continue;
+        };
+        let Some(placement) = status.recorded_placement() else {
             continue;
         };
         let namespace = job.namespace().unwrap_or_default();
@@ -473,7 +479,7 @@ fn absorbed_retries(
 /// (`kubectl get gn` columns). Free memory counts usable GPUs only: none on a
 /// node with a stale heartbeat, none on a faulty GPU.
 pub fn node_allocation(node: &NodeView) -> NodeAllocation {
-    use crate::controller::quantity::human_bytes;
+    use crate::quantity::human_bytes;
     let usable = |g: &GpuView| node.fresh && g.health != GpuHealth::Faulty;
     let committed: u64 = node.gpus.iter().map(|g| g.committed_bytes).sum();
     let free: u64 = node

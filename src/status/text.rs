@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 
 use super::{ClusterStatus, GpuView, JobOnGpu, fraction};
 use crate::api::GpuHealth;
-use crate::controller::quantity::human_bytes;
+use crate::quantity::human_bytes;
 
 /// Width of a memory bar in cells.
 pub const BAR_WIDTH: usize = 30;

@@ -9,8 +9,8 @@ use std::time::Duration;
 use kube::api::{Api, PostParams};
 use serde_json::json;
 use vramfit::api::{AssignedGpu, GpuNode, Phase, PlacementStatus, TrainingJob};
-use vramfit::controller::backoff::BatchShape;
 use vramfit::controller::pod::training_pod;
+use vramfit::job::backoff::BatchShape;
 
 use crate::driver::{GIB, TestCluster, mlp_job};
 
@@ -203,7 +203,7 @@ async fn oom_halves_micro_batch_and_doubles_accumulation_in_a_new_pod() {
     // Re-predicted for the smaller micro-batch, and raised by what the OOM
     // proved missing (this MLP's memory is mostly its parameters, so halving
     // the micro-batch alone would have left the budget that just failed).
-    let at_four = vramfit::controller::budget::attempt_budget(&job, 4, None, None).unwrap();
+    let at_four = vramfit::job::budget::attempt_budget(&job, 4, None, None).unwrap();
     let raised = (at_four.budget as f64 * 1.05).ceil() as u64;
     let budget = status.budget_bytes.unwrap();
     assert!(budget.abs_diff(raised) <= 1, "{budget} vs {raised}");

@@ -19,8 +19,8 @@ use kube::ResourceExt;
 use kube::api::{Api, ListParams, PostParams};
 use serde_json::{Value, json};
 use vramfit::api::{GpuNode, Phase, PlacementStatus, TrainingJob};
-use vramfit::controller::pod::{ATTEMPT_LABEL, BUDGET_ANNOTATION, JOB_LABEL};
 use vramfit::controller::pod_ledger::pod_placement;
+use vramfit::job::keys::{ATTEMPT_LABEL, BUDGET_ANNOTATION, JOB_LABEL};
 use vramfit_agent::node::publish::PublishPolicy;
 
 use crate::agent::{Proxy, SimAgent, api_server_addr};

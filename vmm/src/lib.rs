@@ -6,7 +6,7 @@
 //!
 //! Both users (`libvramfit_alloc.so` inside PyTorch, and the agent's
 //! allocator backend and benchmark) wrap a [`Pages`] in their
-//! `vramfit::alloc::DeviceMemory` backend. [`Pages`] makes no context
+//! `vramfit_alloc_core::DeviceMemory` backend. [`Pages`] makes no context
 //! current and never waits for the device: which context is current, and
 //! whether queued kernels may still use a page being unmapped, is the
 //! caller's business.
@@ -14,7 +14,7 @@
 use std::collections::HashMap;
 
 use cudarc::driver::sys::{self, CUresult, cudaError_enum};
-use vramfit::alloc::{DeviceError, DevicePtr, PAGE_BYTES};
+use vramfit_alloc_core::{DeviceError, DevicePtr, PAGE_BYTES};
 
 /// A driver result as the allocator's error: out of memory (for `bytes`)
 /// or a driver failure naming `call`.

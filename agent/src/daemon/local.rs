@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use vramfit::controller::quantity::parse_quantity;
+use vramfit::quantity::parse_quantity;
 
 use crate::node::procfs::ProcFs;
 use crate::node::report::{OwnerLookup, ProcessOwner};

@@ -13,7 +13,7 @@ use kube::runtime::reflector::Store;
 use crate::node::procfs::{ProcFs, strip_runtime_prefix};
 use crate::node::report::{OwnerLookup, ProcessOwner};
 use crate::node::watchdog::Owner;
-use vramfit::controller::pod::{BUDGET_ANNOTATION, JOB_LABEL};
+use vramfit::job::keys::{BUDGET_ANNOTATION, JOB_LABEL};
 
 /// The stats folder of a pod: `<stats root>/<namespace>_<pod>`
 /// (docs/node-protocol.md).

@@ -3,56 +3,29 @@
 //! allocator and `shape-<pid>.json` from the Python helper, where `pid` is
 //! the process's PID in its own namespace.
 
-use std::path::Path;
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock};
 
 use k8s_openapi::jiff::Timestamp;
-use serde::Deserialize;
-use vramfit::api::{AbsorbedOom, AllocatorStats, ObservedShape};
+use vramfit::alloc::stats_file::{self, ReadError};
+use vramfit::api::{AllocatorStats, ObservedShape};
+use vramfit::job::shape_file;
 
 /// Allocator counters older than this are ignored (the allocator rewrites
 /// them every second while it runs).
 pub const STALE_AFTER_MS: i64 = 10_000;
 
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct AllocFile {
-    version: u32,
-    policy: String,
-    #[serde(default)]
-    budget_bytes: u64,
-    #[serde(default)]
-    allocated_bytes: u64,
-    #[serde(default)]
-    reserved_bytes: u64,
-    #[serde(default)]
-    peak_allocated_bytes: u64,
-    #[serde(default)]
-    peak_reserved_bytes: u64,
-    #[serde(default)]
-    num_ooms: u64,
-    #[serde(default)]
-    updated_unix_ms: i64,
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct ShapeFile {
-    version: u32,
-    micro_batch: u32,
-    grad_accum: u32,
-    #[serde(default)]
-    absorbed_ooms: Vec<AbsorbedFile>,
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct AbsorbedFile {
-    from_micro: u32,
-    to_micro: u32,
-    from_accum: u32,
-    to_accum: u32,
-    #[serde(default)]
-    unix_ms: i64,
+/// Logs a hostile or broken file once per path, not every second.
+fn report_bad_file(path: &Path, error: &ReadError) {
+    static SEEN: OnceLock<Mutex<HashSet<PathBuf>>> = OnceLock::new();
+    let mut seen = SEEN
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    if seen.insert(path.to_owned()) {
+        tracing::warn!(path = %path.display(), "skipping a stats file: {error}");
+    }
 }
 
 fn rfc3339(unix_ms: i64) -> String {
@@ -62,25 +35,30 @@ fn rfc3339(unix_ms: i64) -> String {
 }
 
 /// The allocator counters of process `pid` (its namespace PID) on its CUDA
-/// device `device`, unless missing, unreadable, of another version or stale
-/// at `now_ms`.
+/// device `device`, unless missing, unreadable, not a regular file, too
+/// large, of another version or stale at `now_ms`.
 pub fn read_allocator(dir: &Path, pid: u32, device: u32, now_ms: i64) -> Option<AllocatorStats> {
-    let text = std::fs::read_to_string(dir.join(format!("alloc-{pid}-{device}.json"))).ok()?;
-    let file: AllocFile = serde_json::from_str(&text)
-        .inspect_err(|e| tracing::debug!(pid, device, "unreadable allocator counters: {e}"))
+    let file = stats_file::read(dir, pid, device)
+        .inspect_err(|e| {
+            if e.is_bad_file() {
+                report_bad_file(&stats_file::path_for(dir, pid, device), e);
+            }
+        })
         .ok()?;
-    if file.version != 1 || now_ms - file.updated_unix_ms > STALE_AFTER_MS {
+    let updated = i64::try_from(file.updated_unix_ms).unwrap_or(i64::MAX);
+    if now_ms.saturating_sub(updated) > STALE_AFTER_MS {
         return None;
     }
+    let c = file.counters;
     Some(AllocatorStats {
-        policy: file.policy,
-        budget_bytes: file.budget_bytes,
-        allocated_bytes: file.allocated_bytes,
-        reserved_bytes: file.reserved_bytes,
-        peak_allocated_bytes: file.peak_allocated_bytes,
-        peak_reserved_bytes: file.peak_reserved_bytes,
-        num_ooms: file.num_ooms,
-        updated: Some(rfc3339(file.updated_unix_ms)),
+        policy: c.policy,
+        budget_bytes: c.budget_bytes,
+        allocated_bytes: c.allocated_bytes,
+        reserved_bytes: c.reserved_bytes,
+        peak_allocated_bytes: c.peak_allocated_bytes,
+        peak_reserved_bytes: c.peak_reserved_bytes,
+        num_ooms: c.num_ooms,
+        updated: Some(rfc3339(updated)),
     })
 }
 
@@ -88,28 +66,15 @@ pub fn read_allocator(dir: &Path, pid: u32, device: u32, now_ms: i64) -> Option<
 /// unreadable or of another version. It is written only when the shape
 /// changes, so it has no age limit; the caller checks the process runs.
 pub fn read_shape(dir: &Path, pid: u32) -> Option<ObservedShape> {
-    let text = std::fs::read_to_string(dir.join(format!("shape-{pid}.json"))).ok()?;
-    let file: ShapeFile = serde_json::from_str(&text)
-        .inspect_err(|e| tracing::debug!(pid, "unreadable shape file: {e}"))
-        .ok()?;
-    if file.version != 1 {
-        return None;
-    }
-    Some(ObservedShape {
-        micro_batch: file.micro_batch,
-        grad_accum: file.grad_accum,
-        absorbed_ooms: file
-            .absorbed_ooms
-            .into_iter()
-            .map(|a| AbsorbedOom {
-                from_micro: a.from_micro,
-                to_micro: a.to_micro,
-                from_accum: a.from_accum,
-                to_accum: a.to_accum,
-                time: rfc3339(a.unix_ms),
-            })
-            .collect(),
-    })
+    let path = shape_file::path_for(dir, pid);
+    shape_file::read(&path)
+        .inspect_err(|e| {
+            if e.is_bad_file() {
+                report_bad_file(&path, e);
+            }
+        })
+        .ok()
+        .map(|f| f.observed())
 }
 
 #[cfg(test)]
@@ -179,5 +144,35 @@ mod tests {
         assert_eq!(shape.absorbed_ooms[0].from_micro, 16);
         assert_eq!(shape.absorbed_ooms[0].time, "2025-12-01T00:00:00Z");
         assert_eq!(read_shape(dir.path(), 8), None);
+    }
+
+    #[test]
+    fn hostile_files_are_skipped_without_blocking_or_reading_them_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink("/dev/zero", dir.path().join("alloc-1-0.json")).unwrap();
+        std::os::unix::fs::symlink("/dev/zero", dir.path().join("shape-1.json")).unwrap();
+        let fifo = std::ffi::CString::new(
+            dir.path()
+                .join("shape-2.json")
+                .as_os_str()
+                .as_encoded_bytes(),
+        )
+        .unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+        let d = dir.path().to_owned();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            tx.send((
+                read_allocator(&d, 1, 0, NOW),
+                read_shape(&d, 1),
+                read_shape(&d, 2),
+            ))
+            .unwrap()
+        });
+        let got = rx
+            .recv_timeout(std::time::Duration::from_secs(5))
+            .expect("a stats read blocked");
+        assert_eq!(got, (None, None, None));
     }
 }

@@ -17,7 +17,7 @@ use kube::runtime::reflector::Store;
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use vramfit::api::TrainingJob;
-use vramfit::controller::pod::{BUDGET_ANNOTATION, JOB_LABEL};
+use vramfit::job::keys::{BUDGET_ANNOTATION, JOB_LABEL};
 use vramfit::predict::{JobShape, gpu_profile, predict_model};
 
 use super::workload::{

@@ -8,8 +8,8 @@
 
 use std::time::{Duration, Instant};
 
-use vramfit::controller::exit::{OOM_EXIT_CODE, OOM_MESSAGE_MARK};
-use vramfit::controller::quantity::parse_quantity;
+use vramfit::job::exit::{OOM_EXIT_CODE, OOM_MESSAGE_MARK};
+use vramfit::quantity::parse_quantity;
 
 /// Annotation that gives a simulated pod's true peak per GPU: a quantity
 /// (`30Gi`), or `<fixed>+<per sample>` (`10Gi+2Gi`: 10 GiB plus 2 GiB per

@@ -28,6 +28,7 @@ mod pytorch;
 mod replay;
 mod snapshot;
 mod stats;
+pub mod stats_file;
 
 pub use config::{
     AllocatorConfig, LARGE_SEGMENT_BYTES, MIN_BLOCK_BYTES, MIN_LARGE_ALLOC_BYTES, PAGE_BYTES,

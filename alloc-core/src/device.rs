@@ -52,7 +52,7 @@ pub trait DeviceMemory {
     fn mem_info(&self) -> MemInfo;
     /// Granularity of physical pages for [`DeviceMemory::map_pages`].
     fn page_bytes(&self) -> u64 {
-        crate::alloc::PAGE_BYTES
+        crate::PAGE_BYTES
     }
     /// Reserves `bytes` of virtual address space, backed by nothing yet.
     fn reserve_range(&mut self, _bytes: u64) -> Result<DevicePtr, DeviceError> {
@@ -180,8 +180,7 @@ impl SimulatedDevice {
 
     fn fresh_address(&mut self, bytes: u64) -> DevicePtr {
         let addr = self.next_addr;
-        self.next_addr +=
-            bytes.div_ceil(crate::alloc::PAGE_BYTES).max(1) * crate::alloc::PAGE_BYTES;
+        self.next_addr += bytes.div_ceil(crate::PAGE_BYTES).max(1) * crate::PAGE_BYTES;
         addr
     }
 

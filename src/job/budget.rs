@@ -8,7 +8,7 @@ use crate::predict::{
     predict_model,
 };
 
-use super::quantity::parse_quantity;
+use crate::quantity::parse_quantity;
 
 /// The part of a per-GPU budget kept for memory the process holds outside
 /// the caching allocator (CUDA context, kernels, libraries; NCCL with more

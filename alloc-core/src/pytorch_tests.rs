@@ -1,5 +1,5 @@
 use super::*;
-use crate::alloc::SimulatedDevice;
+use crate::SimulatedDevice;
 
 const MIB: u64 = 1 << 20;
 

@@ -1,5 +1,5 @@
 use super::*;
-use crate::alloc::{DeviceError, DeviceMemory, DevicePtr, PAGE_BYTES, SimulatedDevice};
+use crate::{DeviceError, DeviceMemory, DevicePtr, PAGE_BYTES, SimulatedDevice};
 
 const MIB: u64 = 1 << 20;
 
@@ -172,7 +172,7 @@ impl DeviceMemory for Recording {
     fn free(&mut self, ptr: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
         self.inner.free(ptr, bytes)
     }
-    fn mem_info(&self) -> crate::alloc::MemInfo {
+    fn mem_info(&self) -> crate::MemInfo {
         self.inner.mem_info()
     }
     fn reserve_range(&mut self, bytes: u64) -> Result<DevicePtr, DeviceError> {

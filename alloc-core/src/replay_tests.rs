@@ -1,12 +1,12 @@
 use super::*;
-use crate::alloc::snapshot::{BlockState, SegmentState};
+use crate::snapshot::{BlockState, SegmentState};
 
 const MIB: u64 = 1 << 20;
 
 /// Snapshots captured on an H200 (scripts/gpu/capture_snapshots.py) with
 /// what PyTorch itself reported for each run.
 fn committed_snapshots() -> Vec<(String, Vec<u8>, serde_json::Value)> {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/snapshots");
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/snapshots");
     let reported: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.join("pytorch_reported.json")).unwrap()).unwrap();
     let reported = reported.as_object().unwrap();
@@ -223,8 +223,7 @@ fn with_repeated_last_step(bytes: &[u8], extra: usize) -> (Vec<AllocEvent>, Vec<
 /// from `starts`, its reserved peak, and what moving pages at every growth
 /// would have reserved.
 fn vramfit_calls_per_step(events: &[AllocEvent], starts: &[usize]) -> (Vec<u64>, u64, u64) {
-    let (calls, peak, tight, _) =
-        tuned_calls_per_step(events, starts, crate::alloc::Tuning::default(), 0);
+    let (calls, peak, tight, _) = tuned_calls_per_step(events, starts, crate::Tuning::default(), 0);
     (calls, peak, tight)
 }
 
@@ -241,15 +240,15 @@ fn pytorch_peak(events: &[AllocEvent]) -> u64 {
 fn lagging_vramfit(
     plan: bool,
     lag: u64,
-    tuning: crate::alloc::Tuning,
-) -> crate::alloc::ExpandableAllocator<crate::alloc::SimulatedDevice> {
-    let mut device = crate::alloc::SimulatedDevice::new(1 << 44);
+    tuning: crate::Tuning,
+) -> crate::ExpandableAllocator<crate::SimulatedDevice> {
+    let mut device = crate::SimulatedDevice::new(1 << 44);
     device.free_lag = lag;
-    let config = crate::alloc::AllocatorConfig {
+    let config = crate::AllocatorConfig {
         disable_step_plan: !plan,
         ..Default::default()
     };
-    crate::alloc::ExpandableAllocator::with_tuning(device, config, tuning)
+    crate::ExpandableAllocator::with_tuning(device, config, tuning)
 }
 
 /// [`vramfit_calls_per_step`] with other constants, on a device `lag` frees
@@ -257,7 +256,7 @@ fn lagging_vramfit(
 fn tuned_calls_per_step(
     events: &[AllocEvent],
     starts: &[usize],
-    tuning: crate::alloc::Tuning,
+    tuning: crate::Tuning,
     lag: u64,
 ) -> (Vec<u64>, u64, u64, u64) {
     // The policy on its own: the planned layout would take these steps
@@ -352,7 +351,7 @@ fn steady_state_figures() {
 /// (scripts/meta_step_trace.py): the events and where each step starts.
 fn meta_step_traces() -> Vec<(String, Vec<AllocEvent>, Vec<usize>)> {
     use std::io::Read;
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/steps");
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/steps");
     ["hf_llama", "hf_gpt2", "hf_bert"]
         .iter()
         .map(|name| {
@@ -434,7 +433,7 @@ fn hugging_face_step_figures() {
 /// runs, `tests/data/steps/gpu_*.pickle.gz`), the last step repeated to ten
 /// steps in all.
 fn gpu_step_traces() -> Vec<(String, Vec<AllocEvent>, Vec<usize>)> {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/steps");
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/steps");
     let mut names: Vec<String> = std::fs::read_dir(&dir)
         .unwrap()
         .filter_map(|e| e.ok()?.file_name().into_string().ok())
@@ -480,7 +479,7 @@ fn tuning_figures() {
             (8, 20, 0),
             (8, 10, 200),
         ] {
-            let tuning = crate::alloc::Tuning {
+            let tuning = crate::Tuning {
                 slack_per_move_pages: slack,
                 headroom_cap_divisor: divisor,
                 ..Default::default()
@@ -523,7 +522,7 @@ fn vramfit_policy_reserves_less_than_pytorch_on_the_h200_steps() {
 #[test]
 #[ignore = "prints the figures of docs/benchmarks.md"]
 fn h200_step_move_figures() {
-    use crate::alloc::{AllocatorConfig, ExpandableAllocator, GpuAllocator, SimulatedDevice};
+    use crate::{AllocatorConfig, ExpandableAllocator, GpuAllocator, SimulatedDevice};
     for (name, events, starts) in gpu_step_traces() {
         let config = AllocatorConfig {
             disable_step_plan: true,
@@ -566,8 +565,8 @@ fn h200_step_move_figures() {
 /// Runs the step detector over `events` (each request and free is one
 /// event) and returns the first repeated step it reports, with the event
 /// index at which it did.
-fn detect_step(events: &[AllocEvent]) -> Option<(usize, crate::alloc::RepeatedStep)> {
-    use crate::alloc::{StepDetector, StepEvent, round_request};
+fn detect_step(events: &[AllocEvent]) -> Option<(usize, crate::RepeatedStep)> {
+    use crate::{StepDetector, StepEvent, round_request};
     let mut detector = StepDetector::new();
     let mut born: HashMap<u64, (u64, u64)> = HashMap::new();
     let mut clock = 0u64;
@@ -609,7 +608,7 @@ fn all_step_traces() -> Vec<(String, Vec<AllocEvent>, Vec<usize>)> {
 /// bytes its blocks hold at once (no layout can do better than that bound).
 #[test]
 fn the_step_of_every_recorded_trace_is_found_and_packed_near_its_bound() {
-    use crate::alloc::plan_layout;
+    use crate::plan_layout;
     for (name, events, starts) in all_step_traces() {
         let (at, step) = detect_step(&events).unwrap_or_else(|| panic!("{name}: no step"));
         assert!(
@@ -636,7 +635,7 @@ fn the_step_of_every_recorded_trace_is_found_and_packed_near_its_bound() {
 #[test]
 #[ignore = "prints the figures of docs/allocator.md"]
 fn plan_figures() {
-    use crate::alloc::{plan_layout, quietest_phase};
+    use crate::{plan_layout, quietest_phase};
     for (name, events, starts) in all_step_traces() {
         let started = std::time::Instant::now();
         let (at, step) = detect_step(&events).unwrap();
@@ -665,7 +664,7 @@ struct CheckedReplay {
     /// Driver calls (page maps plus unmaps) in each step from `starts`.
     calls: Vec<u64>,
     peak: u64,
-    figures: crate::alloc::PlanFigures,
+    figures: crate::PlanFigures,
     /// Waits for the device.
     waits: u64,
     /// The live-page high-water mark.
@@ -686,7 +685,7 @@ fn replay_checked_lagging(
     plan: bool,
     lag: u64,
 ) -> CheckedReplay {
-    replay_checked_with(events, starts, plan, lag, crate::alloc::Tuning::default())
+    replay_checked_with(events, starts, plan, lag, crate::Tuning::default())
 }
 
 /// [`replay_checked_lagging`] with other constants.
@@ -695,9 +694,9 @@ fn replay_checked_with(
     starts: &[usize],
     plan: bool,
     lag: u64,
-    tuning: crate::alloc::Tuning,
+    tuning: crate::Tuning,
 ) -> CheckedReplay {
-    use crate::alloc::{GpuAllocator, round_request};
+    use crate::{GpuAllocator, round_request};
     let mut a = lagging_vramfit(plan, lag, tuning);
     let mut ptrs: HashMap<u64, DevicePtr> = HashMap::new();
     let mut spans: std::collections::BTreeMap<DevicePtr, u64> = Default::default();

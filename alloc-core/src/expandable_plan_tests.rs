@@ -1,6 +1,6 @@
 use std::collections::{BTreeMap, HashMap};
 
-use crate::alloc::{
+use crate::{
     AllocError, AllocatorConfig, DevicePtr, ExpandableAllocator, GpuAllocator, SimulatedDevice,
     StreamId, round_request,
 };
