@@ -41,7 +41,7 @@ files=()
 case "${1:-}" in
   "")
     files=(
-      src/controller/inventory.rs
+      src/controller/cluster_view.rs
       src/job/budget.rs
       src/job/backoff.rs
       src/job/exit.rs

@@ -205,7 +205,7 @@ mod tests {
         let context = |fence: Fence| {
             Arc::new(Context {
                 client: client.clone(),
-                events: crate::controller::events::EventQueue::new().0,
+                events: crate::controller::recorder::EventQueue::new().0,
                 metrics: Arc::new(Metrics::default()),
                 assignments: Assignments::default(),
                 held: Default::default(),

@@ -12,7 +12,7 @@ use kube::runtime::watcher::Event;
 use crate::api::{Phase, TrainingJob};
 
 use super::absorbed::absorbed_lesson;
-use super::inventory::job_key;
+use super::cluster_view::job_key;
 
 /// A finished job's measured peak with its model signature: what the next job
 /// of the same signature is budgeted on. `None` unless the job succeeded with

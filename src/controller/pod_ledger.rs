@@ -81,7 +81,7 @@ pub fn pod_placement(pod: &Pod) -> Option<PodPlacement> {
 }
 
 /// CPU (millicores) and memory (bytes) the pod's containers request, summed,
-/// as [`super::inventory::template_requests`] reads them from the template.
+/// as [`super::cluster_view::template_requests`] reads them from the template.
 fn pod_requests(pod: &Pod) -> (u64, u64) {
     let containers = pod.spec.as_ref().map(|s| s.containers.as_slice());
     let mut cpu = 0;
@@ -204,7 +204,7 @@ fn may_be_unrecorded(job: &TrainingJob) -> bool {
 /// The ledger entry of an orphaned pod. Its id names the pod, not the job: a
 /// new job of the same name may be placed beside it.
 fn orphan_placement(pod: &PodPlacement) -> Placement {
-    super::inventory::ledger_entry(
+    super::cluster_view::ledger_entry(
         format!("{}/{} (pod of a deleted job)", pod.namespace, pod.pod),
         &pod.placement,
         pod.requests,

@@ -16,7 +16,7 @@ use super::metrics::ErrorLabel;
 use super::pod::{still_wanted, training_pod};
 use super::retry;
 use super::scheduler::Verdict;
-use super::status::write_status;
+use super::status_patch::write_status;
 use super::transition::{self, Effect, PodFacts, PredictFacts, Requeue, Step, Transition};
 use super::{Context, FINALIZER};
 use crate::api::{PlacementStatus, TrainingJob, TrainingJobStatus};

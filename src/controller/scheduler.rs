@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-use super::inventory::{ClusterView, job_key, job_request, recorded_placement};
+use super::cluster_view::{ClusterView, job_key, job_request, recorded_placement};
 use crate::api::{AssignedGpu, GpuModelBudget, PlacementStatus, TrainingJob};
 use crate::place::{JobRequest, PlaceError, Placement, Placer, Policy};
 

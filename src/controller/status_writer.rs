@@ -26,7 +26,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 
 use super::Context;
 use super::held::HeldPrediction;
-use super::status::FIELD_MANAGER;
+use super::status_patch::FIELD_MANAGER;
 use crate::api::{TrainingJob, TrainingJobStatus};
 use crate::{Error, Result};
 
@@ -92,7 +92,7 @@ pub fn plan(held: Option<&HeldPrediction>, cached: Option<&TrainingJob>) -> Writ
 /// is still at `resource_version`.
 pub fn patch(resource_version: &str, status: &TrainingJobStatus) -> Result<json_patch::Patch> {
     use json_patch::{PatchOperation, TestOperation, jsonptr::PointerBuf};
-    let mut patch = super::status::status_patch(status)?;
+    let mut patch = super::status_patch::status_patch(status)?;
     patch.0.insert(
         0,
         PatchOperation::Test(TestOperation {

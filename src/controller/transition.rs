@@ -25,7 +25,7 @@ use crate::api::{
 };
 
 use super::absorbed::{absorbed_message, newly_absorbed};
-use super::status::{
+use super::status_patch::{
     CONDITION_COMPLETE, CONDITION_INVALID, CONDITION_PLACED, reason, set_condition,
 };
 use crate::job::backoff::{BatchShape, OomDecision, after_oom};

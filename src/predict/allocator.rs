@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use crate::alloc::{AllocEvent, Policy, replay_events_observed};
 
 use super::PredictError;
-use super::events::{Category, TensorEvent};
+use super::sequence::{Category, TensorEvent};
 
 /// Live bytes by category at one moment.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -167,7 +167,7 @@ impl AllocatorModel for CachingAllocatorModel {
 mod tests {
     use super::*;
     use crate::alloc::{replay_events, round_request, segment_bytes_for};
-    use crate::predict::events::Stream;
+    use crate::predict::sequence::Stream;
 
     const MIB: u64 = 1 << 20;
 

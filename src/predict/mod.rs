@@ -3,7 +3,7 @@
 //! Pure: a model description (or a captured allocation profile), the batch
 //! shape and a GPU profile in; bytes out. The analytic path generates the
 //! tensor allocations of building the model and two optimizer steps
-//! ([`events`]) and replays them through the PyTorch-policy caching allocator
+//! ([`sequence`]) and replays them through the PyTorch-policy caching allocator
 //! of [`crate::alloc`] ([`allocator`]); the profile path replays a recorded
 //! sequence ([`profile`]) the same way.
 //! The process's peak is the allocator's reserved peak plus the GPU's context.
@@ -12,12 +12,12 @@
 pub mod allocator;
 pub mod arch;
 pub mod bench;
-pub mod events;
 pub mod gpu;
 pub mod hf;
 pub mod job;
 pub mod output;
 pub mod profile;
+pub mod sequence;
 
 #[cfg(test)]
 mod tests;
@@ -27,8 +27,8 @@ use crate::api::{MemoryBreakdown, ModelSpec};
 
 use allocator::{AllocatorModel, CachingAllocatorModel, ReplayOutcome};
 use arch::{Arch, TransformerArch};
-use events::{RunShape, training_events};
 pub use gpu::{GPU_PROFILES, GpuProfile, default_gpu, gpu_profile};
+use sequence::{RunShape, training_events};
 
 /// Why a prediction could not be made. Messages name the field at fault.
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -165,7 +165,7 @@ pub fn predict_model_with(
 /// [`predict_model`] for a `huggingFace` description of the repository's own
 /// reference transformer (scripts/gpu/calibrate_predictor.py builds its
 /// modules from the config's shapes, not from `transformers`): the library's
-/// implementation details (events/hf.rs) are left out.
+/// implementation details (sequence/hf.rs) are left out.
 pub fn predict_reference_model(
     model: &ModelSpec,
     job: &JobShape,
@@ -224,8 +224,8 @@ pub fn generated_profile(
     let mut sizes: Vec<u64> = events
         .iter()
         .filter_map(|e| match e {
-            events::TensorEvent::Alloc { bytes, .. } => Some(*bytes),
-            events::TensorEvent::Free { .. } => None,
+            sequence::TensorEvent::Alloc { bytes, .. } => Some(*bytes),
+            sequence::TensorEvent::Free { .. } => None,
         })
         .collect();
     sizes.sort_unstable();
@@ -233,10 +233,10 @@ pub fn generated_profile(
     let coded: Vec<i64> = events
         .iter()
         .map(|e| match e {
-            events::TensorEvent::Alloc { bytes, .. } => {
+            sequence::TensorEvent::Alloc { bytes, .. } => {
                 sizes.binary_search(bytes).expect("a listed size") as i64
             }
-            events::TensorEvent::Free { id } => -i64::from(*id) - 1,
+            sequence::TensorEvent::Free { id } => -i64::from(*id) - 1,
         })
         .collect();
     Ok(serde_json::json!({

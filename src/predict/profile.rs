@@ -5,7 +5,7 @@
 use serde::Deserialize;
 
 use super::PredictError;
-use super::events::{Category, Stream, TensorEvent};
+use super::sequence::{Category, Stream, TensorEvent};
 
 /// The only format version understood.
 pub const PROFILE_FORMAT: &str = "vramfit.profile/v1";

@@ -191,12 +191,12 @@ fn every_two_gpu_zero_line_is_predicted_within_twelve_percent() {
 fn two_block_events(
     zero_stage: u8,
     gpus: u64,
-) -> (Vec<events::TensorEvent>, Vec<arch::ParamTensor>) {
+) -> (Vec<sequence::TensorEvent>, Vec<arch::ParamTensor>) {
     let mut model = gpt2_small();
     let t = model.transformer.as_mut().unwrap();
     (t.layers, t.hidden, t.heads, t.vocab, t.seq_len) = (2, 64, 4, 1000, 32);
     let arch = resolve_arch(&model).unwrap();
-    let run = events::RunShape {
+    let run = sequence::RunShape {
         micro_batch: 2,
         grad_accum: 1,
         precision: crate::api::Precision::AmpBf16,
@@ -207,16 +207,16 @@ fn two_block_events(
         gpus,
         cublas_workspace: 1 << 20,
     };
-    (events::training_events(&arch, &run), arch.param_tensors())
+    (sequence::training_events(&arch, &run), arch.param_tensors())
 }
 
 /// (allocations, largest number alive at once) of each stream's tensors.
 fn per_stream(
-    evs: &[events::TensorEvent],
-) -> std::collections::HashMap<events::Stream, (usize, usize)> {
-    use events::TensorEvent;
+    evs: &[sequence::TensorEvent],
+) -> std::collections::HashMap<sequence::Stream, (usize, usize)> {
+    use sequence::TensorEvent;
     let mut stream_of = std::collections::HashMap::new();
-    let mut out: std::collections::HashMap<events::Stream, (usize, usize, usize)> =
+    let mut out: std::collections::HashMap<sequence::Stream, (usize, usize, usize)> =
         std::collections::HashMap::new();
     for e in evs {
         match *e {
@@ -241,7 +241,7 @@ fn per_stream(
 
 #[test]
 fn only_fsdp_uses_the_all_gather_and_reduce_scatter_streams() {
-    use events::{Stream, TensorEvent};
+    use sequence::{Stream, TensorEvent};
     for (stage, gpus) in [(0, 1), (3, 1), (0, 2), (1, 2)] {
         let (evs, _) = two_block_events(stage, gpus);
         assert!(
@@ -289,7 +289,7 @@ fn fsdp_stream_pools_come_on_top_of_the_default_streams_reserve() {
     let arch = resolve_arch(&model).unwrap();
     let job = two_gpus(8);
     let p = predict_model(&model, &job, default_gpu()).unwrap();
-    let run = events::RunShape {
+    let run = sequence::RunShape {
         micro_batch: 8,
         grad_accum: 1,
         precision: model.precision,
@@ -301,7 +301,7 @@ fn fsdp_stream_pools_come_on_top_of_the_default_streams_reserve() {
         cublas_workspace: default_gpu().cublas_workspace_bytes,
     };
     let out = CachingAllocatorModel::PYTORCH
-        .replay(&events::training_events(&arch, &run))
+        .replay(&sequence::training_events(&arch, &run))
         .unwrap();
     // At the allocated peak (the loss of the second step) the reduce-scatter
     // pool holds the freed sharded gradients of the first step: at least
@@ -619,7 +619,7 @@ fn hf_events(
     precision: crate::api::Precision,
     attention: Attention,
     checkpointing: bool,
-) -> Vec<events::TensorEvent> {
+) -> Vec<sequence::TensorEvent> {
     let model = ModelSpec {
         hugging_face: Some(HuggingFaceSpec {
             config: config.as_object().unwrap().clone(),
@@ -628,7 +628,7 @@ fn hf_events(
         ..ModelSpec::default()
     };
     let arch = resolve_arch(&model).unwrap();
-    let run = events::RunShape {
+    let run = sequence::RunShape {
         micro_batch: 8,
         grad_accum: 1,
         precision,
@@ -639,16 +639,16 @@ fn hf_events(
         gpus: 1,
         cublas_workspace: 0,
     };
-    events::training_events(&arch, &run)
+    sequence::training_events(&arch, &run)
 }
 
 /// Requested sizes alive when the live bytes first reach their maximum.
-fn live_at_peak(evs: &[events::TensorEvent]) -> (u64, Vec<u64>) {
+fn live_at_peak(evs: &[sequence::TensorEvent]) -> (u64, Vec<u64>) {
     let mut live = std::collections::BTreeMap::new();
     let (mut cur, mut peak, mut at_peak) = (0u64, 0u64, Vec::new());
     for e in evs {
         match *e {
-            events::TensorEvent::Alloc { id, bytes, .. } => {
+            sequence::TensorEvent::Alloc { id, bytes, .. } => {
                 live.insert(id, bytes);
                 cur += bytes;
                 if cur > peak {
@@ -656,7 +656,7 @@ fn live_at_peak(evs: &[events::TensorEvent]) -> (u64, Vec<u64>) {
                     at_peak = live.values().copied().collect();
                 }
             }
-            events::TensorEvent::Free { id } => cur -= live.remove(&id).expect("freed once"),
+            sequence::TensorEvent::Free { id } => cur -= live.remove(&id).expect("freed once"),
         }
     }
     (peak, at_peak)
@@ -858,17 +858,17 @@ fn the_generated_sequence_written_as_a_profile_replays_to_the_same_allocated_pea
 }
 
 /// The most tensors of exactly `bytes` alive at once.
-fn most_alive(evs: &[events::TensorEvent], bytes: u64) -> usize {
+fn most_alive(evs: &[sequence::TensorEvent], bytes: u64) -> usize {
     let mut live = std::collections::BTreeMap::new();
     let (mut n, mut most) = (0usize, 0usize);
     for e in evs {
         match *e {
-            events::TensorEvent::Alloc { id, bytes: b, .. } => {
+            sequence::TensorEvent::Alloc { id, bytes: b, .. } => {
                 live.insert(id, b);
                 n += usize::from(b == bytes);
                 most = most.max(n);
             }
-            events::TensorEvent::Free { id } => n -= usize::from(live.remove(&id) == Some(bytes)),
+            sequence::TensorEvent::Free { id } => n -= usize::from(live.remove(&id) == Some(bytes)),
         }
     }
     most
@@ -1221,7 +1221,7 @@ fn ddp_buckets_of_mlp(layers: u32, zero_stage: u8, gpus: u64) -> Vec<u64> {
         }),
         ..ModelSpec::default()
     };
-    let run = events::RunShape {
+    let run = sequence::RunShape {
         micro_batch: 1,
         grad_accum: 1,
         precision: crate::api::Precision::Fp32,
@@ -1232,21 +1232,21 @@ fn ddp_buckets_of_mlp(layers: u32, zero_stage: u8, gpus: u64) -> Vec<u64> {
         gpus,
         cublas_workspace: 1 << 20,
     };
-    events::training_events(&resolve_arch(&model).unwrap(), &run)
+    sequence::training_events(&resolve_arch(&model).unwrap(), &run)
         .into_iter()
         .take_while(|e| {
             !matches!(
                 e,
-                events::TensorEvent::Alloc {
-                    category: events::Category::Activations,
+                sequence::TensorEvent::Alloc {
+                    category: sequence::Category::Activations,
                     ..
                 }
             )
         })
         .filter_map(|e| match e {
-            events::TensorEvent::Alloc {
+            sequence::TensorEvent::Alloc {
                 bytes,
-                category: events::Category::Gradients,
+                category: sequence::Category::Gradients,
                 ..
             } => Some(bytes),
             _ => None,
@@ -1280,7 +1280,7 @@ fn ddp_fills_a_1_mib_bucket_first_then_25_mib_ones_from_the_last_parameter() {
 
 #[test]
 fn fsdp_gathers_and_reduce_scatters_the_full_flat_unit_over_every_gpu() {
-    use events::{Category, Stream, TensorEvent};
+    use sequence::{Category, Stream, TensorEvent};
     for stage in [2, 3] {
         let (evs, _) = two_block_events(stage, 2);
         let mut gathers = std::collections::BTreeSet::new();
@@ -1322,7 +1322,7 @@ fn fsdp_gathers_and_reduce_scatters_the_full_flat_unit_over_every_gpu() {
 
 #[test]
 fn stage_3_prefetches_the_next_block_for_backward_and_stage_2_keeps_them() {
-    use events::{Category, Stream, TensorEvent};
+    use sequence::{Category, Stream, TensorEvent};
     // All-gathers issued in the first step before its first gradient and
     // before its first reduce-scatter. Stage 3: the three forward gathers
     // (root, two blocks), the last block again before the loss's backward,
@@ -1374,7 +1374,7 @@ fn stage_3_prefetches_the_next_block_for_backward_and_stage_2_keeps_them() {
 /// Activations, Workspace, Optimizer) and its bytes, ids counting up from 0;
 /// a free as `-id`.
 fn mlp_first_step(precision: crate::api::Precision) -> String {
-    use events::{Category, TensorEvent};
+    use sequence::{Category, TensorEvent};
     let model = ModelSpec {
         mlp: Some(crate::api::MlpSpec {
             layers: 2,
@@ -1382,7 +1382,7 @@ fn mlp_first_step(precision: crate::api::Precision) -> String {
         }),
         ..ModelSpec::default()
     };
-    let run = events::RunShape {
+    let run = sequence::RunShape {
         micro_batch: 2,
         grad_accum: 1,
         precision,
@@ -1393,7 +1393,7 @@ fn mlp_first_step(precision: crate::api::Precision) -> String {
         gpus: 1,
         cublas_workspace: 1000,
     };
-    let evs = events::training_events(&resolve_arch(&model).unwrap(), &run);
+    let evs = sequence::training_events(&resolve_arch(&model).unwrap(), &run);
     let mut next = 0;
     let words: Vec<String> = evs
         .iter()

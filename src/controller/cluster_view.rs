@@ -278,5 +278,5 @@ pub fn ledger_entry(
 }
 
 #[cfg(test)]
-#[path = "inventory_tests.rs"]
+#[path = "cluster_view_tests.rs"]
 mod tests;
