@@ -6,7 +6,9 @@ follows `#[cfg(test)]`) and lists, for each top-level module of src/ and for
 each crate of the workspace, what it imports. With --check it fails when the
 listing in docs/architecture.md differs from the sources, when a module below
 the controller imports controller/, when src/ has a cycle between top-level
-modules, or when alloc-ffi or vmm depend on the vramfit crate.
+modules, when alloc-core, alloc-ffi or vmm depend on the vramfit crate, or
+when a unit test module is written inline (tests of `foo.rs` live in
+`foo_tests.rs` beside it, of a folder's `mod.rs` in `mod_tests.rs`).
 
     hack/modgraph.py            # print the listing
     hack/modgraph.py --write    # replace it in docs/architecture.md
@@ -31,6 +33,7 @@ USE_CRATE = re.compile(r"\bcrate::([a-z_][a-z0-9_]*)")
 USE_GROUP = re.compile(r"\buse\s+crate::\{([^;]*)\};", re.S)
 USE_VRAMFIT = re.compile(r"\bvramfit::([a-z_][a-z0-9_]*)")
 USE_VRAMFIT_GROUP = re.compile(r"\buse\s+vramfit::\{([^;]*)\};", re.S)
+INLINE_TESTS = re.compile(r"^\s*mod\s+[a-z_]*tests\s*\{", re.M)
 TEST_CUT = re.compile(r"^\s*#\[cfg\(test\)\]\s*\n(\s*#\[path[^\n]*\n)?\s*(pub\s+)?mod\s+tests\b", re.M)
 
 
@@ -74,7 +77,8 @@ def top_module(src: Path, path: Path) -> str:
 
 def src_graph() -> dict[str, set[str]]:
     src = ROOT / "src"
-    modules = {p.stem for p in src.glob("*.rs")} | {p.name for p in src.iterdir() if p.is_dir()}
+    modules = {p.stem for p in src.glob("*.rs") if not is_test_file(p)}
+    modules |= {p.name for p in src.iterdir() if p.is_dir()}
     modules.discard("lib")
     graph: dict[str, set[str]] = {m: set() for m in modules}
     for path in sorted(src.rglob("*.rs")):
@@ -163,6 +167,11 @@ def problems() -> list[str]:
             out.append(f"src/{m} imports controller/ (only {sorted(CONTROLLER_IMPORTERS)} may)")
     for c in cycles(graph):
         out.append("cycle in src/: " + " -> ".join(c))
+    for root in ["src", "agent/src", "alloc-core/src", "alloc-ffi/src", "vmm/src"]:
+        for path in sorted((ROOT / root).rglob("*.rs")):
+            if INLINE_TESTS.search(path.read_text()):
+                rel = path.relative_to(ROOT)
+                out.append(f"{rel}: unit tests go in {path.stem}_tests.rs beside it, not inline")
     deps = crate_deps()
     for crate in SMALL_CRATES:
         text = (ROOT / crate / "Cargo.toml").read_text()

@@ -50,6 +50,7 @@ pub mod state;
 mod vramfit;
 
 #[cfg(test)]
+#[path = "mod_tests.rs"]
 mod tests;
 
 pub use bench::{PackBenchOptions, PackReport, ScaleOptions, ScaleReport, SeedSweepReport};

@@ -20,6 +20,7 @@ pub mod profile;
 pub mod sequence;
 
 #[cfg(test)]
+#[path = "mod_tests.rs"]
 mod tests;
 
 use crate::alloc::ROUND_LARGE_BYTES;

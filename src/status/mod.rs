@@ -550,4 +550,5 @@ pub async fn fetch(
 }
 
 #[cfg(test)]
+#[path = "mod_tests.rs"]
 mod tests;

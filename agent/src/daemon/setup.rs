@@ -167,16 +167,5 @@ pub fn probe(_: &Reading, _: u64) -> (HashMap<String, ProbeStatus>, Option<Strin
 }
 
 #[cfg(test)]
-mod tests {
-    #[test]
-    fn uuids_are_spelled_as_nvml_spells_them() {
-        let bytes: [u8; 16] = [
-            0x12, 0x34, 0x56, 0x78, 0x9a, 0xbc, 0xde, 0xf0, 0x01, 0x23, 0x45, 0x67, 0x89, 0xab,
-            0xcd, 0xef,
-        ];
-        assert_eq!(
-            super::format_uuid(&bytes),
-            "GPU-12345678-9abc-def0-0123-456789abcdef"
-        );
-    }
-}
+#[path = "setup_tests.rs"]
+mod tests;

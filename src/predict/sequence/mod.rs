@@ -391,4 +391,5 @@ impl<'a> Gen<'a> {
 #[cfg(test)]
 mod hf_tests;
 #[cfg(test)]
+#[path = "mod_tests.rs"]
 mod tests;

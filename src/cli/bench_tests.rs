@@ -1,0 +1,54 @@
+use super::*;
+
+const NODES: &str = "sn,cpu_milli,memory_mib,gpu,model\n\
+        n0,96000,786432,8,V100M32\n\
+        n1,96000,786432,2,T4\n";
+const PODS: &str = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time\n\
+        p0,4000,16384,1,500,,BE,Running,0,0,0\n\
+        p1,8000,32768,2,1000,,LS,Running,0,0,0\n\
+        p2,2000,8192,0,0,,BE,Running,0,0,0\n\
+        p3,16000,65536,1,1000,V100M32,LS,Running,0,0,0\n";
+
+fn write(name: &str, text: &str) -> PathBuf {
+    let path = std::env::temp_dir().join(format!("vramfit-bench-{}-{name}", std::process::id()));
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn pack(output: OutputFormat, seeds: Option<(u64, u64)>) -> String {
+    let args = PackArgs {
+        nodes: Some(write("nodes.csv", NODES)),
+        pods: Some(write("pods.csv", PODS)),
+        tune: 1.3,
+        seed: 42,
+        seeds,
+        policy: PolicyKind::Vramfit,
+        synthetic: None,
+        jobs: 0,
+        output,
+    };
+    run(&BenchCommand::Pack(args)).unwrap()
+}
+
+#[test]
+fn bench_pack_prints_a_table_when_asked() {
+    let table = pack(OutputFormat::Table, None);
+    assert!(table.starts_with("policy vramfit, seed 42:"), "{table}");
+    assert!(table.contains("ARRIVED  ALLOCATED"));
+    assert!(table.contains("   130%"));
+    assert!(serde_json::from_str::<serde_json::Value>(&table).is_err());
+    let json: serde_json::Value = serde_json::from_str(&pack(OutputFormat::Json, None)).unwrap();
+    assert_eq!(json["seed"], 42);
+}
+
+#[test]
+fn a_seed_sweep_table_has_one_row_per_seed() {
+    let table = pack(OutputFormat::Table, Some((42, 44)));
+    assert!(table.contains("mean over seeds 42..44 (3 runs)"), "{table}");
+    for seed in ["42  ", "43  ", "44  "] {
+        assert!(
+            table.lines().any(|l| l.starts_with(seed)),
+            "no row for {seed}: {table}"
+        );
+    }
+}

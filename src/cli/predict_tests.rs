@@ -1,0 +1,42 @@
+use super::*;
+
+fn args(file: PathBuf) -> PredictArgs {
+    PredictArgs {
+        file,
+        gpu: None,
+        profile: None,
+        micro: None,
+        fit: None,
+        events_out: None,
+        output: OutputFormat::Json,
+    }
+}
+
+#[test]
+fn events_out_writes_a_profile_that_predicts_the_same_allocated_peak() {
+    let dir = std::env::temp_dir().join(format!("vramfit-events-out-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let examples = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
+    let mut a = args(examples.join("llama-1b-hf.yaml"));
+    let out = dir.join("llama.profile.json");
+    a.events_out = Some(out.clone());
+    let direct: serde_json::Value = serde_json::from_str(&run(&a).unwrap()).unwrap();
+    let text = std::fs::read_to_string(&out).unwrap();
+    assert!(text.contains("vramfit.profile/v1"));
+    // the same sequence as a profile: a profile job, predicted from the file
+    let job = std::fs::read_to_string(examples.join("llama-1b-hf.yaml")).unwrap();
+    let mut doc: serde_json::Value = serde_saphyr::from_str(&job).unwrap();
+    doc["spec"]["model"] = serde_json::json!({
+        "profile": {"configMapRef": {"name": "p", "key": "profile.json"}}
+    });
+    let profiled = dir.join("profiled.json");
+    std::fs::write(&profiled, doc.to_string()).unwrap();
+    let mut b = args(profiled);
+    b.profile = Some(out);
+    let replayed: serde_json::Value = serde_json::from_str(&run(&b).unwrap()).unwrap();
+    assert_eq!(replayed["allocatedBytes"], direct["allocatedBytes"]);
+    // a profile job has no generated sequence to write
+    b.events_out = Some(dir.join("x.json"));
+    assert!(run(&b).unwrap_err().to_string().contains("--events-out"));
+    std::fs::remove_dir_all(&dir).ok();
+}

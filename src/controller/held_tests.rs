@@ -1,0 +1,106 @@
+use super::*;
+use crate::api::Phase;
+
+fn job(uid: &str, version: &str) -> Arc<TrainingJob> {
+    let mut job: TrainingJob = serde_json::from_value(serde_json::json!({
+        "apiVersion": "vramfit.dev/v1alpha1",
+        "kind": "TrainingJob",
+        "metadata": {"name": uid, "namespace": "ns", "uid": uid, "resourceVersion": version},
+        "spec": {
+            "model": {"type": "gpt2"},
+            "batch": {"global": 8, "micro": 8},
+            "template": {"spec": {"containers": [{"name": "t", "image": "i"}]}}
+        }
+    }))
+    .expect("job");
+    job.status = None;
+    Arc::new(job)
+}
+
+fn held(version: &str, budget: u64) -> HeldPrediction {
+    HeldPrediction {
+        resource_version: version.into(),
+        status: TrainingJobStatus {
+            phase: Phase::Pending,
+            budget_bytes: Some(budget),
+            ..Default::default()
+        },
+        note: "predicted".into(),
+        deferred_write: false,
+    }
+}
+
+#[test]
+fn a_held_prediction_is_only_for_the_version_it_was_made_from() {
+    let held_predictions = HeldPredictions::default();
+    held_predictions.hold("a", held("7", 10));
+    assert_eq!(held_predictions.get("a", Some("7")), Some(held("7", 10)));
+    assert_eq!(held_predictions.get("a", Some("8")), None);
+    assert_eq!(held_predictions.get("a", None), None);
+    assert_eq!(held_predictions.get("b", Some("7")), None);
+    held_predictions.hold("a", held("8", 20));
+    assert_eq!(held_predictions.get("a", Some("8")), Some(held("8", 20)));
+    held_predictions.forget("a");
+    assert_eq!(held_predictions.get("a", Some("8")), None);
+}
+
+#[test]
+fn the_cycle_sees_held_predictions_of_the_current_version_only() {
+    let held_predictions = HeldPredictions::default();
+    held_predictions.hold("a", held("7", 10));
+    held_predictions.hold("b", held("3", 20));
+    let seen = held_predictions.overlay_all(vec![job("a", "7"), job("b", "4"), job("c", "1")]);
+    let budgets: Vec<Option<u64>> = seen
+        .iter()
+        .map(|j| j.status.as_ref().and_then(|s| s.budget_bytes))
+        .collect();
+    assert_eq!(budgets, vec![Some(10), None, None]);
+    assert_eq!(seen[0].metadata.resource_version.as_deref(), Some("7"));
+}
+
+#[test]
+fn the_cycle_shares_one_overlaid_job_until_the_hold_changes() {
+    let held_predictions = HeldPredictions::default();
+    held_predictions.hold("a", held("7", 10));
+    let first = held_predictions.overlay_all(vec![job("a", "7")]);
+    let again = held_predictions.overlay_all(vec![job("a", "7")]);
+    assert!(Arc::ptr_eq(&first[0], &again[0]), "made once");
+    held_predictions.hold("a", held("7", 20));
+    let replaced = held_predictions.overlay_all(vec![job("a", "7")]);
+    assert!(!Arc::ptr_eq(&first[0], &replaced[0]));
+    assert_eq!(
+        replaced[0].status.as_ref().and_then(|s| s.budget_bytes),
+        Some(20),
+        "a new hold is seen, not the one made before it"
+    );
+    // A newer version of the job is not shown the old hold's status.
+    let newer = held_predictions.overlay_all(vec![job("a", "8")]);
+    assert_eq!(newer[0].status, None);
+}
+
+#[test]
+fn only_the_version_of_the_last_own_write_counts_as_latest() {
+    let writes = OwnWrites::default();
+    assert!(!writes.is_latest(&job("a", "5")));
+    writes.wrote("a", Some("5".into()));
+    assert!(writes.is_latest(&job("a", "5")));
+    assert!(!writes.is_latest(&job("a", "4")));
+    assert!(!writes.is_latest(&job("b", "5")));
+    writes.wrote("a", Some("9".into()));
+    assert!(!writes.is_latest(&job("a", "5")));
+    writes.wrote("a", None);
+    assert!(!writes.is_latest(&job("a", "9")));
+    writes.wrote("a", Some("9".into()));
+    writes.forget("a");
+    assert!(!writes.is_latest(&job("a", "9")));
+}
+
+#[test]
+fn a_write_drops_only_the_hold_it_was_made_from() {
+    let held_predictions = HeldPredictions::default();
+    held_predictions.hold("a", held("7", 10));
+    held_predictions.forget_if("a", "6");
+    assert_eq!(held_predictions.get_any("a"), Some(held("7", 10)));
+    held_predictions.forget_if("a", "7");
+    assert_eq!(held_predictions.get_any("a"), None);
+}
