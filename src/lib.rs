@@ -6,6 +6,8 @@ pub mod api;
 pub mod cli;
 pub mod controller;
 pub mod crdgen;
+#[cfg(test)]
+pub mod fixtures;
 pub mod job;
 pub mod place;
 pub mod predict;

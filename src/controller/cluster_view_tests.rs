@@ -63,27 +63,12 @@ fn names(view: &ClusterView) -> Vec<&str> {
 }
 
 fn job(spec_extra: Value, template_spec: Value) -> TrainingJob {
-    let mut spec = json!({
-        "batch": {"global": 8, "micro": 8},
-        "model": {"mlp": {"layers": 2, "hidden": 64}},
-        "template": {"spec": template_spec},
-    });
-    for (k, v) in spec_extra.as_object().unwrap() {
-        spec[k] = v.clone();
-    }
-    let mut job: TrainingJob = serde_json::from_value(json!({
-        "apiVersion": "vramfit.dev/v1alpha1", "kind": "TrainingJob",
-        "metadata": {"name": "j", "namespace": "ml", "uid": "uid-j",
-                     "creationTimestamp": "2026-01-01T00:00:00Z"},
-        "spec": spec,
-    }))
-    .unwrap();
-    job.status = Some(crate::api::TrainingJobStatus {
-        attempt: 1,
-        budget_bytes: Some(10 * GIB),
-        ..Default::default()
-    });
-    job
+    crate::fixtures::job("j")
+        .created("2026-01-01T00:00:00Z")
+        .template_spec(template_spec)
+        .spec(spec_extra)
+        .budget(10 * GIB)
+        .build()
 }
 
 fn containers() -> Value {

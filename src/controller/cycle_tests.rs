@@ -1,22 +1,15 @@
 use super::*;
-use crate::api::TrainingJobStatus;
 use crate::place::{GpuSpec, Inventory, NodeSpec, Placement};
 
 const GIB: u64 = 1 << 30;
 
 fn job(phase: Option<Phase>) -> TrainingJob {
-    let mut job: TrainingJob = serde_json::from_value(serde_json::json!({
-        "apiVersion": "vramfit.dev/v1alpha1", "kind": "TrainingJob",
-        "metadata": {"name": "j", "namespace": "ml"},
-        "spec": {"batch": {"global": 8, "micro": 8},
-                 "model": {"mlp": {"layers": 2, "hidden": 64}}, "template": {}}
-    }))
-    .unwrap();
-    job.status = phase.map(|phase| TrainingJobStatus {
-        phase,
-        ..Default::default()
-    });
-    job
+    let job = crate::fixtures::job("j");
+    match phase {
+        Some(phase) => job.phase(phase),
+        None => job,
+    }
+    .build()
 }
 
 fn gauge(text: &str, series: &str) -> Option<i64> {

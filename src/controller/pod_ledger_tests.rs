@@ -1,5 +1,5 @@
 use super::*;
-use crate::api::{AssignedGpu, Phase, TrainingJobStatus};
+use crate::api::{AssignedGpu, Phase};
 use crate::controller::pod::training_pod;
 use crate::job::backoff::BatchShape;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -8,24 +8,14 @@ use serde_json::json;
 const GIB: u64 = 1 << 30;
 
 fn job(name: &str) -> TrainingJob {
-    let mut job: TrainingJob = serde_json::from_value(json!({
-        "apiVersion": "vramfit.dev/v1alpha1", "kind": "TrainingJob",
-        "metadata": {"name": name, "namespace": "ml", "uid": format!("uid-{name}")},
-        "spec": {"batch": {"global": 8, "micro": 8},
-                 "model": {"mlp": {"layers": 2, "hidden": 64}},
-                 "template": {"spec": {"containers": [
-                     {"name": "t", "image": "i",
-                      "resources": {"requests": {"cpu": "1500m", "memory": "2Gi"}}},
-                     {"name": "side", "image": "i",
-                      "resources": {"requests": {"cpu": "0.5"}}}]}}}
-    }))
-    .unwrap();
-    job.status = Some(TrainingJobStatus {
-        attempt: 1,
-        budget_bytes: Some(20 * GIB),
-        ..Default::default()
-    });
-    job
+    crate::fixtures::job(name)
+        .template_spec(json!({"containers": [
+            {"name": "t", "image": "i",
+             "resources": {"requests": {"cpu": "1500m", "memory": "2Gi"}}},
+            {"name": "side", "image": "i",
+             "resources": {"requests": {"cpu": "0.5"}}}]}))
+        .budget(20 * GIB)
+        .build()
 }
 
 fn placement(attempt: u32) -> PlacementStatus {

@@ -3,19 +3,13 @@ use crate::api::AssignedGpu;
 use serde_json::json;
 
 fn job() -> TrainingJob {
-    serde_json::from_value(json!({
-            "apiVersion": "vramfit.dev/v1alpha1", "kind": "TrainingJob",
-            "metadata": {"name": "gpt2", "namespace": "ml", "uid": "u-1"},
-            "spec": {
-                "gpus": 1,
-                "batch": {"global": 64, "micro": 8},
-                "model": {"mlp": {"layers": 2, "hidden": 64}},
-                "template": {"metadata": {"labels": {"team": "nlp"}},
-                             "spec": {"containers": [{"name": "train", "image": "img",
-                                                      "env": [{"name": "VRAMFIT_MICRO_BATCH", "value": "999"}]}]}}
-            }
-        }))
-        .expect("job parses")
+    crate::fixtures::job("gpt2")
+        .meta("uid", json!("u-1"))
+        .batch(64, 8)
+        .spec(json!({"template": {"metadata": {"labels": {"team": "nlp"}},
+                      "spec": {"containers": [{"name": "train", "image": "img",
+                                               "env": [{"name": "VRAMFIT_MICRO_BATCH", "value": "999"}]}]}}}))
+        .build()
 }
 
 fn placement() -> PlacementStatus {

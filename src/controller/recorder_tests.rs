@@ -1,13 +1,9 @@
 use super::*;
 
 fn job() -> TrainingJob {
-    serde_json::from_value(serde_json::json!({
-        "apiVersion": "vramfit.dev/v1alpha1", "kind": "TrainingJob",
-        "metadata": {"name": "j", "namespace": "ml", "uid": "u-1"},
-        "spec": {"batch": {"global": 8, "micro": 8},
-                 "model": {"mlp": {"layers": 2, "hidden": 64}}, "template": {}}
-    }))
-    .unwrap()
+    crate::fixtures::job("j")
+        .meta("uid", serde_json::json!("u-1"))
+        .build()
 }
 
 #[tokio::test]

@@ -2,26 +2,15 @@ use super::*;
 use crate::api::TrainingJobStatus;
 use crate::place::{GpuSpec, Inventory, NodeSpec, PolicyKind};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use serde_json::json;
 
 const GIB: u64 = 1 << 30;
 
 fn job(name: &str, priority: i32, created: &str, budget: u64) -> TrainingJob {
-    let mut job: TrainingJob = serde_json::from_value(json!({
-        "apiVersion": "vramfit.dev/v1alpha1", "kind": "TrainingJob",
-        "metadata": {"name": name, "namespace": "ml", "uid": format!("uid-{name}"),
-                     "creationTimestamp": created},
-        "spec": {"priority": priority, "batch": {"global": 8, "micro": 8},
-                 "model": {"mlp": {"layers": 2, "hidden": 64}},
-                 "template": {"spec": {"containers": [{"name": "t", "image": "i"}]}}}
-    }))
-    .unwrap();
-    job.status = Some(TrainingJobStatus {
-        attempt: 1,
-        budget_bytes: Some(budget),
-        ..Default::default()
-    });
-    job
+    crate::fixtures::job(name)
+        .priority(priority)
+        .created(created)
+        .budget(budget)
+        .build()
 }
 
 fn one_gpu_cluster(capacity: u64) -> ClusterView {

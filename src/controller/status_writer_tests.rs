@@ -2,16 +2,11 @@ use super::*;
 use crate::api::Phase;
 
 fn job(version: &str) -> TrainingJob {
-    let mut job: TrainingJob = serde_json::from_value(serde_json::json!({
-        "apiVersion": "vramfit.dev/v1alpha1", "kind": "TrainingJob",
-        "metadata": {"name": "j", "namespace": "ns", "uid": "u", "resourceVersion": version},
-        "spec": {"model": {"mlp": {"layers": 2, "hidden": 64}},
-                 "batch": {"global": 8, "micro": 8},
-                 "template": {"spec": {"containers": [{"name": "t", "image": "i"}]}}}
-    }))
-    .unwrap();
-    job.status = None;
-    job
+    crate::fixtures::job("j")
+        .namespace("ns")
+        .meta("uid", serde_json::json!("u"))
+        .meta("resourceVersion", serde_json::json!(version))
+        .build()
 }
 
 fn held(version: &str, deferred_write: bool) -> HeldPrediction {

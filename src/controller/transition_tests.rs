@@ -6,20 +6,7 @@ const GIB: u64 = 1 << 30;
 
 /// A one-GPU MLP job, global batch 8, micro-batch 8, generation 1.
 fn job_with(spec_extra: serde_json::Value, status: Option<TrainingJobStatus>) -> TrainingJob {
-    let mut spec = json!({
-        "batch": {"global": 8, "micro": 8},
-        "model": {"mlp": {"layers": 2, "hidden": 64}},
-        "template": {"spec": {"containers": [{"name": "t", "image": "i"}]}}
-    });
-    for (key, value) in spec_extra.as_object().cloned().unwrap_or_default() {
-        spec[key] = value;
-    }
-    let mut job: TrainingJob = serde_json::from_value(json!({
-        "apiVersion": "vramfit.dev/v1alpha1", "kind": "TrainingJob",
-        "metadata": {"name": "j", "namespace": "ml", "uid": "uid-j", "generation": 1},
-        "spec": spec
-    }))
-    .unwrap();
+    let mut job = crate::fixtures::job("j").spec(spec_extra).build();
     job.status = status;
     job
 }

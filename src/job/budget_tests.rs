@@ -1,23 +1,17 @@
-
 use super::*;
 use serde_json::json;
 
 const GIB: u64 = 1 << 30;
 
 fn job(memory: serde_json::Value) -> TrainingJob {
-    let mut spec = json!({
-        "batch": {"global": 64, "micro": 8},
-        "model": {"mlp": {"layers": 4, "hidden": 1024}},
-        "template": {}
-    });
-    if !memory.is_null() {
-        spec["memory"] = memory;
+    let job = crate::fixtures::job("j")
+        .batch(64, 8)
+        .model(json!({"mlp": {"layers": 4, "hidden": 1024}}));
+    if memory.is_null() {
+        job.build()
+    } else {
+        job.spec(json!({ "memory": memory })).build()
     }
-    serde_json::from_value(json!({
-        "apiVersion": "vramfit.dev/v1alpha1", "kind": "TrainingJob",
-        "metadata": {"name": "j", "namespace": "ml"}, "spec": spec
-    }))
-    .unwrap()
 }
 
 fn model_peak(job: &TrainingJob, micro: u32) -> u64 {
