@@ -5,7 +5,7 @@
 use crate::api::{AbsorbedOom, ObservedShape, TrainingJob, TrainingJobSpec, TrainingJobStatus};
 
 use crate::job::backoff::BatchShape;
-use crate::job::signature::model_signature;
+use crate::job::signature::{job_signature, model_signature};
 
 /// What a process's reported shape changes in its job's status.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -61,7 +61,7 @@ pub fn absorbed_lesson(job: &TrainingJob) -> Option<(String, u32, String)> {
         .map(|o| o.to_micro)
         .min()?;
     Some((
-        model_signature(&job.spec, job.spec.batch.micro),
+        job_signature(job, job.spec.batch.micro),
         smallest,
         job.metadata.name.clone().unwrap_or_default(),
     ))
@@ -73,10 +73,11 @@ pub fn absorbed_lesson(job: &TrainingJob) -> Option<(String, u32, String)> {
 /// it is valid for this job's global batch and floor. Returns it with the name
 /// of the job it was learned from.
 pub fn learned_start_micro<'a>(
+    namespace: &str,
     spec: &TrainingJobSpec,
     jobs: impl IntoIterator<Item = &'a TrainingJob>,
 ) -> Option<(u32, String)> {
-    let signature = model_signature(spec, spec.batch.micro);
+    let signature = model_signature(namespace, spec, spec.batch.micro);
     let learned = jobs
         .into_iter()
         .filter_map(absorbed_lesson)

@@ -111,19 +111,41 @@ fn the_next_job_of_the_same_model_starts_where_the_last_one_backed_off_to() {
         ),
         job("nothing-absorbed", spec(64, 16, 1, 4), vec![]),
     ];
-    assert_eq!(learned_start_micro(&this, &jobs), Some((8, "same".into())));
+    assert_eq!(
+        learned_start_micro("", &this, &jobs),
+        Some((8, "same".into()))
+    );
     let g48 = spec(48, 16, 1, 4);
-    assert_eq!(learned_start_micro(&g48, &jobs), Some((8, "same".into())));
+    assert_eq!(
+        learned_start_micro("", &g48, &jobs),
+        Some((8, "same".into()))
+    );
     // Another global batch of the same model takes the largest valid
     // micro-batch not above the learned one: 4 does not divide 18, 3 does.
     let nine = [job("nine", spec(36, 9, 1, 4), vec![oom(9, 4, 4, 9, "t")])];
     assert_eq!(
-        learned_start_micro(&spec(18, 9, 1, 4), &nine),
+        learned_start_micro("", &spec(18, 9, 1, 4), &nine),
         Some((3, "nine".into()))
     );
     // The floor wins over what was learned.
-    assert_eq!(learned_start_micro(&spec(64, 16, 16, 4), &jobs), None);
-    assert_eq!(learned_start_micro(&this, &jobs[1..]), None);
+    assert_eq!(learned_start_micro("", &spec(64, 16, 16, 4), &jobs), None);
+    assert_eq!(learned_start_micro("", &this, &jobs[1..]), None);
+}
+
+/// One tenant's back-off never sets where another tenant's job starts: the
+/// lesson is keyed by namespace too.
+#[test]
+fn a_lesson_stays_in_its_namespace() {
+    let this = spec(64, 16, 1, 4);
+    let mut theirs = job("theirs", spec(64, 16, 1, 4), vec![oom(16, 2, 4, 32, "t")]);
+    theirs.metadata.namespace = Some("team-a".into());
+    let jobs = [theirs];
+    assert_eq!(
+        learned_start_micro("team-a", &this, &jobs),
+        Some((2, "theirs".into()))
+    );
+    assert_eq!(learned_start_micro("team-b", &this, &jobs), None);
+    assert_eq!(learned_start_micro("", &this, &jobs), None);
 }
 
 #[test]

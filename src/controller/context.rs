@@ -120,9 +120,9 @@ impl Context {
     /// The micro-batch a new job of this spec should start at, learned from
     /// jobs of the same model whose processes absorbed OOMs, with the name of
     /// the job it was learned from.
-    pub fn learned_start_micro(&self, spec: &crate::api::TrainingJobSpec) -> Option<(u32, String)> {
-        let signature = crate::job::signature::model_signature(spec, spec.batch.micro);
-        absorbed::start_micro_below(spec, self.index.smallest_backoff(&signature)?)
+    pub fn learned_start_micro(&self, job: &TrainingJob) -> Option<(u32, String)> {
+        let signature = crate::job::signature::job_signature(job, job.spec.batch.micro);
+        absorbed::start_micro_below(&job.spec, self.index.smallest_backoff(&signature)?)
     }
 
     /// The batch shape a pod's process reports (through the node agent), when

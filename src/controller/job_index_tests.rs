@@ -157,7 +157,7 @@ fn the_measured_peak_is_the_highest_of_the_succeeded_jobs_of_the_signature() {
 
 #[test]
 fn the_smallest_backoff_is_the_smallest_micro_batch_of_the_model_with_its_job() {
-    let sig4 = model_signature(&spec(64, 16, 4), 16);
+    let sig4 = model_signature("ml", &spec(64, 16, 4), 16);
     let cases: Vec<Case<Option<(u32, String)>>> = vec![
         ("none", vec![], None),
         (
@@ -237,12 +237,12 @@ fn the_index_answers_as_a_scan_of_every_job() {
         spec(64, 32, 4),
     ] {
         let from_index = index
-            .smallest_backoff(&model_signature(&new, new.batch.micro))
+            .smallest_backoff(&model_signature("ml", &new, new.batch.micro))
             .and_then(|learned| start_micro_below(&new, learned));
-        assert_eq!(from_index, learned_start_micro(&new, &jobs));
+        assert_eq!(from_index, learned_start_micro("ml", &new, &jobs));
     }
     assert_eq!(
-        learned_start_micro(&spec(64, 16, 4), &jobs),
+        learned_start_micro("ml", &spec(64, 16, 4), &jobs),
         Some((4, "job-2".into()))
     );
 }

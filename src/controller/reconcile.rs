@@ -104,7 +104,7 @@ async fn apply(job: &TrainingJob, ctx: &Context) -> Result<Action> {
                     ctx.assignments.forget(&uid);
                 }
                 let learned = transition::wants_learned_start(&status, attempt)
-                    .then(|| ctx.learned_start_micro(&job.spec))
+                    .then(|| ctx.learned_start_micro(job))
                     .flatten();
                 let profile = load_profile(job, ctx).await;
                 // The budgets per GPU model need the GpuNodes: a controller that

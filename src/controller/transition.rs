@@ -32,7 +32,7 @@ use crate::job::backoff::{BatchShape, OomDecision, after_oom};
 use crate::job::budget::{Budget, attempt_budget, gpu_model_budgets, oom_correction};
 use crate::job::exit::PodOutcome;
 use crate::job::keys::pod_name;
-use crate::job::signature::model_signature;
+use crate::job::signature::job_signature;
 use crate::quantity::human_bytes;
 
 /// Resync period of a job whose pod waits or runs: pod changes and the node
@@ -236,7 +236,7 @@ pub fn predict(
         Ok(profile) => profile,
         Err(message) => return invalid(job, status, &message),
     };
-    let signature = model_signature(spec, micro);
+    let signature = job_signature(job, micro);
     let Some(shape) = BatchShape::for_micro(spec.batch.global, micro, spec.gpus) else {
         let message = format!(
             "batch.global {} is not divisible by micro-batch {micro} x {} GPU(s)",
@@ -265,7 +265,7 @@ pub fn predict(
     let auto = spec.batch.auto_micro && attempt == 1;
     status.gpu_model_budgets =
         gpu_model_budgets(job, micro, auto, facts.gpu_models, profile, &|m| {
-            (facts.measured)(&model_signature(spec, m))
+            (facts.measured)(&job_signature(job, m))
         });
     for b in &mut status.gpu_model_budgets {
         let capacity = facts
@@ -494,7 +494,7 @@ pub fn place(
             status.micro_batch = Some(shape.micro);
             status.grad_accum = Some(shape.accum);
             status.batch_shape = Some(shape.display());
-            status.model_signature = Some(model_signature(&job.spec, shape.micro));
+            status.model_signature = Some(job_signature(job, shape.micro));
         }
         status.predicted_bytes = Some(chosen.predicted_bytes);
         status.predicted = Some(human_bytes(chosen.predicted_bytes));
@@ -683,7 +683,7 @@ fn record_absorbed(
     status.micro_batch = Some(update.shape.micro);
     status.grad_accum = Some(update.shape.accum);
     status.batch_shape = Some(update.shape.display());
-    status.model_signature = Some(model_signature(&job.spec, update.shape.micro));
+    status.model_signature = Some(job_signature(job, update.shape.micro));
     for oom in update.new {
         let text = absorbed_message(&oom);
         status.message = Some(text.clone());

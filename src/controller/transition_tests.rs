@@ -337,7 +337,7 @@ fn a_prediction_sets_the_budget_and_waits_for_the_cycle() {
         Some(human_bytes(predicted).as_str())
     );
     assert!(s.breakdown.is_some());
-    assert_eq!(s.model_signature, Some(model_signature(&job.spec, 8)));
+    assert_eq!(s.model_signature, Some(job_signature(&job, 8)));
     assert_eq!(s.observed_generation, Some(1));
     assert_eq!(
         s.message.as_deref(),
@@ -372,10 +372,7 @@ fn a_retry_is_predicted_at_its_backed_off_micro_batch() {
     assert_eq!(t.status.phase, Phase::Retrying);
     assert_eq!(t.status.attempt, 2);
     assert_eq!(t.status.batch_shape.as_deref(), Some("4x2"));
-    assert_eq!(
-        t.status.model_signature,
-        Some(model_signature(&job.spec, 4))
-    );
+    assert_eq!(t.status.model_signature, Some(job_signature(&job, 4)));
 }
 
 /// Each OOM proved its attempt's budget too small: the retry's prediction is
@@ -495,7 +492,7 @@ fn a_learned_start_applies_unless_the_status_has_a_micro_batch() {
 #[test]
 fn a_measured_peak_of_the_same_signature_replaces_the_prediction() {
     let job = job(None);
-    let signature = model_signature(&job.spec, 8);
+    let signature = job_signature(&job, 8);
     let measured = |s: &str| (s == signature).then_some(5 * GIB);
     let t = predict(&job, TrainingJobStatus::default(), facts(1, &measured, &[]));
     assert_eq!(t.status.prediction_source.as_deref(), Some("measured"));
@@ -506,6 +503,15 @@ fn a_measured_peak_of_the_same_signature_replaces_the_prediction() {
         ..Default::default()
     };
     let t = predict(&job, status, facts(2, &measured, &[]));
+    assert_eq!(t.status.prediction_source.as_deref(), Some("model"));
+    // The same model in another tenant's namespace does not read that peak.
+    let mut elsewhere = job.clone();
+    elsewhere.metadata.namespace = Some("team-b".into());
+    let t = predict(
+        &elsewhere,
+        TrainingJobStatus::default(),
+        facts(1, &measured, &[]),
+    );
     assert_eq!(t.status.prediction_source.as_deref(), Some("model"));
 }
 
@@ -687,10 +693,7 @@ fn a_placement_on_a_gpu_model_takes_that_model_s_shape_and_budget() {
     assert_eq!(t.status.batch_shape.as_deref(), Some("4x2"));
     assert_eq!(t.status.micro_batch, Some(4));
     assert_eq!(t.status.grad_accum, Some(2));
-    assert_eq!(
-        t.status.model_signature,
-        Some(model_signature(&job.spec, 4))
-    );
+    assert_eq!(t.status.model_signature, Some(job_signature(&job, 4)));
     assert_eq!(t.status.budget_bytes, Some(4 * GIB));
     assert_eq!(t.status.predicted_bytes, Some(3 * GIB));
     assert_eq!(t.status.predicted.as_deref(), Some("3.0 GiB"));
@@ -1042,7 +1045,7 @@ fn oom_absorbed_in_process_update_the_shape_and_publish_an_event_each() {
     let s = &t.status;
     assert_eq!(s.batch_shape.as_deref(), Some("2x4"));
     assert_eq!((s.micro_batch, s.grad_accum), (Some(2), Some(4)));
-    assert_eq!(s.model_signature, Some(model_signature(&job.spec, 2)));
+    assert_eq!(s.model_signature, Some(job_signature(&job, 2)));
     assert_eq!(s.absorbed_ooms, vec![oom(8, 4), oom(4, 2)]);
     assert_eq!(
         s.message.as_deref(),
