@@ -53,7 +53,7 @@ enum Command {
 enum BenchCommand {
     /// Many simulated agents against one API server: the requests they send
     /// per node per minute, from the API server's own counters
-    /// (docs/benchmarks.md).
+    /// (docs/benchmarks/agent-fleet.md).
     Agents(run::FleetArgs),
     /// Allocation/free latency and throughput of the caching allocator
     /// (both policies) against raw cuMemAlloc/cuMemFree on one size mix.

@@ -45,7 +45,7 @@ mod plan_serving;
 /// committed trace and the Hugging Face steps of tests/data/steps to zero
 /// driver calls within 3-6 steps for 0.4-2.6% more reserved memory than
 /// moving at every growth; 4 pages left GPT-2 moving after 10 steps, and
-/// increments the size of each move cost up to 8% (docs/benchmarks.md).
+/// increments the size of each move cost up to 8% (docs/benchmarks/allocator.md).
 pub const SLACK_PER_MOVE_PAGES: u64 = 8;
 
 /// Pages a move for the ceiling may leave for later, mapping new pages past

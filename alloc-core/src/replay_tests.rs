@@ -327,7 +327,7 @@ fn vramfit_policy_makes_no_driver_calls_once_a_training_step_repeats() {
 
 /// `cargo test -p vramfit --lib steady_state_figures -- --ignored --nocapture`
 #[test]
-#[ignore = "prints the figures of docs/benchmarks.md"]
+#[ignore = "prints the figures of docs/benchmarks/allocator.md"]
 fn steady_state_figures() {
     for (name, bytes, facts) in committed_snapshots() {
         let (events, starts) = with_repeated_last_step(&bytes, 8);
@@ -413,7 +413,7 @@ fn vramfit_policy_settles_on_hugging_face_steps() {
 
 /// `cargo test -p vramfit --lib hugging_face_step_figures -- --ignored --nocapture`
 #[test]
-#[ignore = "prints the figures of docs/benchmarks.md"]
+#[ignore = "prints the figures of docs/benchmarks/allocator.md"]
 fn hugging_face_step_figures() {
     for (name, events, starts) in meta_step_traces() {
         let (calls, peak, tight) = vramfit_calls_per_step(&events, &starts);
@@ -457,7 +457,7 @@ fn gpu_step_traces() -> Vec<(String, Vec<AllocEvent>, Vec<usize>)> {
 /// Every trace under other constants and a device behind the host:
 /// `cargo test -p vramfit --lib tuning_figures -- --ignored --nocapture`
 #[test]
-#[ignore = "prints the figures of docs/benchmarks.md"]
+#[ignore = "prints the figures of docs/benchmarks/allocator.md"]
 fn tuning_figures() {
     let mut traces = gpu_step_traces();
     traces.extend(meta_step_traces());
@@ -520,7 +520,7 @@ fn vramfit_policy_reserves_less_than_pytorch_on_the_h200_steps() {
 /// Which allocations move pages in steps 8-10 of the H200's steps:
 /// `cargo test -p vramfit --lib h200_step_move_figures -- --ignored --nocapture`
 #[test]
-#[ignore = "prints the figures of docs/benchmarks.md"]
+#[ignore = "prints the figures of docs/benchmarks/in-process-allocator.md"]
 fn h200_step_move_figures() {
     use crate::{AllocatorConfig, ExpandableAllocator, GpuAllocator, SimulatedDevice};
     for (name, events, starts) in gpu_step_traces() {

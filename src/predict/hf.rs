@@ -11,15 +11,31 @@ use super::arch::{HfFamily, HfImpl, TransformerArch};
 /// `model_type` values the predictor understands.
 pub const SUPPORTED_MODEL_TYPES: &[&str] = &["gpt2", "llama", "mistral", "qwen2", "bert"];
 
-/// Reads a field that must be a positive integer.
+/// The largest value of each config key, as the `transformer` description's
+/// schema bounds them: a config is free-form, and a huge count would make the
+/// predictor allocate per layer until the controller dies.
+fn max_of(key: &str) -> u64 {
+    match key {
+        "n_layer" | "num_hidden_layers" => 1024,
+        "n_head" | "num_attention_heads" | "num_key_value_heads" => 4096,
+        "n_embd" | "hidden_size" | "head_dim" => 1 << 20,
+        "n_inner" | "intermediate_size" => 1 << 22,
+        "type_vocab_size" => 1 << 16,
+        _ => 1 << 24,
+    }
+}
+
+/// Reads a field that must be a positive integer, at most [`max_of`] the key.
 fn int(cfg: &Map<String, Value>, key: &str) -> Result<u64, PredictError> {
+    let max = max_of(key);
+    let want = || format!("a positive integer of at most {max}");
     match cfg.get(key) {
         Some(Value::Number(n)) => n
             .as_u64()
-            .filter(|v| *v > 0)
-            .ok_or_else(|| bad(key, "a positive integer")),
+            .filter(|v| (1..=max).contains(v))
+            .ok_or_else(|| bad(key, &want())),
         Some(Value::Null) | None => Err(PredictError::Missing(format!("huggingFace.config.{key}"))),
-        Some(_) => Err(bad(key, "a positive integer")),
+        Some(_) => Err(bad(key, &want())),
     }
 }
 

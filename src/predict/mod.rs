@@ -160,7 +160,25 @@ pub fn predict_model_with(
     gpu: &'static GpuProfile,
     alloc: &dyn AllocatorModel,
 ) -> Result<Prediction, PredictError> {
-    predict_arch(resolve_arch(model)?, model, job, gpu, alloc)
+    guarded(|| predict_arch(resolve_arch(model)?, model, job, gpu, alloc))
+}
+
+/// Runs a prediction, turning an arithmetic overflow (sizes whose products
+/// pass 2^64 bytes; the vramfit crate is built with overflow checks in every
+/// profile) into an `Invalid` error instead of a panic or a wrapped size.
+fn guarded(
+    predict: impl FnOnce() -> Result<Prediction, PredictError>,
+) -> Result<Prediction, PredictError> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(predict)).unwrap_or_else(|panic| {
+        let detail = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        Err(PredictError::Invalid(format!(
+            "the model's sizes are too large to predict ({detail}): check the layer, width, vocabulary, sequence and batch sizes"
+        )))
+    })
 }
 
 /// [`predict_model`] for a `huggingFace` description of the repository's own
@@ -355,9 +373,11 @@ pub fn predict_from_profile(
     job: &JobShape,
     gpu: &'static GpuProfile,
 ) -> Result<Prediction, PredictError> {
-    let grad_accum = job.grad_accum()?;
-    let prof = profile::parse_profile(profile_text)?;
-    let events = profile::profile_events(&prof, job.micro_batch, gpu.cublas_workspace_bytes)?;
-    let outcome = CachingAllocatorModel::PYTORCH.replay(&events)?;
-    Ok(assemble(outcome, gpu, job, grad_accum))
+    guarded(|| {
+        let grad_accum = job.grad_accum()?;
+        let prof = profile::parse_profile(profile_text)?;
+        let events = profile::profile_events(&prof, job.micro_batch, gpu.cublas_workspace_bytes)?;
+        let outcome = CachingAllocatorModel::PYTORCH.replay(&events)?;
+        Ok(assemble(outcome, gpu, job, grad_accum))
+    })
 }

@@ -829,7 +829,7 @@ fn the_analytic_hugging_face_path_predicts_the_library_runs() {
         "{held_out:?}"
     );
     // No held-out run under by more than 5% (the softmax-backward rule was
-    // added after seeing one, docs/benchmarks.md); fit rows not below -11%.
+    // added after seeing one, docs/benchmarks/library-models.md); fit rows not below -11%.
     assert!(held_out.under_predictions.is_empty(), "{held_out:?}");
     assert!(hf.iter().all(|r| r.relative_error > -0.11), "{hf:?}");
     let fit = error_stats(&hf, Some("fit"));
@@ -1784,15 +1784,15 @@ fn hugging_face_fields_of_the_wrong_type_or_range_are_named() {
         ),
         (
             with(tiny("gpt2"), "n_head", json!(0)),
-            format!("{f}.n_head must be a positive integer"),
+            format!("{f}.n_head must be a positive integer of at most 4096"),
         ),
         (
             with(tiny("gpt2"), "n_head", json!(-4)),
-            format!("{f}.n_head must be a positive integer"),
+            format!("{f}.n_head must be a positive integer of at most 4096"),
         ),
         (
             with(tiny("gpt2"), "n_head", json!("4")),
-            format!("{f}.n_head must be a positive integer"),
+            format!("{f}.n_head must be a positive integer of at most 4096"),
         ),
         (
             with(tiny("gpt2"), "n_head", json!(null)),
@@ -1800,7 +1800,7 @@ fn hugging_face_fields_of_the_wrong_type_or_range_are_named() {
         ),
         (
             with(tiny("gpt2"), "n_inner", json!(0)),
-            format!("{f}.n_inner must be a positive integer"),
+            format!("{f}.n_inner must be a positive integer of at most 4194304"),
         ),
         (
             with(tiny("gpt2"), "n_embd", json!(98)),
@@ -1840,7 +1840,7 @@ fn hugging_face_fields_of_the_wrong_type_or_range_are_named() {
         ),
         (
             with(tiny("bert"), "type_vocab_size", json!(0)),
-            format!("{f}.type_vocab_size must be a positive integer"),
+            format!("{f}.type_vocab_size must be a positive integer of at most 65536"),
         ),
     ];
     for (config, want) in cases {
@@ -2092,4 +2092,71 @@ fn transformer_shapes_that_would_predict_nonsense_are_refused() {
         ..learned
     };
     assert_eq!(rotary.check(), Ok(()));
+}
+
+/// A config is free-form: each count is bounded as the `transformer`
+/// description's schema bounds it, and the error names the key, before any
+/// per-layer work is allocated.
+#[test]
+fn a_huge_count_in_a_config_is_refused_naming_the_key() {
+    let hf = |key: &str, value: serde_json::Value| {
+        let mut config = serde_json::json!({
+            "model_type": "llama", "hidden_size": 256, "intermediate_size": 512,
+            "num_attention_heads": 4, "num_hidden_layers": 2, "vocab_size": 1000,
+            "max_position_embeddings": 128
+        });
+        config[key] = value;
+        let spec: HuggingFaceSpec =
+            serde_json::from_value(serde_json::json!({"config": config, "seqLen": 128})).unwrap();
+        ModelSpec {
+            hugging_face: Some(spec),
+            ..ModelSpec::default()
+        }
+    };
+    assert!(
+        predict_model(
+            &hf("num_hidden_layers", 2.into()),
+            &one_gpu(1),
+            default_gpu()
+        )
+        .is_ok()
+    );
+    for (key, value, max) in [
+        (
+            "num_hidden_layers",
+            serde_json::json!(10_000_000_000u64),
+            "1024",
+        ),
+        ("num_hidden_layers", serde_json::json!(1025), "1024"),
+        ("hidden_size", serde_json::json!(u64::MAX), "1048576"),
+        ("vocab_size", serde_json::json!(1u64 << 40), "16777216"),
+    ] {
+        let err = predict_model(&hf(key, value), &one_gpu(1), default_gpu()).unwrap_err();
+        assert_eq!(
+            err,
+            PredictError::Invalid(format!(
+                "huggingFace.config.{key} must be a positive integer of at most {max}"
+            ))
+        );
+    }
+}
+
+/// Sizes each within its bound can still multiply past 2^64 bytes: that is
+/// an `Invalid` prediction, not a panic of the controller or a wrapped,
+/// small budget.
+#[test]
+fn sizes_whose_product_overflows_are_invalid_not_a_panic() {
+    let t: TransformerSpec = serde_json::from_value(serde_json::json!({
+        "layers": 1, "hidden": 1048576, "heads": 4096, "vocab": 16777216, "seqLen": 16777216
+    }))
+    .unwrap();
+    let model = ModelSpec {
+        transformer: Some(t),
+        ..ModelSpec::default()
+    };
+    let err = predict_model(&model, &one_gpu(1048576), default_gpu()).unwrap_err();
+    assert!(
+        matches!(&err, PredictError::Invalid(m) if m.contains("too large to predict")),
+        "{err:?}"
+    );
 }
