@@ -52,6 +52,15 @@ pub struct PodPlacement {
     pub deleting: bool,
 }
 
+/// The placement `existing` (the pod of `ours`'s attempt, found when creating
+/// it) was created for, when it is another one than `ours`. A pod without a
+/// readable placement, or of another attempt, gives `None`: there is nothing
+/// to adopt from it.
+pub fn other_placement(existing: &Pod, ours: &PlacementStatus) -> Option<PlacementStatus> {
+    let theirs = pod_placement(existing)?;
+    (theirs.attempt == ours.attempt && theirs.placement != *ours).then_some(theirs.placement)
+}
+
 /// Reads the placement of a training pod; `None` for a pod without one (made
 /// by an older controller, or not a training pod).
 pub fn pod_placement(pod: &Pod) -> Option<PodPlacement> {

@@ -246,3 +246,28 @@ fn a_gone_jobs_pod_holds_its_memory_until_it_ends_and_is_deleted_once() {
         assert!(ledger.unrecorded.is_empty(), "{case}");
     }
 }
+
+/// A create that finds the attempt's pod already there (made by a controller
+/// stopped with its create in flight) adopts the pod's placement when it is
+/// another one; the same placement, another attempt's pod, or a pod without
+/// a placement leaves nothing to adopt.
+#[test]
+fn an_existing_pod_of_another_placement_is_adopted_on_create() {
+    let job = job("gpt2");
+    let existing = pod_of(&job, 1);
+    assert_eq!(other_placement(&existing, &placement(1)), None, "the same");
+    let mut ours = placement(1);
+    ours.gpus.truncate(1);
+    ours.node = "n2".into();
+    assert_eq!(other_placement(&existing, &ours), Some(placement(1)));
+    let mut other_attempt = ours.clone();
+    other_attempt.attempt = 2;
+    assert_eq!(other_placement(&existing, &other_attempt), None);
+    let mut bare = existing.clone();
+    bare.metadata
+        .annotations
+        .as_mut()
+        .unwrap()
+        .remove(PLACEMENT_ANNOTATION);
+    assert_eq!(other_placement(&bare, &ours), None);
+}

@@ -14,6 +14,7 @@ use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use super::held::HeldPrediction;
 use super::metrics::ErrorLabel;
 use super::pod::{still_wanted, training_pod};
+use super::pod_ledger;
 use super::retry;
 use super::scheduler::Verdict;
 use super::status_patch::write_status;
@@ -92,90 +93,106 @@ async fn apply(job: &TrainingJob, ctx: &Context) -> Result<Action> {
     let held = ctx.held.get(&uid, job.resource_version().as_deref());
     let overlaid = held.as_ref().map(|h| h.overlay(job));
     let seen = overlaid.as_ref().unwrap_or(job);
-    let transition =
-        match transition::next_step(seen, |attempt| ctx.assignments.placement(&uid, attempt)) {
-            Step::Done => return Ok(Action::await_change()),
-            Step::Predict {
+    let transition = match transition::next_step(seen, |attempt| {
+        ctx.assignments.placement(&uid, attempt)
+    }) {
+        Step::Done => return Ok(Action::await_change()),
+        Step::Predict {
+            status,
+            attempt,
+            forget_assignment,
+        } => {
+            if forget_assignment {
+                ctx.assignments.forget(&uid);
+            }
+            let learned = transition::wants_learned_start(&status, attempt)
+                .then(|| ctx.learned_start_micro(job))
+                .flatten();
+            let profile = load_profile(job, ctx).await;
+            // The budgets per GPU model need the GpuNodes: a controller that
+            // just started predicts only once their first list is in.
+            super::wait_ready(&ctx.gpu_nodes).await?;
+            let gpu_models = ctx.gpu_models();
+            let predicted = transition::predict(
+                job,
                 status,
-                attempt,
-                forget_assignment,
-            } => {
-                if forget_assignment {
-                    ctx.assignments.forget(&uid);
-                }
-                let learned = transition::wants_learned_start(&status, attempt)
-                    .then(|| ctx.learned_start_micro(job))
-                    .flatten();
-                let profile = load_profile(job, ctx).await;
-                // The budgets per GPU model need the GpuNodes: a controller that
-                // just started predicts only once their first list is in.
-                super::wait_ready(&ctx.gpu_nodes).await?;
-                let gpu_models = ctx.gpu_models();
-                let predicted = transition::predict(
-                    job,
-                    status,
-                    PredictFacts {
-                        attempt,
-                        learned,
-                        profile: profile.as_ref().map(|p| p.as_deref()).map_err(Clone::clone),
-                        measured: &|signature| ctx.measured_peak_for(signature),
-                        gpu_models: &gpu_models,
-                    },
-                );
-                // Held only for a version it can be tied to (a job read from the
-                // API server always has one).
-                match job.resource_version() {
-                    Some(version) => match transition::defer_prediction(predicted) {
-                        transition::Prediction::Hold(deferred) => {
-                            let rest = hold_prediction(job, ctx, version, &before, deferred);
-                            let action = carry_out(job, ctx, &before, rest).await?;
-                            // A placement the cycle took from the attempt's
-                            // pod (`pod_ledger`) needs no cycle: record it now.
-                            if ctx.assignments.placement(&uid, attempt).is_some() {
-                                return Ok(Action::requeue(ADOPTED_REQUEUE));
-                            }
-                            return Ok(action);
+                PredictFacts {
+                    attempt,
+                    learned,
+                    profile: profile.as_ref().map(|p| p.as_deref()).map_err(Clone::clone),
+                    measured: &|signature| ctx.measured_peak_for(signature),
+                    gpu_models: &gpu_models,
+                },
+            );
+            // Held only for a version it can be tied to (a job read from the
+            // API server always has one).
+            match job.resource_version() {
+                Some(version) => match transition::defer_prediction(predicted) {
+                    transition::Prediction::Hold(deferred) => {
+                        let rest = hold_prediction(job, ctx, version, &before, deferred);
+                        let action = carry_out(job, ctx, &before, rest).await?;
+                        // A placement the cycle took from the attempt's
+                        // pod (`pod_ledger`) needs no cycle: record it now.
+                        if ctx.assignments.placement(&uid, attempt).is_some() {
+                            return Ok(Action::requeue(ADOPTED_REQUEUE));
                         }
-                        transition::Prediction::Write(transition) => transition,
-                    },
-                    None => predicted,
+                        return Ok(action);
+                    }
+                    transition::Prediction::Write(transition) => transition,
+                },
+                None => predicted,
+            }
+        }
+        // This process wrote the placement already: the cached job lags the
+        // write, whose watch event brings the job back.
+        Step::RecordPlacement { placement, .. }
+            if ctx.assignments.is_recorded(&uid, placement.attempt) =>
+        {
+            return Ok(Action::requeue(transition::WRITE_RESYNC));
+        }
+        Step::RecordPlacement { status, placement } => {
+            // The pod first, then the status that records it: the pod is the
+            // first record of the placement (`pod_ledger` reads it back after
+            // a restart), and it starts without waiting for a status write.
+            let placed = transition::place(seen, status.clone(), placement.clone());
+            match create_pod(job, ctx, &placed.status, &placement).await? {
+                Ok(None) => placed,
+                // The attempt's pod exists with another placement (a
+                // controller stopped with its create in flight, which
+                // landed after this one listed the pods): the pod is what
+                // runs, so the status and the ledger take its placement.
+                Ok(Some(theirs)) => {
+                    tracing::info!(
+                        job = %job.name_any(),
+                        attempt = theirs.attempt,
+                        node = theirs.node,
+                        "the attempt's pod exists with another placement: adopted"
+                    );
+                    ctx.assignments
+                        .record(&uid, theirs.attempt, Verdict::Place(theirs.clone()));
+                    transition::place(seen, status, theirs)
                 }
+                Err(message) => transition::invalid(job, status, &message),
             }
-            // This process wrote the placement already: the cached job lags the
-            // write, whose watch event brings the job back.
-            Step::RecordPlacement { placement, .. }
-                if ctx.assignments.is_recorded(&uid, placement.attempt) =>
-            {
-                return Ok(Action::requeue(transition::WRITE_RESYNC));
+        }
+        Step::ReportWaiting { status, attempt } => {
+            let verdict = ctx.assignments.waiting(&uid, attempt);
+            let verdict = match &verdict {
+                Some(Verdict::Wait {
+                    message,
+                    never_fits,
+                }) => Some((message.as_str(), *never_fits)),
+                _ => None,
+            };
+            transition::wait(seen, status, verdict)
+        }
+        Step::FollowPod { status, placement } => {
+            match follow_pod(job, ctx, status, &placement).await? {
+                Some(transition) => transition,
+                None => return Ok(Action::requeue(transition::WRITE_RESYNC)),
             }
-            Step::RecordPlacement { status, placement } => {
-                // The pod first, then the status that records it: the pod is the
-                // first record of the placement (`pod_ledger` reads it back after
-                // a restart), and it starts without waiting for a status write.
-                let placed = transition::place(seen, status.clone(), placement.clone());
-                match create_pod(job, ctx, &placed.status, &placement).await? {
-                    Ok(()) => placed,
-                    Err(message) => transition::invalid(job, status, &message),
-                }
-            }
-            Step::ReportWaiting { status, attempt } => {
-                let verdict = ctx.assignments.waiting(&uid, attempt);
-                let verdict = match &verdict {
-                    Some(Verdict::Wait {
-                        message,
-                        never_fits,
-                    }) => Some((message.as_str(), *never_fits)),
-                    _ => None,
-                };
-                transition::wait(seen, status, verdict)
-            }
-            Step::FollowPod { status, placement } => {
-                match follow_pod(job, ctx, status, &placement).await? {
-                    Some(transition) => transition,
-                    None => return Ok(Action::requeue(transition::WRITE_RESYNC)),
-                }
-            }
-        };
+        }
+    };
     let (transition, before) = match held {
         // A placed status the status writer has yet to write: the step
         // starts from it, and writes only what changed since.
@@ -397,7 +414,9 @@ async fn follow_pod(
             }
         }
         return Ok(match create_pod(job, ctx, &status, placement).await? {
-            Ok(()) => None,
+            // Its own pod, or one of another placement whose watch event
+            // brings the job back to the pod ledger.
+            Ok(_) => None,
             Err(message) => Some(transition::invalid(job, status, &message)),
         });
     };
@@ -410,15 +429,16 @@ async fn follow_pod(
     Ok(Some(transition::follow(job, status, placement, facts)))
 }
 
-/// Creates the pod of a placed attempt (`AlreadyExists` is success: a
-/// restarted controller, or a cache that lags). The inner error is a template
-/// that cannot make a pod, in words.
+/// Creates the pod of a placed attempt. `AlreadyExists` is success (a
+/// restarted controller, or a cache that lags), unless the existing pod
+/// records another placement of the attempt: that one is returned. The inner
+/// error is a template that cannot make a pod, in words.
 async fn create_pod(
     job: &TrainingJob,
     ctx: &Context,
     status: &TrainingJobStatus,
     placement: &PlacementStatus,
-) -> Result<Result<(), String>> {
+) -> Result<Result<Option<PlacementStatus>, String>> {
     let namespace = job.namespace().unwrap_or_default();
     let shape = BatchShape {
         micro: status.micro_batch.unwrap_or(job.spec.batch.micro),
@@ -441,10 +461,14 @@ async fn create_pod(
             pod = pod.metadata.name.as_deref(),
             "pod created"
         ),
-        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        Err(kube::Error::Api(e)) if e.code == 409 => {
+            let name = pod.metadata.name.as_deref().unwrap_or_default();
+            let existing = pods.get(name).await.map_err(Error::Kube)?;
+            return Ok(Ok(pod_ledger::other_placement(&existing, placement)));
+        }
         Err(e) => return Err(Error::Kube(e)),
     }
-    Ok(Ok(()))
+    Ok(Ok(None))
 }
 
 async fn cleanup(job: &TrainingJob, ctx: &Context) -> Result<Action> {
