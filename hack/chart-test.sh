@@ -173,8 +173,98 @@ mustnt agent delete gpunodes.vramfit.dev
 mustnt agent get leases.coordination.k8s.io -n "$ns"
 passed=$((passed + 1))
 
-log "kubectl auth can-i with controller.watchNamespace=ml: other namespaces are out of reach"
+log "tenants: the admission policies refuse what a TrainingJob author could not get in a pod of their own"
+apply_release
+k create namespace team-a --dry-run=client -o yaml | k apply -f - >/dev/null
+k label --overwrite namespace team-a pod-security.kubernetes.io/enforce=baseline >/dev/null
+# No kube-controller-manager here aggregates the default roles: bind the
+# chart's aggregated role and pod rights directly (the labels are checked).
+render --show-only templates/tenancy.yaml | grep -q 'rbac.authorization.k8s.io/aggregate-to-edit: "true"' ||
+  fail "the TrainingJob role is not aggregated into edit"
+k create clusterrole chart-test-pods --verb=create,get,list --resource=pods --dry-run=client -o yaml | k apply -f - >/dev/null
+k create rolebinding alice-tj -n team-a --clusterrole="$release-trainingjobs-edit" --user=alice --dry-run=client -o yaml | k apply -f - >/dev/null
+k create rolebinding alice-pods -n team-a --clusterrole=chart-test-pods --user=alice --dry-run=client -o yaml | k apply -f - >/dev/null
+# tj NAME TEMPLATE-SPEC-YAML: a TrainingJob of team-a with that pod spec.
+tj() {
+  printf 'apiVersion: vramfit.dev/v1alpha1\nkind: TrainingJob\nmetadata: {name: %s, namespace: team-a}\nspec:\n  batch: {global: 8, micro: 8}\n  model: {mlp: {layers: 2, hidden: 64}}\n  template:\n    spec: %s\n' "$1" "$2"
+}
+# refused WHO WHY EXPECTED-TEXT KUBECTL-ARGS... (stdin: the object, if any)
+refused() {
+  local who=$1 why=$2 expect=$3 err
+  shift 3
+  if err=$(k --as "$who" "$@" --dry-run=server 2>&1); then fail "$who was allowed: $why"; fi
+  grep -qF -- "$expect" <<<"$err" || fail "$why: refused for another reason: $err"
+}
+allowed() {
+  local who=$1 why=$2 err
+  shift 2
+  err=$(k --as "$who" "$@" --dry-run=server 2>&1) || fail "$who was refused: $why: $err"
+}
+plain='{containers: [{name: t, image: i}]}'
+tj plain "$plain" | allowed alice "a plain template" apply -f -
+tj priv '{containers: [{name: t, image: i, securityContext: {privileged: true}}]}' |
+  refused alice "a privileged template" "privileged containers are not allowed" apply -f -
+tj hp '{containers: [{name: t, image: i}], volumes: [{name: root, hostPath: {path: /}}]}' |
+  refused alice "a hostPath volume" "hostPath volumes are not allowed" apply -f -
+tj hpid '{hostPID: true, containers: [{name: t, image: i}]}' |
+  refused alice "hostPID" "hostNetwork, hostPID and hostIPC are not allowed" apply -f -
+tj caps '{initContainers: [{name: s, image: i, securityContext: {capabilities: {add: [SYS_ADMIN]}}}], containers: [{name: t, image: i}]}' |
+  refused alice "SYS_ADMIN in an init container" "capabilities beyond the baseline set" apply -f -
+tj port '{containers: [{name: t, image: i, ports: [{containerPort: 22, hostPort: 22}]}]}' |
+  refused alice "a hostPort" "hostPort is not allowed" apply -f -
+refused alice "a pod naming a GPU by the NRI plugin's annotation" "may not carry CDI device annotations" \
+  -n team-a run gpu --image=i --annotations='cdi-devices.noderesource.dev/container.gpu=- nvidia.com/gpu=GPU-x'
+refused alice "a pod naming a GPU by containerd's CDI annotation" "may not carry CDI device annotations" \
+  -n team-a run gpu --image=i --annotations='cdi.k8s.io/gpu=nvidia.com/gpu=all'
+refused alice "a pod setting NVIDIA_VISIBLE_DEVICES" "may not set NVIDIA_VISIBLE_DEVICES" \
+  -n team-a run gpu --image=i --env=NVIDIA_VISIBLE_DEVICES=all
+allowed alice "a plain pod" -n team-a run plain --image=i
+allowed "system:serviceaccount:$ns:$release-controller" "the controller's training pod" \
+  -n team-a run gpu --image=i --annotations='cdi-devices.noderesource.dev/container.gpu=- nvidia.com/gpu=GPU-x'
+# restricted: what baseline lets through is refused.
+render --set tenancy.podSecurity=restricted --show-only templates/tenancy.yaml | k apply -f - >/dev/null
+# The API server picks up a changed policy from its watch: wait for it.
+for _ in $(seq 50); do
+  tj plain "$plain" | k --as alice apply -f - --dry-run=server >/dev/null 2>&1 || break
+  sleep 0.2
+done
+tj plain "$plain" | refused alice "a plain template under restricted" "allowPrivilegeEscalation=false" apply -f -
+tj strict '{securityContext: {runAsNonRoot: true, seccompProfile: {type: RuntimeDefault}}, containers: [{name: t, image: i, securityContext: {allowPrivilegeEscalation: false, capabilities: {drop: [ALL]}}}]}' |
+  allowed alice "a template that meets restricted" apply -f -
+render --set tenancy.podSecurity=none --show-only templates/tenancy.yaml | grep -q trainingjob-pod-security &&
+  fail "tenancy.podSecurity=none still renders the policy"
+render --show-only templates/tenancy.yaml | k apply -f - >/dev/null
+passed=$((passed + 1))
+
+log "agents: each writes the GpuNode of its own node only (the node its token is bound to)"
+for n in node-a node-b; do
+  printf 'apiVersion: vramfit.dev/v1alpha1\nkind: GpuNode\nmetadata: {name: %s}\nspec: {}\n' "$n" | k apply -f - >/dev/null
+done
+api=$(k config view --raw --minify -o jsonpath='{.clusters[0].cluster.server}')
+certs=$(mktemp -d)
+k config view --raw --minify -o jsonpath='{.clusters[0].cluster.certificate-authority-data}' | base64 -d >"$certs/ca"
+k config view --raw --minify -o jsonpath='{.users[0].user.client-certificate-data}' | base64 -d >"$certs/crt"
+k config view --raw --minify -o jsonpath='{.users[0].user.client-key-data}' | base64 -d >"$certs/key"
+# as_agent NODE-OF-TOKEN GPUNODE [SUBRESOURCE]: the HTTP status of a dry-run
+# patch by the agent's ServiceAccount with that node in its token.
+as_agent() {
+  local extra=()
+  [[ -n $1 ]] && extra=(-H "Impersonate-Extra-authentication.kubernetes.io%2fnode-name: $1")
+  curl -s -o /dev/null -w '%{http_code}' --cacert "$certs/ca" --cert "$certs/crt" --key "$certs/key" \
+    -H "Impersonate-User: system:serviceaccount:$ns:$release-agent" "${extra[@]}" \
+    -H 'Content-Type: application/merge-patch+json' -X PATCH \
+    "$api/apis/vramfit.dev/v1alpha1/gpunodes/$2${3:-}?dryRun=All" --data '{"metadata":{"annotations":{"x":"y"}}}'
+}
+[[ $(as_agent node-a node-a) == 200 ]] || fail "the agent of node-a cannot write its own GpuNode"
+[[ $(as_agent node-a node-a /status) == 200 ]] || fail "the agent of node-a cannot write its own GpuNode's status"
+[[ $(as_agent node-a node-b) == 403 ]] || fail "the agent of node-a can write node-b's GpuNode"
+[[ $(as_agent node-a node-b /status) == 403 ]] || fail "the agent of node-a can write node-b's GpuNode status"
+[[ $(as_agent "" node-a) == 403 ]] || fail "an agent token bound to no node can write a GpuNode"
+rm -r "$certs"
 render | k delete -f - --ignore-not-found >/dev/null
+passed=$((passed + 1))
+
+log "kubectl auth can-i with controller.watchNamespace=ml: other namespaces are out of reach"
 apply_release --set controller.watchNamespace=ml --set agent.simulate=2xH200
 for verb in list watch create delete; do must controller "$verb" pods -n ml; done
 must controller patch trainingjobs.vramfit.dev -n ml --subresource=status
