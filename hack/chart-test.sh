@@ -218,6 +218,10 @@ refused alice "a pod naming a GPU by containerd's CDI annotation" "may not carry
   -n team-a run gpu --image=i --annotations='cdi.k8s.io/gpu=nvidia.com/gpu=all'
 refused alice "a pod setting NVIDIA_VISIBLE_DEVICES" "may not set NVIDIA_VISIBLE_DEVICES" \
   -n team-a run gpu --image=i --env=NVIDIA_VISIBLE_DEVICES=all
+refused alice "a pod granting itself a placement" "written by the vramfit controller only" \
+  -n team-a run gpu --image=i --annotations='vramfit.dev/placement={"node":"n","gpus":[],"budgetBytes":1,"memoryFraction":0,"attempt":1}'
+refused alice "a pod granting itself a budget" "written by the vramfit controller only" \
+  -n team-a run gpu --image=i --annotations='vramfit.dev/budget-bytes=999999999999'
 allowed alice "a plain pod" -n team-a run plain --image=i
 allowed "system:serviceaccount:$ns:$release-controller" "the controller's training pod" \
   -n team-a run gpu --image=i --annotations='cdi-devices.noderesource.dev/container.gpu=- nvidia.com/gpu=GPU-x'

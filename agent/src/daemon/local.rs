@@ -69,6 +69,7 @@ impl OwnerLookup for LocalOwners {
             training_job: None,
             container: None,
             budget_bytes: Some(budget),
+            gpus: None,
             stats_dir: None,
             namespace_pid: None,
         })

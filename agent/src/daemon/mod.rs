@@ -34,6 +34,10 @@ use api::{GpuNodeWriter, probe_requested};
 use local::{LocalOwners, kill_processes};
 use pods::PodOwners;
 
+/// How long the OOM report may take before the kill it announces goes ahead
+/// without it (the report follows with the next status write).
+pub const REPORT_BEFORE_KILL: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// How the agent runs.
 #[derive(Clone, Debug)]
 pub struct RunOptions {
@@ -338,10 +342,18 @@ pub async fn run_loop(
             {
                 tracing::error!("cannot write the status file before stopping: {e}");
             }
-            if let Some(w) = &writer
-                && let Err(e) = w.write(&status).await
-            {
-                tracing::error!("cannot write the OOM report before stopping: {e}");
+            // Bounded: a slow or hung API server must not hold the kill back
+            // (the longer it waits, the likelier the PID is reused).
+            if let Some(w) = &writer {
+                match tokio::time::timeout(REPORT_BEFORE_KILL, w.write(&status)).await {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(e)) => {
+                        tracing::error!("cannot write the OOM report before stopping: {e}")
+                    }
+                    Err(_) => tracing::error!(
+                        "the OOM report took over {REPORT_BEFORE_KILL:?}: stopping first, it is written after"
+                    ),
+                }
             }
         }
         for order in &orders {

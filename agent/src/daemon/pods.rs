@@ -13,7 +13,8 @@ use kube::runtime::reflector::Store;
 use crate::node::procfs::{ProcFs, strip_runtime_prefix};
 use crate::node::report::{OwnerLookup, ProcessOwner};
 use crate::node::watchdog::Owner;
-use vramfit::job::keys::{BUDGET_ANNOTATION, JOB_LABEL};
+use vramfit::api::PlacementStatus;
+use vramfit::job::keys::{BUDGET_ANNOTATION, JOB_LABEL, PLACEMENT_ANNOTATION};
 
 /// The stats folder of a pod: `<stats root>/<namespace>_<pod>`
 /// (docs/node-protocol.md).
@@ -22,10 +23,21 @@ pub fn stats_dir(stats_root: &Path, namespace: &str, pod: &str) -> PathBuf {
 }
 
 /// The owner facts of a process in `pod`, in container `container_id` when
-/// known.
+/// known. The budget and the GPUs come from the placement the controller
+/// recorded on the pod; a pod without one was given no GPU (its use of any
+/// is stopped), unless it carries only the budget annotation of an older
+/// controller, whose budget then holds on every GPU.
 pub fn owner_from_pod(pod: &Pod, container_id: Option<&str>, stats_root: &Path) -> ProcessOwner {
     let namespace = pod.namespace().unwrap_or_default();
     let name = pod.name_any();
+    let placement: Option<PlacementStatus> = pod
+        .annotations()
+        .get(PLACEMENT_ANNOTATION)
+        .and_then(|p| serde_json::from_str(p).ok());
+    let legacy_budget: Option<u64> = pod
+        .annotations()
+        .get(BUDGET_ANNOTATION)
+        .and_then(|b| b.trim().parse().ok());
     let container = container_id.and_then(|id| {
         let status = pod.status.as_ref()?;
         status
@@ -44,10 +56,12 @@ pub fn owner_from_pod(pod: &Pod, container_id: Option<&str>, stats_root: &Path) 
         },
         training_job: pod.labels().get(JOB_LABEL).cloned(),
         container,
-        budget_bytes: pod
-            .annotations()
-            .get(BUDGET_ANNOTATION)
-            .and_then(|b| b.trim().parse().ok()),
+        budget_bytes: placement.as_ref().map(|p| p.budget_bytes).or(legacy_budget),
+        gpus: match (&placement, legacy_budget) {
+            (Some(p), _) => Some(p.gpus.iter().map(|g| g.uuid.clone()).collect()),
+            (None, Some(_)) => None,
+            (None, None) => Some(Vec::new()),
+        },
         stats_dir: Some(stats_dir(stats_root, &namespace, &name)),
         namespace_pid: None,
     }

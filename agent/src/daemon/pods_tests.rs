@@ -55,3 +55,29 @@ fn a_process_maps_to_its_pod_container_budget_and_stats_folder() {
     let owners = PodOwners::snapshot(&ProcFs::new(dir.path()), Path::new("/x"), &reader);
     assert_eq!(owners.owner_of(4242), None);
 }
+
+/// The budget and the GPUs come from the controller's placement: a budget
+/// annotation next to it does not raise the budget, and a pod with neither
+/// was given no GPU at all.
+#[test]
+fn budget_and_gpus_come_from_the_placement() {
+    let root = Path::new("/stats");
+    let with = |annotations: serde_json::Value| {
+        let mut p = pod();
+        p.metadata.annotations = serde_json::from_value(annotations).unwrap();
+        owner_from_pod(&p, None, root)
+    };
+    let placement = json!({"node": "n", "gpus": [{"index": 0, "uuid": "GPU-a"}],
+                           "budgetBytes": 1024, "memoryFraction": 0.1, "attempt": 1});
+    let placed = with(json!({PLACEMENT_ANNOTATION: placement.to_string(),
+                            BUDGET_ANNOTATION: "999999999999"}));
+    assert_eq!(placed.budget_bytes, Some(1024));
+    assert_eq!(placed.gpus, Some(vec!["GPU-a".to_string()]));
+    let legacy = with(json!({BUDGET_ANNOTATION: "2048"}));
+    assert_eq!((legacy.budget_bytes, legacy.gpus), (Some(2048), None));
+    let bare = with(json!({}));
+    assert_eq!((bare.budget_bytes, bare.gpus), (None, Some(vec![])));
+    // A placement that does not parse counts as none.
+    let broken = with(json!({PLACEMENT_ANNOTATION: "{"}));
+    assert_eq!((broken.budget_bytes, broken.gpus), (None, Some(vec![])));
+}

@@ -27,6 +27,9 @@ pub struct ProcessOwner {
     pub container: Option<String>,
     /// The budget per GPU, bytes, when the pod has one.
     pub budget_bytes: Option<u64>,
+    /// UUIDs of the GPUs vramfit gave the pod; `None`: not known (local
+    /// mode), every GPU counts against the budget.
+    pub gpus: Option<Vec<String>>,
     /// The pod's stats folder on this node.
     pub stats_dir: Option<PathBuf>,
     /// The process's PID in its own namespace (names its stats files).
@@ -184,6 +187,10 @@ impl StatusBuilder {
                             owner: owner.owner.clone(),
                             gpu: gpu.uuid.clone(),
                             budget_bytes: owner.budget_bytes,
+                            given: owner
+                                .gpus
+                                .as_ref()
+                                .is_none_or(|given| given.contains(&gpu.uuid)),
                             used_bytes: 0,
                             pids: Vec::new(),
                         });

@@ -27,6 +27,7 @@ fn pod(name: &str, budget: u64, stats_dir: Option<PathBuf>) -> ProcessOwner {
         training_job: Some(name.trim_end_matches("-a1").into()),
         container: Some("train".into()),
         budget_bytes: Some(budget),
+        gpus: None,
         stats_dir,
         namespace_pid: Some(1),
     }
@@ -277,4 +278,33 @@ fn a_failed_probe_lowers_the_gpu_health_and_oom_reports_are_capped() {
         (MAX_OOM_REPORTS + 4).to_string()
     );
     assert_eq!(status.oom_reports[0].pod_uid.as_deref(), Some("uid-a-a1"));
+}
+
+/// A pod's use of a GPU is `given` only when its placement names that GPU;
+/// with no placement known (local mode) every GPU counts against the budget.
+#[test]
+fn usage_on_a_gpu_the_placement_does_not_name_is_not_given() {
+    let mut elsewhere = pod("a-a1", 20 * GIB, None);
+    elsewhere.gpus = Some(vec!["GPU-7".into()]);
+    let mut here = pod("b-a1", 20 * GIB, None);
+    here.gpus = Some(vec!["GPU-0".into()]);
+    let owners = Owners {
+        pods: HashMap::from([
+            (10, elsewhere),
+            (11, here),
+            (12, pod("c-a1", 20 * GIB, None)),
+        ]),
+        exited: HashSet::new(),
+    };
+    let (_, usage) = StatusBuilder::new("nvml").build(
+        &reading(&[(10, GIB), (11, GIB), (12, GIB)]),
+        &owners,
+        0,
+        "t".into(),
+    );
+    let given: Vec<(&str, bool)> = usage
+        .iter()
+        .map(|u| (u.owner.name.as_str(), u.given))
+        .collect();
+    assert_eq!(given, [("a-a1", false), ("b-a1", true), ("c-a1", true)]);
 }

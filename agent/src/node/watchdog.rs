@@ -1,10 +1,13 @@
 //! The budget watchdog's decision: which pods to stop.
 //!
 //! A pod is stopped when its processes on one GPU together use more than its
-//! budget (the `vramfit.dev/budget-bytes` annotation, per GPU like the budget
-//! itself) plus a tolerance, continuously for at least a grace period. Only
-//! processes mapped to a pod with a budget are ever considered, so a process
-//! of another pod or of no pod is never part of an order.
+//! budget (per GPU, from the placement the controller recorded on the pod)
+//! plus a tolerance, continuously for at least a grace period, and when they
+//! use a GPU the placement did not give it at all (its budget there is zero).
+//! Each new episode over the limit is stopped again: a process the pod starts
+//! after a stop gets no free pass. Only processes mapped to a pod are ever
+//! considered, so a process of another pod or of no pod is never part of an
+//! order.
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -47,6 +50,9 @@ pub struct PodGpuUsage {
     pub gpu: String,
     /// The pod's budget per GPU, bytes; `None`: not watched.
     pub budget_bytes: Option<u64>,
+    /// False when vramfit did not give the pod this GPU: any use of it is
+    /// over budget.
+    pub given: bool,
     /// Bytes its processes use on this GPU together.
     pub used_bytes: u64,
     /// Host PIDs of its processes on this GPU.
@@ -74,6 +80,8 @@ pub struct StopOrder {
 #[derive(Debug)]
 pub struct Watchdog {
     config: WatchdogConfig,
+    /// Since when each (pod, GPU) has been over its limit; an order starts
+    /// the count again.
     over_since: HashMap<(Owner, String), Instant>,
     stopped: HashSet<String>,
 }
@@ -93,17 +101,20 @@ impl Watchdog {
         (budget as f64 * (1.0 + self.config.tolerance.max(0.0))).floor() as u64
     }
 
-    /// Takes one reading and returns the pods to stop now. A pod is ordered
-    /// stopped once; a pod that falls back under its limit starts its grace
-    /// period again when it next exceeds it.
+    /// Takes one reading and returns the pods to stop now. A pod that falls
+    /// back under its limit, or that was just ordered stopped, starts its
+    /// grace period again when it is (still) over it: every episode over the
+    /// limit is stopped, the first and any after it.
     pub fn observe(&mut self, now: Instant, usage: &[PodGpuUsage]) -> Vec<StopOrder> {
         let mut over_now = HashSet::new();
         let mut orders: Vec<StopOrder> = Vec::new();
         for entry in usage {
-            let Some(budget) = entry.budget_bytes else {
-                continue;
+            let budget = match (entry.given, entry.budget_bytes) {
+                (false, _) => 0,
+                (true, Some(budget)) => budget,
+                (true, None) => continue,
             };
-            if self.stopped.contains(&entry.owner.uid) || entry.used_bytes <= self.limit(budget) {
+            if entry.used_bytes <= self.limit(budget) {
                 continue;
             }
             let key = (entry.owner.clone(), entry.gpu.clone());
@@ -126,24 +137,36 @@ impl Watchdog {
                 used_bytes: entry.used_bytes,
                 budget_bytes: budget,
                 pids,
-                reason: format!(
-                    "used {} on GPU {} for {:.1} s, over its budget of {} plus {:.0} % tolerance",
-                    human(entry.used_bytes),
-                    entry.gpu,
-                    over_for.as_secs_f64(),
-                    human(budget),
-                    self.config.tolerance * 100.0
-                ),
+                reason: if entry.given {
+                    format!(
+                        "used {} on GPU {} for {:.1} s, over its budget of {} plus {:.0} % tolerance",
+                        human(entry.used_bytes),
+                        entry.gpu,
+                        over_for.as_secs_f64(),
+                        human(budget),
+                        self.config.tolerance * 100.0
+                    )
+                } else {
+                    format!(
+                        "used {} for {:.1} s on GPU {}, which its placement did not give it",
+                        human(entry.used_bytes),
+                        over_for.as_secs_f64(),
+                        entry.gpu
+                    )
+                },
             });
         }
         self.over_since.retain(|key, _| over_now.contains(key));
         for order in &orders {
             self.stopped.insert(order.owner.uid.clone());
+            // The next episode over the limit is timed from this order.
+            self.over_since
+                .retain(|(owner, _), _| *owner != order.owner);
         }
         orders
     }
 
-    /// True when the pod was ordered stopped.
+    /// True when the pod was ordered stopped at least once.
     pub fn has_stopped(&self, uid: &str) -> bool {
         self.stopped.contains(uid)
     }

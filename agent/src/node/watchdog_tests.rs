@@ -15,6 +15,7 @@ fn usage(name: &str, gpu: &str, budget: Option<u64>, used: u64, pids: &[u32]) ->
         owner: owner(name),
         gpu: gpu.into(),
         budget_bytes: budget,
+        given: true,
         used_bytes: used,
         pids: pids.to_vec(),
     }
@@ -33,7 +34,14 @@ fn a_pod_over_budget_plus_tolerance_for_the_grace_period_is_stopped() {
     let t0 = Instant::now();
     let over = [usage("big", "GPU-0", Some(20 * GIB), 22 * GIB, &[101])];
     // (seconds after t0, expect an order)
-    for (at, stop) in [(0, false), (2, false), (4, false), (5, true), (6, false)] {
+    for (at, stop) in [
+        (0, false),
+        (2, false),
+        (4, false),
+        (5, true),
+        (6, false),
+        (9, false),
+    ] {
         let orders = dog.observe(t0 + Duration::from_secs(at), &over);
         assert_eq!(orders.len(), usize::from(stop), "at {at} s: {orders:?}");
     }
@@ -112,4 +120,51 @@ fn zero_tolerance_limit_is_the_budget() {
     });
     assert_eq!(dog.limit(10 * GIB), 10 * GIB);
     assert_eq!(watchdog().limit(100), 105);
+}
+
+/// A pod whose process survives a stop, or that starts another one that
+/// goes over again, is stopped again: one grace period after the last order.
+#[test]
+fn every_episode_over_the_limit_is_stopped_not_only_the_first() {
+    let mut dog = watchdog();
+    let t0 = Instant::now();
+    let over = [usage("big", "GPU-0", Some(20 * GIB), 22 * GIB, &[101])];
+    let again = [usage("big", "GPU-0", Some(20 * GIB), 22 * GIB, &[102])];
+    assert!(dog.observe(t0, &over).is_empty());
+    assert_eq!(dog.observe(t0 + Duration::from_secs(5), &over).len(), 1);
+    // Within a grace period of the order: the kill is under way.
+    assert!(dog.observe(t0 + Duration::from_secs(6), &again).is_empty());
+    assert!(dog.observe(t0 + Duration::from_secs(9), &again).is_empty());
+    let orders = dog.observe(t0 + Duration::from_secs(11), &again);
+    assert_eq!(orders.len(), 1, "the second episode");
+    assert_eq!(orders[0].pids, vec![102]);
+}
+
+/// A GPU the placement did not give the pod has a budget of zero there,
+/// whatever the pod's budget on its own GPUs.
+#[test]
+fn any_use_of_a_gpu_not_given_is_stopped() {
+    let mut dog = watchdog();
+    let t0 = Instant::now();
+    let mut stray = usage("p", "GPU-1", Some(20 * GIB), 1 << 20, &[7]);
+    stray.given = false;
+    let readings = [usage("p", "GPU-0", Some(20 * GIB), 10 * GIB, &[6]), stray];
+    assert!(dog.observe(t0, &readings).is_empty());
+    let orders = dog.observe(t0 + Duration::from_secs(5), &readings);
+    assert_eq!(orders.len(), 1, "{orders:?}");
+    assert_eq!(
+        (orders[0].gpu.as_str(), orders[0].budget_bytes),
+        ("GPU-1", 0)
+    );
+    assert_eq!(orders[0].pids, vec![6, 7]);
+    assert!(
+        orders[0].reason.contains("did not give it"),
+        "{}",
+        orders[0].reason
+    );
+    // Without a budget at all (not watched) it is still stopped there.
+    let mut bare = usage("q", "GPU-1", None, 1 << 20, &[8]);
+    bare.given = false;
+    dog.observe(t0, std::slice::from_ref(&bare));
+    assert_eq!(dog.observe(t0 + Duration::from_secs(5), &[bare]).len(), 1);
 }

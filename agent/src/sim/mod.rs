@@ -218,6 +218,7 @@ impl NodeBackend for SimNode {
                             training_job: p.training_job.clone(),
                             container: p.containers.first().cloned(),
                             budget_bytes: p.budget_bytes,
+                            gpus: None,
                             stats_dir: None,
                             namespace_pid: None,
                         },
