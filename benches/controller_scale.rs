@@ -690,6 +690,7 @@ fn start_controller(
         .args(["--namespace", namespace])
         .args(["--node-selector", &format!("{POOL_LABEL}={pool}")])
         .args(["--metrics-addr", &format!("127.0.0.1:{metrics_port}")])
+        .args(["--ui-addr", &format!("127.0.0.1:{metrics_port}")])
         .args(["--cycle-seconds", &args.cycle_seconds.to_string()])
         .args(["--status-writers", &args.status_writers.to_string()])
         .env("KUBECONFIG", kubeconfig)

@@ -66,7 +66,7 @@ if [[ -f $state/controller.pid ]]; then
   kill "$(cat "$state/controller.pid")" 2>/dev/null || true
 fi
 "$bin/vramfit" controller --no-leader-election \
-  --metrics-addr 127.0.0.1:18080 >"$state/controller.log" 2>&1 &
+  --metrics-addr 127.0.0.1:18080 --ui-addr 127.0.0.1:18080 >"$state/controller.log" 2>&1 &
 echo $! >"$state/controller.pid"
 
 log "applying examples/ (namespace ml) and waiting for the jobs to run"

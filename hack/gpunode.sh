@@ -402,7 +402,8 @@ up() {
     log "no GPU: a simulated GpuNode (no measurements) stands in for the agent"
     start_bg agent simulated_gpunode "$node"
   fi
-  start_bg controller "$vb/vramfit" controller --no-leader-election --metrics-addr "127.0.0.1:$(free_port)"
+  ui_port=$(free_port)
+  start_bg controller "$vb/vramfit" controller --no-leader-election --metrics-addr "127.0.0.1:$ui_port" --ui-addr "127.0.0.1:$ui_port"
   # The agent has reported (after its probe): the GpuNode lists GPUs.
   wait_for 90 "GpuNode $node" gpunode_has_gpus "$node" || { tail -20 "$dir/agent.log" >&2; return 1; }
   log "up in $(( ($(now_ms) - t0) ))ms; KUBECONFIG=$kubeconfig"

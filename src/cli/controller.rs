@@ -26,9 +26,14 @@ pub struct ControllerArgs {
     /// Seconds between scheduling cycles when nothing changes.
     #[arg(long, default_value_t = 5)]
     pub cycle_seconds: u64,
-    /// Address of the Prometheus `/metrics` endpoint.
+    /// Address of the Prometheus `/metrics` endpoint (and `/healthz`).
     #[arg(long, default_value = "0.0.0.0:8080")]
     pub metrics_addr: SocketAddr,
+    /// Address of the `/ui` page. It shows every namespace to whoever reaches
+    /// it, so it stays on loopback unless you choose otherwise (`kubectl
+    /// port-forward` reaches it); the metrics address serves both.
+    #[arg(long, default_value = "127.0.0.1:8081")]
+    pub ui_addr: SocketAddr,
     /// Run without leader election (a single replica).
     #[arg(long)]
     pub no_leader_election: bool,
@@ -64,6 +69,7 @@ impl ControllerArgs {
             policy: self.policy,
             cycle_interval: Duration::from_secs(self.cycle_seconds.max(1)),
             metrics_addr: Some(self.metrics_addr),
+            ui_addr: Some(self.ui_addr),
             lease: (!self.no_leader_election).then(|| LeaseOptions {
                 namespace: self.lease_namespace.clone(),
                 name: self.lease_name.clone(),

@@ -29,8 +29,13 @@ pub struct ControllerOptions {
     pub policy: PolicyKind,
     /// Seconds between scheduling cycles when nothing wakes the scheduler.
     pub cycle_interval: Duration,
-    /// Where `/metrics` is served (none when `None`).
+    /// Where `/metrics` and `/healthz` are served (none when `None`).
     pub metrics_addr: Option<SocketAddr>,
+    /// Where the `/ui` page is served (none when `None`): it shows every
+    /// namespace and has no authentication of its own, so by default only
+    /// on loopback, reached through `kubectl port-forward`. The same address
+    /// as `metrics_addr` serves both on one listener.
+    pub ui_addr: Option<SocketAddr>,
     /// Lease used for leader election (none: run without election).
     pub lease: Option<LeaseOptions>,
     /// Node folder of the pods' stats folders (docs/node-protocol.md).
@@ -60,6 +65,7 @@ impl Default for ControllerOptions {
             policy: PolicyKind::Vramfit,
             cycle_interval: Duration::from_secs(5),
             metrics_addr: None,
+            ui_addr: None,
             lease: None,
             stats_root: crate::job::keys::DEFAULT_STATS_ROOT.into(),
             status_writers: status_writer::DEFAULT_WRITERS,

@@ -1,6 +1,7 @@
 //! The controller's HTTP server: Prometheus metrics, health, and the `/ui`
 //! page (the same view as `vramfit status`).
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -44,25 +45,62 @@ impl UiSource {
     }
 }
 
-pub(super) async fn serve_metrics(
-    listener: tokio::net::TcpListener,
-    metrics: Arc<Metrics>,
-    ui: UiSource,
-) -> Result<()> {
+/// What a listener serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pages {
+    /// `/metrics` and `/healthz`.
+    pub metrics: bool,
+    /// `/ui` and `/ui/status.json`.
+    pub ui: bool,
+}
+
+/// The listeners to open and what each serves: one when both addresses are
+/// the same.
+pub fn listeners(metrics: Option<SocketAddr>, ui: Option<SocketAddr>) -> Vec<(SocketAddr, Pages)> {
+    let mut out: Vec<(SocketAddr, Pages)> = Vec::new();
+    if let Some(addr) = metrics {
+        out.push((
+            addr,
+            Pages {
+                metrics: true,
+                ui: ui == Some(addr),
+            },
+        ));
+    }
+    if let Some(addr) = ui.filter(|a| Some(*a) != metrics) {
+        out.push((
+            addr,
+            Pages {
+                metrics: false,
+                ui: true,
+            },
+        ));
+    }
+    out
+}
+
+/// The routes of `pages`.
+pub(super) fn router(pages: Pages, metrics: Arc<Metrics>, ui: UiSource) -> axum::Router {
     use axum::http::{StatusCode, header};
     use axum::response::{IntoResponse, Redirect};
     use axum::{Router, routing::get};
+    let mut app = Router::new();
+    if pages.metrics {
+        app = app
+            .route(
+                "/metrics",
+                get(move || {
+                    let m = metrics.clone();
+                    async move { m.encode() }
+                }),
+            )
+            .route("/healthz", get(|| async { "ok" }));
+    }
+    if !pages.ui {
+        return app;
+    }
     let page_source = ui.clone();
-    let app = Router::new()
-        .route(
-            "/metrics",
-            get(move || {
-                let m = metrics.clone();
-                async move { m.encode() }
-            }),
-        )
-        .route("/healthz", get(|| async { "ok" }))
-        .route("/", get(|| async { Redirect::temporary("/ui") }))
+    app.route("/", get(|| async { Redirect::temporary("/ui") }))
         .route(
             "/ui",
             get(move || {
@@ -96,14 +134,24 @@ pub(super) async fn serve_metrics(
                     }
                 }
             }),
-        );
+        )
+}
+
+pub(super) async fn serve_metrics(
+    listener: tokio::net::TcpListener,
+    app: axum::Router,
+) -> Result<()> {
     let addr = listener
         .local_addr()
         .map_or_else(|_| "?".into(), |a| a.to_string());
     axum::serve(listener, app)
         .await
         .map_err(|source| Error::Io {
-            path: format!("metrics server on {addr}"),
+            path: format!("HTTP server on {addr}"),
             source,
         })
 }
+
+#[cfg(test)]
+#[path = "http_tests.rs"]
+mod tests;

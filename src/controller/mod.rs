@@ -69,24 +69,34 @@ const CYCLE_BATCH_WINDOW: Duration = Duration::from_millis(100);
 pub async fn run(client: Client, options: ControllerOptions) -> Result<()> {
     let metrics = Arc::new(Metrics::default());
     let mut tasks = supervise::Supervisor::default();
-    if let Some(addr) = options.metrics_addr {
-        let ui = UiSource {
-            client: client.clone(),
-            namespace: options.namespace.clone(),
-            node_selector: options.node_selector.clone(),
-            heartbeat_ttl: options.heartbeat_ttl,
+    let ui = UiSource {
+        client: client.clone(),
+        namespace: options.namespace.clone(),
+        node_selector: options.node_selector.clone(),
+        heartbeat_ttl: options.heartbeat_ttl,
+    };
+    // Bound before the election, so a standby serves /healthz and /ui too
+    // and a taken address fails the start-up rather than a task later.
+    for (addr, pages) in http::listeners(options.metrics_addr, options.ui_addr) {
+        let flag = if pages.metrics {
+            "--metrics-addr"
+        } else {
+            "--ui-addr"
         };
-        // Bound before the election, so a standby serves /healthz and /ui too
-        // and a taken address fails the start-up rather than a task later.
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .map_err(|source| Error::Io {
-                path: format!("--metrics-addr {addr}"),
+                path: format!("{flag} {addr}"),
                 source,
             })?;
+        let router = http::router(pages, metrics.clone(), ui.clone());
         tasks.spawn(
-            "metrics server",
-            serve_metrics(listener, metrics.clone(), ui),
+            if pages.metrics {
+                "metrics server"
+            } else {
+                "ui server"
+            },
+            serve_metrics(listener, router),
         );
     }
     let mut lease_manager = None;

@@ -462,6 +462,7 @@ impl TestCluster {
                 &format!("vramfit.dev/pool={}", self.pool),
             ])
             .args(["--metrics-addr", metrics_addr])
+            .args(["--ui-addr", metrics_addr])
             .env("KUBECONFIG", kubeconfig)
             .env("RUST_LOG", "warn,vramfit=info")
             .stdout(stdout)

@@ -1,33 +1,60 @@
-// Command vramfit-nri-cdi is a containerd NRI plugin that gives a container the
-// CDI devices its pod asks for in annotations:
+// Command vramfit-nri-cdi is a containerd NRI plugin that gives the containers
+// of vramfit's training pods the GPUs of their placement as CDI devices, and
+// no GPU to any other container.
+//
+// A training pod names its devices in annotations (the convention of the NRI
+// device-injector sample plugin):
 //
 //	cdi-devices.noderesource.dev/container.<container name>: |
 //	  - nvidia.com/gpu=GPU-8c5d...
 //	cdi-devices.noderesource.dev/pod: |    (every container of the pod)
-//	  - nvidia.com/gpu=0
+//	  - nvidia.com/gpu=GPU-8c5d...
 //
 // The kubelet passes pod annotations to the runtime only as sandbox
 // annotations, never as the container annotations containerd's own CDI
 // support reads, so without a device plugin or DRA a pod cannot otherwise name
 // the GPU it was placed on. containerd resolves the names against the CDI
-// specs in its cdi_spec_dirs (hack/node/cdi.py writes the GPU's) and fails the
-// container if a name is unknown.
+// specs in its cdi_spec_dirs (hack/node/nodecfg.py cdi writes the GPUs') and
+// fails the container if a name is unknown.
 //
-// A pod without the annotation gets the GPU UUIDs of its NVIDIA_VISIBLE_DEVICES.
+// What the plugin trusts and what it refuses (Decide):
+//
+//   - A pod is a training pod when it carries the label vramfit.dev/training-job
+//     and an annotation vramfit.dev/placement that parses as the controller's
+//     placement JSON (a "gpus" list of {index, uuid}). The node cannot see
+//     owner references, so these two are what it trusts; that only the
+//     controller writes them is the cluster's admission policy's to enforce.
+//   - A training pod's container gets the CDI devices its annotations ask for,
+//     each of which must be nvidia.com/gpu=<UUID of a GPU of the placement>:
+//     any other name (another GPU, an index, "all", another CDI kind) fails
+//     the container.
+//   - Any other pod that asks for a device by annotation fails the container
+//     ("not a vramfit training pod").
+//   - A placement annotation that does not parse fails the container.
+//   - NVIDIA_VISIBLE_DEVICES from the container (pod spec, envFrom, image) is
+//     never trusted: the plugin sets it on every container, to the UUIDs it
+//     injected or to "void" (no GPU for the NVIDIA container runtime).
+//     containerd applies the adjustment to the first occurrence of the
+//     variable and lets a later one overwrite it (an image's and the pod's
+//     both present), so a container with several occurrences whose last one
+//     differs from the plugin's value fails too.
 //
 // containerd starts it from its NRI plugin_path (as 10-vramfit-cdi); started
 // by hand it connects to --socket. containerd gives a plugin it starts neither
 // arguments nor an output, so what it did goes to the file its NRI
 // configuration names (plugin_config_path/10-vramfit-cdi.conf, `log: PATH`),
-// one line per container.
+// one line per container given devices, refused, or whose own
+// NVIDIA_VISIBLE_DEVICES was replaced.
 package main
 
 import (
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -36,9 +63,24 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-// AnnotationPrefix is the key prefix of CDI device requests, the one the NRI
-// device-injector sample plugin uses.
-const AnnotationPrefix = "cdi-devices.noderesource.dev/"
+const (
+	// AnnotationPrefix is the key prefix of CDI device requests, the one the
+	// NRI device-injector sample plugin uses.
+	AnnotationPrefix = "cdi-devices.noderesource.dev/"
+	// JobLabel is the label the controller puts on a training pod: the name
+	// of its TrainingJob.
+	JobLabel = "vramfit.dev/training-job"
+	// PlacementAnnotation is the annotation the controller puts on a training
+	// pod: the attempt's placement, JSON.
+	PlacementAnnotation = "vramfit.dev/placement"
+	// GPUKind is the CDI kind of the node's GPUs; each is named by its UUID.
+	GPUKind = "nvidia.com/gpu"
+	// VisibleDevices is the variable the NVIDIA container runtime reads.
+	VisibleDevices = "NVIDIA_VISIBLE_DEVICES"
+	// NoGPU is the NVIDIA_VISIBLE_DEVICES value of a container without a GPU:
+	// the NVIDIA container runtime then leaves it alone.
+	NoGPU = "void"
+)
 
 // DevicesFor returns the CDI device names the annotations ask for on the
 // container named ctr: the pod-wide list, then the container's own, without
@@ -71,30 +113,165 @@ func DevicesFor(annotations map[string]string, ctr string) ([]string, error) {
 	return out, nil
 }
 
-// FromVisibleDevices is the fallback for pods without the annotation (a
-// controller older than it): the GPU UUIDs of NVIDIA_VISIBLE_DEVICES, as
-// nvidia.com/gpu devices. "all", "none", "void" and indexes are not taken.
-func FromVisibleDevices(env []string) []string {
+// Placement is the part of the controller's placement annotation the plugin
+// reads (the controller's PlacementStatus, camelCase JSON; other fields are
+// ignored).
+type Placement struct {
+	Node string      `json:"node"`
+	GPUs []PlacedGPU `json:"gpus"`
+}
+
+// PlacedGPU is one GPU of a placement.
+type PlacedGPU struct {
+	Index int    `json:"index"`
+	UUID  string `json:"uuid"`
+}
+
+// ParsePlacement reads a placement annotation: a JSON object with a "gpus"
+// list, each GPU with a UUID that is one name (no comma, no space).
+func ParsePlacement(value string) (Placement, error) {
+	var p Placement
+	if err := json.Unmarshal([]byte(value), &p); err != nil {
+		return Placement{}, fmt.Errorf("not the controller's placement JSON: %w", err)
+	}
+	if p.GPUs == nil {
+		return Placement{}, fmt.Errorf("not the controller's placement JSON: no \"gpus\" list")
+	}
+	for i, g := range p.GPUs {
+		if g.UUID == "" || strings.ContainsAny(g.UUID, ", \t\r\n=") {
+			return Placement{}, fmt.Errorf("gpus[%d]: %q is not a GPU UUID", i, g.UUID)
+		}
+	}
+	return p, nil
+}
+
+func (p Placement) uuids() []string {
+	out := make([]string, 0, len(p.GPUs))
+	for _, g := range p.GPUs {
+		out = append(out, g.UUID)
+	}
+	return out
+}
+
+// Decide is what the plugin does with one container: the CDI devices to
+// inject and the NVIDIA_VISIBLE_DEVICES value to set (the injected GPUs'
+// UUIDs, comma-separated, or NoGPU), or the error that fails the container.
+// labels and annotations are the pod sandbox's (the pod's own), ctr the
+// container's name and env its environment as containerd built it (image,
+// then pod spec).
+func Decide(labels, annotations map[string]string, ctr string, env []string) ([]string, string, error) {
+	requested, err := DevicesFor(annotations, ctr)
+	if err != nil {
+		return nil, "", err
+	}
+	raw, hasPlacement := annotations[PlacementAnnotation]
+	var placement Placement
+	if hasPlacement {
+		if placement, err = ParsePlacement(raw); err != nil {
+			return nil, "", fmt.Errorf("annotation %s: %w", PlacementAnnotation, err)
+		}
+	}
+	visible := NoGPU
+	if len(requested) > 0 {
+		if job := labels[JobLabel]; job == "" || !hasPlacement {
+			var missing []string
+			if job == "" {
+				missing = append(missing, "label "+JobLabel)
+			}
+			if !hasPlacement {
+				missing = append(missing, "annotation "+PlacementAnnotation)
+			}
+			return nil, "", fmt.Errorf("not a vramfit training pod: it asks for CDI devices (%s) but has no %s; only vramfit's training pods get GPUs on this node",
+				strings.Join(requested, ", "), strings.Join(missing, " and no "))
+		}
+		held := placement.uuids()
+		var uuids []string
+		for _, name := range requested {
+			kind, dev, _ := strings.Cut(name, "=")
+			if kind != GPUKind {
+				return nil, "", fmt.Errorf("CDI device %s refused: a training pod gets only %s=<UUID> devices of its placement (%s)",
+					name, GPUKind, strings.Join(held, ", "))
+			}
+			if !slices.Contains(held, dev) {
+				return nil, "", fmt.Errorf("CDI device %s refused: not a GPU of the pod's placement (%s)", name, strings.Join(held, ", "))
+			}
+			uuids = append(uuids, dev)
+		}
+		visible = strings.Join(uuids, ",")
+	}
+	if err := checkVisibleDevices(env, visible); err != nil {
+		return nil, "", err
+	}
+	return requested, visible, nil
+}
+
+// visibleDevicesOf returns the values of every NVIDIA_VISIBLE_DEVICES entry
+// of env, in order.
+func visibleDevicesOf(env []string) []string {
 	var out []string
 	for _, kv := range env {
-		value, ok := strings.CutPrefix(kv, "NVIDIA_VISIBLE_DEVICES=")
-		if !ok {
-			continue
-		}
-		out = nil
-		for _, id := range strings.Split(value, ",") {
-			if id = strings.TrimSpace(id); strings.HasPrefix(id, "GPU-") {
-				out = append(out, "nvidia.com/gpu="+id)
-			}
+		if value, ok := strings.CutPrefix(kv, VisibleDevices+"="); ok {
+			out = append(out, value)
 		}
 	}
 	return out
 }
 
+// checkVisibleDevices refuses an environment where the plugin's
+// NVIDIA_VISIBLE_DEVICES would not be the one the container gets. containerd
+// builds the environment from the image's then the pod's variables without
+// merging repeats, and its NRI adjustment (runtime-tools' generator) replaces
+// only the first occurrence of a variable: each later one overwrites it. So
+// with two occurrences or more the last one wins; it must name the same
+// devices as the plugin's value.
+func checkVisibleDevices(env []string, visible string) error {
+	values := visibleDevicesOf(env)
+	if len(values) < 2 {
+		return nil
+	}
+	last := values[len(values)-1]
+	if !sameDevices(last, visible) {
+		return fmt.Errorf("the container's environment sets %s %d times (image and pod): containerd would keep the last one, %q, over the plugin's %q; only vramfit sets it (to the GPUs of the pod's placement)",
+			VisibleDevices, len(values), last, visible)
+	}
+	return nil
+}
+
+// sameDevices reports whether two NVIDIA_VISIBLE_DEVICES values name the same
+// set of devices.
+func sameDevices(a, b string) bool {
+	set := func(v string) []string {
+		var out []string
+		for _, id := range strings.Split(v, ",") {
+			if id = strings.TrimSpace(id); id != "" {
+				out = append(out, id)
+			}
+		}
+		slices.Sort(out)
+		return slices.Compact(out)
+	}
+	return slices.Equal(set(a), set(b))
+}
+
+// Adjustment is the container adjustment for Decide's answer: the CDI devices
+// and NVIDIA_VISIBLE_DEVICES. The variable is removed first, so that the
+// plugin's value replaces one another plugin set instead of conflicting with
+// it; containerd then replaces the container's own value with it.
+func Adjustment(devices []string, visible string) *api.ContainerAdjustment {
+	adjust := &api.ContainerAdjustment{}
+	for _, name := range devices {
+		adjust.AddCDIDevice(&api.CDIDevice{Name: name})
+	}
+	adjust.RemoveEnv(VisibleDevices)
+	adjust.AddEnv(VisibleDevices, visible)
+	return adjust
+}
+
 // Config is the plugin's NRI configuration (YAML).
 type Config struct {
 	// Log is a file the plugin appends one line to per container it gave
-	// devices (and per refusal); empty: standard error.
+	// devices, refused, or whose own NVIDIA_VISIBLE_DEVICES it replaced;
+	// empty: standard error.
 	Log string `json:"log"`
 }
 
@@ -135,24 +312,20 @@ func (p *plugin) Configure(_ context.Context, config, runtime, version string) (
 }
 
 func (p *plugin) CreateContainer(_ context.Context, pod *api.PodSandbox, ctr *api.Container) (*api.ContainerAdjustment, []*api.ContainerUpdate, error) {
-	names, err := DevicesFor(pod.GetAnnotations(), ctr.GetName())
+	devices, visible, err := Decide(pod.GetLabels(), pod.GetAnnotations(), ctr.GetName(), ctr.GetEnv())
 	if err != nil {
 		p.logf("pod %s/%s container %s refused: %v", pod.GetNamespace(), pod.GetName(), ctr.GetName(), err)
-		return nil, nil, fmt.Errorf("pod %s/%s: %w", pod.GetNamespace(), pod.GetName(), err)
+		return nil, nil, fmt.Errorf("vramfit-nri-cdi: pod %s/%s container %s: %w", pod.GetNamespace(), pod.GetName(), ctr.GetName(), err)
 	}
-	from := "annotation"
-	if len(names) == 0 {
-		names, from = FromVisibleDevices(ctr.GetEnv()), "NVIDIA_VISIBLE_DEVICES"
+	switch own := visibleDevicesOf(ctr.GetEnv()); {
+	case len(devices) > 0:
+		p.logf("pod %s/%s container %s: %s (%s=%s)",
+			pod.GetNamespace(), pod.GetName(), ctr.GetName(), strings.Join(devices, ","), VisibleDevices, visible)
+	case len(own) > 0 && !sameDevices(own[len(own)-1], visible):
+		p.logf("pod %s/%s container %s: no device; its %s=%s replaced by %s",
+			pod.GetNamespace(), pod.GetName(), ctr.GetName(), VisibleDevices, own[len(own)-1], visible)
 	}
-	adjust := &api.ContainerAdjustment{}
-	for _, name := range names {
-		adjust.AddCDIDevice(&api.CDIDevice{Name: name})
-	}
-	if len(names) > 0 {
-		p.logf("pod %s/%s container %s: %s (from the %s)",
-			pod.GetNamespace(), pod.GetName(), ctr.GetName(), strings.Join(names, ","), from)
-	}
-	return adjust, nil, nil
+	return Adjustment(devices, visible), nil, nil
 }
 
 func main() {
