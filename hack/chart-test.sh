@@ -235,6 +235,15 @@ done
 tj plain "$plain" | refused alice "a plain template under restricted" "allowPrivilegeEscalation=false" apply -f -
 tj strict '{securityContext: {runAsNonRoot: true, seccompProfile: {type: RuntimeDefault}}, containers: [{name: t, image: i, securityContext: {allowPrivilegeEscalation: false, capabilities: {drop: [ALL]}}}]}' |
   allowed alice "a template that meets restricted" apply -f -
+# One object nested past the controller's JSON parser (128 levels) would make
+# every TrainingJob LIST fail: refused at admission, whatever the level.
+deep=$(python3 -c 'print("[" * 130 + "]" * 130)')
+tj deep "{containers: [{name: t, image: i}], nodeSelector: {}, x: $deep}" |
+  refused alice "a template nested 130 levels" "spec.template nests more than 24 levels" apply -f -
+printf 'apiVersion: vramfit.dev/v1alpha1\nkind: TrainingJob\nmetadata: {name: deepcfg, namespace: team-a}\nspec:\n  batch: {global: 8, micro: 8}\n  model: {huggingFace: {seqLen: 128, config: {model_type: gpt2, x: %s}}}\n  template: {spec: {containers: [{name: t, image: i}]}}\n' "$deep" |
+  refused alice "a Hugging Face config nested 130 levels" "huggingFace.config nests more than 24 levels" apply -f -
+tj habit '{containers: [{name: t, image: i, resources: {limits: {nvidia.com/gpu: 1}}}]}' |
+  refused alice "nvidia.com/gpu in the template, out of habit" "leave out resources nvidia.com/gpu" apply -f -
 render --set tenancy.podSecurity=none --show-only templates/tenancy.yaml | grep -q trainingjob-pod-security &&
   fail "tenancy.podSecurity=none still renders the policy"
 render --show-only templates/tenancy.yaml | k apply -f - >/dev/null

@@ -21,6 +21,10 @@ use scheduler::{
     Assignments, Verdict, current_attempt, is_waiting, plan_cycle, recorded_placements,
 };
 
+/// How long the first cycle waits after the caches are listed, for writes
+/// an earlier controller had in flight to reach the watches.
+pub const STARTUP_SETTLE: Duration = Duration::from_secs(5);
+
 pub(super) async fn scheduling_loop(
     ctx: Arc<Context>,
     jobs: Store<TrainingJob>,
@@ -37,6 +41,11 @@ pub(super) async fn scheduling_loop(
     wait_ready(&nodes).await?;
     // Pods hold memory their jobs' status may not record (`pod_ledger`).
     wait_ready(&ctx.pods).await?;
+    // A controller that stopped (or was killed) with a pod create in flight:
+    // the API server may commit that pod after the list above. Planning
+    // without it would place its memory twice; its watch event lands within
+    // the settle time.
+    tokio::time::sleep(STARTUP_SETTLE).await;
     tracing::debug!("caches ready; scheduling starts");
     let ttl = heartbeat_ttl(&options);
     let mut deleting = HashMap::new();

@@ -165,7 +165,8 @@ async fn apply(job: &TrainingJob, ctx: &Context) -> Result<Action> {
                     tracing::info!(
                         job = %job.name_any(),
                         attempt = theirs.attempt,
-                        node = theirs.node,
+                        ours = ?placement,
+                        theirs = ?theirs,
                         "the attempt's pod exists with another placement: adopted"
                     );
                     ctx.assignments

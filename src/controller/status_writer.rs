@@ -69,9 +69,18 @@ pub enum Write {
         /// The status.
         status: Box<TrainingJobStatus>,
     },
-    /// Nothing to write: the job is gone, its status was written since, or
-    /// the job changed and its reconcile decides again.
+    /// Nothing to write: the job is gone or its status was written since.
     Skip,
+    /// The job changed since the held status was made (another writer, a
+    /// late write of a stopped controller): the held status is dropped and
+    /// the attempt's placement marked unwritten, so the job's reconcile
+    /// decides again instead of waiting for a write that never comes.
+    Stale {
+        /// The version the dropped status was made from.
+        resource_version: String,
+        /// The attempt of its placement, if it records one.
+        attempt: Option<u32>,
+    },
 }
 
 /// Decides the write of a queued job.
@@ -79,8 +88,14 @@ pub fn plan(held: Option<&HeldPrediction>, cached: Option<&TrainingJob>) -> Writ
     let (Some(held), Some(job)) = (held, cached) else {
         return Write::Skip;
     };
-    if !held.deferred_write || job.resource_version().as_deref() != Some(&held.resource_version) {
+    if !held.deferred_write {
         return Write::Skip;
+    }
+    if job.resource_version().as_deref() != Some(&held.resource_version) {
+        return Write::Stale {
+            resource_version: held.resource_version.clone(),
+            attempt: held.status.placement.as_ref().map(|p| p.attempt),
+        };
     }
     Write::Status {
         resource_version: held.resource_version.clone(),
@@ -137,12 +152,22 @@ async fn write(
     let cached = jobs.get(job);
     let uid = cached.as_ref().and_then(|j| j.uid()).unwrap_or_default();
     let held = ctx.held.get_any(&uid);
-    let Write::Status {
-        resource_version,
-        status,
-    } = plan(held.as_ref(), cached.as_deref())
-    else {
-        return Ok(());
+    let (resource_version, status) = match plan(held.as_ref(), cached.as_deref()) {
+        Write::Status {
+            resource_version,
+            status,
+        } => (resource_version, status),
+        Write::Skip => return Ok(()),
+        Write::Stale {
+            resource_version,
+            attempt,
+        } => {
+            ctx.held.forget_if(&uid, &resource_version);
+            if let Some(attempt) = attempt {
+                ctx.assignments.unmark_recorded(&uid, attempt);
+            }
+            return Ok(());
+        }
     };
     let api: Api<TrainingJob> = Api::namespaced(
         ctx.client.clone(),

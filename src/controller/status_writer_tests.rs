@@ -35,11 +35,6 @@ fn only_a_deferred_placement_of_the_cached_version_is_written() {
         ("nothing held", None, Some(job("7"))),
         ("the job is gone", Some(held("7", true)), None),
         (
-            "the job changed since",
-            Some(held("7", true)),
-            Some(job("8")),
-        ),
-        (
             "a held prediction, written with its verdict",
             Some(held("7", false)),
             Some(job("7")),
@@ -48,6 +43,37 @@ fn only_a_deferred_placement_of_the_cached_version_is_written() {
     for (case, held, cached) in cases {
         assert_eq!(plan(held.as_ref(), cached.as_ref()), Write::Skip, "{case}");
     }
+}
+
+/// A deferred placement made from a version the job has since left is not
+/// written and not forgotten either: the writer drops it and names the
+/// attempt, whose placement the job's reconcile then writes anew.
+#[test]
+fn a_deferred_placement_of_an_older_version_is_stale() {
+    let mut placed = held("7", true);
+    placed.status.placement = Some(crate::api::PlacementStatus {
+        node: "n".into(),
+        gpus: vec![],
+        budget_bytes: 1,
+        memory_fraction: 0.1,
+        attempt: 3,
+        gpu_model: None,
+        micro_batch: None,
+    });
+    assert_eq!(
+        plan(Some(&placed), Some(&job("8"))),
+        Write::Stale {
+            resource_version: "7".into(),
+            attempt: Some(3)
+        }
+    );
+    assert_eq!(
+        plan(Some(&held("7", true)), Some(&job("8"))),
+        Write::Stale {
+            resource_version: "7".into(),
+            attempt: None
+        }
+    );
 }
 
 fn api_error(code: u16) -> kube::Error {
