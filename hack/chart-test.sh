@@ -86,7 +86,8 @@ grep -q 'path: /srv/vramfit/stats$' <<<"$out" || fail "the agent's hostPath is n
 passed=$((passed + 1))
 
 log "the agent reaches the GPUs as configured"
-render | grep -q 'runtimeClassName: nvidia' || fail "no runtimeClassName by default"
+out=$(render)
+grep -q 'runtimeClassName: nvidia' <<<"$out" || fail "no runtimeClassName by default"
 out=$(render --set agent.gpuAccess=cdi --set 'agent.cdiDevices={nvidia.com/gpu=0,nvidia.com/gpu=1}')
 grep -q 'runtimeClassName' <<<"$out" && fail "runtimeClassName set with gpuAccess=cdi"
 grep -q 'cdi.k8s.io/vramfit-agent: "nvidia.com/gpu=0,nvidia.com/gpu=1"' <<<"$out" || fail "no CDI annotation"
@@ -179,7 +180,8 @@ k create namespace team-a --dry-run=client -o yaml | k apply -f - >/dev/null
 k label --overwrite namespace team-a pod-security.kubernetes.io/enforce=baseline >/dev/null
 # No kube-controller-manager here aggregates the default roles: bind the
 # chart's aggregated role and pod rights directly (the labels are checked).
-render --show-only templates/tenancy.yaml | grep -q 'rbac.authorization.k8s.io/aggregate-to-edit: "true"' ||
+tenancy=$(render --show-only templates/tenancy.yaml)
+grep -q 'rbac.authorization.k8s.io/aggregate-to-edit: "true"' <<<"$tenancy" ||
   fail "the TrainingJob role is not aggregated into edit"
 k create clusterrole chart-test-pods --verb=create,get,list --resource=pods --dry-run=client -o yaml | k apply -f - >/dev/null
 k create rolebinding alice-tj -n team-a --clusterrole="$release-trainingjobs-edit" --user=alice --dry-run=client -o yaml | k apply -f - >/dev/null
@@ -244,8 +246,9 @@ printf 'apiVersion: vramfit.dev/v1alpha1\nkind: TrainingJob\nmetadata: {name: de
   refused alice "a Hugging Face config nested 130 levels" "huggingFace.config nests more than 24 levels" apply -f -
 tj habit '{containers: [{name: t, image: i, resources: {limits: {nvidia.com/gpu: 1}}}]}' |
   refused alice "nvidia.com/gpu in the template, out of habit" "leave out resources nvidia.com/gpu" apply -f -
-render --set tenancy.podSecurity=none --show-only templates/tenancy.yaml | grep -q trainingjob-pod-security &&
-  fail "tenancy.podSecurity=none still renders the policy"
+tenancy=$(render --set tenancy.podSecurity=none --show-only templates/tenancy.yaml)
+grep -q trainingjob-pod-security <<<"$tenancy" && fail "tenancy.podSecurity=none still renders the policy"
+grep -q trainingjob-bounds <<<"$tenancy" || fail "tenancy.podSecurity=none drops the nesting bound too"
 render --show-only templates/tenancy.yaml | k apply -f - >/dev/null
 passed=$((passed + 1))
 
