@@ -143,10 +143,21 @@ async fn apply(job: &TrainingJob, ctx: &Context) -> Result<Action> {
                 None => predicted,
             }
         }
-        // This process wrote the placement already: the cached job lags the
-        // write, whose watch event brings the job back.
+        // This process wrote the placement already (or the status writer
+        // is about to): the cached job lags the write, whose watch event
+        // brings the job back. A deferred write no longer held (a later
+        // prediction replaced it) is lost: with the attempt's pod in the
+        // cache the placement is recorded again below (its create answers
+        // AlreadyExists); without it, nothing is created.
         Step::RecordPlacement { placement, .. }
-            if ctx.assignments.is_recorded(&uid, placement.attempt) =>
+            if ctx.assignments.is_recorded(&uid, placement.attempt)
+                && (ctx.held.get_any(&uid).is_some_and(|h| h.deferred_write)
+                    || ctx
+                        .cached_pod(
+                            &job.namespace().unwrap_or_default(),
+                            &pod_name(&job.name_any(), placement.attempt),
+                        )
+                        .is_none()) =>
         {
             return Ok(Action::requeue(transition::WRITE_RESYNC));
         }
