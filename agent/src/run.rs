@@ -42,10 +42,11 @@ pub struct RunArgs {
     /// written at once).
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     min_write_gap: Duration,
-    /// Folder of the pods' stats folders (`<root>/<namespace>_<pod>`); must
-    /// match the controller's `--stats-root`.
-    #[arg(long, default_value = "/var/run/vramfit/pods")]
-    stats_root: PathBuf,
+    /// The kubelet's root folder (its `--root-dir`), where the agent reads
+    /// each training pod's stats `emptyDir`
+    /// (`<root>/pods/<uid>/volumes/kubernetes.io~empty-dir/vramfit-stats`).
+    #[arg(long, default_value = vramfit::job::keys::DEFAULT_KUBELET_ROOT)]
+    kubelet_root: PathBuf,
     /// The /proc to read (the host's: the agent runs with hostPID).
     #[arg(long, default_value = "/proc")]
     proc_root: PathBuf,
@@ -139,7 +140,7 @@ impl RunArgs {
             tolerance: self.tolerance,
             grace: self.grace,
         };
-        options.stats_root = self.stats_root.clone();
+        options.kubelet_root = self.kubelet_root.clone();
         options.proc_root = self.proc_root.clone();
         options.labels = parse_labels(&self.labels)?;
         options.local_budgets = self

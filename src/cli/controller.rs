@@ -43,11 +43,6 @@ pub struct ControllerArgs {
     /// Name of the leader-election Lease.
     #[arg(long, default_value = "vramfit-controller")]
     pub lease_name: String,
-    /// Node folder of the training pods' stats folders (a hostPath
-    /// `<root>/<namespace>_<pod>` mounted at /run/vramfit); must match the
-    /// node agent's `--stats-root`.
-    #[arg(long, default_value = crate::job::keys::DEFAULT_STATS_ROOT)]
-    pub stats_root: String,
     /// Placed statuses written at once by a writer of their own, after the
     /// pods (0: each in its job's reconcile, right after its pod).
     #[arg(long, default_value_t = crate::controller::status_writer::DEFAULT_WRITERS)]
@@ -75,7 +70,6 @@ impl ControllerArgs {
                 name: self.lease_name.clone(),
                 identity,
             }),
-            stats_root: self.stats_root.clone(),
             status_writers: self.status_writers,
         }
     }

@@ -38,8 +38,6 @@ pub struct ControllerOptions {
     pub ui_addr: Option<SocketAddr>,
     /// Lease used for leader election (none: run without election).
     pub lease: Option<LeaseOptions>,
-    /// Node folder of the pods' stats folders (docs/node-protocol.md).
-    pub stats_root: String,
     /// Placed statuses written at once after their pods (`status_writer`);
     /// 0 writes each in its job's reconcile.
     pub status_writers: usize,
@@ -67,7 +65,6 @@ impl Default for ControllerOptions {
             metrics_addr: None,
             ui_addr: None,
             lease: None,
-            stats_root: crate::job::keys::DEFAULT_STATS_ROOT.into(),
             status_writers: status_writer::DEFAULT_WRITERS,
         }
     }
@@ -94,8 +91,6 @@ pub struct Context {
     pub(super) gpu_models_cache: model_cache::GpuModelCache,
     pub(super) pods: Store<Pod>,
     pub(super) wake: Arc<Notify>,
-    /// Node folder of the pods' stats folders.
-    pub stats_root: String,
     /// Closed once this replica may no longer act as the leader.
     pub fence: Arc<fence::Fence>,
     /// Where placed statuses wait for the status writer.

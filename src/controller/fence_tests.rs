@@ -87,7 +87,6 @@ async fn a_reconcile_behind_a_closed_fence_fails_before_any_request() {
             gpu_models_cache: Default::default(),
             pods: reflector::store().0,
             wake: Default::default(),
-            stats_root: "/var/run/vramfit/pods".into(),
             fence: Arc::new(fence),
             status_queue: crate::controller::status_writer::StatusQueue::new().0,
             defer_placed_status: false,

@@ -191,7 +191,6 @@ pub async fn run(client: Client, options: ControllerOptions) -> Result<()> {
         gpu_models_cache: Default::default(),
         pods: pods.clone(),
         wake,
-        stats_root: options.stats_root.clone(),
         fence: leader_fence,
         status_queue,
         defer_placed_status: options.status_writers > 0,

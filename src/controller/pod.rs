@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    EnvVar, EnvVarSource, HostPathVolumeSource, ObjectFieldSelector, Pod, PodSpec, Volume,
+    EmptyDirVolumeSource, EnvVar, EnvVarSource, ObjectFieldSelector, Pod, PodSpec, Volume,
     VolumeMount,
 };
 use kube::Resource;
@@ -40,17 +40,17 @@ pub fn still_wanted(fresh: &TrainingJob, placement: &PlacementStatus) -> bool {
 /// Builds the pod of an attempt: the user's template, bound to the placed node,
 /// with the GPUs given through CDI (an annotation per container, see
 /// [`CDI_ANNOTATION_PREFIX`]) and `NVIDIA_VISIBLE_DEVICES`, the `VRAMFIT_*`
-/// variables the training helper reads and the stats folder under
-/// `stats_root` on the node (docs/node-protocol.md).
+/// variables the training helper reads and the stats folder, an `emptyDir`
+/// the agent reads through the kubelet's pod folder (docs/node-protocol.md).
+/// Nothing of the node is mounted, so a namespace under Pod Security
+/// (baseline or restricted) admits the pod as it admits the template.
 pub fn training_pod(
     job: &TrainingJob,
     placement: &PlacementStatus,
     shape: BatchShape,
     attempt: u32,
-    stats_root: &str,
 ) -> Result<Pod, String> {
     let name = job.metadata.name.clone().ok_or("job has no name")?;
-    let namespace = job.metadata.namespace.clone().unwrap_or_default();
     let pod = pod_name(&name, attempt);
     let owner = job.controller_owner_ref(&()).ok_or("job has no uid yet")?;
     let template = job.spec.pod_template()?;
@@ -82,9 +82,12 @@ pub fn training_pod(
     volumes.retain(|v| v.name != STATS_VOLUME);
     volumes.push(Volume {
         name: STATS_VOLUME.into(),
-        host_path: Some(HostPathVolumeSource {
-            path: stats_host_path(stats_root, &namespace, &pod),
-            type_: Some("DirectoryOrCreate".into()),
+        empty_dir: Some(EmptyDirVolumeSource {
+            // The counters and shape files are a few KiB.
+            size_limit: Some(k8s_openapi::apimachinery::pkg::api::resource::Quantity(
+                "16Mi".into(),
+            )),
+            ..EmptyDirVolumeSource::default()
         }),
         ..Volume::default()
     });

@@ -43,7 +43,7 @@ fn placement(attempt: u32) -> PlacementStatus {
 /// returns it (with a UID).
 fn pod_of(job: &TrainingJob, attempt: u32) -> Pod {
     let shape = BatchShape { micro: 8, accum: 1 };
-    let mut pod = training_pod(job, &placement(attempt), shape, attempt, "/stats").unwrap();
+    let mut pod = training_pod(job, &placement(attempt), shape, attempt).unwrap();
     pod.metadata.uid = Some(format!("pod-{}", pod.metadata.name.as_deref().unwrap()));
     pod
 }

@@ -91,7 +91,6 @@ fn pod_is_bound_to_the_placed_node_and_gpu_with_the_batch_variables() {
             accum: 16,
         },
         2,
-        DEFAULT_STATS_ROOT,
     )
     .unwrap();
     assert_eq!(pod.metadata.name.as_deref(), Some("gpt2-a2"));
@@ -135,7 +134,7 @@ fn pod_is_bound_to_the_placed_node_and_gpu_with_the_batch_variables() {
 fn pod_is_told_the_part_of_its_budget_kept_outside_the_allocator() {
     let shape = BatchShape { micro: 8, accum: 8 };
     let h200 = crate::predict::gpu_profile("H200").unwrap();
-    let pod = training_pod(&job(), &placement(), shape, 2, DEFAULT_STATS_ROOT).unwrap();
+    let pod = training_pod(&job(), &placement(), shape, 2).unwrap();
     assert_eq!(
         env_of(&pod)["VRAMFIT_CONTEXT_BYTES"],
         h200.context_bytes.to_string(),
@@ -148,7 +147,7 @@ fn pod_is_told_the_part_of_its_budget_kept_outside_the_allocator() {
     job.spec.gpus = 2;
     let mut placed = placement();
     placed.gpu_model = Some("L4".into());
-    let pod = training_pod(&job, &placed, shape, 2, DEFAULT_STATS_ROOT).unwrap();
+    let pod = training_pod(&job, &placed, shape, 2).unwrap();
     assert_eq!(
         env_of(&pod)["VRAMFIT_CONTEXT_BYTES"],
         (l4.context_bytes + l4.nccl_bytes).to_string(),
@@ -161,7 +160,7 @@ fn pod_gets_the_node_protocol_variables_and_its_stats_folder() {
     let shape = BatchShape { micro: 8, accum: 8 };
     let mut job = job();
     job.spec.batch.min_micro = 2;
-    let pod = training_pod(&job, &placement(), shape, 1, "/data/vramfit/").unwrap();
+    let pod = training_pod(&job, &placement(), shape, 1).unwrap();
     assert_eq!(pod.metadata.namespace.as_deref(), Some("ml"));
     let env = env_of(&pod);
     assert_eq!(env["VRAMFIT_MIN_MICRO_BATCH"], "2");
@@ -186,9 +185,11 @@ fn pod_gets_the_node_protocol_variables_and_its_stats_folder() {
     }
     let volumes = pod.spec.as_ref().unwrap().volumes.as_ref().unwrap();
     let stats = volumes.iter().find(|v| v.name == STATS_VOLUME).unwrap();
-    let host = stats.host_path.as_ref().unwrap();
-    assert_eq!(host.path, "/data/vramfit/ml_gpt2-a1");
-    assert_eq!(host.type_.as_deref(), Some("DirectoryOrCreate"));
+    // An emptyDir, nothing of the node: Pod Security baseline and
+    // restricted admit it.
+    let empty = stats.empty_dir.as_ref().unwrap();
+    assert_eq!(empty.size_limit.as_ref().map(|q| q.0.as_str()), Some("16Mi"));
+    assert!(volumes.iter().all(|v| v.host_path.is_none()));
     let mount = container
         .volume_mounts
         .as_ref()
@@ -209,7 +210,7 @@ fn template_variables_named_like_ours_are_replaced_and_the_rest_kept() {
                 {"name": "HF_HOME", "value": "/cache"}]}]}}))
     .unwrap();
     let shape = BatchShape { micro: 8, accum: 8 };
-    let pod = training_pod(&job, &placement(), shape, 1, DEFAULT_STATS_ROOT).unwrap();
+    let pod = training_pod(&job, &placement(), shape, 1).unwrap();
     let vars = pod.spec.unwrap().containers[0].env.clone().unwrap();
     let named = |name: &str| vars.iter().filter(|v| v.name == name).collect::<Vec<_>>();
     assert_eq!(named("HF_HOME").len(), 1, "the user's own variable stays");
@@ -246,7 +247,7 @@ fn a_template_asking_for_gpus_itself_gets_only_the_placed_one() {
                     {"name": "VRAMFIT_MEMORY_FRACTION", "value": "1.0"}]}]}}))
     .unwrap();
     let shape = BatchShape { micro: 8, accum: 8 };
-    let pod = training_pod(&job, &placement(), shape, 1, DEFAULT_STATS_ROOT).unwrap();
+    let pod = training_pod(&job, &placement(), shape, 1).unwrap();
     let annotations = pod.metadata.annotations.unwrap();
     let cdi: Vec<(&String, &String)> = annotations
         .iter()
@@ -289,7 +290,7 @@ fn a_template_volume_of_the_same_name_is_replaced_not_doubled() {
                                              {"name": "other", "mountPath": STATS_DIR}]}]}}))
     .unwrap();
     let shape = BatchShape { micro: 8, accum: 8 };
-    let pod = training_pod(&job, &placement(), shape, 1, DEFAULT_STATS_ROOT).unwrap();
+    let pod = training_pod(&job, &placement(), shape, 1).unwrap();
     let spec = pod.spec.unwrap();
     let names: Vec<&str> = spec
         .volumes

@@ -15,7 +15,7 @@ use super::held::HeldPrediction;
 use super::metrics::ErrorLabel;
 use super::pod::{still_wanted, training_pod};
 use super::pod_ledger;
-use super::retry;
+use super::retry::{self, PodRejection};
 use super::scheduler::Verdict;
 use super::status_patch::write_status;
 use super::transition::{self, Effect, PodFacts, PredictFacts, Requeue, Step, Transition};
@@ -184,7 +184,10 @@ async fn apply(job: &TrainingJob, ctx: &Context) -> Result<Action> {
                         .record(&uid, theirs.attempt, Verdict::Place(theirs.clone()));
                     transition::place(seen, status, theirs)
                 }
-                Err(message) => transition::invalid(job, status, &message),
+                Err(Refused::Template(message)) => transition::invalid(job, status, &message),
+                Err(Refused::Server(rejection)) => {
+                    transition::pod_rejected(job, status, &rejection)
+                }
             }
         }
         Step::ReportWaiting { status, attempt } => {
@@ -429,7 +432,10 @@ async fn follow_pod(
             // Its own pod, or one of another placement whose watch event
             // brings the job back to the pod ledger.
             Ok(_) => None,
-            Err(message) => Some(transition::invalid(job, status, &message)),
+            Err(Refused::Template(message)) => Some(transition::invalid(job, status, &message)),
+            Err(Refused::Server(rejection)) => {
+                Some(transition::pod_rejected(job, status, &rejection))
+            }
         });
     };
     let facts = PodFacts {
@@ -441,24 +447,31 @@ async fn follow_pod(
     Ok(Some(transition::follow(job, status, placement, facts)))
 }
 
+/// Why an attempt's pod was not made.
+enum Refused {
+    /// The template cannot make a pod, in words.
+    Template(String),
+    /// The API server refused the pod for good.
+    Server(PodRejection),
+}
+
 /// Creates the pod of a placed attempt. `AlreadyExists` is success (a
 /// restarted controller, or a cache that lags), unless the existing pod
-/// records another placement of the attempt: that one is returned. The inner
-/// error is a template that cannot make a pod, in words.
+/// records another placement of the attempt: that one is returned.
 async fn create_pod(
     job: &TrainingJob,
     ctx: &Context,
     status: &TrainingJobStatus,
     placement: &PlacementStatus,
-) -> Result<Result<Option<PlacementStatus>, String>> {
+) -> Result<Result<Option<PlacementStatus>, Refused>> {
     let namespace = job.namespace().unwrap_or_default();
     let shape = BatchShape {
         micro: status.micro_batch.unwrap_or(job.spec.batch.micro),
         accum: status.grad_accum.unwrap_or(1),
     };
-    let pod = match training_pod(job, placement, shape, placement.attempt, &ctx.stats_root) {
+    let pod = match training_pod(job, placement, shape, placement.attempt) {
         Ok(pod) => pod,
-        Err(message) => return Ok(Err(message)),
+        Err(message) => return Ok(Err(Refused::Template(message))),
     };
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
     ctx.fence.check()?;
@@ -477,6 +490,19 @@ async fn create_pod(
             let name = pod.metadata.name.as_deref().unwrap_or_default();
             let existing = pods.get(name).await.map_err(Error::Kube)?;
             return Ok(Ok(pod_ledger::other_placement(&existing, placement)));
+        }
+        Err(kube::Error::Api(e)) => {
+            let Some(rejection) = retry::pod_rejection(&e) else {
+                return Err(Error::Kube(kube::Error::Api(e)));
+            };
+            tracing::warn!(
+                job = %job.name_any(),
+                namespace,
+                reason = rejection.reason,
+                message = %rejection.message,
+                "pod refused by the API server"
+            );
+            return Ok(Err(Refused::Server(rejection)));
         }
         Err(e) => return Err(Error::Kube(e)),
     }

@@ -50,6 +50,34 @@ fn kube_kind(error: &kube::Error) -> &'static str {
     }
 }
 
+/// A pod create the API server refused for good: its admission (Pod
+/// Security, a ValidatingAdmissionPolicy, a webhook, a quota) or its
+/// validation said no, so the same pod would be refused again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodRejection {
+    /// `Forbidden`, `Invalid`, `QuotaExceeded` or `BadRequest`.
+    pub reason: &'static str,
+    /// The API server's message, as it wrote it.
+    pub message: String,
+}
+
+/// The rejection in `status`, when it is one: 400, 403 and 422 are; a
+/// conflict, a missing namespace that may yet appear, a throttled or failing
+/// server are not (they are retried).
+pub fn pod_rejection(status: &kube::core::Status) -> Option<PodRejection> {
+    let reason = match status.code {
+        403 if status.message.contains("exceeded quota") => "QuotaExceeded",
+        403 => "Forbidden",
+        422 => "Invalid",
+        400 => "BadRequest",
+        _ => return None,
+    };
+    Some(PodRejection {
+        reason,
+        message: status.message.clone(),
+    })
+}
+
 /// How long to wait before reconciling a job again after `error`.
 pub fn retry_delay(error: &Error) -> Duration {
     match error_kind(error) {

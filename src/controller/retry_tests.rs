@@ -78,3 +78,27 @@ fn each_error_gets_its_label_and_retry() {
         assert_eq!(retry_delay(&error), delay, "{error}");
     }
 }
+
+#[test]
+fn a_refused_pod_create_is_a_rejection_and_a_passing_fault_is_not() {
+    let status = |code: u16, message: &str| kube::core::Status::failure(message, "R").with_code(code);
+    let quota = "pods \"p\" is forbidden: exceeded quota: q, requested: pods=1, used: pods=1, limited: pods=1";
+    let cases = [
+        (403, "violates PodSecurity \"baseline:latest\": hostPath volumes", Some("Forbidden")),
+        (403, quota, Some("QuotaExceeded")),
+        (422, "Pod \"p\" is invalid: spec.containers[0].image: Required value", Some("Invalid")),
+        (400, "bad request", Some("BadRequest")),
+        (409, "already exists", None),
+        (404, "namespaces \"x\" not found", None),
+        (429, "too many requests", None),
+        (500, "etcd timeout", None),
+        (504, "timeout", None),
+    ];
+    for (code, message, want) in cases {
+        let got = pod_rejection(&status(code, message));
+        assert_eq!(got.as_ref().map(|r| r.reason), want, "{code} {message}");
+        if let Some(r) = got {
+            assert_eq!(r.message, message, "the API server's message is kept");
+        }
+    }
+}

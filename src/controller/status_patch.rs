@@ -18,6 +18,9 @@ pub const CONDITION_INVALID: &str = "Invalid";
 pub const CONDITION_PLACED: &str = "Placed";
 /// Condition: the job finished (successfully or not).
 pub const CONDITION_COMPLETE: &str = "Complete";
+/// Condition type: the API server refused the attempt's pod (admission or
+/// validation); the job waits for its spec to change.
+pub const CONDITION_POD_REJECTED: &str = "PodRejected";
 
 /// Event reasons (PascalCase, as Kubernetes events expect).
 pub mod reason {
@@ -44,6 +47,8 @@ pub mod reason {
     pub const SUCCEEDED: &str = "Succeeded";
     /// The job failed.
     pub const FAILED: &str = "Failed";
+    /// The API server refused the attempt's pod.
+    pub const POD_REJECTED: &str = "PodRejected";
 }
 
 /// Sets `type_` in `conditions`, keeping the transition time when the status

@@ -25,8 +25,9 @@ use crate::api::{
 };
 
 use super::absorbed::{absorbed_message, newly_absorbed};
+use super::retry::PodRejection;
 use super::status_patch::{
-    CONDITION_COMPLETE, CONDITION_INVALID, CONDITION_PLACED, reason, set_condition,
+    CONDITION_COMPLETE, CONDITION_INVALID, CONDITION_PLACED, CONDITION_POD_REJECTED, reason, set_condition,
 };
 use crate::job::backoff::{BatchShape, OomDecision, after_oom};
 use crate::job::budget::{Budget, attempt_budget, gpu_model_budgets, oom_correction};
@@ -148,6 +149,14 @@ pub fn is_invalid(status: &TrainingJobStatus) -> bool {
         .any(|c| c.type_ == CONDITION_INVALID && c.status == "True")
 }
 
+/// True when the status carries a true `PodRejected` condition.
+pub fn is_pod_rejected(status: &TrainingJobStatus) -> bool {
+    status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == CONDITION_POD_REJECTED && c.status == "True")
+}
+
 /// Decides the job's next step. `assigned` gives the scheduling cycle's
 /// placement for an attempt, if it made one.
 pub fn next_step(job: &TrainingJob, assigned: impl FnOnce(u32) -> Option<PlacementStatus>) -> Step {
@@ -155,13 +164,27 @@ pub fn next_step(job: &TrainingJob, assigned: impl FnOnce(u32) -> Option<Placeme
     let spec_changed = status.observed_generation.is_some()
         && status.observed_generation != job.metadata.generation;
     if status.phase.is_terminal() {
-        // A job that failed validation starts over once its spec is fixed;
-        // a job that ran keeps its outcome.
-        if !(spec_changed && is_invalid(&status)) {
+        // A job that failed validation, or whose pod the API server
+        // refused, starts over once its spec is changed; a job that ran
+        // keeps its outcome.
+        let refused = is_invalid(&status) || is_pod_rejected(&status);
+        if !(spec_changed && refused) {
             return Step::Done;
         }
+        let generation = job.metadata.generation;
+        let mut conditions = status.conditions;
+        if conditions.iter().any(|c| c.type_ == CONDITION_POD_REJECTED) {
+            set_condition(
+                &mut conditions,
+                CONDITION_POD_REJECTED,
+                false,
+                "SpecChanged",
+                "the spec changed since the pod was refused",
+                generation,
+            );
+        }
         status = TrainingJobStatus {
-            conditions: status.conditions,
+            conditions,
             ..TrainingJobStatus::default()
         };
     }
@@ -460,6 +483,51 @@ pub fn invalid(job: &TrainingJob, mut status: TrainingJobStatus, message: &str) 
             warning: true,
             reason: reason::INVALID,
             note: message.to_string(),
+        }],
+        requeue: Requeue::AwaitChange,
+    }
+}
+
+/// The API server refused the attempt's pod (Pod Security, an admission
+/// policy, a quota, validation): the job fails with the server's words, its
+/// placement is released (a failed job holds none), and it is not tried
+/// again until its spec changes.
+pub fn pod_rejected(
+    job: &TrainingJob,
+    mut status: TrainingJobStatus,
+    rejection: &PodRejection,
+) -> Transition {
+    let generation = job.metadata.generation;
+    let message = format!(
+        "the API server refused the attempt's pod ({}): {}; change the job's template to try again",
+        rejection.reason, rejection.message
+    );
+    status.phase = Phase::Failed;
+    status.message = Some(message.clone());
+    status.observed_generation = generation;
+    set_condition(
+        &mut status.conditions,
+        CONDITION_POD_REJECTED,
+        true,
+        rejection.reason,
+        &rejection.message,
+        generation,
+    );
+    set_condition(
+        &mut status.conditions,
+        CONDITION_COMPLETE,
+        true,
+        reason::POD_REJECTED,
+        &message,
+        generation,
+    );
+    Transition {
+        decision: "pod rejected",
+        status,
+        effects: vec![Effect::Event {
+            warning: true,
+            reason: reason::POD_REJECTED,
+            note: message,
         }],
         requeue: Requeue::AwaitChange,
     }

@@ -175,6 +175,20 @@ fn next_step_follows_the_phase_machine() {
             "predict a1 forget=true",
         ),
         (
+            "a job whose pod was refused stays done while its spec is unchanged",
+            Some(pod_rejected_status()),
+            1,
+            false,
+            "done",
+        ),
+        (
+            "a job whose pod was refused starts over once its spec changes",
+            Some(pod_rejected_status()),
+            2,
+            false,
+            "predict a1 forget=true",
+        ),
+        (
             "a waiting job whose spec changed is predicted again",
             Some(predicted(1, Phase::Pending)),
             2,
@@ -602,6 +616,60 @@ fn a_spec_that_cannot_be_run_fails_as_invalid() {
             t.status.message
         );
         assert_eq!(t.status.budget_bytes, None, "{what}");
+    }
+}
+
+fn rejection() -> PodRejection {
+    PodRejection {
+        reason: "Forbidden",
+        message: "pods \"j-1\" is forbidden: violates PodSecurity \"baseline:latest\": hostPath volumes (volume \"data\")".into(),
+    }
+}
+
+/// A placed job whose pod the API server refused.
+fn pod_rejected_status() -> TrainingJobStatus {
+    pod_rejected(&job(None), placed(1, Phase::Placed), &rejection()).status
+}
+
+#[test]
+fn a_refused_pod_fails_the_job_with_the_server_s_words_and_waits_for_a_change() {
+    let t = pod_rejected(&job(None), placed(1, Phase::Placed), &rejection());
+    assert_eq!(t.decision, "pod rejected");
+    assert_eq!(t.status.phase, Phase::Failed, "a failed job holds no placement");
+    assert_eq!(t.status.observed_generation, Some(1));
+    let message = t.status.message.clone().unwrap_or_default();
+    assert!(message.contains("(Forbidden)"), "{message}");
+    assert!(message.contains("hostPath volumes"), "{message}");
+    let rejected = condition(&t.status, CONDITION_POD_REJECTED);
+    assert_eq!(
+        (
+            rejected.status.as_str(),
+            rejected.reason.as_str(),
+            rejected.message.as_str()
+        ),
+        ("True", "Forbidden", rejection().message.as_str())
+    );
+    let complete = condition(&t.status, CONDITION_COMPLETE);
+    assert_eq!(
+        (complete.status.as_str(), complete.reason.as_str()),
+        ("True", reason::POD_REJECTED)
+    );
+    assert_eq!(events(&t), vec![(reason::POD_REJECTED, true)]);
+    assert_eq!(t.requeue, Requeue::AwaitChange);
+    assert!(is_pod_rejected(&t.status) && !is_invalid(&t.status));
+
+    // Starting over after a change keeps the condition, now false.
+    let mut changed = job(Some(t.status));
+    changed.metadata.generation = Some(2);
+    match next_step(&changed, |_| None) {
+        Step::Predict { status, .. } => {
+            assert!(!is_pod_rejected(&status));
+            let c = condition(&status, CONDITION_POD_REJECTED);
+            assert_eq!((c.status.as_str(), c.reason.as_str()), ("False", "SpecChanged"));
+            assert_eq!(status.phase, Phase::Pending);
+            assert_eq!(status.placement, None);
+        }
+        other => panic!("{other:?}"),
     }
 }
 

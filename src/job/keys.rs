@@ -2,6 +2,8 @@
 //! lives: what the controller writes and the node agent, the NRI plugin and
 //! `vramfit status` read.
 
+use std::path::{Path, PathBuf};
+
 /// Label carrying the owning TrainingJob's name.
 pub const JOB_LABEL: &str = "vramfit.dev/training-job";
 /// Label carrying the attempt number.
@@ -25,16 +27,27 @@ pub const CDI_GPU_KIND: &str = "nvidia.com/gpu";
 
 /// Where the training process finds its stats folder (docs/node-protocol.md).
 pub const STATS_DIR: &str = "/run/vramfit";
-/// The pod volume of the stats folder.
+/// The pod volume of the stats folder: an `emptyDir`, so that a namespace
+/// under Pod Security (baseline or restricted) admits the pod.
 pub const STATS_VOLUME: &str = "vramfit-stats";
-/// The node folder that holds the pods' stats folders unless the controller's
-/// `--stats-root` says otherwise; the agent's `--stats-root` must agree.
-pub const DEFAULT_STATS_ROOT: &str = "/var/run/vramfit/pods";
+/// The kubelet's root folder, unless the agent's `--kubelet-root` says otherwise.
+pub const DEFAULT_KUBELET_ROOT: &str = "/var/lib/kubelet";
 
-/// The stats folder of pod `name` in `namespace` on its node:
-/// `<stats_root>/<namespace>_<name>`.
-pub fn stats_host_path(stats_root: &str, namespace: &str, name: &str) -> String {
-    format!("{}/{namespace}_{name}", stats_root.trim_end_matches('/'))
+/// Where the kubelet keeps the stats folder of the pod with `pod_uid` on its
+/// node: `<kubelet_root>/pods/<uid>/volumes/kubernetes.io~empty-dir/vramfit-stats`.
+/// `None` for a UID that is not one (hex digits and dashes), so that no
+/// name can lead the agent out of the kubelet's folder.
+pub fn stats_node_path(kubelet_root: &Path, pod_uid: &str) -> Option<PathBuf> {
+    let is_uid = !pod_uid.is_empty()
+        && pod_uid.len() <= 64
+        && pod_uid.chars().all(|c| c.is_ascii_hexdigit() || c == '-');
+    is_uid.then(|| {
+        kubelet_root
+            .join("pods")
+            .join(pod_uid)
+            .join("volumes/kubernetes.io~empty-dir")
+            .join(STATS_VOLUME)
+    })
 }
 
 /// Name of the pod of `attempt`: one name per attempt, so a restarted
@@ -45,3 +58,7 @@ pub fn pod_name(job_name: &str, attempt: u32) -> String {
     let base: String = job_name.chars().take(keep).collect();
     format!("{}{suffix}", base.trim_end_matches(['-', '.']))
 }
+
+#[cfg(test)]
+#[path = "keys_tests.rs"]
+mod tests;

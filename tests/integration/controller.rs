@@ -314,7 +314,7 @@ async fn a_pod_created_before_its_status_was_written_is_taken_as_the_placement()
         micro_batch: None,
     };
     let shape = BatchShape { micro: 8, accum: 1 };
-    let pod = training_pod(&job, &placement, shape, 1, "/var/run/vramfit/pods").unwrap();
+    let pod = training_pod(&job, &placement, shape, 1).unwrap();
     cluster
         .pods()
         .create(&PostParams::default(), &pod)
@@ -858,4 +858,102 @@ async fn a_metrics_address_in_use_fails_the_start_with_a_clear_error() {
     assert_eq!(code, Some(1));
     let log = controller.log_text();
     assert!(log.contains(&format!("--metrics-addr {addr}")), "{log}");
+}
+
+/// Labels the test's namespace to enforce Pod Security `level`.
+async fn enforce_pod_security(cluster: &TestCluster, level: &str) {
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(cluster.client.clone());
+    let patch = json!({"metadata": {"labels": {"pod-security.kubernetes.io/enforce": level}}});
+    namespaces
+        .patch(
+            &cluster.namespace,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await
+        .expect("labelling the namespace");
+}
+
+#[tokio::test]
+async fn a_pod_the_namespace_refuses_fails_the_job_frees_its_gpu_and_waits_for_a_change() {
+    let cluster = TestCluster::new("podsec").await;
+    enforce_pod_security(&cluster, "baseline").await;
+    cluster.add_gpu_node("n1", &[("H100-80GB", 80 * GIB)]).await;
+    let _controller = cluster.start_controller();
+
+    let mut host = mlp_job("host", 64, 8, 1, Some("60Gi"));
+    host["spec"]["template"]["spec"]["volumes"] =
+        json!([{"name": "data", "hostPath": {"path": "/srv/data"}}]);
+    cluster.apply_job(host.clone()).await;
+    let failed = cluster.wait_phase("host", Phase::Failed).await;
+    let status = failed.status.unwrap();
+    let rejected = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "PodRejected")
+        .expect("a PodRejected condition");
+    assert_eq!(
+        (rejected.status.as_str(), rejected.reason.as_str()),
+        ("True", "Forbidden")
+    );
+    assert!(
+        rejected.message.contains("hostPath"),
+        "the API server's words: {}",
+        rejected.message
+    );
+    assert!(cluster.pod_names().await.is_empty());
+
+    // Its 60 GiB are free at once: a job that needs them is placed, and the
+    // controller's own pod (stats in an emptyDir) passes baseline.
+    cluster
+        .apply_job(mlp_job("plain", 64, 8, 1, Some("60Gi")))
+        .await;
+    cluster.wait_phase("plain", Phase::Placed).await;
+    cluster.wait_pod("plain-a1").await;
+
+    // Not tried again while the job is unchanged.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(cluster.event_notes("host", "PodRejected").await.len(), 1);
+    assert_eq!(cluster.pod_names().await, vec!["plain-a1".to_string()]);
+
+    // Fixed, it starts over, and waits for room behind the job that took its place.
+    host["spec"]["template"]["spec"]["volumes"] = json!([{"name": "data", "emptyDir": {}}]);
+    cluster.apply_job(host).await;
+    let waiting = cluster.wait_message("host", "waiting for room").await;
+    let status = waiting.status.unwrap();
+    assert_eq!(status.phase, Phase::Pending);
+    let rejected = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "PodRejected")
+        .unwrap();
+    assert_eq!(rejected.status, "False");
+}
+
+#[tokio::test]
+async fn a_template_that_meets_restricted_gets_its_pod_in_a_restricted_namespace() {
+    let cluster = TestCluster::new("restricted").await;
+    enforce_pod_security(&cluster, "restricted").await;
+    cluster.add_gpu_node("n1", &[("H100-80GB", 80 * GIB)]).await;
+    let _controller = cluster.start_controller();
+    let mut job = mlp_job("tight", 64, 8, 1, None);
+    job["spec"]["template"]["spec"]["securityContext"] =
+        json!({"runAsNonRoot": true, "seccompProfile": {"type": "RuntimeDefault"}});
+    job["spec"]["template"]["spec"]["containers"][0]["securityContext"] = json!({
+        "allowPrivilegeEscalation": false,
+        "capabilities": {"drop": ["ALL"]}
+    });
+    cluster.apply_job(job).await;
+    // Everything the controller adds (the stats emptyDir, variables, the
+    // termination message policy) passes restricted.
+    cluster.wait_pod("tight-a1").await;
+    let placed = cluster.wait_phase("tight", Phase::Placed).await;
+    assert!(
+        placed
+            .status
+            .unwrap()
+            .conditions
+            .iter()
+            .all(|c| c.type_ != "PodRejected")
+    );
 }

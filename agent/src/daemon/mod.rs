@@ -50,7 +50,7 @@ pub struct RunOptions {
     /// The watchdog's tolerance and grace period.
     pub watchdog: WatchdogConfig,
     /// Where pods' stats folders are (`<root>/<namespace>_<pod>`).
-    pub stats_root: PathBuf,
+    pub kubelet_root: PathBuf,
     /// The `/proc` to read (the host's, through hostPID).
     pub proc_root: PathBuf,
     /// Labels of the `GpuNode`.
@@ -80,7 +80,7 @@ impl RunOptions {
             interval: Duration::from_secs(1),
             publish: PublishPolicy::default(),
             watchdog: WatchdogConfig::default(),
-            stats_root: PathBuf::from("/var/run/vramfit/pods"),
+            kubelet_root: PathBuf::from(vramfit::job::keys::DEFAULT_KUBELET_ROOT),
             proc_root: PathBuf::from("/proc"),
             labels: BTreeMap::new(),
             local_budgets: BTreeMap::new(),
@@ -119,7 +119,7 @@ pub trait NodeBackend: Send {
 pub struct RealNode {
     monitor: GpuMonitor,
     proc: ProcFs,
-    stats_root: PathBuf,
+    kubelet_root: PathBuf,
     pods: Option<Store<Pod>>,
     local: BTreeMap<u32, u64>,
     probe_bytes: u64,
@@ -133,7 +133,7 @@ impl RealNode {
         Self {
             monitor: GpuMonitor::new(Box::new(SystemNvml)),
             proc: ProcFs::new(&options.proc_root),
-            stats_root: options.stats_root.clone(),
+            kubelet_root: options.kubelet_root.clone(),
             pods,
             local: options.local_budgets.clone(),
             probe_bytes: options.probe_bytes,
@@ -175,7 +175,7 @@ impl NodeBackend for RealNode {
         if !self.local.is_empty() {
             Box::new(LocalOwners::new(self.proc.clone(), self.local.clone()))
         } else if let Some(pods) = &self.pods {
-            Box::new(PodOwners::snapshot(&self.proc, &self.stats_root, pods))
+            Box::new(PodOwners::snapshot(&self.proc, &self.kubelet_root, pods))
         } else {
             Box::new(NoOwners(self.proc.clone()))
         }

@@ -14,20 +14,14 @@ use crate::node::procfs::{ProcFs, strip_runtime_prefix};
 use crate::node::report::{OwnerLookup, ProcessOwner};
 use crate::node::watchdog::Owner;
 use vramfit::api::PlacementStatus;
-use vramfit::job::keys::{BUDGET_ANNOTATION, JOB_LABEL, PLACEMENT_ANNOTATION};
-
-/// The stats folder of a pod: `<stats root>/<namespace>_<pod>`
-/// (docs/node-protocol.md).
-pub fn stats_dir(stats_root: &Path, namespace: &str, pod: &str) -> PathBuf {
-    stats_root.join(format!("{namespace}_{pod}"))
-}
+use vramfit::job::keys::{BUDGET_ANNOTATION, JOB_LABEL, PLACEMENT_ANNOTATION, stats_node_path};
 
 /// The owner facts of a process in `pod`, in container `container_id` when
 /// known. The budget and the GPUs come from the placement the controller
 /// recorded on the pod; a pod without one was given no GPU (its use of any
 /// is stopped), unless it carries only the budget annotation of an older
 /// controller, whose budget then holds on every GPU.
-pub fn owner_from_pod(pod: &Pod, container_id: Option<&str>, stats_root: &Path) -> ProcessOwner {
+pub fn owner_from_pod(pod: &Pod, container_id: Option<&str>, kubelet_root: &Path) -> ProcessOwner {
     let namespace = pod.namespace().unwrap_or_default();
     let name = pod.name_any();
     let placement: Option<PlacementStatus> = pod
@@ -62,7 +56,8 @@ pub fn owner_from_pod(pod: &Pod, container_id: Option<&str>, stats_root: &Path) 
             (None, Some(_)) => None,
             (None, None) => Some(Vec::new()),
         },
-        stats_dir: Some(stats_dir(stats_root, &namespace, &name)),
+        // The pod's `emptyDir`, read through the kubelet's folder.
+        stats_dir: pod.uid().and_then(|uid| stats_node_path(kubelet_root, &uid)),
         namespace_pid: None,
     }
 }
@@ -70,21 +65,21 @@ pub fn owner_from_pod(pod: &Pod, container_id: Option<&str>, stats_root: &Path) 
 /// Owners from the pod cache, as of one reading.
 pub struct PodOwners {
     proc: ProcFs,
-    stats_root: PathBuf,
+    kubelet_root: PathBuf,
     by_uid: HashMap<String, Arc<Pod>>,
 }
 
 impl PodOwners {
     /// A snapshot of `pods`.
-    pub fn snapshot(proc: &ProcFs, stats_root: &Path, pods: &Store<Pod>) -> Self {
-        Self::from_pods(proc, stats_root, pods.state())
+    pub fn snapshot(proc: &ProcFs, kubelet_root: &Path, pods: &Store<Pod>) -> Self {
+        Self::from_pods(proc, kubelet_root, pods.state())
     }
 
     /// A snapshot of the given pods.
-    pub fn from_pods(proc: &ProcFs, stats_root: &Path, pods: Vec<Arc<Pod>>) -> Self {
+    pub fn from_pods(proc: &ProcFs, kubelet_root: &Path, pods: Vec<Arc<Pod>>) -> Self {
         Self {
             proc: proc.clone(),
-            stats_root: stats_root.into(),
+            kubelet_root: kubelet_root.into(),
             by_uid: pods
                 .into_iter()
                 .filter_map(|p| Some((p.uid()?, p)))
@@ -104,7 +99,7 @@ impl OwnerLookup for PodOwners {
         // A process in a pod the watch does not know (deleted meanwhile, or
         // not yet seen) is reported without a pod and never stopped.
         let pod = self.by_uid.get(&found.pod_uid)?;
-        let mut owner = owner_from_pod(pod, found.container_id.as_deref(), &self.stats_root);
+        let mut owner = owner_from_pod(pod, found.container_id.as_deref(), &self.kubelet_root);
         owner.namespace_pid = self.proc.namespace_pid(pid);
         Some(owner)
     }

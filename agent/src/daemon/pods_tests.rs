@@ -36,7 +36,7 @@ fn a_process_maps_to_its_pod_container_budget_and_stats_folder() {
     writer.apply_watcher_event(&Event::Apply(pod()));
     let owners = PodOwners::snapshot(
         &ProcFs::new(dir.path()),
-        Path::new("/var/run/vramfit/pods"),
+        Path::new("/var/lib/kubelet"),
         &reader,
     );
     let owner = owners.owner_of(4242).unwrap();
@@ -48,7 +48,9 @@ fn a_process_maps_to_its_pod_container_budget_and_stats_folder() {
     assert_eq!(owner.namespace_pid, Some(1));
     assert_eq!(
         owner.stats_dir.unwrap(),
-        PathBuf::from("/var/run/vramfit/pods/ml_gpt2-a1")
+        PathBuf::from(format!(
+            "/var/lib/kubelet/pods/{UID}/volumes/kubernetes.io~empty-dir/vramfit-stats"
+        ))
     );
     // Once the pod is deleted from the watch, the process has no owner.
     writer.apply_watcher_event(&Event::Delete(pod()));

@@ -46,9 +46,9 @@ app.kubernetes.io/component: {{ .component }}
 {{- printf "%s:%s" .image.repository (default .ctx.Chart.AppVersion .image.tag) }}
 {{- end }}
 
-{{/* The stats root without a trailing slash. */}}
-{{- define "vramfit.statsRoot" -}}
-{{- .Values.statsRoot | trimSuffix "/" }}
+{{/* The kubelet's root folder without a trailing slash. */}}
+{{- define "vramfit.kubeletRoot" -}}
+{{- .Values.kubeletRoot | trimSuffix "/" }}
 {{- end }}
 
 {{/* The controller's rules on namespaced objects (a ClusterRole, or a Role in controller.watchNamespace). */}}
