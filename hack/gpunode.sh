@@ -100,6 +100,12 @@ build_pause() {
   strip "$nodebin/pause"
 }
 
+# kube_links DIR: the commands of the multi-call `kube` binary, as links to it.
+kube_links() {
+  local l
+  for l in kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl; do ln -sf kube "$1/$l"; done
+}
+
 # build [COMPONENT...]: all of them by default.
 build() {
   command -v go >/dev/null || die "building the node binaries needs Go (or pass --bundle)"
@@ -112,9 +118,8 @@ build() {
   [[ $want == *" runc "* ]] && build_if runc "$(stamp_of "$here/node/runc/go.sum" <(echo "$flags"))" build_runc
   [[ $want == *" cni "* ]] && build_if cni "$(stamp_of "$here/node/cni/go.sum" <(echo "$flags"))" build_cni
   [[ $want == *" pause "* ]] && build_if pause "$(stamp_of "$(pause_source)" <(echo "$flags"))" build_pause
-  local l
-  for l in kube-apiserver kubelet kubectl; do ln -sf kube "$nodebin/$l"; done
-  # hack/controlplane.sh takes these as they are (its own build is dynamic).
+  kube_links "$nodebin"
+  # `VRAMFIT_BIN=$nodebin hack/controlplane.sh` takes these as they are (up does so).
   touch "$nodebin/.prebuilt"
 }
 
@@ -219,8 +224,7 @@ import sys, tarfile
 with tarfile.open(sys.argv[1], "r:xz") as t:
     t.extractall(sys.argv[2], filter="tar") if hasattr(tarfile, "data_filter") else t.extractall(sys.argv[2])
 EOF
-  local l
-  for l in kube-apiserver kubelet kubectl; do ln -sf kube "$to/$l"; done
+  kube_links "$to"
   # hack/controlplane.sh takes the binaries as they are (no Go here).
   touch "$to/.prebuilt"
 }

@@ -1,8 +1,9 @@
-// Command kube is kube-apiserver, kubelet and kubectl in one binary, chosen by
-// the name it is started under (a link named kubelet runs the kubelet) or by
-// its first argument (`kube kubelet --config ...`). The three share most of
-// their code, so one binary is about half the size of three, which matters
-// for the GPU node, where at most 64 MiB travel per call (hack/gpunode.sh).
+// Command kube is kube-apiserver, kube-controller-manager, kube-scheduler,
+// kubelet and kubectl in one binary, chosen by the name it is started under (a
+// link named kubelet runs the kubelet) or by its first argument (`kube kubelet
+// --config ...`). They share most of their code, so one binary is a fraction
+// of the size of five, which matters for the GPU node, where at most 64 MiB
+// travel per call (hack/gpunode.sh).
 package main
 
 import (
@@ -16,6 +17,8 @@ import (
 	kubectl "k8s.io/kubectl/pkg/cmd"
 	"k8s.io/kubectl/pkg/cmd/util"
 	apiserver "k8s.io/kubernetes/cmd/kube-apiserver/app"
+	controllermanager "k8s.io/kubernetes/cmd/kube-controller-manager/app"
+	scheduler "k8s.io/kubernetes/cmd/kube-scheduler/app"
 	kubelet "k8s.io/kubernetes/cmd/kubelet/app"
 )
 
@@ -29,6 +32,10 @@ func main() {
 	switch name {
 	case "kube-apiserver":
 		command = apiserver.NewAPIServerCommand()
+	case "kube-controller-manager":
+		command = controllermanager.NewControllerManagerCommand()
+	case "kube-scheduler":
+		command = scheduler.NewSchedulerCommand()
 	case "kubelet":
 		command = kubelet.NewKubeletCommand(context.Background())
 	case "kubectl":
@@ -38,7 +45,7 @@ func main() {
 		}
 		return
 	default:
-		fmt.Fprintf(os.Stderr, "kube: run as kube-apiserver, kubelet or kubectl (a link of that name, or the first argument), not %q\n", name)
+		fmt.Fprintf(os.Stderr, "kube: run as kube-apiserver, kube-controller-manager, kube-scheduler, kubelet or kubectl (a link of that name, or the first argument), not %q\n", name)
 		os.Exit(2)
 	}
 	os.Exit(cli.Run(command))
