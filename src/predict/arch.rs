@@ -197,6 +197,13 @@ impl TransformerArch {
         Ok(())
     }
 
+    /// Width of the query projection and of the attention output:
+    /// `heads × head_dim`, which a config's own `head_dim` makes differ
+    /// from the hidden size (Qwen2/3 and Mistral-Nemo shapes, Gemma).
+    pub fn q_dim(&self) -> u64 {
+        self.heads * self.head_dim
+    }
+
     /// Width of the key (or value) projection.
     pub fn kv_dim(&self) -> u64 {
         self.kv_heads * self.head_dim
@@ -259,8 +266,14 @@ impl TransformerArch {
         for l in 0..self.layers {
             let layer = Some(l as u32);
             self.norm_params(layer, &mut p);
-            self.linear(h + 2 * self.kv_dim(), h, self.qkv_bias, layer, &mut p);
-            self.linear(h, h, self.linear_bias, layer, &mut p);
+            self.linear(
+                self.q_dim() + 2 * self.kv_dim(),
+                h,
+                self.qkv_bias,
+                layer,
+                &mut p,
+            );
+            self.linear(h, self.q_dim(), self.linear_bias, layer, &mut p);
             self.norm_params(layer, &mut p);
             if self.mlp == MlpKind::Swiglu {
                 self.linear(self.ffn, h, self.linear_bias, layer, &mut p);

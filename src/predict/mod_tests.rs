@@ -2160,3 +2160,37 @@ fn sizes_whose_product_overflows_are_invalid_not_a_panic() {
         "{err:?}"
     );
 }
+
+/// A config whose `head_dim × heads` is not its hidden size: q_proj and
+/// o_proj have `heads × head_dim` rows or columns. Counts by transformers
+/// 5.24 of the model built from these keys on the meta device.
+#[test]
+fn a_head_dim_apart_from_hidden_over_heads_sizes_q_and_o_by_heads_times_head_dim() {
+    let cases = [
+        (
+            serde_json::json!({"model_type": "qwen2", "hidden_size": 1024, "num_attention_heads": 16,
+                   "num_key_value_heads": 8, "head_dim": 128, "num_hidden_layers": 28,
+                   "intermediate_size": 3072, "vocab_size": 151936, "tie_word_embeddings": true}),
+            596_157_440,
+        ),
+        (
+            serde_json::json!({"model_type": "mistral", "hidden_size": 5120, "num_attention_heads": 32,
+                   "num_key_value_heads": 8, "head_dim": 128, "num_hidden_layers": 2,
+                   "intermediate_size": 14336, "vocab_size": 131072}),
+            1_887_462_400,
+        ),
+    ];
+    for (config, want) in cases {
+        let spec: HuggingFaceSpec =
+            serde_json::from_value(serde_json::json!({"seqLen": 512, "config": config})).unwrap();
+        let model = ModelSpec {
+            hugging_face: Some(spec),
+            ..ModelSpec::default()
+        };
+        assert_eq!(
+            resolve_arch(&model).unwrap().parameter_count(),
+            want,
+            "{config}"
+        );
+    }
+}

@@ -534,6 +534,7 @@ impl Gen<'_> {
                 out
             }
             HfFamily::Llama => {
+                let qd = t.q_dim();
                 let nrm = self.hf_rmsnorm(n, h, &mut saved);
                 let nrm_local = if wd.amp {
                     for _ in 0..3 {
@@ -544,10 +545,10 @@ impl Gen<'_> {
                     saved.push(nrm);
                     None
                 };
-                let q = self.t.act(n * h * wd.c);
+                let q = self.t.act(n * qd * wd.c);
                 let k = self.t.act(n * kvd * wd.c);
                 let v = self.t.act(n * kvd * wd.c);
-                let qe = self.hf_rope(n * h, q);
+                let qe = self.hf_rope(n * qd, q);
                 let ke = self.hf_rope(n * kvd, k);
                 let (keys, values, owned) = if cache {
                     let kc = self.t.act(n * kvd * wd.e);
@@ -562,18 +563,18 @@ impl Gen<'_> {
                 let gqa = t.kv_heads < t.heads;
                 let o = match self.run.attention {
                     Attention::Sdpa | Attention::Flash if !(wd.c == 4 && gqa) => {
-                        self.autocast_input(qe, n * h, true, &mut saved);
+                        self.autocast_input(qe, n * qd, true, &mut saved);
                         self.autocast_input(keys, n * kvd, owned, &mut saved);
                         self.autocast_input(values, n * kvd, owned, &mut saved);
-                        saved.push(self.t.act(n * h * wd.c));
+                        saved.push(self.t.act(n * qd * wd.c));
                         saved.push(self.t.act(lse));
                         false
                     }
                     Attention::Sdpa | Attention::Flash => {
                         // fp32 with grouped-query heads: the math path
                         saved.push(qe);
-                        saved.push(self.t.act(n * h * 4));
-                        saved.push(self.t.act(n * h * 4));
+                        saved.push(self.t.act(n * qd * 4));
+                        saved.push(self.t.act(n * qd * 4));
                         if owned {
                             self.t.free(keys);
                             self.t.free(values);
@@ -586,14 +587,14 @@ impl Gen<'_> {
                         true
                     }
                     Attention::Eager => {
-                        self.autocast_input(qe, n * h, true, &mut saved);
-                        self.hf_repeat_kv(gqa, keys, n * kvd, n * h, owned, &mut saved);
+                        self.autocast_input(qe, n * qd, true, &mut saved);
+                        self.hf_repeat_kv(gqa, keys, n * kvd, n * qd, owned, &mut saved);
                         self.hf_eager_scores(lib, s2, false, true, &mut saved);
-                        self.hf_repeat_kv(gqa, values, n * kvd, n * h, owned, &mut saved);
+                        self.hf_repeat_kv(gqa, values, n * kvd, n * qd, owned, &mut saved);
                         true
                     }
                 };
-                self.hf_attention_output(o, n * h, &mut saved);
+                self.hf_attention_output(o, n * qd, &mut saved);
                 let proj = self.t.act(n * h * wd.c);
                 let x1 = self.t.act(n * h * wd.r);
                 self.t.free(proj);
