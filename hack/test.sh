@@ -46,8 +46,8 @@ hack/images.sh build --profile dev --out "$HOME/.cache/vramfit/images-ci"
 hack/images.sh check --out "$HOME/.cache/vramfit/images-ci"
 
 if [[ -d python ]]; then
-  step "python helper tests (against the debug build of libvramfit_alloc.so)"
+  step "python helper tests (against the debug build of libvramfit_alloc.so), and the wheel: hack/wheel.sh --profile dev, installed into a fresh venv"
   cargo build --quiet --locked -p vramfit-alloc
   VRAMFIT_ALLOCATOR_LIB="$CARGO_TARGET_DIR/debug/libvramfit_alloc.so" VRAMFIT_REQUIRE_ALLOCATOR_LIB=1 \
-    python3 -m pytest -q python
+    VRAMFIT_WHEEL_TEST=1 python3 -m pytest -q python
 fi

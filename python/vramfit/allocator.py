@@ -1,8 +1,9 @@
 """vramfit's caching allocator as PyTorch's CUDA allocator, with a hard budget.
 
 ``install(budget_bytes)`` loads ``libvramfit_alloc.so`` (from
-``VRAMFIT_ALLOCATOR_LIB``, or next to this package) and makes it PyTorch's
-allocator through ``torch.cuda.memory.CUDAPluggableAllocator``. From then on
+``VRAMFIT_ALLOCATOR_LIB``, else the copy inside the package that the wheel
+ships, else one beside the package; see :func:`find_library`) and makes it
+PyTorch's allocator through ``torch.cuda.memory.CUDAPluggableAllocator``. From then on
 an allocation that would take the process over the budget on a GPU, after
 every cached block that could be released was released, raises
 ``torch.OutOfMemoryError`` whose message names the budget, the allocated and
@@ -37,6 +38,7 @@ __all__ = [
     "BUDGET_MARKER",
     "find_library",
     "install",
+    "packaged_library",
     "install_from_env",
     "installed",
     "is_budget_oom",
@@ -79,18 +81,29 @@ class _Installed:
             size = n + 1
 
 
+def packaged_library() -> Optional[Path]:
+    """The ``libvramfit_alloc.so`` inside this package (``vramfit/``), where
+    the wheel puts it; ``None`` when the package has none (a source checkout,
+    or a wheel built with ``VRAMFIT_BUILD_ALLOCATOR=0``)."""
+    path = Path(__file__).resolve().parent / LIBRARY_NAME
+    return path if path.is_file() else None
+
+
 def find_library() -> Optional[Path]:
-    """Where ``libvramfit_alloc.so`` is: ``$VRAMFIT_ALLOCATOR_LIB``, else
-    next to this package (inside it or beside it); ``None`` if nowhere."""
+    """Where ``libvramfit_alloc.so`` is: ``$VRAMFIT_ALLOCATOR_LIB`` when set
+    (``None`` if that file does not exist: the variable is not ignored), else
+    the package's own (:func:`packaged_library`), else one beside the
+    package; ``None`` if nowhere (``configure`` then falls back to the memory
+    fraction)."""
     explicit = os.environ.get(LIBRARY_ENV, "").strip()
     if explicit:
         path = Path(explicit)
         return path if path.is_file() else None
-    here = Path(__file__).resolve().parent
-    for candidate in (here / LIBRARY_NAME, here.parent / LIBRARY_NAME):
-        if candidate.is_file():
-            return candidate
-    return None
+    packaged = packaged_library()
+    if packaged is not None:
+        return packaged
+    beside = Path(__file__).resolve().parent.parent / LIBRARY_NAME
+    return beside if beside.is_file() else None
 
 
 def last_error() -> Optional[str]:
@@ -152,7 +165,9 @@ def install(budget_bytes: int, policy: Optional[str] = None) -> bool:
             )
         path = find_library()
         if path is None:
-            return _fail(f"{LIBRARY_NAME} not found (set {LIBRARY_ENV} or place it next to the vramfit package)")
+            return _fail(
+                f"{LIBRARY_NAME} not found (install vramfit's wheel, which contains it, or set {LIBRARY_ENV})"
+            )
         try:
             lib = ctypes.CDLL(str(path))
             _bind(lib)
