@@ -72,7 +72,7 @@ fn run_controller(args: cli::controller::ControllerArgs) -> anyhow::Result<()> {
     cli::logging::init(args.log_format)?;
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(async {
-        let client = kube::Client::try_default().await?;
+        let client = args.kube.client().await?;
         vramfit::controller::run(client, args.options()).await?;
         Ok(())
     })

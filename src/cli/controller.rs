@@ -11,6 +11,9 @@ use crate::place::PolicyKind;
 /// Arguments of `vramfit controller`.
 #[derive(Args, Debug)]
 pub struct ControllerArgs {
+    /// The cluster (default: in-cluster service account, else the current kubeconfig).
+    #[command(flatten)]
+    pub kube: super::kube_args::KubeArgs,
     /// Watch TrainingJobs in this namespace only (default: all namespaces).
     #[arg(long, env = "VRAMFIT_NAMESPACE")]
     pub namespace: Option<String>,

@@ -4,6 +4,7 @@
 pub mod alloc;
 pub mod bench;
 pub mod controller;
+pub mod kube_args;
 pub mod logging;
 pub mod predict;
 pub mod run;

@@ -58,13 +58,15 @@ pub struct StatusArgs {
     /// Colour.
     #[arg(long, value_enum, default_value_t)]
     pub color: ColorChoice,
+    /// The cluster.
+    #[command(flatten)]
+    pub kube: super::kube_args::KubeArgs,
 }
 
-/// Runs `vramfit status` against the cluster of the current kubeconfig.
+/// Runs `vramfit status` against the cluster of `--kubeconfig`/`--context`
+/// (default: the current kubeconfig).
 pub async fn run(args: &StatusArgs) -> anyhow::Result<()> {
-    let client = kube::Client::try_default().await.context(
-        "cannot reach a Kubernetes API server: set KUBECONFIG (hack/demo.sh prints the demo's)",
-    )?;
+    let client = args.kube.client().await?;
     let tty = std::io::stdout().is_terminal();
     let color = match args.color {
         ColorChoice::Always => true,

@@ -957,3 +957,43 @@ async fn a_template_that_meets_restricted_gets_its_pod_in_a_restricted_namespace
             .all(|c| c.type_ != "PodRejected")
     );
 }
+
+#[tokio::test]
+async fn status_reads_the_cluster_named_by_kubeconfig_and_context() {
+    let cluster = TestCluster::new("statuscfg").await;
+    cluster.add_gpu_node("n1", &[("H100-80GB", 80 * GIB)]).await;
+    let kubeconfig = crate::controlplane::kubeconfig();
+    let status = |extra: &[&str]| {
+        std::process::Command::new(crate::driver::vramfit_bin())
+            .args([
+                "status",
+                "-o",
+                "json",
+                "-n",
+                &cluster.namespace,
+                "--kubeconfig",
+            ])
+            .arg(kubeconfig)
+            .args(extra)
+            .env_remove("KUBECONFIG")
+            .env("HOME", "/nonexistent")
+            .output()
+            .expect("running vramfit status")
+    };
+    let out = status(&[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("\"statuscfg-n1\""), "{text}");
+    // A context the file lacks is an error that names it.
+    let out = status(&["--context", "elsewhere"]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("elsewhere"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
