@@ -123,8 +123,7 @@ fn main() -> Result<()> {
             continue;
         };
         let shape = BatchShape { micro: 8, accum: 1 };
-        let pod = training_pod(job, &placement, shape, 1)
-            .map_err(anyhow::Error::msg)?;
+        let pod = training_pod(job, &placement, shape, 1).map_err(anyhow::Error::msg)?;
         let mut pod = pod;
         pod.metadata.managed_fields = None;
         pods.push(Arc::new(pod));

@@ -188,7 +188,10 @@ fn pod_gets_the_node_protocol_variables_and_its_stats_folder() {
     // An emptyDir, nothing of the node: Pod Security baseline and
     // restricted admit it.
     let empty = stats.empty_dir.as_ref().unwrap();
-    assert_eq!(empty.size_limit.as_ref().map(|q| q.0.as_str()), Some("16Mi"));
+    assert_eq!(
+        empty.size_limit.as_ref().map(|q| q.0.as_str()),
+        Some("16Mi")
+    );
     assert!(volumes.iter().all(|v| v.host_path.is_none()));
     let mount = container
         .volume_mounts

@@ -81,12 +81,21 @@ fn each_error_gets_its_label_and_retry() {
 
 #[test]
 fn a_refused_pod_create_is_a_rejection_and_a_passing_fault_is_not() {
-    let status = |code: u16, message: &str| kube::core::Status::failure(message, "R").with_code(code);
+    let status =
+        |code: u16, message: &str| kube::core::Status::failure(message, "R").with_code(code);
     let quota = "pods \"p\" is forbidden: exceeded quota: q, requested: pods=1, used: pods=1, limited: pods=1";
     let cases = [
-        (403, "violates PodSecurity \"baseline:latest\": hostPath volumes", Some("Forbidden")),
+        (
+            403,
+            "violates PodSecurity \"baseline:latest\": hostPath volumes",
+            Some("Forbidden"),
+        ),
         (403, quota, Some("QuotaExceeded")),
-        (422, "Pod \"p\" is invalid: spec.containers[0].image: Required value", Some("Invalid")),
+        (
+            422,
+            "Pod \"p\" is invalid: spec.containers[0].image: Required value",
+            Some("Invalid"),
+        ),
         (400, "bad request", Some("BadRequest")),
         (409, "already exists", None),
         (404, "namespaces \"x\" not found", None),

@@ -27,7 +27,8 @@ use crate::api::{
 use super::absorbed::{absorbed_message, newly_absorbed};
 use super::retry::PodRejection;
 use super::status_patch::{
-    CONDITION_COMPLETE, CONDITION_INVALID, CONDITION_PLACED, CONDITION_POD_REJECTED, reason, set_condition,
+    CONDITION_COMPLETE, CONDITION_INVALID, CONDITION_PLACED, CONDITION_POD_REJECTED, reason,
+    set_condition,
 };
 use crate::job::backoff::{BatchShape, OomDecision, after_oom};
 use crate::job::budget::{Budget, attempt_budget, gpu_model_budgets, oom_correction};

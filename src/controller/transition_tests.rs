@@ -635,7 +635,11 @@ fn pod_rejected_status() -> TrainingJobStatus {
 fn a_refused_pod_fails_the_job_with_the_server_s_words_and_waits_for_a_change() {
     let t = pod_rejected(&job(None), placed(1, Phase::Placed), &rejection());
     assert_eq!(t.decision, "pod rejected");
-    assert_eq!(t.status.phase, Phase::Failed, "a failed job holds no placement");
+    assert_eq!(
+        t.status.phase,
+        Phase::Failed,
+        "a failed job holds no placement"
+    );
     assert_eq!(t.status.observed_generation, Some(1));
     let message = t.status.message.clone().unwrap_or_default();
     assert!(message.contains("(Forbidden)"), "{message}");
@@ -665,7 +669,10 @@ fn a_refused_pod_fails_the_job_with_the_server_s_words_and_waits_for_a_change() 
         Step::Predict { status, .. } => {
             assert!(!is_pod_rejected(&status));
             let c = condition(&status, CONDITION_POD_REJECTED);
-            assert_eq!((c.status.as_str(), c.reason.as_str()), ("False", "SpecChanged"));
+            assert_eq!(
+                (c.status.as_str(), c.reason.as_str()),
+                ("False", "SpecChanged")
+            );
             assert_eq!(status.phase, Phase::Pending);
             assert_eq!(status.placement, None);
         }

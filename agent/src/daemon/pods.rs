@@ -57,7 +57,9 @@ pub fn owner_from_pod(pod: &Pod, container_id: Option<&str>, kubelet_root: &Path
             (None, None) => Some(Vec::new()),
         },
         // The pod's `emptyDir`, read through the kubelet's folder.
-        stats_dir: pod.uid().and_then(|uid| stats_node_path(kubelet_root, &uid)),
+        stats_dir: pod
+            .uid()
+            .and_then(|uid| stats_node_path(kubelet_root, &uid)),
         namespace_pid: None,
     }
 }
