@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# A local Kubernetes control plane: the upstream kube-apiserver and etcd, built from
-# their Go modules (hack/controlplane/), started on loopback with generated
-# certificates and an admin kubeconfig.
+# A local Kubernetes control plane: the upstream etcd and kube-apiserver (and, on
+# request, kube-controller-manager and kube-scheduler), started on loopback with
+# generated certificates and an admin kubeconfig. The binaries are the static,
+# versioned ones of `hack/gpunode.sh build kube etcd` (the multi-call `kube`,
+# v1.34.4, built from the Go modules under hack/controlplane/).
 #
 #   hack/controlplane.sh build            build the binaries once (reused afterwards)
-#   hack/controlplane.sh up   [--dir D]   start in the background, print the kubeconfig path
-#   hack/controlplane.sh run  [--dir D]   start in the foreground; stops both on TERM/INT
+#   hack/controlplane.sh up   [--dir D] [--controllers]   start in the background, print the kubeconfig path
+#   hack/controlplane.sh run  [--dir D] [--controllers]   start in the foreground; stops all on TERM/INT
 #   hack/controlplane.sh down [--dir D]   stop what `up` started
 #   hack/controlplane.sh restart apiserver|etcd [--dir D] [--down S]
 #                                         stop one of them, wait S seconds, start it again
@@ -14,40 +16,43 @@
 #   hack/controlplane.sh pki  [--dir D]   only make the certificates (hack/gpunode.sh ships them)
 #   hack/controlplane.sh node-cert NAME [--dir D]   a kubelet's client certificate (system:node:NAME)
 #
+# --controllers (or VRAMFIT_CONTROLLERS=1) also starts kube-controller-manager
+# (garbage collector, ReplicaSets, namespace deletion, ServiceAccounts and their
+# token Secrets, CSR signing, ...) and kube-scheduler, each with a certificate of
+# its own (system:kube-controller-manager, system:kube-scheduler). Off by
+# default: the integration tests expect objects to stay as they wrote them.
+#
 # Certificates are made with openssl, or copied from $VRAMFIT_PKI when set (a
 # pki/ folder that `pki` made on another machine).
 #
-# Binaries go to $VRAMFIT_BIN (default ~/.cache/vramfit/bin), outside the clone, so a
-# fresh clone reuses them. The state folder defaults to ~/.cache/vramfit/controlplane.
+# Binaries go to $VRAMFIT_BIN/node (default ~/.cache/vramfit/bin/node), outside the
+# clone, so a fresh clone reuses them; a $VRAMFIT_BIN marked .prebuilt (an unpacked
+# bundle, or hack/gpunode.sh's own folder) is used as it is, without Go. The state
+# folder defaults to ~/.cache/vramfit/controlplane.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 bin=${VRAMFIT_BIN:-$HOME/.cache/vramfit/bin}
 dir=$HOME/.cache/vramfit/controlplane
+controllers=${VRAMFIT_CONTROLLERS:-0}
+[[ $controllers == 1 ]] || controllers=0
 
 log() { printf 'controlplane: %s\n' "$*" >&2; }
 
-stamp() {
-  # The binaries are rebuilt when the pinned module versions change.
-  cat "$here/controlplane/apiserver/go.sum" "$here/controlplane/etcd/go.sum" | sha256sum | cut -c1-16
-}
+# The folder of kube-apiserver, kube-controller-manager, kube-scheduler (links to
+# `kube`) and etcd.
+if [[ -f $bin/.prebuilt ]]; then kbin=$bin; else kbin=$bin/node; fi
 
 build() {
-  # A folder of binaries that travelled without Go (hack/gpunode.sh): use them as they are.
-  if [[ -f $bin/.prebuilt && -x $bin/kube-apiserver && -x $bin/etcd ]]; then
+  # Binaries that travelled without Go (an unpacked hack/gpunode.sh bundle): as they are.
+  if [[ -f $bin/.prebuilt ]]; then
+    [[ -x $kbin/kube-apiserver && -x $kbin/etcd ]] || { log "$bin is marked .prebuilt but lacks kube-apiserver or etcd"; exit 1; }
     return 0
   fi
-  local want
-  want=$(stamp)
-  if [[ -x $bin/kube-apiserver && -x $bin/etcd && "$(cat "$bin/.stamp" 2>/dev/null)" == "$want" ]]; then
-    return 0
-  fi
-  mkdir -p "$bin"
-  log "building etcd (go.etcd.io/etcd/server/v3) into $bin"
-  (cd "$here/controlplane/etcd" && go build -trimpath -o "$bin/etcd" .)
-  log "building kube-apiserver (k8s.io/kubernetes) into $bin; the first build takes several minutes"
-  (cd "$here/controlplane/apiserver" && go build -trimpath -o "$bin/kube-apiserver" k8s.io/kubernetes/cmd/kube-apiserver)
-  echo "$want" >"$bin/.stamp"
+  # The GPU node's build: kube-apiserver is compiled once per machine, and
+  # again only when its pins or flags change (hack/gpunode.sh's stamps; a warm
+  # run checks them only). The first build takes several minutes.
+  VRAMFIT_BIN=$bin "$here/gpunode.sh" build kube etcd >&2
 }
 
 free_port() {
@@ -81,6 +86,26 @@ certs() {
   openssl rsa -in "$pki/sa.key" -pubout -out "$pki/sa.pub" 2>/dev/null
 }
 
+# client_cert NAME SUBJECT: pki/NAME.{crt,key}, a client certificate signed by
+# the CA, unless there already.
+client_cert() {
+  local name=$1 subject=$2 pki=$dir/pki
+  [[ -f $pki/$name.crt && -f $pki/$name.key ]] && return 0
+  command -v openssl >/dev/null || { log "no $pki/$name.crt and no openssl to make it"; exit 1; }
+  openssl req -newkey rsa:2048 -nodes -subj "$subject" \
+    -keyout "$pki/$name.key" -out "$pki/$name.csr" 2>/dev/null
+  printf 'extendedKeyUsage=clientAuth\nkeyUsage=digitalSignature,keyEncipherment\n' >"$pki/$name.ext"
+  openssl x509 -req -in "$pki/$name.csr" -CA "$pki/ca.crt" -CAkey "$pki/ca.key" -CAcreateserial \
+    -days 3650 -extfile "$pki/$name.ext" -out "$pki/$name.crt" 2>/dev/null
+}
+
+# The users the default RBAC policy binds kube-controller-manager's and
+# kube-scheduler's roles to.
+controller_certs() {
+  client_cert controller-manager "/CN=system:kube-controller-manager"
+  client_cert scheduler "/CN=system:kube-scheduler"
+}
+
 # node_cert NAME: pki/node.{crt,key} for the kubelet of node NAME, user
 # system:node:NAME in group system:nodes (what the Node authorizer and
 # NodeRestriction recognise), and pki/node-name.
@@ -96,9 +121,11 @@ node_cert() {
   echo "$name" >"$pki/node-name"
 }
 
+# kubeconfig PORT [CERT FILE USER]: a kubeconfig with the client certificate
+# pki/CERT.{crt,key} (default: the admin's, as $dir/kubeconfig).
 kubeconfig() {
-  local port=$1 pki=$dir/pki
-  cat >"$dir/kubeconfig" <<EOF
+  local port=$1 cert=${2:-admin} file=${3:-$dir/kubeconfig} user=${4:-vramfit-admin} pki=$dir/pki
+  cat >"$file" <<EOF
 apiVersion: v1
 kind: Config
 clusters:
@@ -107,13 +134,13 @@ clusters:
     server: https://127.0.0.1:$port
     certificate-authority-data: $(base64 -w0 <"$pki/ca.crt")
 users:
-- name: vramfit-admin
+- name: $user
   user:
-    client-certificate-data: $(base64 -w0 <"$pki/admin.crt")
-    client-key-data: $(base64 -w0 <"$pki/admin.key")
+    client-certificate-data: $(base64 -w0 <"$pki/$cert.crt")
+    client-key-data: $(base64 -w0 <"$pki/$cert.key")
 contexts:
 - name: vramfit-local
-  context: {cluster: vramfit-local, user: vramfit-admin, namespace: default}
+  context: {cluster: vramfit-local, user: $user, namespace: default}
 current-context: vramfit-local
 EOF
 }
@@ -121,7 +148,7 @@ EOF
 start_etcd() {
   local etcd_port peer_port
   read -r etcd_port peer_port _ <"$dir/ports"
-  "${launcher[@]}" "$bin/etcd" --data-dir "$dir/etcd-data" --name vramfit \
+  "${launcher[@]}" "$kbin/etcd" --data-dir "$dir/etcd-data" --name vramfit \
     --listen-client-urls "http://127.0.0.1:$etcd_port" --advertise-client-urls "http://127.0.0.1:$etcd_port" \
     --listen-peer-urls "http://127.0.0.1:$peer_port" --initial-advertise-peer-urls "http://127.0.0.1:$peer_port" \
     --initial-cluster "vramfit=http://127.0.0.1:$peer_port" \
@@ -133,7 +160,7 @@ start_etcd() {
 start_apiserver() {
   local etcd_port api_port pki=$dir/pki
   read -r etcd_port _ api_port <"$dir/ports"
-  "${launcher[@]}" "$bin/kube-apiserver" --etcd-servers "http://127.0.0.1:$etcd_port" \
+  "${launcher[@]}" "$kbin/kube-apiserver" --etcd-servers "http://127.0.0.1:$etcd_port" \
     --bind-address 127.0.0.1 --secure-port "$api_port" \
     --tls-cert-file "$pki/apiserver.crt" --tls-private-key-file "$pki/apiserver.key" \
     --client-ca-file "$pki/ca.crt" --authorization-mode Node,RBAC --enable-admission-plugins NodeRestriction \
@@ -144,6 +171,61 @@ start_apiserver() {
     >>"$dir/apiserver.log" 2>&1 &
   echo $! >"$dir/apiserver.pid"
   disown $!
+}
+
+# kube-controller-manager and kube-scheduler: one instance each, so no leader
+# election (which would also stop them whenever the API server is down longer
+# than the lease); /healthz on loopback ports of their own.
+start_controllers() {
+  local api_port cm_port sched_port pki=$dir/pki
+  read -r _ _ api_port <"$dir/ports"
+  read -r cm_port sched_port <"$dir/controller-ports"
+  local cm=$dir/controller-manager.kubeconfig sched=$dir/scheduler.kubeconfig
+  kubeconfig "$api_port" controller-manager "$cm" system:kube-controller-manager
+  kubeconfig "$api_port" scheduler "$sched" system:kube-scheduler
+  # Each controller under a ServiceAccount of its own in kube-system (the
+  # default policy's system:controller:* roles); ServiceAccount token Secrets
+  # signed with the API server's key; kube-root-ca.crt ConfigMaps; CSRs signed
+  # by the cluster CA. No --authentication/authorization-kubeconfig: /healthz
+  # is open without them, and with them both poll for a request-header CA this
+  # API server does not have. Nothing is written outside $dir (the FlexVolume
+  # folder defaults to /usr/libexec/kubernetes/...).
+  "${launcher[@]}" "$kbin/kube-controller-manager" --kubeconfig "$cm" \
+    --bind-address 127.0.0.1 --secure-port "$cm_port" --cert-dir "$dir/controller-manager" \
+    --flex-volume-plugin-dir "$dir/controller-manager/flexvolume" \
+    --leader-elect=false --use-service-account-credentials \
+    --service-account-private-key-file "$pki/sa.key" --root-ca-file "$pki/ca.crt" \
+    --cluster-signing-cert-file "$pki/ca.crt" --cluster-signing-key-file "$pki/ca.key" \
+    >>"$dir/controller-manager.log" 2>&1 &
+  echo $! >"$dir/controller-manager.pid"
+  disown $!
+  "${launcher[@]}" "$kbin/kube-scheduler" --kubeconfig "$sched" \
+    --bind-address 127.0.0.1 --secure-port "$sched_port" --cert-dir "$dir/scheduler" \
+    --leader-elect=false \
+    >>"$dir/scheduler.log" 2>&1 &
+  echo $! >"$dir/scheduler.pid"
+  disown $!
+}
+
+# wait_healthy NAME PORT: until NAME answers ok on https://127.0.0.1:PORT/healthz
+# (Python, not curl: the GPU machine may lack curl).
+wait_healthy() {
+  local name=$1 port=$2 i
+  for i in $(seq 1 240); do
+    if python3 -c 'import ssl, sys, urllib.request as u
+sys.exit(u.urlopen(sys.argv[1], context=ssl._create_unverified_context(), timeout=2).read() != b"ok")' \
+      "https://127.0.0.1:$port/healthz" 2>/dev/null; then
+      return 0
+    fi
+    if ! kill -0 "$(cat "$dir/$name.pid")" 2>/dev/null; then
+      log "$name exited; see $dir/$name.log"
+      tail -20 "$dir/$name.log" >&2
+      return 1
+    fi
+    sleep 0.5
+  done
+  log "$name not healthy after 120 s; see $dir/$name.log"
+  return 1
 }
 
 # Waits until the API server answers /readyz (which includes etcd) and the
@@ -171,8 +253,10 @@ wait_ready() {
 start() {
   build
   mkdir -p "$dir"
-  rm -f "$dir/kubeconfig" "$dir/ready" "$dir/restarting" "$dir/etcd.log" "$dir/apiserver.log"
+  rm -f "$dir/kubeconfig" "$dir/ready" "$dir/restarting" "$dir/etcd.log" "$dir/apiserver.log" \
+    "$dir/controller-manager.log" "$dir/scheduler.log" "$dir/controller-ports"
   certs
+  [[ $controllers == 0 ]] || controller_certs
   local api_port
   api_port=$(free_port)
   # The ports stay the same over `restart`, so clients keep their kubeconfig.
@@ -182,6 +266,16 @@ start() {
   start_apiserver
   kubeconfig "$api_port"
   wait_ready || return 1
+  if [[ $controllers == 1 ]]; then
+    local cm_port sched_port
+    cm_port=$(free_port)
+    sched_port=$(free_port)
+    echo "$cm_port $sched_port" >"$dir/controller-ports"
+    start_controllers
+    wait_healthy controller-manager "$cm_port" || return 1
+    wait_healthy scheduler "$sched_port" || return 1
+    log "kube-controller-manager and kube-scheduler running (logs in $dir)"
+  fi
   log "ready at https://127.0.0.1:$api_port (KUBECONFIG=$dir/kubeconfig)"
 }
 
@@ -217,9 +311,9 @@ restart_process() {
 }
 
 stop() {
-  # The API server first, while etcd still answers its graceful shutdown.
+  # The controllers, then the API server while etcd still answers its graceful shutdown.
   local p
-  for p in apiserver etcd; do
+  for p in controller-manager scheduler apiserver etcd; do
     stop_process "$p"
   done
   rm -f "$dir/ready" "$dir/restarting"
@@ -247,6 +341,7 @@ while [[ $# -gt 0 ]]; do
     --dir) dir=$2; shift 2 ;;
     --kubeconfig) kubeconfig_arg=$2; shift 2 ;;
     --down) down=$2; shift 2 ;;
+    --controllers) controllers=1; shift ;;
     *)
       if [[ $cmd == node-cert && -z $node_name ]]; then node_name=$1; shift
       elif [[ $cmd == restart && -z $restart_what ]]; then restart_what=$1; shift
@@ -267,8 +362,13 @@ case $cmd in
     echo "$dir/kubeconfig"
     # Stay in the foreground until asked to stop (or until a process dies
     # other than during a `restart`).
-    while [[ -f $dir/restarting ]] || { kill -0 "$(cat "$dir/apiserver.pid" 2>/dev/null)" 2>/dev/null \
-      && kill -0 "$(cat "$dir/etcd.pid" 2>/dev/null)" 2>/dev/null; }; do
+    watched=(apiserver etcd)
+    [[ $controllers == 0 ]] || watched+=(controller-manager scheduler)
+    alive() {
+      local p
+      for p in "${watched[@]}"; do kill -0 "$(cat "$dir/$p.pid" 2>/dev/null)" 2>/dev/null || return 1; done
+    }
+    while [[ -f $dir/restarting ]] || alive; do
       sleep 1 &
       wait $! || true
     done
@@ -278,8 +378,8 @@ case $cmd in
     ;;
   down) stop ;;
   restart) restart_process "$restart_what" ;;
-  pki) certs ;;
+  pki) certs; controller_certs ;;
   node-cert) [[ -n $node_name ]] || { log "node-cert needs a node name"; exit 2; }; node_cert "$node_name" ;;
   crds) install_crds "${kubeconfig_arg:-$dir/kubeconfig}" ;;
-  *) sed -n '2,19p' "$0"; exit 2 ;;
+  *) sed -n '2,31p' "$0"; exit 2 ;;
 esac

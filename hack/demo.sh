@@ -41,8 +41,8 @@ else
 fi
 cargo build "${profile_flag[@]}" -p vramfit --bin vramfit
 cargo build "${profile_flag[@]}" -p vramfit-agent --bin vramfit-agent
-if [[ ! -x ${VRAMFIT_BIN:-$HOME/.cache/vramfit/bin}/kube-apiserver ]]; then
-  log "building kube-apiserver and etcd from their Go modules (once, about 10 minutes)"
+if [[ ! -x ${VRAMFIT_BIN:-$HOME/.cache/vramfit/bin}/node/kube ]]; then
+  log "building kube (kube-apiserver and more) and etcd from their Go modules (once, about 10 minutes)"
 fi
 log "starting the local control plane (kube-apiserver + etcd on loopback)"
 kubeconfig=$(hack/controlplane.sh up --dir "$state/controlplane")

@@ -16,10 +16,10 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 step "clippy (agent with the cuda feature; cudarc loads CUDA at run time, so this builds without it)"
 cargo clippy -p vramfit-agent --features cuda --all-targets --locked -- -D warnings
 
-step "control plane binaries"
+step "control plane binaries: kube (kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kubectl) and etcd"
 hack/controlplane.sh build
 
-step "GPU node: binaries (cached in ~/.cache/vramfit/bin/node), the NRI plugin, generated files and CDI spec"
+step "GPU node: the other binaries (cached in ~/.cache/vramfit/bin/node, kube and etcd with them), the NRI plugin, generated files and CDI spec"
 hack/gpunode.sh build
 (cd hack/node/containerd && go test ./nri-cdi)
 python3 -m pytest -q -p no:cacheprovider hack/node

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Developer tools built from their Go modules (hack/tools/<name>/go.mod pins each
-# with a `tool` directive), the way hack/controlplane.sh builds kube-apiserver.
+# with a `tool` directive), the way hack/gpunode.sh builds kube-apiserver.
 #
 #   hack/tools.sh helm     build helm (helm.sh/helm/v3) if needed, print its path
 #   hack/tools.sh crane    build crane (github.com/google/go-containerregistry) if needed, print its path
