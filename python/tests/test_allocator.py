@@ -20,18 +20,21 @@ BUDGET_MESSAGE = (
     "of 4.00 GiB: 3.90 GiB is allocated by PyTorch and 3.99 GiB is reserved"
 )
 PACKAGE_ROOT = Path(allocator.__file__).resolve().parent.parent
+# Read at collection: the autouse fixture clears every VRAMFIT_* variable
+# before each test runs.
+EXPLICIT_LIBRARY = os.environ.get(allocator.LIBRARY_ENV)
+REQUIRE_LIBRARY = os.environ.get("VRAMFIT_REQUIRE_ALLOCATOR_LIB") == "1"
 
 
 def library() -> Path:
     """The built library: $VRAMFIT_ALLOCATOR_LIB, else the debug build."""
-    explicit = os.environ.get(allocator.LIBRARY_ENV)
-    candidates = [Path(explicit)] if explicit else []
+    candidates = [Path(EXPLICIT_LIBRARY)] if EXPLICIT_LIBRARY else []
     target = os.environ.get("CARGO_TARGET_DIR", str(Path.home() / ".cache/vramfit/target"))
     candidates.append(Path(target) / "debug" / allocator.LIBRARY_NAME)
     for path in candidates:
         if path.is_file():
             return path
-    if os.environ.get("VRAMFIT_REQUIRE_ALLOCATOR_LIB") == "1":
+    if REQUIRE_LIBRARY:
         pytest.fail(f"{allocator.LIBRARY_NAME} not built (cargo build -p vramfit-alloc)")
     pytest.skip(f"{allocator.LIBRARY_NAME} not built")
 
