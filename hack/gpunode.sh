@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A one-node Kubernetes cluster on this machine, from upstream components built
-# from their Go modules: etcd and kube-apiserver (hack/controlplane.sh),
+# from their Go modules: etcd, kube-apiserver, kube-controller-manager and
+# kube-scheduler (hack/controlplane.sh --controllers),
 # containerd 2.2 with runc, the loopback CNI plugin and an NRI plugin that
 # hands pods their GPUs through CDI, and a kubelet registered with the API
 # server; then the CRDs, the vramfit controller and the node agent. The
@@ -311,14 +312,19 @@ up() {
   export PATH=$nodebin:$PATH
   mkdir -p "$dir"
 
-  log "control plane (etcd, kube-apiserver)"
+  log "control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler)"
   local pki=$dir/controlplane/pki
   if [[ -d $nodebin/controlplane/pki && ! -f $pki/admin.crt ]]; then
     mkdir -p "$dir/controlplane"
     cp -r "$nodebin/controlplane/pki" "$dir/controlplane/"
+  elif [[ -f $nodebin/controlplane/pki/ca.crt && "$(cat "$nodebin/controlplane/pki/ca.crt")" == "$(cat "$pki/ca.crt")" ]]; then
+    # The same CA: what the bundle has and an earlier run's folder lacks (the
+    # controllers' certificates; the machine may lack openssl to make them).
+    local f
+    for f in "$nodebin"/controlplane/pki/*; do [[ -e $pki/${f##*/} ]] || cp "$f" "$pki/"; done
   fi
   local kubeconfig
-  kubeconfig=$(VRAMFIT_BIN=$nodebin "$here/controlplane.sh" up --dir "$dir/controlplane")
+  kubeconfig=$(VRAMFIT_BIN=$nodebin "$here/controlplane.sh" up --controllers --dir "$dir/controlplane")
   export KUBECONFIG=$kubeconfig
 
   # The node's name: --node, else the one its shipped certificate names,
@@ -379,8 +385,9 @@ up() {
     --hostname-override "$node" --root-dir "$dir/kubelet/root" --cert-dir "$dir/kubelet/pki" --v=1
   wait_for 60 "node $node" kubectl wait --for condition=Ready --timeout=1s "node/$node" ||
     { tail -30 "$dir/kubelet.log" >&2; return 1; }
-  # The node lifecycle controller (kube-controller-manager) is not running, so
-  # nobody lifts the not-ready taint the API server put on the new node.
+  # kube-controller-manager's node lifecycle controller lifts the not-ready
+  # taint the API server put on the new node within seconds; lifted here at
+  # once all the same, so that nothing waits for it.
   kubectl taint node "$node" node.kubernetes.io/not-ready- >/dev/null 2>&1 || true
   log "node $node Ready after $(( ($(now_ms) - t0) ))ms"
 
@@ -464,7 +471,8 @@ collect_logs() {
   {
     echo
     echo "== node logs (last 25 lines each)"
-    for f in "$dir"/controlplane/apiserver.log "$dir"/containerd.log "$dir"/nri-cdi.log "$dir"/kubelet.log "$dir"/agent.log "$dir"/controller.log; do
+    for f in "$dir"/controlplane/apiserver.log "$dir"/controlplane/controller-manager.log \
+      "$dir"/controlplane/scheduler.log "$dir"/containerd.log "$dir"/nri-cdi.log "$dir"/kubelet.log "$dir"/agent.log "$dir"/controller.log; do
       [[ -f $f ]] || continue
       echo "-- $f"
       tail -25 "$f"
