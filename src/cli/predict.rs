@@ -49,6 +49,47 @@ pub fn run(args: &PredictArgs) -> anyhow::Result<String> {
     };
     let text = read_text(&args.file)?;
     let job = job::parse_job(&text)?;
+    match predicted(args, &job, gpu) {
+        Ok(out) => Ok(out),
+        // The controller runs a job with a request without a prediction:
+        // say what it will use, and why there is no prediction beside it.
+        Err(e) if args.fit.is_none() && args.events_out.is_none() => {
+            match job.memory.as_ref().and_then(|m| m.request.as_deref()) {
+                Some(request) => request_only(args.output, request, &format!("{e:#}")),
+                None => Err(e),
+            }
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// What `predict` prints for a job that states `memory.request` and whose
+/// model cannot be predicted: the budget the controller uses, with the reason.
+fn request_only(output: OutputFormat, request: &str, why: &str) -> anyhow::Result<String> {
+    let bytes = parse_quantity(request, 1)
+        .filter(|b| *b > 0)
+        .with_context(|| format!("spec.memory.request {request:?} is not a positive quantity"))?;
+    Ok(match output {
+        OutputFormat::Json => serde_json::to_string_pretty(&serde_json::json!({
+            "budgetBytes": bytes,
+            "budget": human_bytes(bytes),
+            "source": "request",
+            "predicted": false,
+            "reason": why,
+        }))?,
+        OutputFormat::Table => format!(
+            "budget {} per GPU from spec.memory.request (no prediction: {why})",
+            human_bytes(bytes)
+        ),
+    })
+}
+
+fn predicted(
+    args: &PredictArgs,
+    job: &job::JobInput,
+    gpu: &'static crate::predict::GpuProfile,
+) -> anyhow::Result<String> {
+    let job = job.clone();
     let profile = args.profile.as_deref().map(read_text).transpose()?;
     if job.model.profile.is_some() && profile.is_none() {
         anyhow::bail!(

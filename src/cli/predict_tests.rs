@@ -40,3 +40,39 @@ fn events_out_writes_a_profile_that_predicts_the_same_allocated_peak() {
     assert!(run(&b).unwrap_err().to_string().contains("--events-out"));
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn a_job_with_a_request_and_a_model_not_predicted_prints_the_budget_the_controller_uses() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = |memory: &str| {
+        format!(
+            "apiVersion: vramfit.dev/v1alpha1\nkind: TrainingJob\nmetadata: {{name: q3}}\nspec:\n  \
+             batch: {{global: 8, micro: 8}}\n{memory}  model:\n    huggingFace: {{seqLen: 512, \
+             config: {{model_type: qwen3, hidden_size: 1024}}}}\n  template: {{spec: {{containers: \
+             [{{name: t, image: x}}]}}}}\n"
+        )
+    };
+    let with_request = dir.path().join("with.yaml");
+    std::fs::write(&with_request, job("  memory: {request: 20Gi}\n")).unwrap();
+    let out = run(&args(with_request.clone())).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["budgetBytes"], 20u64 << 30);
+    assert_eq!(v["source"], "request");
+    assert!(v["reason"].as_str().unwrap().contains("qwen3"), "{out}");
+    let table = run(&PredictArgs {
+        output: OutputFormat::Table,
+        ..args(with_request)
+    })
+    .unwrap();
+    assert!(
+        table.starts_with("budget 20.0 GiB per GPU from spec.memory.request"),
+        "{table}"
+    );
+
+    // Without a request the error stays, and names both ways out.
+    let without = dir.path().join("without.yaml");
+    std::fs::write(&without, job("")).unwrap();
+    let err = format!("{:#}", run(&args(without)).unwrap_err());
+    assert!(err.contains("spec.memory.request"), "{err}");
+    assert!(err.contains("python -m vramfit.profile"), "{err}");
+}

@@ -200,7 +200,10 @@ pub fn arch_from_hugging_face(spec: &HuggingFaceSpec) -> Result<TransformerArch,
         }
         other => {
             return Err(PredictError::Unsupported(format!(
-                "huggingFace.config.model_type '{other}' is not supported (supported: {})",
+                "huggingFace.config.model_type '{other}' is not supported (supported: {}); \
+                 run it with a budget you choose (spec.memory.request, e.g. 40Gi), or capture \
+                 its allocation profile on a CPU (python -m vramfit.profile) and name it in \
+                 spec.model.profile",
                 SUPPORTED_MODEL_TYPES.join(", ")
             )));
         }
