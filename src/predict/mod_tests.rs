@@ -444,10 +444,14 @@ fn hugging_face_error(config: serde_json::Value) -> String {
 fn unknown_hugging_face_model_types_name_the_supported_ones() {
     let config = serde_json::json!({"model_type": "t5", "d_model": 512});
     let err = hugging_face_error(config);
-    assert_eq!(
-        err,
-        "huggingFace.config.model_type 't5' is not supported (supported: gpt2, llama, mistral, qwen2, bert)"
+    assert!(
+        err.starts_with(
+            "huggingFace.config.model_type 't5' is not supported (supported: gpt2, llama, mistral, qwen2, bert); "
+        ),
+        "{err}"
     );
+    assert!(err.contains("spec.memory.request"), "{err}");
+    assert!(err.contains("spec.model.profile"), "{err}");
 }
 
 #[test]
