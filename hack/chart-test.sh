@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # Checks of charts/vramfit: the CRDs match crds/, every value is documented,
 # helm lint, the schema refuses bad values, the rendered manifests pass
-# `kubectl apply --dry-run=server` against the local control plane, and each
-# ServiceAccount can do what it needs and nothing it must not (`kubectl auth can-i`).
+# `kubectl apply --dry-run=server` against the local control plane, each
+# ServiceAccount can do what it needs and nothing it must not (`kubectl auth can-i`),
+# and a real `helm install`, `helm upgrade` and `helm uninstall` leave what they
+# should (kube-controller-manager and kube-scheduler running, no kubelet: the
+# pods stay Pending).
 #
-#   hack/chart-test.sh                  start a control plane of its own, check, stop it
-#   KUBECONFIG=... hack/chart-test.sh --kubeconfig K   use a running control plane
+#   hack/chart-test.sh                  start a control plane of its own (with --controllers), check, stop it
+#   KUBECONFIG=... hack/chart-test.sh --kubeconfig K   use a running scratch control plane
+#                                       (`hack/controlplane.sh up --controllers`; its vramfit CRDs are replaced)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 chart=charts/vramfit
@@ -103,7 +107,7 @@ own_cp=
 if [[ -z $kubeconfig ]]; then
   own_cp=$(mktemp -d /tmp/vramfit-chart-cp.XXXXXX)
   trap 'hack/controlplane.sh down --dir "$own_cp"; rm -rf "$own_cp"' EXIT
-  kubeconfig=$(hack/controlplane.sh up --dir "$own_cp")
+  kubeconfig=$(hack/controlplane.sh up --controllers --dir "$own_cp")
 fi
 export KUBECONFIG=$kubeconfig
 k() { kubectl "$@"; }
@@ -235,16 +239,21 @@ for _ in $(seq 50); do
   sleep 0.2
 done
 tj plain "$plain" | refused alice "a plain template under restricted" "allowPrivilegeEscalation=false" apply -f -
-tj strict '{securityContext: {runAsNonRoot: true, seccompProfile: {type: RuntimeDefault}}, containers: [{name: t, image: i, securityContext: {allowPrivilegeEscalation: false, capabilities: {drop: [ALL]}}}]}' |
+# What meets restricted; the checks below start from it, so that only the
+# policy they are about can refuse them (when two policies refuse, which
+# one the API server reports varies from run to run).
+pod_sc='securityContext: {runAsNonRoot: true, seccompProfile: {type: RuntimeDefault}}'
+ctr_sc='securityContext: {allowPrivilegeEscalation: false, capabilities: {drop: [ALL]}}'
+tj strict "{$pod_sc, containers: [{name: t, image: i, $ctr_sc}]}" |
   allowed alice "a template that meets restricted" apply -f -
 # One object nested past the controller's JSON parser (128 levels) would make
 # every TrainingJob LIST fail: refused at admission, whatever the level.
 deep=$(python3 -c 'print("[" * 130 + "]" * 130)')
-tj deep "{containers: [{name: t, image: i}], nodeSelector: {}, x: $deep}" |
+tj deep "{$pod_sc, containers: [{name: t, image: i, $ctr_sc}], nodeSelector: {}, x: $deep}" |
   refused alice "a template nested 130 levels" "spec.template nests more than 24 levels" apply -f -
-printf 'apiVersion: vramfit.dev/v1alpha1\nkind: TrainingJob\nmetadata: {name: deepcfg, namespace: team-a}\nspec:\n  batch: {global: 8, micro: 8}\n  model: {huggingFace: {seqLen: 128, config: {model_type: gpt2, x: %s}}}\n  template: {spec: {containers: [{name: t, image: i}]}}\n' "$deep" |
+printf 'apiVersion: vramfit.dev/v1alpha1\nkind: TrainingJob\nmetadata: {name: deepcfg, namespace: team-a}\nspec:\n  batch: {global: 8, micro: 8}\n  model: {huggingFace: {seqLen: 128, config: {model_type: gpt2, x: %s}}}\n  template: {spec: {%s, containers: [{name: t, image: i, %s}]}}\n' "$deep" "$pod_sc" "$ctr_sc" |
   refused alice "a Hugging Face config nested 130 levels" "huggingFace.config nests more than 24 levels" apply -f -
-tj habit '{containers: [{name: t, image: i, resources: {limits: {nvidia.com/gpu: 1}}}]}' |
+tj habit "{$pod_sc, containers: [{name: t, image: i, $ctr_sc, resources: {limits: {nvidia.com/gpu: 1}}}]}" |
   refused alice "nvidia.com/gpu in the template, out of habit" "leave out resources nvidia.com/gpu" apply -f -
 tenancy=$(render --set tenancy.podSecurity=none --show-only templates/tenancy.yaml)
 grep -q trainingjob-pod-security <<<"$tenancy" && fail "tenancy.podSecurity=none still renders the policy"
@@ -300,6 +309,95 @@ must agent get trainingjobs.vramfit.dev -n ml
 mustnt agent get secrets -n ml
 mustnt agent create pods -n ml --subresource=exec
 render --set controller.watchNamespace=ml --set agent.simulate=2xH200 | k delete -f - --ignore-not-found >/dev/null
+passed=$((passed + 1))
+
+log "helm install, upgrade and uninstall against the API server (kube-controller-manager and kube-scheduler running, no kubelet)"
+pass() { printf 'chart-test: PASS: %s\n' "$*" >&2; }
+# poll SECONDS COMMAND...: until COMMAND succeeds.
+poll() {
+  local secs=$1 i
+  shift
+  for ((i = 0; i < secs * 2; i++)); do
+    "$@" >/dev/null 2>&1 && return 0
+    sleep 0.5
+  done
+  return 1
+}
+# The release's pods and ReplicaSets (made by the controllers, not by helm).
+owned() { k get pods,replicasets -n "$ns" -l "app.kubernetes.io/instance=$release" -o name; }
+# What is left in the namespace besides what Kubernetes puts in every one.
+ns_left() {
+  k get all,roles,rolebindings,serviceaccounts,configmaps,secrets,poddisruptionbudgets,leases -n "$ns" -o name |
+    grep -vx -e serviceaccount/default -e configmap/kube-root-ca.crt || true
+}
+# The release's cluster-scoped objects, by name or by label.
+cluster_left() {
+  local kinds=clusterroles,clusterrolebindings,validatingadmissionpolicies,validatingadmissionpolicybindings,validatingwebhookconfigurations,mutatingwebhookconfigurations
+  { k get "$kinds" -o name | grep "/$release-" || true; k get "$kinds" -l "app.kubernetes.io/instance=$release" -o name; } | sort -u
+}
+edit_has_trainingjobs() { k get clusterrole edit -o jsonpath='{.rules[*].resources}' | grep -q trainingjobs; }
+
+# Controllers are needed: ReplicaSets, pods, garbage collection, role aggregation.
+poll 30 k get serviceaccount default -n "$ns" ||
+  fail "no ServiceAccount default in $ns: no kube-controller-manager runs (hack/controlplane.sh up --controllers)"
+# Nothing of the kubectl-applied renderings above may be left (helm refuses objects it does not own).
+poll 60 eval '[[ -z $(ns_left) && -z $(cluster_left) ]]' ||
+  fail "objects of the release left before helm install: $(ns_left | tr '\n' ' ') $(cluster_left | tr '\n' ' ')"
+# helm installs the CRDs of crds/ itself: removed first, so that it does.
+k delete crd trainingjobs.vramfit.dev gpunodes.vramfit.dev --wait --timeout=60s >/dev/null
+if ! err=$("$helm" install "$release" "$chart" -n "$ns" --create-namespace 2>&1 >/dev/null); then
+  fail "helm install: $err"
+fi
+[[ $("$helm" status "$release" -n "$ns" -o json | python3 -c 'import json,sys; print(json.load(sys.stdin)["info"]["status"])') == deployed ]] ||
+  fail "helm status is not deployed after install"
+pass "helm install (server $(k version -o json 2>/dev/null | python3 -c 'import json,sys; print(json.load(sys.stdin)["serverVersion"]["gitVersion"])'))"
+k wait --for condition=established --timeout=60s crd/trainingjobs.vramfit.dev crd/gpunodes.vramfit.dev >/dev/null ||
+  fail "helm did not install the CRDs"
+pass "helm installed the CRDs (crds/)"
+replicas=$(k get deployment "$release-controller" -n "$ns" -o jsonpath='{.spec.replicas}')
+pods_made() { [[ $(k get pods -n "$ns" -l "app.kubernetes.io/instance=$release" --no-headers | wc -l) -ge $replicas ]]; }
+poll 60 pods_made || fail "the controller Deployment made no pods: $(owned | tr '\n' ' ')"
+unschedulable() {
+  [[ $(k get pods -n "$ns" -l "app.kubernetes.io/instance=$release" \
+    -o jsonpath='{range .items[*]}{.status.conditions[?(@.type=="PodScheduled")].reason}{"\n"}{end}' | grep -c Unschedulable) -ge $replicas ]]
+}
+poll 60 unschedulable || fail "kube-scheduler did not try the controller's pods"
+pass "Deployment $release-controller -> ReplicaSet -> $replicas pods, Pending (no node): $(k get pods -n "$ns" -l "app.kubernetes.io/instance=$release" --no-headers | awk '{print $1 " " $3}' | paste -sd, -)"
+ds_seen() { [[ $(k get daemonset "$release-agent" -n "$ns" -o jsonpath='{.status.observedGeneration}') == 1 ]]; }
+poll 30 ds_seen || fail "the DaemonSet controller did not process $release-agent"
+pass "DaemonSet $release-agent processed, $(k get daemonset "$release-agent" -n "$ns" -o jsonpath='{.status.desiredNumberScheduled}') pods wanted (no node)"
+poll 30 edit_has_trainingjobs || fail "the ClusterRole edit did not get TrainingJobs (aggregation)"
+pass "ClusterRole edit aggregates $release-trainingjobs-edit"
+
+"$helm" upgrade "$release" "$chart" -n "$ns" --reuse-values --set controller.policy=best-fit >/dev/null ||
+  fail "helm upgrade --set controller.policy=best-fit"
+[[ $("$helm" status "$release" -n "$ns" -o json | python3 -c 'import json,sys; d=json.load(sys.stdin); print(d["version"], d["info"]["status"])') == "2 deployed" ]] ||
+  fail "helm status is not revision 2, deployed, after the upgrade"
+k get deployment "$release-controller" -n "$ns" -o jsonpath='{.spec.template.spec.containers[0].args}' | grep -q -- '--policy=best-fit' ||
+  fail "the upgrade did not reach the Deployment's args"
+rolled() { [[ $(k get replicasets -n "$ns" -l "app.kubernetes.io/instance=$release" --no-headers | wc -l) -ge 2 ]]; }
+poll 60 rolled || fail "the Deployment made no new ReplicaSet for the changed template"
+pass "helm upgrade --set controller.policy=best-fit: revision 2, --policy=best-fit in the Deployment, a new ReplicaSet"
+
+manifest=$("$helm" get manifest "$release" -n "$ns")
+[[ -n $manifest ]] || fail "helm get manifest is empty"
+"$helm" uninstall "$release" -n "$ns" >/dev/null || fail "helm uninstall"
+pass "helm uninstall"
+helm_gone() { ! "$helm" status "$release" -n "$ns"; }
+helm_gone >/dev/null 2>&1 || fail "helm still lists the release"
+manifest_left() { k get -f - -n "$ns" --ignore-not-found -o name <<<"$manifest"; }
+poll 60 eval '[[ -z $(manifest_left) ]]' || fail "objects of the release's manifest left: $(manifest_left | tr '\n' ' ')"
+pass "no object of the release's manifest left ($(grep -c '^kind:' <<<"$manifest") objects)"
+poll 60 eval '[[ -z $(owned) ]]' || fail "pods or ReplicaSets of the release left: $(owned | tr '\n' ' ')"
+pass "the ReplicaSets and pods garbage-collected"
+[[ -z $(ns_left) ]] || fail "left in $ns: $(ns_left | tr '\n' ' ')"
+pass "nothing left in $ns but ServiceAccount default and ConfigMap kube-root-ca.crt (no Deployment, DaemonSet, pod, Role, RoleBinding, ServiceAccount, Service, ConfigMap, PDB, release Secret)"
+[[ -z $(cluster_left) ]] || fail "cluster-scoped objects of the release left: $(cluster_left | tr '\n' ' ')"
+pass "no ClusterRole, ClusterRoleBinding, ValidatingAdmissionPolicy(Binding) or webhook configuration of the release left"
+poll 30 eval '! edit_has_trainingjobs' || fail "the ClusterRole edit still grants TrainingJobs"
+pass "ClusterRole edit no longer grants TrainingJobs"
+k get crd trainingjobs.vramfit.dev gpunodes.vramfit.dev >/dev/null || fail "helm uninstall removed the CRDs"
+pass "the CRDs are kept (helm leaves crds/ installed)"
 passed=$((passed + 1))
 
 echo "chart: $passed passed, 0 failed"
