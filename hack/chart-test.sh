@@ -71,7 +71,7 @@ refuse() {
 }
 refuse "unknown policy" "/controller/policy" --set controller.policy=fastest
 refuse "misspelt value" "additional properties 'replica' not allowed" --set controller.replica=3
-refuse "relative stats root" "/statsRoot" --set statsRoot=var/run
+refuse "relative kubelet root" "/kubeletRoot" --set kubeletRoot=var/lib/kubelet
 refuse "two active controllers" "needs controller.leaderElection" --set controller.leaderElection=false
 refuse "unknown GPU access" "/agent/gpuAccess" --set agent.gpuAccess=privileged
 refuse "ServiceMonitor without a Service" "needs metrics.service.enabled" \
@@ -82,11 +82,11 @@ passed=$((passed + 1))
 
 render() { "$helm" template "$release" "$chart" --kube-version "$kube_version" --namespace "$ns" "$@"; }
 
-log "the controller and the agent get the same stats root"
-out=$(render --set statsRoot=/srv/vramfit/stats/)
-[[ $(grep -c -- '- --stats-root=/srv/vramfit/stats$' <<<"$out") == 2 ]] ||
-  fail "--stats-root is not /srv/vramfit/stats for both the controller and the agent"
-grep -q 'path: /srv/vramfit/stats$' <<<"$out" || fail "the agent's hostPath is not the stats root"
+log "the agent reads the stats emptyDirs under the kubelet root, read-only"
+out=$(render --set kubeletRoot=/srv/kubelet/)
+grep -q -- '- --kubelet-root=/srv/kubelet$' <<<"$out" || fail "the agent's --kubelet-root is not /srv/kubelet"
+grep -q 'path: /srv/kubelet/pods$' <<<"$out" || fail "the agent's hostPath is not <kubeletRoot>/pods"
+grep -q -- '--stats-root' <<<"$out" && fail "a --stats-root is still passed"
 passed=$((passed + 1))
 
 log "the agent reaches the GPUs as configured"

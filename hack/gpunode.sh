@@ -405,7 +405,7 @@ up() {
     # A status write at least every 3 s (default 10 s): the demo samples the
     # GpuNode for the training processes' allocator and shape figures, and the
     # shortest jobs train for about 10 s.
-    start_bg agent "$vb/vramfit-agent" run --node "$node" --heartbeat 3s
+    start_bg agent "$vb/vramfit-agent" run --node "$node" --heartbeat 3s --kubelet-root "$dir/kubelet/root"
   else
     # No GPU: keep a GpuNode with two simulated H200s alive, so the
     # controller places. Not `vramfit-agent run
