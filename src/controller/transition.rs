@@ -284,9 +284,22 @@ pub fn predict(
         Ok(budget) => budget.after_ooms(ooms, spec.headroom(), largest),
         Err(message) => return invalid(job, status, &message),
     };
+    let auto = spec.batch.auto_micro && attempt == 1;
+    if !auto && let Some(message) = never_fits(job, &budget, micro, largest) {
+        let mut t = invalid(job, status, &message);
+        set_condition(
+            &mut t.status.conditions,
+            CONDITION_INVALID,
+            true,
+            "NeverFits",
+            &message,
+            generation,
+        );
+        t.decision = "never fits";
+        return t;
+    }
     // The budget for each GPU model the job could land on; the cycle gives it
     // the one of the model it places it on.
-    let auto = spec.batch.auto_micro && attempt == 1;
     status.gpu_model_budgets =
         gpu_model_budgets(job, micro, auto, facts.gpu_models, profile, &|m| {
             (facts.measured)(&job_signature(job, m))
@@ -532,6 +545,50 @@ pub fn pod_rejected(
         }],
         requeue: Requeue::AwaitChange,
     }
+}
+
+/// Why a job can never run, when its budget per GPU is larger than every GPU
+/// vramfit knows of and every GPU of the cluster (`cluster_largest`), with
+/// the changes of its spec that would make it fit (`predict::fit`). A job
+/// only larger than the cluster's GPUs waits for a larger one instead.
+pub fn never_fits(
+    job: &TrainingJob,
+    budget: &Budget,
+    micro: u32,
+    cluster_largest: Option<u64>,
+) -> Option<String> {
+    let known = crate::predict::GPU_PROFILES
+        .iter()
+        .max_by_key(|g| g.capacity_bytes)?;
+    let largest = known.capacity_bytes.max(cluster_largest.unwrap_or(0));
+    if budget.budget <= largest {
+        return None;
+    }
+    let spec = &job.spec;
+    let need = format!(
+        "never fits: needs {} per GPU ({} from {}) and the largest GPU is {}",
+        human_bytes(budget.budget),
+        human_bytes(budget.predicted),
+        budget.source,
+        human_bytes(largest)
+    );
+    if budget.source != "model" {
+        return Some(need);
+    }
+    let shape = crate::predict::JobShape {
+        gpus: spec.gpus,
+        global_batch: spec.batch.global,
+        micro_batch: micro,
+    };
+    let options =
+        crate::predict::fit::fit_options(&spec.model, &shape, known, largest, spec.headroom());
+    let name = if largest > known.capacity_bytes {
+        "GPU of the cluster"
+    } else {
+        known.name
+    };
+    let advice = crate::predict::fit::fit_advice(&options, largest, spec.headroom(), name);
+    Some(format!("{need}; {advice}"))
 }
 
 /// Records the cycle's placement. A placement on a GPU model with its own

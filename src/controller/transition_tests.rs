@@ -1244,3 +1244,52 @@ fn a_held_prediction_is_written_with_the_cycle_s_verdict_in_one_event() {
     assert_eq!(t.effects, vec![Effect::WakeScheduler]);
     assert!(events(&t).is_empty());
 }
+
+#[test]
+fn a_job_larger_than_every_gpu_fails_once_with_what_would_make_it_fit() {
+    // A 70B LLaMA shape in fp32 with AdamW: over a TiB per GPU.
+    let big = job_with(
+        json!({"model": {"transformer": {"layers": 80, "hidden": 8192, "heads": 64, "kvHeads": 8,
+                "ffn": 28672, "vocab": 128256, "seqLen": 2048, "mlp": "swiglu", "norm": "rmsnorm",
+                "positional": "rotary", "tiedEmbeddings": false},
+               "precision": "fp32", "optimizer": "adamw"},
+               "batch": {"global": 64, "micro": 1, "minMicro": 1}}),
+        None,
+    );
+    let t = predict(&big, TrainingJobStatus::default(), facts(1, &|_| None, &[]));
+    assert_eq!(t.decision, "never fits");
+    assert_eq!(t.status.phase, Phase::Failed);
+    let message = t.status.message.clone().unwrap();
+    assert!(message.starts_with("never fits: needs "), "{message}");
+    assert!(message.contains("zeroStage: 3 with gpus: "), "{message}");
+    let c = condition(&t.status, CONDITION_INVALID);
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("True", "NeverFits")
+    );
+    // One figure of the need, as the budget.
+    let budget = t.status.budget_bytes;
+    assert_eq!(budget, None, "a job that never fits records no budget");
+
+    // A request larger than every GPU fails too, without advice; one the
+    // cluster's own larger GPU holds waits for it.
+    let mut requested = job_with(json!({}), None);
+    requested.spec.memory = Some(crate::api::MemorySpec {
+        request: Some("400Gi".into()),
+        headroom: 0.05,
+    });
+    let t = predict(
+        &requested,
+        TrainingJobStatus::default(),
+        facts(1, &|_| None, &[]),
+    );
+    assert_eq!(t.decision, "never fits");
+    assert!(!t.status.message.unwrap().contains(';'));
+    let models = [("B300".to_string(), 500 * GIB)];
+    let t = predict(
+        &requested,
+        TrainingJobStatus::default(),
+        facts(1, &|_| None, &models),
+    );
+    assert_eq!(t.decision, "predicted");
+}
