@@ -131,9 +131,48 @@ fn predicted(
         }
         job::predict_job_at(&job, micro, gpu, profile.as_deref())?
     };
+    // A need larger than the GPU says so, with what would make it fit.
+    let need = (prediction.peak_bytes as f64 * (1.0 + job.headroom())).ceil() as u64;
+    let advice = (need > gpu.capacity_bytes && job.model.profile.is_none()).then(|| {
+        let shape = crate::predict::JobShape {
+            micro_batch: prediction.micro_batch,
+            ..job.shape()
+        };
+        let options = crate::predict::fit::fit_options(
+            &job.model,
+            &shape,
+            gpu,
+            gpu.capacity_bytes,
+            job.headroom(),
+        );
+        format!(
+            "needs {} per GPU with {:.0}% headroom, more than a {} has ({}); {}",
+            human_bytes(need),
+            100.0 * job.headroom(),
+            gpu.name,
+            human_bytes(gpu.capacity_bytes),
+            crate::predict::fit::fit_advice(&options, gpu.capacity_bytes, job.headroom(), gpu.name)
+        )
+    });
     Ok(match args.output {
-        OutputFormat::Json => serde_json::to_string_pretty(&output::prediction_json(&prediction))?,
-        OutputFormat::Table => output::prediction_table(&prediction),
+        OutputFormat::Json => {
+            let mut doc = output::prediction_json(&prediction);
+            if let serde_json::Value::Object(map) = &mut doc {
+                map.insert("fitsGpu".into(), (advice.is_none()).into());
+                if let Some(advice) = &advice {
+                    map.insert("advice".into(), advice.clone().into());
+                }
+            }
+            serde_json::to_string_pretty(&doc)?
+        }
+        OutputFormat::Table => match &advice {
+            Some(advice) => format!(
+                "{}
+warning: {advice}",
+                output::prediction_table(&prediction)
+            ),
+            None => output::prediction_table(&prediction),
+        },
     })
 }
 

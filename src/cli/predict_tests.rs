@@ -76,3 +76,41 @@ fn a_job_with_a_request_and_a_model_not_predicted_prints_the_budget_the_controll
     assert!(err.contains("spec.memory.request"), "{err}");
     assert!(err.contains("python -m vramfit.profile"), "{err}");
 }
+
+#[test]
+fn a_prediction_larger_than_the_gpu_warns_with_what_would_make_it_fit() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("job.yaml");
+    let job = |micro: u32| {
+        format!(
+            "spec:\n  batch: {{global: 64, micro: {micro}}}\n  model:\n    transformer: {{layers: 12, \
+             hidden: 768, heads: 12, vocab: 50257, seqLen: 1024}}\n    precision: fp32\n  \
+             template: {{spec: {{containers: [{{name: t, image: x}}]}}}}\n"
+        )
+    };
+    let on_t4 = |output| PredictArgs {
+        gpu: Some("T4".into()),
+        output,
+        ..args(path.clone())
+    };
+    std::fs::write(&path, job(64)).unwrap();
+    let v: serde_json::Value =
+        serde_json::from_str(&run(&on_t4(OutputFormat::Json)).unwrap()).unwrap();
+    assert_eq!(v["fitsGpu"], false);
+    let advice = v["advice"].as_str().unwrap();
+    assert!(advice.contains("more than a T4 has"), "{advice}");
+    assert!(advice.contains("it would fit a T4"), "{advice}");
+    let table = run(&on_t4(OutputFormat::Table)).unwrap();
+    assert!(table.contains("\nwarning: needs "), "{table}");
+
+    std::fs::write(&path, job(1)).unwrap();
+    let v: serde_json::Value =
+        serde_json::from_str(&run(&on_t4(OutputFormat::Json)).unwrap()).unwrap();
+    assert_eq!(v["fitsGpu"], true);
+    assert!(v.get("advice").is_none());
+    assert!(
+        !run(&on_t4(OutputFormat::Table))
+            .unwrap()
+            .contains("warning")
+    );
+}
