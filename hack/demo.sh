@@ -76,6 +76,14 @@ for _ in $(seq 1 60); do
   [[ $waiting == 0 ]] && break
   sleep 1
 done
+# The agent's next report carries what the running jobs measure.
+for _ in $(seq 1 30); do
+  "$bin/vramfit" status -o json 2>/dev/null | python3 -c '
+import json, sys
+jobs = [j for n in json.load(sys.stdin)["nodes"] for g in n["gpus"] for j in g["jobs"]]
+sys.exit(0 if jobs and all(j.get("measuredBytes") for j in jobs) else 1)' && break
+  sleep 1
+done
 "$bin/vramfit" status --color never
 echo
 kubectl get tj -n ml
@@ -83,7 +91,8 @@ cat <<EOF
 
 The demo runs. In another shell, point kubectl and vramfit at it first:
   export KUBECONFIG=$kubeconfig
-  $bin/vramfit status --watch          # or open http://127.0.0.1:18080/ui
+  export PATH=$bin:\$PATH             # vramfit and vramfit-agent
+  vramfit status --watch               # or open http://127.0.0.1:18080/ui
   kubectl get tj -n ml -o wide
   kubectl get gn -o wide
   kubectl describe tj -n ml llama-1b
