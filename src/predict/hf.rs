@@ -25,7 +25,7 @@ fn max_of(key: &str) -> u64 {
     }
 }
 
-/// Reads a field that must be a positive integer, at most [`max_of`] the key.
+/// Reads a present field that must be a positive integer, at most [`max_of`] the key.
 fn int(cfg: &Map<String, Value>, key: &str) -> Result<u64, PredictError> {
     let max = max_of(key);
     let want = || format!("a positive integer of at most {max}");
@@ -34,8 +34,46 @@ fn int(cfg: &Map<String, Value>, key: &str) -> Result<u64, PredictError> {
             .as_u64()
             .filter(|v| (1..=max).contains(v))
             .ok_or_else(|| bad(key, &want())),
-        Some(Value::Null) | None => Err(PredictError::Missing(format!("huggingFace.config.{key}"))),
-        Some(_) => Err(bad(key, &want())),
+        _ => Err(bad(key, &want())),
+    }
+}
+
+/// Reads a positive integer, `default` when absent or null: transformers'
+/// own default for the key, so a config that leaves a key out is read as the
+/// library reads it.
+fn int_or(cfg: &Map<String, Value>, key: &str, default: u64) -> Result<u64, PredictError> {
+    Ok(opt_int(cfg, key)?.unwrap_or(default))
+}
+
+/// The defaults of transformers' `*Config` classes (5.x) for the keys each
+/// family reads; a family's defaults are a row here, not code.
+struct Defaults {
+    vocab: u64,
+    hidden: u64,
+    layers: u64,
+    heads: u64,
+    /// `None`: one key/value head per query head.
+    kv_heads: Option<u64>,
+    /// `None`: four times the hidden size.
+    ffn: Option<u64>,
+}
+
+fn defaults(model_type: &str) -> Defaults {
+    let (vocab, hidden, layers, heads, kv_heads, ffn) = match model_type {
+        "gpt2" => (50257, 768, 12, 12, None, None),
+        "llama" => (32000, 4096, 32, 32, None, Some(11008)),
+        "mistral" => (32000, 4096, 32, 32, Some(8), Some(14336)),
+        "qwen2" => (151936, 4096, 32, 32, None, Some(22016)),
+        // bert
+        _ => (30522, 768, 12, 12, None, Some(3072)),
+    };
+    Defaults {
+        vocab,
+        hidden,
+        layers,
+        heads,
+        kv_heads,
+        ffn,
     }
 }
 
@@ -84,20 +122,21 @@ pub fn arch_from_hugging_face(spec: &HuggingFaceSpec) -> Result<TransformerArch,
         }
     };
     let seq_len = u64::from(spec.seq_len);
+    let d = defaults(model_type);
     let arch = match model_type {
         "gpt2" => {
-            let hidden = int(cfg, "n_embd")?;
-            let heads = int(cfg, "n_head")?;
+            let hidden = int_or(cfg, "n_embd", d.hidden)?;
+            let heads = int_or(cfg, "n_head", d.heads)?;
             TransformerArch {
                 family: model_type.into(),
                 kind: TransformerKind::Decoder,
-                layers: int(cfg, "n_layer")?,
+                layers: int_or(cfg, "n_layer", d.layers)?,
                 hidden,
                 heads,
                 kv_heads: heads,
                 head_dim: divide(hidden, heads, "n_embd", "n_head")?,
                 ffn: opt_int(cfg, "n_inner")?.unwrap_or(4 * hidden),
-                vocab: int(cfg, "vocab_size")?,
+                vocab: int_or(cfg, "vocab_size", d.vocab)?,
                 seq_len,
                 positions: opt_int(cfg, "n_positions")?.unwrap_or(1024),
                 mlp: MlpKind::Gelu,
@@ -125,9 +164,9 @@ pub fn arch_from_hugging_face(spec: &HuggingFaceSpec) -> Result<TransformerArch,
             }
         }
         "llama" | "mistral" | "qwen2" => {
-            let hidden = int(cfg, "hidden_size")?;
-            let heads = int(cfg, "num_attention_heads")?;
-            let kv_heads = opt_int(cfg, "num_key_value_heads")?.unwrap_or(heads);
+            let hidden = int_or(cfg, "hidden_size", d.hidden)?;
+            let heads = int_or(cfg, "num_attention_heads", d.heads)?;
+            let kv_heads = int_or(cfg, "num_key_value_heads", d.kv_heads.unwrap_or(heads))?;
             if heads % kv_heads != 0 {
                 return Err(PredictError::Invalid(format!(
                     "huggingFace.config.num_attention_heads ({heads}) must be divisible by num_key_value_heads ({kv_heads})"
@@ -141,13 +180,13 @@ pub fn arch_from_hugging_face(spec: &HuggingFaceSpec) -> Result<TransformerArch,
             TransformerArch {
                 family: model_type.into(),
                 kind: TransformerKind::Decoder,
-                layers: int(cfg, "num_hidden_layers")?,
+                layers: int_or(cfg, "num_hidden_layers", d.layers)?,
                 hidden,
                 heads,
                 kv_heads,
                 head_dim,
-                ffn: int(cfg, "intermediate_size")?,
-                vocab: int(cfg, "vocab_size")?,
+                ffn: int_or(cfg, "intermediate_size", d.ffn.unwrap_or(4 * hidden))?,
+                vocab: int_or(cfg, "vocab_size", d.vocab)?,
                 seq_len,
                 positions: 0,
                 mlp: MlpKind::Swiglu,
@@ -167,18 +206,18 @@ pub fn arch_from_hugging_face(spec: &HuggingFaceSpec) -> Result<TransformerArch,
             }
         }
         "bert" => {
-            let hidden = int(cfg, "hidden_size")?;
-            let heads = int(cfg, "num_attention_heads")?;
+            let hidden = int_or(cfg, "hidden_size", d.hidden)?;
+            let heads = int_or(cfg, "num_attention_heads", d.heads)?;
             TransformerArch {
                 family: model_type.into(),
                 kind: TransformerKind::Encoder,
-                layers: int(cfg, "num_hidden_layers")?,
+                layers: int_or(cfg, "num_hidden_layers", d.layers)?,
                 hidden,
                 heads,
                 kv_heads: heads,
                 head_dim: divide(hidden, heads, "hidden_size", "num_attention_heads")?,
-                ffn: int(cfg, "intermediate_size")?,
-                vocab: int(cfg, "vocab_size")?,
+                ffn: int_or(cfg, "intermediate_size", d.ffn.unwrap_or(4 * hidden))?,
+                vocab: int_or(cfg, "vocab_size", d.vocab)?,
                 seq_len,
                 positions: opt_int(cfg, "max_position_embeddings")?.unwrap_or(512),
                 mlp: MlpKind::Gelu,

@@ -455,13 +455,26 @@ fn unknown_hugging_face_model_types_name_the_supported_ones() {
 }
 
 #[test]
-fn missing_hugging_face_fields_are_named() {
-    let config = serde_json::json!({"model_type": "llama", "hidden_size": 512});
-    let err = hugging_face_error(config);
-    assert!(
-        err.contains("huggingFace.config.num_attention_heads is missing"),
-        "{err}"
+fn keys_a_config_leaves_out_take_the_library_s_defaults() {
+    use serde_json::json;
+    let arch = hf_arch(json!({"model_type": "llama", "hidden_size": 512})).unwrap();
+    assert_eq!(
+        (
+            arch.heads,
+            arch.kv_heads,
+            arch.head_dim,
+            arch.layers,
+            arch.ffn,
+            arch.vocab
+        ),
+        (32, 32, 16, 32, 11008, 32000)
     );
+    // Mistral's default is 8 key/value heads, not one per query head.
+    let arch = hf_arch(json!({"model_type": "mistral"})).unwrap();
+    assert_eq!((arch.heads, arch.kv_heads, arch.ffn), (32, 8, 14336));
+    // A null is a key left out.
+    let arch = hf_arch(json!({"model_type": "gpt2", "n_head": null, "n_embd": 96})).unwrap();
+    assert_eq!((arch.heads, arch.head_dim, arch.ffn), (12, 8, 384));
 }
 
 #[test]
@@ -1799,10 +1812,6 @@ fn hugging_face_fields_of_the_wrong_type_or_range_are_named() {
             format!("{f}.n_head must be a positive integer of at most 4096"),
         ),
         (
-            with(tiny("gpt2"), "n_head", json!(null)),
-            format!("{f}.n_head is missing"),
-        ),
-        (
             with(tiny("gpt2"), "n_inner", json!(0)),
             format!("{f}.n_inner must be a positive integer of at most 4194304"),
         ),
@@ -2195,6 +2204,36 @@ fn a_head_dim_apart_from_hidden_over_heads_sizes_q_and_o_by_heads_times_head_dim
             resolve_arch(&model).unwrap().parameter_count(),
             want,
             "{config}"
+        );
+    }
+}
+
+/// A config as users paste it, only `model_type`: every other key falls back
+/// to transformers' default, so the parameter count is that of the model
+/// transformers 5.24 builds from `AutoConfig.for_model(model_type)` (counted
+/// on the meta device; MaskedLM for bert, CausalLM otherwise).
+#[test]
+fn a_config_with_only_its_model_type_counts_the_parameters_transformers_builds() {
+    let cases = [
+        ("gpt2", 124_439_808),
+        ("llama", 6_738_415_616),
+        ("mistral", 7_241_732_096),
+        ("qwen2", 12_049_846_272),
+        ("bert", 109_514_298),
+    ];
+    for (model_type, want) in cases {
+        let spec: HuggingFaceSpec = serde_json::from_value(
+            serde_json::json!({"seqLen": 128, "config": {"model_type": model_type}}),
+        )
+        .unwrap();
+        let model = ModelSpec {
+            hugging_face: Some(spec),
+            ..ModelSpec::default()
+        };
+        assert_eq!(
+            resolve_arch(&model).unwrap().parameter_count(),
+            want,
+            "{model_type}"
         );
     }
 }
