@@ -30,6 +30,18 @@ use crate::{Error, Result};
 /// after its prediction is held, to record the two together.
 const ADOPTED_REQUEUE: std::time::Duration = std::time::Duration::from_millis(10);
 
+/// Runs CPU-bound work on this worker thread, telling a multi-threaded
+/// runtime to move its other tasks elsewhere meanwhile.
+fn cpu_bound<T>(work: impl FnOnce() -> T) -> T {
+    let multi = tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+    if multi {
+        tokio::task::block_in_place(work)
+    } else {
+        work()
+    }
+}
+
 /// Reconciles one TrainingJob, counted and timed.
 pub async fn reconcile(job: Arc<TrainingJob>, ctx: Arc<Context>) -> Result<Action> {
     let started = std::time::Instant::now();
@@ -113,17 +125,22 @@ async fn apply(job: &TrainingJob, ctx: &Context) -> Result<Action> {
             // just started predicts only once their first list is in.
             super::wait_ready(&ctx.gpu_nodes).await?;
             let gpu_models = ctx.gpu_models();
-            let predicted = transition::predict(
-                job,
-                status,
-                PredictFacts {
-                    attempt,
-                    learned,
-                    profile: profile.as_ref().map(|p| p.as_deref()).map_err(Clone::clone),
-                    measured: &|signature| ctx.measured_peak_for(signature),
-                    gpu_models: &gpu_models,
-                },
-            );
+            // A large model's prediction (and, when it fits no GPU, the
+            // changes that would make it fit) takes a while: the runtime's
+            // other tasks move to other threads meanwhile.
+            let predicted = cpu_bound(|| {
+                transition::predict(
+                    job,
+                    status,
+                    PredictFacts {
+                        attempt,
+                        learned,
+                        profile: profile.as_ref().map(|p| p.as_deref()).map_err(Clone::clone),
+                        measured: &|signature| ctx.measured_peak_for(signature),
+                        gpu_models: &gpu_models,
+                    },
+                )
+            });
             // Held only for a version it can be tied to (a job read from the
             // API server always has one).
             match job.resource_version() {
