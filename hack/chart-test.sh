@@ -102,6 +102,17 @@ grep -A1 'nodeSelector:' <<<"$out" | grep -q 'pool: a100' || fail "agent.nodeSel
 grep -q 'gpu.present' <<<"$out" && fail "a null nodeSelector entry kept the default label"
 passed=$((passed + 1))
 
+log "apiServer sets KUBERNETES_SERVICE_HOST/PORT in both containers, nothing by default"
+out=$(render)
+grep -q 'KUBERNETES_SERVICE_' <<<"$out" && fail "KUBERNETES_SERVICE_* set by default"
+out=$(render --set apiServer.host=10.89.0.1 --set apiServer.port=6443)
+[[ $(grep -A1 -c 'name: KUBERNETES_SERVICE_HOST$' <<<"$out") == 2 ]] || fail "KUBERNETES_SERVICE_HOST is not in both containers"
+[[ $(grep -A1 'name: KUBERNETES_SERVICE_HOST$' <<<"$out" | grep -c 'value: "10.89.0.1"') == 2 ]] || fail "KUBERNETES_SERVICE_HOST is not apiServer.host"
+[[ $(grep -A1 'name: KUBERNETES_SERVICE_PORT$' <<<"$out" | grep -c 'value: "6443"') == 2 ]] || fail "KUBERNETES_SERVICE_PORT is not apiServer.port"
+refuse "a host without a port" "apiServer.host needs apiServer.port" --set apiServer.host=10.89.0.1
+refuse "a port out of range" "/apiServer/port" --set apiServer.host=10.89.0.1 --set apiServer.port=70000
+passed=$((passed + 1))
+
 # --- against the API server ---------------------------------------------------
 own_cp=
 if [[ -z $kubeconfig ]]; then
@@ -163,7 +174,7 @@ mustnt controller delete trainingjobs.vramfit.dev -n ml
 mustnt controller create deployments.apps -n ml
 mustnt controller '*' '*'
 
-for verb in get patch; do must agent "$verb" gpunodes.vramfit.dev; done
+for verb in get create patch; do must agent "$verb" gpunodes.vramfit.dev; done
 must agent patch gpunodes.vramfit.dev --subresource=status
 for verb in list watch; do must agent "$verb" pods -n ml; done
 mustnt agent delete pods -n ml

@@ -46,6 +46,21 @@ app.kubernetes.io/component: {{ .component }}
 {{- printf "%s:%s" .image.repository (default .ctx.Chart.AppVersion .image.tag) }}
 {{- end }}
 
+{{/* KUBERNETES_SERVICE_HOST and _PORT from apiServer, for both containers' env. */}}
+{{- define "vramfit.apiServerEnv" -}}
+{{- with .Values.apiServer }}
+{{- if .host }}
+{{- if not (and .port (gt (int .port) 0)) }}
+{{- fail "apiServer.host needs apiServer.port" }}
+{{- end }}
+- name: KUBERNETES_SERVICE_HOST
+  value: {{ .host | quote }}
+- name: KUBERNETES_SERVICE_PORT
+  value: {{ .port | toString | quote }}
+{{- end }}
+{{- end }}
+{{- end }}
+
 {{/* The kubelet's root folder without a trailing slash. */}}
 {{- define "vramfit.kubeletRoot" -}}
 {{- .Values.kubeletRoot | trimSuffix "/" }}
