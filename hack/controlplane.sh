@@ -23,7 +23,11 @@
 # default: the integration tests expect objects to stay as they wrote them.
 #
 # Certificates are made with openssl, or copied from $VRAMFIT_PKI when set (a
-# pki/ folder that `pki` made on another machine).
+# pki/ folder that `pki` made on another machine). The API server listens on
+# 127.0.0.1 unless VRAMFIT_APISERVER_BIND names another address (0.0.0.0 for
+# pods on a pod network, hack/gpunode.sh up --pod-network); its certificate
+# carries the extra names of VRAMFIT_APISERVER_SANS (IP:A,DNS:N). Pods get
+# ServiceAccount tokens only with VRAMFIT_SERVICEACCOUNT_ADMISSION=1.
 #
 # Binaries go to $VRAMFIT_BIN/node (default ~/.cache/vramfit/bin/node), outside the
 # clone, so a fresh clone reuses them; a $VRAMFIT_BIN marked .prebuilt (an unpacked
@@ -59,10 +63,37 @@ free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
 }
 
+# The API server's serving certificate: loopback names, and the extra ones in
+# $VRAMFIT_APISERVER_SANS (for example IP:10.89.0.1, the pod network's gateway
+# of `hack/gpunode.sh up --pod-network`).
+apiserver_sans() { echo "IP:127.0.0.1,DNS:localhost,DNS:kubernetes.default.svc${VRAMFIT_APISERVER_SANS:+,$VRAMFIT_APISERVER_SANS}"; }
+
+sign_apiserver() {
+  local pki=$dir/pki
+  printf 'subjectAltName=%s\n' "$(apiserver_sans)" >"$pki/apiserver.ext"
+  openssl x509 -req -in "$pki/apiserver.csr" -CA "$pki/ca.crt" -CAkey "$pki/ca.key" -CAcreateserial \
+    -days 3650 -extfile "$pki/apiserver.ext" -out "$pki/apiserver.crt" 2>/dev/null
+}
+
+# An existing certificate that lacks one of $VRAMFIT_APISERVER_SANS is signed
+# again (same key, same CA: every kubeconfig stays valid).
+apiserver_sans_current() {
+  local pki=$dir/pki have s
+  [[ -n ${VRAMFIT_APISERVER_SANS:-} && -f $pki/apiserver.crt ]] || return 0
+  have=$(openssl x509 -in "$pki/apiserver.crt" -noout -ext subjectAltName 2>/dev/null | tr -d ' \n' | sed 's/IPAddress:/IP:/g')
+  for s in ${VRAMFIT_APISERVER_SANS//,/ }; do
+    [[ ,${have#*:}, == *",$s,"* ]] && continue
+    [[ -f $pki/ca.key && -f $pki/apiserver.csr ]] || { log "apiserver.crt lacks $s and no CA key to sign it again"; exit 1; }
+    log "signing apiserver.crt again for $(apiserver_sans)"
+    sign_apiserver
+    return 0
+  done
+}
+
 certs() {
   local pki=$dir/pki
   mkdir -p "$pki"
-  [[ -f $pki/admin.crt ]] && return 0
+  [[ -f $pki/admin.crt ]] && { apiserver_sans_current; return 0; }
   # Certificates made elsewhere (a machine without openssl): copied as they are.
   if [[ -n ${VRAMFIT_PKI:-} ]]; then
     [[ -f $VRAMFIT_PKI/admin.crt ]] || { log "VRAMFIT_PKI=$VRAMFIT_PKI holds no admin.crt"; exit 1; }
@@ -73,9 +104,7 @@ certs() {
     -keyout "$pki/ca.key" -out "$pki/ca.crt" 2>/dev/null
   openssl req -newkey rsa:2048 -nodes -subj "/CN=kube-apiserver" \
     -keyout "$pki/apiserver.key" -out "$pki/apiserver.csr" 2>/dev/null
-  printf 'subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes.default.svc\n' >"$pki/apiserver.ext"
-  openssl x509 -req -in "$pki/apiserver.csr" -CA "$pki/ca.crt" -CAkey "$pki/ca.key" -CAcreateserial \
-    -days 3650 -extfile "$pki/apiserver.ext" -out "$pki/apiserver.crt" 2>/dev/null
+  sign_apiserver
   openssl req -newkey rsa:2048 -nodes -subj "/O=system:masters/CN=vramfit-admin" \
     -keyout "$pki/admin.key" -out "$pki/admin.csr" 2>/dev/null
   # X.509 v3 (an extension present): rustls refuses v1 client certificates.
@@ -159,15 +188,21 @@ start_etcd() {
 
 start_apiserver() {
   local etcd_port api_port pki=$dir/pki
+  # Without the ServiceAccount admission plugin pods get no ServiceAccount
+  # token: the tests write pods in namespaces without one. Pods that talk to
+  # the API server (the chart's, on hack/gpunode.sh's node) need it:
+  # VRAMFIT_SERVICEACCOUNT_ADMISSION=1 keeps it on.
+  local sa_admission=(--disable-admission-plugins ServiceAccount)
+  [[ ${VRAMFIT_SERVICEACCOUNT_ADMISSION:-0} == 1 ]] && sa_admission=()
   read -r etcd_port _ api_port <"$dir/ports"
   "${launcher[@]}" "$kbin/kube-apiserver" --etcd-servers "http://127.0.0.1:$etcd_port" \
-    --bind-address 127.0.0.1 --secure-port "$api_port" \
+    --bind-address "${VRAMFIT_APISERVER_BIND:-127.0.0.1}" --secure-port "$api_port" \
     --tls-cert-file "$pki/apiserver.crt" --tls-private-key-file "$pki/apiserver.key" \
     --client-ca-file "$pki/ca.crt" --authorization-mode Node,RBAC --enable-admission-plugins NodeRestriction \
     --kubelet-client-certificate "$pki/admin.crt" --kubelet-client-key "$pki/admin.key" \
     --service-account-key-file "$pki/sa.pub" --service-account-signing-key-file "$pki/sa.key" \
     --service-account-issuer https://kubernetes.default.svc --service-cluster-ip-range 10.96.0.0/16 \
-    --allow-privileged --disable-admission-plugins ServiceAccount \
+    --allow-privileged "${sa_admission[@]}" \
     >>"$dir/apiserver.log" 2>&1 &
   echo $! >"$dir/apiserver.pid"
   disown $!

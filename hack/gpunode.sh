@@ -13,6 +13,9 @@
 #   hack/gpunode.sh update NAME...        node binaries rebuilt since the bundle, as a third
 #   hack/gpunode.sh node-pki [--node N]   the kubelet's certificate for an older bundle, signed by its CA
 #   hack/gpunode.sh up   [--bundle F] [--dir D] [--node N]   bring the node up (from a bundle where Go is absent)
+#        [--cluster-only]  only the cluster: no CRDs, no vramfit controller or agent (hack/node-chart.sh installs the chart)
+#        [--pod-network]   pods off the host network get an address on a bridge (10.89.0.0/24,
+#                          gateway 10.89.0.1) and reach the API server there (it listens on 0.0.0.0)
 #   hack/gpunode.sh demo [--out D] [--steps N]               run the demo jobs, print and record what happened
 #   hack/gpunode.sh down [--dir D]        stop everything `up` started
 #   hack/gpunode.sh all  [--bundle F] [--out D]              up, demo, down (what the GPU machine runs)
@@ -31,6 +34,12 @@ node=
 bundle=
 out=
 steps=${VRAMFIT_DEMO_STEPS:-30}
+cluster_only=0
+pod_network=0
+# The pod network of --pod-network: a bridge, its address the pods' gateway.
+pod_bridge=vramfit0
+pod_subnet=10.89.0.0/24
+pod_gateway=10.89.0.1
 
 log() { printf 'gpunode: %s\n' "$*" >&2; }
 die() { log "$*"; exit 1; }
@@ -324,6 +333,14 @@ up() {
     for f in "$nodebin"/controlplane/pki/*; do [[ -e $pki/${f##*/} ]] || cp "$f" "$pki/"; done
   fi
   local kubeconfig
+  rm -f "$dir/pod-network"
+  if [[ $pod_network == 1 ]]; then
+    # Pods reach the API server at the bridge's address: it listens on every
+    # address, its certificate names that one too.
+    # And pods get their ServiceAccount's token (the ServiceAccount admission
+    # plugin, which the tests' control plane leaves off).
+    export VRAMFIT_APISERVER_BIND=0.0.0.0 VRAMFIT_APISERVER_SANS=IP:$pod_gateway VRAMFIT_SERVICEACCOUNT_ADMISSION=1
+  fi
   kubeconfig=$(VRAMFIT_BIN=$nodebin "$here/controlplane.sh" up --controllers --dir "$dir/controlplane")
   export KUBECONFIG=$kubeconfig
 
@@ -344,8 +361,20 @@ up() {
   rm -rf "$cd/cni" "$cd/nri" "$cd/cdi"
   mkdir -p "$cd/containerd" "$cd/cni/bin" "$cd/cni/net.d" "$cd/nri/plugins" "$cd/nri/conf.d" "$cd/cdi" "$cd/images"
   python3 "$here/node/nodecfg.py" containerd --dir "$cd" --runc "$nodebin/runc" >"$cd/containerd/config.toml"
-  python3 "$here/node/nodecfg.py" cni >"$cd/cni/net.d/10-vramfit-lo.conflist"
   cp "$nodebin/loopback" "$cd/cni/bin/loopback"
+  if [[ $pod_network == 1 ]]; then
+    log "pod network: bridge $pod_bridge, $pod_subnet, gateway $pod_gateway (hack/node/cni-bridge.py)"
+    install -m 0755 "$here/node/cni-bridge.py" "$cd/cni/bin/vramfit-bridge"
+    printf '{"cniVersion": "1.0.0", "name": "vramfit-bridge", "plugins": [{"type": "loopback"}, {"type": "vramfit-bridge", "bridge": "%s", "subnet": "%s", "dataDir": "%s"}]}\n' \
+      "$pod_bridge" "$pod_subnet" "$cd/cni/ipam" >"$cd/cni/net.d/10-vramfit-bridge.conflist"
+    local api_port
+    api_port=$(kubectl config view -o jsonpath='{.clusters[0].cluster.server}')
+    api_port=${api_port##*:}
+    # What the chart's apiServer.host and apiServer.port take on this node.
+    printf '%s %s\n' "$pod_gateway" "$api_port" >"$dir/pod-network"
+  else
+    python3 "$here/node/nodecfg.py" cni >"$cd/cni/net.d/10-vramfit-lo.conflist"
+  fi
   cp "$nodebin/vramfit-nri-cdi" "$cd/nri/plugins/10-vramfit-cdi"
   python3 "$here/node/nodecfg.py" nri-config --log "$dir/nri-cdi.log" >"$cd/nri/conf.d/10-vramfit-cdi.conf"
   rm -f "$dir/nri-cdi.log"
@@ -390,6 +419,12 @@ up() {
   # once all the same, so that nothing waits for it.
   kubectl taint node "$node" node.kubernetes.io/not-ready- >/dev/null 2>&1 || true
   log "node $node Ready after $(( ($(now_ms) - t0) ))ms"
+  echo $(( $(now_ms) - t0 )) >"$dir/node-ready-ms"
+  if [[ $cluster_only == 1 ]]; then
+    log "cluster only (no CRDs, controller or agent); KUBECONFIG=$kubeconfig"
+    echo "$kubeconfig"
+    return 0
+  fi
 
   log "CRDs, controller, agent"
   VRAMFIT_BIN=$nodebin "$here/controlplane.sh" crds --kubeconfig "$kubeconfig"
@@ -462,6 +497,12 @@ down() {
     umount -l "$m" 2>/dev/null || true
   done
   "$here/controlplane.sh" down --dir "$dir/controlplane"
+  # The pod network's bridge, if this node made it (each pod's veth went with
+  # its namespace).
+  if [[ -f $dir/pod-network ]] && ip link show "$pod_bridge" >/dev/null 2>&1; then
+    ip link del "$pod_bridge" 2>/dev/null || true
+  fi
+  rm -rf "$dir/cni/ipam" "$dir/pod-network"
 }
 
 # The end of every process's log, after the demo's own output (demo.log), so
@@ -492,6 +533,8 @@ while [[ $# -gt 0 ]]; do
     --bundle) bundle=$(realpath "$2"); shift 2 ;;
     --out) out=$2; shift 2 ;;
     --steps) steps=$2; shift 2 ;;
+    --cluster-only) cluster_only=1; shift ;;
+    --pod-network) pod_network=1; shift ;;
     *)
       if [[ ($cmd == bundle* || $cmd == node-pki) && -z $out ]]; then out=$1; shift
       elif [[ $cmd == build || $cmd == update ]]; then components+=("$1"); shift
@@ -517,5 +560,5 @@ case $cmd in
     source "$here/node/demo.sh"
     demo
     ;;
-  *) sed -n '2,19p' "$0"; exit 2 ;;
+  *) sed -n '2,22p' "$0"; exit 2 ;;
 esac

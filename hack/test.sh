@@ -45,6 +45,13 @@ step "container images without a registry (hack/images.sh, dev profile): build, 
 hack/images.sh build --profile dev --out "$HOME/.cache/vramfit/images-ci"
 hack/images.sh check --out "$HOME/.cache/vramfit/images-ci"
 
+step "the chart on a real node: hack/node-chart.sh --up (gpunode.sh up --cluster-only --pod-network, the images imported, helm install, upgrade, uninstall; the node always taken down)"
+if why=$(hack/node-chart.sh --can-run); then
+  hack/node-chart.sh --up --images "$HOME/.cache/vramfit/images-ci"
+else
+  echo "skipped: this machine cannot run a kubelet ($why)"
+fi
+
 if [[ -d python ]]; then
   step "python helper tests (against the debug build of libvramfit_alloc.so), and the wheel: hack/wheel.sh --profile dev, installed into a fresh venv"
   cargo build --quiet --locked -p vramfit-alloc

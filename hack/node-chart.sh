@@ -1,0 +1,347 @@
+#!/usr/bin/env bash
+# The chart as a platform team installs it, on the one-node cluster of
+# hack/gpunode.sh (a real kubelet, containerd and runc; no GPU needed): the
+# images imported into containerd (no registry), `helm install`, then the
+# pods must start and keep working. One PASS:/FAIL: line per check, a count at
+# the end; exits non-zero on any FAIL. See docs/gpu-node.md.
+#
+#   hack/node-chart.sh --up [--dir D] [--images DIR]   bring the node up (cluster only,
+#                               pod network), check, and always take it down again
+#   hack/node-chart.sh [--dir D] [--images DIR]        on a node already up with
+#                               `hack/gpunode.sh up --cluster-only --pod-network`
+#   hack/node-chart.sh --can-run   exit 0 if this machine can run the node, else say why
+#
+# The images: DIR (default ~/.cache/vramfit/images-ci) holds
+# vramfit-<version>.oci.tar and vramfit-agent-<version>.oci.tar
+# (hack/images.sh build --profile dev --out DIR).
+#
+# How the pods reach the API server: the node's pods have an address on a
+# bridge (hack/node/cni-bridge.py), the API server listens there too, and there
+# is no kube-proxy, so the chart's apiServer.host/apiServer.port point the
+# controller and the agent at the bridge's address instead of the `kubernetes`
+# Service (KUBERNETES_SERVICE_HOST/PORT).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+repo=$PWD
+chart=charts/vramfit
+ns=vramfit-system
+release=vramfit
+# A state folder of its own: `hack/gpunode.sh up` in the default one (the
+# demo) takes down whatever node runs there first.
+dir=/var/lib/vramfit-node-chart
+images=$HOME/.cache/vramfit/images-ci
+bring_up=0
+# Bounds (seconds) of each wait.
+bound_ready=${VRAMFIT_NODE_CHART_READY_S:-180}
+bound_failover=${VRAMFIT_NODE_CHART_FAILOVER_S:-60}
+bound_agent=${VRAMFIT_NODE_CHART_AGENT_S:-60}
+
+# What a kubelet, containerd and runc need here: root, a cgroup hierarchy
+# (v2 at /sys/fs/cgroup, or the v1 controllers the kubelet uses), ip and
+# nsenter for the pod network.
+can_run() {
+  [[ $(id -u) == 0 ]] || { echo "not root"; return 1; }
+  if [[ $(stat -fc %T /sys/fs/cgroup 2>/dev/null) != cgroup2fs ]]; then
+    local c
+    for c in cpu memory pids cpuset; do
+      awk -v c="$c" '$3 == "cgroup" && index("," $4 ",", "," c ",") {f=1} END {exit !f}' /proc/mounts ||
+        { echo "neither cgroup v2 at /sys/fs/cgroup nor the cgroup v1 controller $c mounted"; return 1; }
+    done
+  fi
+  local t
+  for t in ip nsenter python3; do command -v "$t" >/dev/null || { echo "no $t"; return 1; }; done
+  ip link add vramfit-probe0 type bridge 2>/dev/null || { echo "cannot create a bridge (ip link add type bridge)"; return 1; }
+  ip link del vramfit-probe0
+}
+
+t_start=$(date +%s%N | cut -c1-13)
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --can-run) can_run; exit ;;
+    --up) bring_up=1; shift ;;
+    --dir) dir=$2; shift 2 ;;
+    --images) images=$2; shift 2 ;;
+    *) sed -n '2,21p' "$0"; exit 2 ;;
+  esac
+done
+
+log() { printf 'node-chart: %s\n' "$*" >&2; }
+now_ms() { python3 -c 'import time; print(int(time.time()*1000))'; }
+secs() { python3 -c "import sys; print(f'{(int(sys.argv[2]) - int(sys.argv[1])) / 1000:.1f}')" "$1" "$2"; }
+
+passed=0
+failed=0
+pass() { printf 'PASS: %s\n' "$*"; passed=$((passed + 1)); }
+failc() { printf 'FAIL: %s\n' "$*"; failed=$((failed + 1)); }
+# poll SECONDS COMMAND...: until COMMAND succeeds (every 0.5 s).
+poll() {
+  local secs=$1 i
+  shift
+  for ((i = 0; i < secs * 2; i++)); do
+    "$@" >/dev/null 2>&1 && return 0
+    sleep 0.5
+  done
+  return 1
+}
+
+version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
+for f in "vramfit-$version.oci.tar" "vramfit-agent-$version.oci.tar"; do
+  [[ -f $images/$f ]] || { log "no $images/$f (hack/images.sh build --profile dev --out $images)"; exit 1; }
+done
+helm=$(hack/tools.sh helm)
+nodebin=${VRAMFIT_BIN:-$HOME/.cache/vramfit/bin}/node
+[[ -x $dir/bin/kube ]] && nodebin=$dir/bin
+
+# Every exit: what explains a failure, then the node down (with --up).
+values=
+on_exit() {
+  local rc=$?
+  [[ -n $values ]] && rm -f "$values"
+  if [[ $failed -gt 0 || $rc -ne 0 ]] && [[ -n ${KUBECONFIG:-} ]]; then
+    {
+      echo "== pods"
+      kubectl get pods -A -o wide 2>&1 || true
+      echo "== events in $ns"
+      kubectl get events -n "$ns" --sort-by=.lastTimestamp 2>&1 | tail -30 || true
+      local p
+      for p in $(kubectl get pods -n "$ns" -o name 2>/dev/null); do
+        echo "== logs $p"
+        kubectl logs -n "$ns" "$p" --tail=20 2>&1 || true
+      done
+      echo "== kubelet.log"
+      tail -20 "$dir/kubelet.log" 2>/dev/null || true
+    } >&2
+  fi
+  if [[ $bring_up == 1 ]]; then
+    log "taking the node down"
+    hack/gpunode.sh down --dir "$dir" >/dev/null 2>&1 || true
+  fi
+  exit "$rc"
+}
+trap on_exit EXIT
+
+# --- the node ------------------------------------------------------------------------
+up_s=
+if [[ $bring_up == 1 ]]; then
+  log "hack/gpunode.sh up --cluster-only --pod-network --dir $dir"
+  t0=$(now_ms)
+  hack/gpunode.sh up --cluster-only --pod-network --dir "$dir" >/dev/null
+  up_s=$(secs "$t0" "$(now_ms)")
+fi
+[[ -f $dir/pod-network && -f $dir/controlplane/kubeconfig ]] ||
+  { log "no node with a pod network in $dir (hack/gpunode.sh up --cluster-only --pod-network)"; exit 1; }
+export KUBECONFIG=$dir/controlplane/kubeconfig
+export PATH=$nodebin:$PATH
+node=$(cat "$dir/node-name")
+read -r api_host api_port <"$dir/pod-network"
+kubectl get node "$node" >/dev/null || { log "node $node is not registered"; exit 1; }
+if kubectl get deployment -A -l app.kubernetes.io/instance=$release -o name 2>/dev/null | grep -q .; then
+  log "a release $release is already installed: this check installs its own"; exit 1
+fi
+
+log "importing the images into containerd (namespace k8s.io)"
+ctr=(ctr --address "$dir/containerd.sock" -n k8s.io)
+for f in "vramfit-$version.oci.tar" "vramfit-agent-$version.oci.tar"; do
+  out=$("${ctr[@]}" images import "$images/$f" 2>&1) || { printf '%s\n' "$out" >&2; log "ctr images import $f failed"; exit 1; }
+done
+have=$("${ctr[@]}" images ls -q 2>/dev/null)
+for f in vramfit vramfit-agent; do
+  grep -qx "docker.io/library/$f:$version" <<<"$have" || { log "$f:$version not imported"; exit 1; }
+done
+
+# The node's values: the imported images (never pulled), the pod network's way
+# to the API server, the node's kubelet root; the agent on this node, which has
+# no nvidia.com/gpu.present label and no NVIDIA runtime.
+values=$(mktemp /tmp/vramfit-node-values.XXXXXX)
+cat >"$values" <<EOF
+kubeletRoot: $dir/kubelet/root
+apiServer:
+  host: "$api_host"
+  port: $api_port
+controller:
+  image: {tag: "$version", pullPolicy: Never}
+agent:
+  image: {tag: "$version", pullPolicy: Never}
+  gpuAccess: none
+  nodeSelector:
+    nvidia.com/gpu.present: null
+    kubernetes.io/hostname: "$node"
+EOF
+log "values: $(tr '\n' ' ' <"$values")"
+
+sel() { echo "app.kubernetes.io/instance=$release,app.kubernetes.io/component=$1"; }
+# ready_pods COMPONENT: names of its pods that are Ready and not being deleted.
+ready_pods() {
+  kubectl get pods -n "$ns" -l "$(sel "$1")" -o json | python3 -c '
+import json, sys
+for p in json.load(sys.stdin)["items"]:
+    if p["metadata"].get("deletionTimestamp"):
+        continue
+    conds = {c["type"]: c["status"] for c in p.get("status", {}).get("conditions", [])}
+    if conds.get("Ready") == "True":
+        print(p["metadata"]["name"])'
+}
+count_ready() { ready_pods "$1" | wc -l; }
+all_pods_count() { kubectl get pods -n "$ns" -l "app.kubernetes.io/instance=$release" --no-headers 2>/dev/null | wc -l; }
+all_ready() { [[ $(count_ready controller) == 2 && $(count_ready agent) == 1 && $(all_pods_count) == 3 ]]; }
+
+# --- a. install ----------------------------------------------------------------------
+log "helm install $release $chart -n $ns --create-namespace -f <node values>"
+t_install=$(now_ms)
+if "$helm" install "$release" "$chart" -n "$ns" --create-namespace -f "$values" >/dev/null; then
+  pass "helm install (revision 1, deployed)"
+else
+  failc "helm install"
+  echo "node-chart: $passed passed, $failed failed"
+  exit 1
+fi
+if poll "$bound_ready" all_ready; then
+  t_ready=$(now_ms)
+  install_s=$(secs "$t_install" "$t_ready")
+  pass "all vramfit pods Ready ${install_s}s after helm install: $(ready_pods controller | paste -sd' ') $(ready_pods agent)"
+else
+  failc "not all vramfit pods Ready within ${bound_ready}s: $(kubectl get pods -n "$ns" --no-headers 2>&1 | awk '{print $1 " " $2 " " $3}' | paste -sd, -)"
+fi
+if [[ $(kubectl get deployment "$release-controller" -n "$ns" -o jsonpath='{.status.conditions[?(@.type=="Available")].status}') == True &&
+  $(kubectl get deployment "$release-controller" -n "$ns" -o jsonpath='{.status.readyReplicas}') == 2 ]]; then
+  pass "Deployment $release-controller Available, 2/2 replicas Ready (leader election: --lease-name=$release-controller)"
+else
+  failc "Deployment $release-controller not Available with 2 Ready replicas: $(kubectl get deployment "$release-controller" -n "$ns" --no-headers 2>&1)"
+fi
+ds=$(kubectl get daemonset "$release-agent" -n "$ns" -o jsonpath='{.status.desiredNumberScheduled} {.status.numberReady}' 2>/dev/null || true)
+if [[ $ds == "1 1" ]]; then
+  pass "DaemonSet $release-agent: 1 pod wanted, 1 Ready (the agent has no readiness probe: Ready is its container running)"
+else
+  failc "DaemonSet $release-agent: wanted/ready $ds"
+fi
+# gn JSONPATH: a field of the node's GpuNode (empty while there is none).
+gn() { kubectl get gpunode "$node" -o jsonpath="$1" 2>/dev/null || true; }
+gpunode_heartbeat() { [[ -n $(gn '{.status.heartbeat}') ]]; }
+if poll 60 gpunode_heartbeat; then
+  state=$(gn '{.status.agent.mode} {.status.agent.health}: {.status.agent.message}')
+  pass "GpuNode $node, heartbeat $(gn '{.status.heartbeat}'), agent $state"
+  if [[ ! -e /dev/nvidiactl ]]; then
+    if [[ $(gn '{.status.agent.health}') == Degraded ]]; then
+      pass "no GPU here: the agent reports Degraded (and keeps running)"
+    else
+      failc "no GPU here, yet the agent does not report Degraded: $state"
+    fi
+  fi
+else
+  failc "no GpuNode $node with a heartbeat within 60s"
+fi
+restarts=$(kubectl get pods -n "$ns" -o jsonpath='{range .items[*]}{.status.containerStatuses[0].restartCount}{"\n"}{end}' | awk '{s += $1} END {print s + 0}')
+[[ $restarts == 0 ]] && pass "no container restarted" || failc "containers restarted: $restarts"
+
+# --- b. leader election ----------------------------------------------------------------
+lease_holder() { kubectl get lease "$release-controller" -n "$ns" -o jsonpath='{.spec.holderIdentity}' 2>/dev/null || true; }
+poll 60 eval '[[ -n $(lease_holder) ]]' || true
+holder=$(lease_holder)
+controllers=$(ready_pods controller)
+if [[ -n $holder ]] && grep -qx "$holder" <<<"$controllers"; then
+  pass "Lease $release-controller held by one replica: $holder (duration $(kubectl get lease "$release-controller" -n "$ns" -o jsonpath='{.spec.leaseDurationSeconds}')s)"
+  t_del=$(now_ms)
+  kubectl delete pod -n "$ns" "$holder" --wait=false >/dev/null
+  new_holder() { local h; h=$(lease_holder); [[ -n $h && $h != "$holder" ]] && kubectl get pod -n "$ns" "$h" >/dev/null; }
+  if poll "$bound_failover" new_holder; then
+    took=$(secs "$t_del" "$(now_ms)")
+    who="the replacement pod"
+    grep -qx "$(lease_holder)" <<<"$controllers" && who="the standby replica"
+    pass "holder $holder deleted: $(lease_holder), $who, took the Lease after ${took}s (bound ${bound_failover}s)"
+  else
+    failc "holder $holder deleted: no other replica took the Lease within ${bound_failover}s (holder: $(lease_holder))"
+  fi
+  if poll "$bound_ready" all_ready; then
+    pass "the Deployment is back to 2 Ready replicas after $(secs "$t_del" "$(now_ms)")s"
+  else
+    failc "the Deployment is not back to 2 Ready replicas within ${bound_ready}s"
+  fi
+else
+  failc "the Lease $release-controller names '$holder', not one of the Ready replicas ($(paste -sd' ' <<<"$controllers"))"
+fi
+
+# --- c. the agent pod replaced ---------------------------------------------------------
+agent_pod=$(ready_pods agent | head -1)
+if [[ -n $agent_pod ]]; then
+  t_del=$(now_ms)
+  kubectl delete pod -n "$ns" "$agent_pod" --wait=false >/dev/null
+  new_agent() { local p; p=$(ready_pods agent); [[ -n $p && $p != "$agent_pod" ]]; }
+  if poll "$bound_agent" new_agent; then
+    pass "agent pod $agent_pod deleted: the DaemonSet's $(ready_pods agent) Ready after $(secs "$t_del" "$(now_ms)")s (bound ${bound_agent}s)"
+  else
+    failc "agent pod $agent_pod deleted: no new agent pod Ready within ${bound_agent}s"
+  fi
+  hb_before=$(gn '{.status.heartbeat}')
+  hb_moved() { [[ $(gn '{.status.heartbeat}') != "$hb_before" ]]; }
+  if poll 60 hb_moved; then
+    pass "the new agent writes the GpuNode's heartbeat ($(gn '{.status.heartbeat}'))"
+  else
+    failc "the GpuNode's heartbeat did not move within 60s of the new agent"
+  fi
+else
+  failc "no Ready agent pod to delete"
+fi
+
+# --- d. upgrade ------------------------------------------------------------------------
+policy=best-fit
+t_up=$(now_ms)
+# The same values file plus the change (--reuse-values would fail: the stored
+# values keep the null that removes the default agent.nodeSelector label, which
+# the schema then refuses).
+if "$helm" upgrade "$release" "$chart" -n "$ns" -f "$values" --set controller.policy=$policy >/dev/null; then
+  pass "helm upgrade -f <node values> --set controller.policy=$policy (revision $("$helm" status "$release" -n "$ns" -o json | python3 -c 'import json,sys; print(json.load(sys.stdin)["version"])'))"
+else
+  failc "helm upgrade -f <node values> --set controller.policy=$policy"
+fi
+rolled() {
+  kubectl rollout status deployment "$release-controller" -n "$ns" --timeout=1s >/dev/null 2>&1 || return 1
+  all_ready || return 1
+  local p
+  for p in $(ready_pods controller); do
+    kubectl get pod -n "$ns" "$p" -o jsonpath='{.spec.containers[0].args}' | grep -q -- "--policy=$policy" || return 1
+  done
+}
+if poll "$bound_ready" rolled; then
+  pass "the Deployment rolled: 2 Ready pods with --policy=$policy after $(secs "$t_up" "$(now_ms)")s ($(ready_pods controller | paste -sd' '))"
+else
+  failc "the Deployment did not roll to 2 Ready pods with --policy=$policy within ${bound_ready}s"
+fi
+poll 60 eval '[[ -n $(lease_holder) ]] && ready_pods controller | grep -qx "$(lease_holder)"' &&
+  pass "after the upgrade the Lease is held by a new pod: $(lease_holder)" ||
+  failc "after the upgrade no new pod holds the Lease (holder: $(lease_holder))"
+
+# --- e. uninstall ----------------------------------------------------------------------
+if "$helm" uninstall "$release" -n "$ns" --wait --timeout 120s >/dev/null; then
+  pass "helm uninstall"
+else
+  failc "helm uninstall"
+fi
+pods_left() { kubectl get pods,deployments,daemonsets,replicasets -n "$ns" -l "app.kubernetes.io/instance=$release" -o name; }
+if poll 90 eval '[[ -z $(pods_left) ]]'; then
+  pass "no pod, Deployment, DaemonSet or ReplicaSet of the release left"
+else
+  failc "left after uninstall: $(pods_left | paste -sd' ')"
+fi
+ns_left() {
+  kubectl get roles,rolebindings,serviceaccounts,services,configmaps,secrets,poddisruptionbudgets -n "$ns" -o name |
+    grep -vx -e serviceaccount/default -e configmap/kube-root-ca.crt || true
+}
+cluster_left() {
+  local kinds=clusterroles,clusterrolebindings,validatingadmissionpolicies,validatingadmissionpolicybindings,validatingwebhookconfigurations,mutatingwebhookconfigurations
+  { kubectl get "$kinds" -o name | grep "/$release-" || true; kubectl get "$kinds" -l "app.kubernetes.io/instance=$release" -o name; } | sort -u
+}
+left=$(ns_left)
+[[ -z $left ]] && pass "no Role, RoleBinding, ServiceAccount, Service, ConfigMap, Secret or PDB of the release left in $ns" ||
+  failc "left in $ns: $(paste -sd' ' <<<"$left")"
+left=$(cluster_left)
+[[ -z $left ]] && pass "no ClusterRole, ClusterRoleBinding, ValidatingAdmissionPolicy(Binding) or webhook configuration of the release left" ||
+  failc "cluster-scoped objects of the release left: $(paste -sd' ' <<<"$left")"
+kubectl get crd trainingjobs.vramfit.dev gpunodes.vramfit.dev >/dev/null 2>&1 &&
+  pass "the CRDs are kept" || failc "helm uninstall removed the CRDs"
+
+# --- f. timings ------------------------------------------------------------------------
+[[ -n $up_s ]] && echo "TIME: hack/gpunode.sh up to node $node Ready: $(python3 -c "print(f'{$(cat "$dir/node-ready-ms")/1000:.1f}')")s (up returned after ${up_s}s)"
+[[ -n ${install_s:-} ]] && echo "TIME: helm install to all vramfit pods Ready: ${install_s}s"
+echo "TIME: node-chart in all (images imported, checks, before down): $(secs "$t_start" "$(now_ms)")s"
+echo "node-chart: $passed passed, $failed failed"
+[[ $failed == 0 ]]
