@@ -48,7 +48,7 @@ fn a_job_with_a_request_and_a_model_not_predicted_prints_the_budget_the_controll
         format!(
             "apiVersion: vramfit.dev/v1alpha1\nkind: TrainingJob\nmetadata: {{name: q3}}\nspec:\n  \
              batch: {{global: 8, micro: 8}}\n{memory}  model:\n    huggingFace: {{seqLen: 512, \
-             config: {{model_type: qwen3, hidden_size: 1024}}}}\n  template: {{spec: {{containers: \
+             config: {{model_type: t5, d_model: 512}}}}\n  template: {{spec: {{containers: \
              [{{name: t, image: x}}]}}}}\n"
         )
     };
@@ -58,7 +58,7 @@ fn a_job_with_a_request_and_a_model_not_predicted_prints_the_budget_the_controll
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["budgetBytes"], 20u64 << 30);
     assert_eq!(v["source"], "request");
-    assert!(v["reason"].as_str().unwrap().contains("qwen3"), "{out}");
+    assert!(v["reason"].as_str().unwrap().contains("t5"), "{out}");
     let table = run(&PredictArgs {
         output: OutputFormat::Table,
         ..args(with_request)

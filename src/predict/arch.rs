@@ -80,6 +80,9 @@ pub struct HfImpl {
     /// values, which the docs' loop keeps in `outputs` until the next
     /// forward returns. `gradient_checkpointing_enable()` turns it off.
     pub use_cache: bool,
+    /// Qwen3's RMSNorm over each head's queries and keys (a `head_dim`
+    /// weight each per layer; autograd keeps their fp32 inputs and outputs).
+    pub qk_norm: bool,
 }
 
 /// A model the analytic predictor can handle.
@@ -274,6 +277,10 @@ impl TransformerArch {
                 &mut p,
             );
             self.linear(h, self.q_dim(), self.linear_bias, layer, &mut p);
+            if self.library.is_some_and(|l| l.qk_norm) {
+                p.push(vector(self.head_dim, layer));
+                p.push(vector(self.head_dim, layer));
+            }
             self.norm_params(layer, &mut p);
             if self.mlp == MlpKind::Swiglu {
                 self.linear(self.ffn, h, self.linear_bias, layer, &mut p);

@@ -9,7 +9,8 @@ use super::PredictError;
 use super::arch::{HfFamily, HfImpl, TransformerArch};
 
 /// `model_type` values the predictor understands.
-pub const SUPPORTED_MODEL_TYPES: &[&str] = &["gpt2", "llama", "mistral", "qwen2", "bert"];
+pub const SUPPORTED_MODEL_TYPES: &[&str] =
+    &["gpt2", "llama", "mistral", "qwen2", "qwen3", "phi3", "bert"];
 
 /// The largest value of each config key, as the `transformer` description's
 /// schema bounds them: a config is free-form, and a huge count would make the
@@ -63,7 +64,8 @@ fn defaults(model_type: &str) -> Defaults {
         "gpt2" => (50257, 768, 12, 12, None, None),
         "llama" => (32000, 4096, 32, 32, None, Some(11008)),
         "mistral" => (32000, 4096, 32, 32, Some(8), Some(14336)),
-        "qwen2" => (151936, 4096, 32, 32, None, Some(22016)),
+        "qwen2" | "qwen3" => (151936, 4096, 32, 32, None, Some(22016)),
+        "phi3" => (32064, 3072, 32, 32, None, Some(8192)),
         // bert
         _ => (30522, 768, 12, 12, None, Some(3072)),
     };
@@ -160,10 +162,14 @@ pub fn arch_from_hugging_face(spec: &HuggingFaceSpec) -> Result<TransformerArch,
                         Some(_) => return Err(bad("activation_function", "a string")),
                     },
                     use_cache: flag(cfg, "use_cache", true)?,
+                    qk_norm: false,
                 }),
             }
         }
-        "llama" | "mistral" | "qwen2" => {
+        // Phi-3's fused qkv_proj and gate_up_proj hold the same weights as
+        // LLaMA's separate ones; Qwen3 adds a norm of each head's queries
+        // and keys and a head_dim of 128 unless the config says otherwise.
+        "llama" | "mistral" | "qwen2" | "qwen3" | "phi3" => {
             let hidden = int_or(cfg, "hidden_size", d.hidden)?;
             let heads = int_or(cfg, "num_attention_heads", d.heads)?;
             let kv_heads = int_or(cfg, "num_key_value_heads", d.kv_heads.unwrap_or(heads))?;
@@ -172,9 +178,10 @@ pub fn arch_from_hugging_face(spec: &HuggingFaceSpec) -> Result<TransformerArch,
                     "huggingFace.config.num_attention_heads ({heads}) must be divisible by num_key_value_heads ({kv_heads})"
                 )));
             }
-            let head_dim = match opt_int(cfg, "head_dim")? {
-                Some(d) => d,
-                None => divide(hidden, heads, "hidden_size", "num_attention_heads")?,
+            let head_dim = match (opt_int(cfg, "head_dim")?, model_type) {
+                (Some(d), _) => d,
+                (None, "qwen3") => 128,
+                (None, _) => divide(hidden, heads, "hidden_size", "num_attention_heads")?,
             };
             let attention_bias = flag(cfg, "attention_bias", false)?;
             TransformerArch {
@@ -202,6 +209,7 @@ pub fn arch_from_hugging_face(spec: &HuggingFaceSpec) -> Result<TransformerArch,
                     dropout: prob(cfg, "attention_dropout", 0.0)? > 0.0,
                     gelu_new: false,
                     use_cache: flag(cfg, "use_cache", true)?,
+                    qk_norm: model_type == "qwen3",
                 }),
             }
         }
@@ -234,6 +242,7 @@ pub fn arch_from_hugging_face(spec: &HuggingFaceSpec) -> Result<TransformerArch,
                     gelu_new: false,
                     // An encoder returns no cache.
                     use_cache: false,
+                    qk_norm: false,
                 }),
             }
         }

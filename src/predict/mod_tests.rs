@@ -446,7 +446,7 @@ fn unknown_hugging_face_model_types_name_the_supported_ones() {
     let err = hugging_face_error(config);
     assert!(
         err.starts_with(
-            "huggingFace.config.model_type 't5' is not supported (supported: gpt2, llama, mistral, qwen2, bert); "
+            "huggingFace.config.model_type 't5' is not supported (supported: gpt2, llama, mistral, qwen2, qwen3, phi3, bert); "
         ),
         "{err}"
     );
@@ -1534,6 +1534,7 @@ fn each_hugging_face_family_maps_onto_its_shapes_and_library_defaults() {
             dropout: true,
             gelu_new: true,
             use_cache: true,
+            qk_norm: false,
         }),
     };
     let llama = TransformerArch {
@@ -1561,6 +1562,7 @@ fn each_hugging_face_family_maps_onto_its_shapes_and_library_defaults() {
             dropout: false,
             gelu_new: false,
             use_cache: true,
+            qk_norm: false,
         }),
     };
     let bert = TransformerArch {
@@ -1587,6 +1589,7 @@ fn each_hugging_face_family_maps_onto_its_shapes_and_library_defaults() {
             dropout: true,
             gelu_new: false,
             use_cache: false,
+            qk_norm: false,
         }),
     };
     use serde_json::json;
@@ -1630,6 +1633,7 @@ fn each_hugging_face_family_maps_onto_its_shapes_and_library_defaults() {
                 tied: false,
                 library: Some(HfImpl {
                     use_cache: false,
+                    qk_norm: false,
                     ..lib(&gpt2)
                 }),
                 ..gpt2.clone()
@@ -1742,6 +1746,7 @@ fn each_hugging_face_family_maps_onto_its_shapes_and_library_defaults() {
                 family: "mistral".into(),
                 library: Some(HfImpl {
                     use_cache: false,
+                    qk_norm: false,
                     ..lib(&llama)
                 }),
                 ..llama.clone()
@@ -2236,4 +2241,63 @@ fn a_config_with_only_its_model_type_counts_the_parameters_transformers_builds()
             "{model_type}"
         );
     }
+}
+
+/// Qwen3 and Phi-3 as rows of the LLaMA family: counts by transformers 5.24
+/// of the models built from these configs on the meta device.
+#[test]
+fn qwen3_and_phi3_count_the_parameters_transformers_builds() {
+    let cases = [
+        (serde_json::json!({"model_type": "qwen3"}), 12_049_461_248),
+        (serde_json::json!({"model_type": "phi3"}), 3_821_079_552),
+        (
+            serde_json::json!({"model_type": "phi3", "num_key_value_heads": 8}),
+            3_368_094_720,
+        ),
+        (
+            serde_json::json!({"model_type": "qwen3", "hidden_size": 1024, "num_attention_heads": 16,
+                   "num_key_value_heads": 8, "num_hidden_layers": 28, "intermediate_size": 3072,
+                   "tie_word_embeddings": true}),
+            596_049_920,
+        ),
+    ];
+    for (config, want) in cases {
+        let spec: HuggingFaceSpec =
+            serde_json::from_value(serde_json::json!({"seqLen": 512, "config": config})).unwrap();
+        let model = ModelSpec {
+            hugging_face: Some(spec),
+            ..ModelSpec::default()
+        };
+        assert_eq!(
+            resolve_arch(&model).unwrap().parameter_count(),
+            want,
+            "{config}"
+        );
+    }
+}
+
+/// Qwen3's norms of queries and keys keep activations a LLaMA block of the
+/// same shape does not.
+#[test]
+fn qwen3_s_query_and_key_norms_add_activations() {
+    let predict = |model_type: &str| {
+        let spec: HuggingFaceSpec = serde_json::from_value(serde_json::json!({"seqLen": 1024,
+            "config": {"model_type": model_type, "hidden_size": 1024, "num_attention_heads": 16,
+                       "num_key_value_heads": 8, "head_dim": 64, "num_hidden_layers": 4,
+                       "intermediate_size": 3072, "vocab_size": 32000}}))
+        .unwrap();
+        let model = ModelSpec {
+            hugging_face: Some(spec),
+            precision: crate::api::Precision::AmpBf16,
+            ..ModelSpec::default()
+        };
+        predict_model(&model, &one_gpu(8), default_gpu()).unwrap()
+    };
+    let (llama, qwen3) = (predict("llama"), predict("qwen3"));
+    assert!(
+        qwen3.breakdown.activations > llama.breakdown.activations,
+        "{} <= {}",
+        qwen3.breakdown.activations,
+        llama.breakdown.activations
+    );
 }

@@ -386,6 +386,38 @@ impl Gen<'_> {
         }
     }
 
+    /// Qwen3's RMSNorm of each head (`rows` vectors of `width`) of a
+    /// projection `src` in the compute dtype: as [`Self::hf_rmsnorm`], the
+    /// fp32 input (or the input itself when it is fp32), the inverse RMS and
+    /// the normalised tensor are kept; `src` is consumed.
+    fn hf_head_rmsnorm(&mut self, rows: u64, width: u64, src: u32, saved: &mut Vec<u32>) -> u32 {
+        let wd = self.widths();
+        let elems = rows * width;
+        if wd.c == 4 {
+            let sq = self.t.act(elems * 4);
+            let var = self.t.act(rows * 4);
+            self.t.free(sq);
+            saved.push(self.t.act(rows * 4));
+            self.t.free(var);
+            saved.push(src);
+            let normed = self.t.act(elems * 4);
+            saved.push(normed);
+            self.t.act(elems * 4)
+        } else {
+            saved.push(self.t.act(elems * 4));
+            self.t.free(src);
+            let sq = self.t.act(elems * 4);
+            let var = self.t.act(rows * 4);
+            self.t.free(sq);
+            saved.push(self.t.act(rows * 4));
+            self.t.free(var);
+            let y = self.t.act(elems * 4);
+            saved.push(self.t.act(elems * wd.c));
+            self.t.free(y);
+            self.t.act(elems * wd.c)
+        }
+    }
+
     /// Rotary embedding of `src` (`elems` elements): `x * cos + rotate_half(x) * sin`.
     fn hf_rope(&mut self, elems: u64, src: u32) -> u32 {
         let wd = self.widths();
@@ -545,9 +577,13 @@ impl Gen<'_> {
                     saved.push(nrm);
                     None
                 };
-                let q = self.t.act(n * qd * wd.c);
-                let k = self.t.act(n * kvd * wd.c);
+                let mut q = self.t.act(n * qd * wd.c);
+                let mut k = self.t.act(n * kvd * wd.c);
                 let v = self.t.act(n * kvd * wd.c);
+                if lib.qk_norm {
+                    q = self.hf_head_rmsnorm(n * t.heads, t.head_dim, q, &mut saved);
+                    k = self.hf_head_rmsnorm(n * t.kv_heads, t.head_dim, k, &mut saved);
+                }
                 let qe = self.hf_rope(n * qd, q);
                 let ke = self.hf_rope(n * kvd, k);
                 let (keys, values, owned) = if cache {
