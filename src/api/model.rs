@@ -168,7 +168,7 @@ fn default_true() -> bool {
 #[serde(rename_all = "camelCase")]
 pub struct HuggingFaceSpec {
     /// The model's `config.json` as an object (`model_type` selects the family:
-    /// gpt2, llama, mistral, qwen2, qwen3, phi3, bert).
+    /// gpt2, llama, mistral, qwen2, qwen3, phi3, bert, roberta).
     #[schemars(schema_with = "crate::api::schema::free_form_object")]
     pub config: serde_json::Map<String, serde_json::Value>,
     /// Tokens per sample used in training.

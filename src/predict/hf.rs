@@ -9,8 +9,9 @@ use super::PredictError;
 use super::arch::{HfFamily, HfImpl, TransformerArch};
 
 /// `model_type` values the predictor understands.
-pub const SUPPORTED_MODEL_TYPES: &[&str] =
-    &["gpt2", "llama", "mistral", "qwen2", "qwen3", "phi3", "bert"];
+pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
+    "gpt2", "llama", "mistral", "qwen2", "qwen3", "phi3", "bert", "roberta",
+];
 
 /// The largest value of each config key, as the `transformer` description's
 /// schema bounds them: a config is free-form, and a huge count would make the
@@ -66,6 +67,7 @@ fn defaults(model_type: &str) -> Defaults {
         "mistral" => (32000, 4096, 32, 32, Some(8), Some(14336)),
         "qwen2" | "qwen3" => (151936, 4096, 32, 32, None, Some(22016)),
         "phi3" => (32064, 3072, 32, 32, None, Some(8192)),
+        "roberta" => (50265, 768, 12, 12, None, Some(3072)),
         // bert
         _ => (30522, 768, 12, 12, None, Some(3072)),
     };
@@ -213,7 +215,9 @@ pub fn arch_from_hugging_face(spec: &HuggingFaceSpec) -> Result<TransformerArch,
                 }),
             }
         }
-        "bert" => {
+        // RoBERTa's modules are BERT's (its position ids are counted from the
+        // padding token, a few small integer tensors).
+        "bert" | "roberta" => {
             let hidden = int_or(cfg, "hidden_size", d.hidden)?;
             let heads = int_or(cfg, "num_attention_heads", d.heads)?;
             TransformerArch {

@@ -446,7 +446,7 @@ fn unknown_hugging_face_model_types_name_the_supported_ones() {
     let err = hugging_face_error(config);
     assert!(
         err.starts_with(
-            "huggingFace.config.model_type 't5' is not supported (supported: gpt2, llama, mistral, qwen2, qwen3, phi3, bert); "
+            "huggingFace.config.model_type 't5' is not supported (supported: gpt2, llama, mistral, qwen2, qwen3, phi3, bert, roberta); "
         ),
         "{err}"
     );
@@ -2243,13 +2243,14 @@ fn a_config_with_only_its_model_type_counts_the_parameters_transformers_builds()
     }
 }
 
-/// Qwen3 and Phi-3 as rows of the LLaMA family: counts by transformers 5.24
+/// Qwen3 and Phi-3 as rows of the LLaMA family, RoBERTa of BERT's: counts by transformers 5.24
 /// of the models built from these configs on the meta device.
 #[test]
-fn qwen3_and_phi3_count_the_parameters_transformers_builds() {
+fn qwen3_phi3_and_roberta_count_the_parameters_transformers_builds() {
     let cases = [
         (serde_json::json!({"model_type": "qwen3"}), 12_049_461_248),
         (serde_json::json!({"model_type": "phi3"}), 3_821_079_552),
+        (serde_json::json!({"model_type": "roberta"}), 124_696_665),
         (
             serde_json::json!({"model_type": "phi3", "num_key_value_heads": 8}),
             3_368_094_720,
