@@ -97,6 +97,7 @@ values=
 on_exit() {
   local rc=$?
   [[ -n $values ]] && rm -f "$values"
+  [[ -n ${keepalive:-} ]] && kill "$keepalive" 2>/dev/null
   if [[ $failed -gt 0 || $rc -ne 0 ]] && [[ -n ${KUBECONFIG:-} ]]; then
     {
       echo "== pods"
@@ -188,19 +189,33 @@ all_ready() { [[ $(count_ready controller) == 2 && $(count_ready agent) == 1 && 
 # --- a. install ----------------------------------------------------------------------
 log "helm install $release $chart -n $ns --create-namespace -f <node values>"
 t_install=$(now_ms)
-if "$helm" install "$release" "$chart" -n "$ns" --create-namespace -f "$values" >/dev/null; then
+extra=()
+# VRAMFIT_NODE_CHART_SET=a=b,c=d: --set for the install only (to see a broken chart fail).
+[[ -n ${VRAMFIT_NODE_CHART_SET:-} ]] && extra=(--set "$VRAMFIT_NODE_CHART_SET")
+if "$helm" install "$release" "$chart" -n "$ns" --create-namespace -f "$values" "${extra[@]}" >/dev/null; then
   pass "helm install (revision 1, deployed)"
 else
   failc "helm install"
   echo "node-chart: $passed passed, $failed failed"
   exit 1
 fi
-if poll "$bound_ready" all_ready; then
+# A container that cannot start (no image, a crash loop, a bad config) ends the wait at once.
+stuck() {
+  kubectl get pods -n "$ns" -l "app.kubernetes.io/instance=$release" \
+    -o jsonpath='{range .items[*]}{.metadata.name}{" "}{.status.containerStatuses[*].state.waiting.reason}{"\n"}{end}' 2>/dev/null |
+    grep -E ' (ErrImageNeverPull|ErrImagePull|ImagePullBackOff|InvalidImageName|CrashLoopBackOff|CreateContainerConfigError|CreateContainerError|RunContainerError)' | paste -sd, -
+}
+ready_or_stuck() { all_ready && return 0; [[ -n $(stuck) ]] && return 0; return 1; }
+if poll "$bound_ready" ready_or_stuck && all_ready; then
   t_ready=$(now_ms)
   install_s=$(secs "$t_install" "$t_ready")
   pass "all vramfit pods Ready ${install_s}s after helm install: $(ready_pods controller | paste -sd' ') $(ready_pods agent)"
 else
-  failc "not all vramfit pods Ready within ${bound_ready}s: $(kubectl get pods -n "$ns" --no-headers 2>&1 | awk '{print $1 " " $2 " " $3}' | paste -sd, -)"
+  why=$(stuck)
+  failc "not all vramfit pods Ready (bound ${bound_ready}s): $(kubectl get pods -n "$ns" --no-headers 2>&1 | awk '{print $1 " " $2 " " $3}' | paste -sd, -)${why:+ (stuck: $why)}"
+  # Nothing after this means anything without running pods.
+  echo "node-chart: $passed passed, $failed failed (stopped: the release's pods do not run)"
+  exit 1
 fi
 if [[ $(kubectl get deployment "$release-controller" -n "$ns" -o jsonpath='{.status.conditions[?(@.type=="Available")].status}') == True &&
   $(kubectl get deployment "$release-controller" -n "$ns" -o jsonpath='{.status.readyReplicas}') == 2 ]]; then
@@ -309,6 +324,70 @@ fi
 poll 60 eval '[[ -n $(lease_holder) ]] && ready_pods controller | grep -qx "$(lease_holder)"' &&
   pass "after the upgrade the Lease is held by a new pod: $(lease_holder)" ||
   failc "after the upgrade no new pod holds the Lease (holder: $(lease_holder))"
+
+# --- a TrainingJob in a baseline namespace ------------------------------------------------
+# The node has no GPU, so the GpuNode's GPUs are simulated as in `gpunode.sh up`
+# without one: the agent is turned off (helm upgrade agent.enabled=false; it
+# would report no GPUs), the admin patches two simulated H200s into the
+# GpuNode and keeps its heartbeat fresh, and a CDI spec with stand-in device
+# nodes (nodecfg.py cdi-simulated) lets containerd inject "GPUs" that are
+# /dev/null. The trainer is the pause image: the check is that the
+# controller's pod passes Pod Security baseline and the chart's admission
+# policies, and runs.
+tj_ns=team-baseline
+simulate_gpus() {
+  kubectl patch gpunode "$node" --subresource=status --type=merge -p "$(python3 -c '
+import json, time
+now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+gpus = [{"index": i, "uuid": f"GPU-sim-{i}", "model": "H200", "totalBytes": 150754820096, "health": "Healthy"} for i in (0, 1)]
+print(json.dumps({"status": {"heartbeat": now, "gpuCount": 2, "model": "H200", "gpus": gpus,
+                             "agent": {"mode": "simulated", "version": "node-chart", "health": "Healthy", "message": None}}}))')" >/dev/null
+}
+keepalive=
+tj_cleanup() {
+  [[ -n $keepalive ]] && kill "$keepalive" 2>/dev/null || true
+  keepalive=
+  kubectl delete namespace "$tj_ns" --ignore-not-found --wait=true --timeout=90s >/dev/null 2>&1 || true
+}
+if "$helm" upgrade "$release" "$chart" -n "$ns" -f "$values" --set controller.policy=$policy --set agent.enabled=false >/dev/null &&
+  poll 60 eval '[[ -z $(kubectl get daemonset,pods -n "$ns" -l "$(sel agent)" -o name) ]]'; then
+  pass "helm upgrade --set agent.enabled=false: the DaemonSet and its pod gone (the GpuNode's GPUs simulated from here on)"
+  simulate_gpus
+  (while sleep 15; do simulate_gpus || true; done) >/dev/null 2>&1 &
+  keepalive=$!
+  mkdir -p "$dir/cdi"
+  kubectl get gpunode "$node" -o json | python3 hack/node/nodecfg.py cdi-simulated --dev "$dir/fake-dev" >"$dir/cdi/simulated.json"
+  kubectl create namespace "$tj_ns" >/dev/null
+  kubectl label namespace "$tj_ns" pod-security.kubernetes.io/enforce=baseline >/dev/null
+  kubectl apply -f - >/dev/null <<EOF
+apiVersion: vramfit.dev/v1alpha1
+kind: TrainingJob
+metadata: {name: cpu-pause, namespace: $tj_ns}
+spec:
+  batch: {global: 64, micro: 16}
+  model: {mlp: {layers: 2, hidden: 256}, precision: fp32, optimizer: sgd-momentum}
+  memory: {request: 1Gi}
+  template:
+    spec:
+      containers:
+      - name: train
+        image: localhost/vramfit/pause:3.10
+        imagePullPolicy: Never
+EOF
+  t_tj=$(now_ms)
+  tj_running() {
+    [[ $(kubectl get pods -n "$tj_ns" -l vramfit.dev/training-job -o jsonpath='{.items[0].status.phase} {.items[0].spec.nodeName}') == "Running $node" ]]
+  }
+  if poll 90 tj_running; then
+    pod=$(kubectl get pods -n "$tj_ns" -l vramfit.dev/training-job -o jsonpath='{.items[0].metadata.name}')
+    pass "TrainingJob $tj_ns/cpu-pause (namespace enforce=baseline): pod $pod Running on $node after $(secs "$t_tj" "$(now_ms)")s, volumes: $(kubectl get pod -n "$tj_ns" "$pod" -o jsonpath='{range .spec.volumes[*]}{.name}{" "}{end}'), hostNetwork: $(kubectl get pod -n "$tj_ns" "$pod" -o jsonpath='{.spec.hostNetwork}{"\n"}' | sed 's/^$/false/'), IP $(kubectl get pod -n "$tj_ns" "$pod" -o jsonpath='{.status.podIP}')"
+  else
+    failc "TrainingJob $tj_ns/cpu-pause: no pod Running on $node within 90s (job: $(kubectl get trainingjob -n "$tj_ns" cpu-pause -o jsonpath='{.status.phase} {.status.message}' 2>&1); pods: $(kubectl get pods -n "$tj_ns" --no-headers 2>&1 | paste -sd, -); events: $(kubectl get events -n "$tj_ns" -o jsonpath='{range .items[*]}{.reason}: {.message}{"\n"}{end}' 2>&1 | tail -3 | paste -sd'|' -))"
+  fi
+  tj_cleanup
+else
+  failc "helm upgrade --set agent.enabled=false did not remove the agent DaemonSet"
+fi
 
 # --- e. uninstall ----------------------------------------------------------------------
 if "$helm" uninstall "$release" -n "$ns" --wait --timeout 120s >/dev/null; then
