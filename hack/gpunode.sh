@@ -491,6 +491,13 @@ down() {
   for f in "$dir"/containerd/state/io.containerd.runtime.v2.task/k8s.io/*/shim.pid; do
     [[ -f $f ]] && kill -9 "$(cat "$f")" 2>/dev/null || true
   done
+  # A shim whose sandbox was still being set up leaves no shim.pid: those that
+  # name this node's containerd socket.
+  local p
+  for p in /proc/[0-9]*; do
+    tr '\0' ' ' <"$p/cmdline" 2>/dev/null | grep -q "^[^ ]*containerd-shim-runc-v2 .*-address $dir/containerd.sock\( \|$\)" &&
+      kill -9 "${p#/proc/}" 2>/dev/null || true
+  done
   # Mounts the kubelet and containerd left (pod volumes, rootfs, netns, shm).
   local m
   for m in $(awk -v d="$dir/" 'index($2, d) == 1 {print $2}' /proc/mounts | sort -r); do
