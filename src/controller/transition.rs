@@ -547,47 +547,59 @@ pub fn pod_rejected(
     }
 }
 
-/// Why a job can never run, when its budget per GPU is larger than every GPU
-/// vramfit knows of and every GPU of the cluster (`cluster_largest`), with
-/// the changes of its spec that would make it fit (`predict::fit`). A job
-/// only larger than the cluster's GPUs waits for a larger one instead.
+/// The most memory one GPU is made with (NVIDIA B300, 288 GB of HBM3e): a job
+/// that needs more per GPU can run nowhere, whatever node joins the cluster.
+pub const LARGEST_GPU_MADE_BYTES: u64 = 288_000_000_000;
+
+/// Why a job can never run, when its budget per GPU is larger than any GPU
+/// made ([`LARGEST_GPU_MADE_BYTES`]) and every GPU of the cluster
+/// (`cluster_largest`), with the changes of its spec that would make it fit
+/// the largest GPU vramfit has a profile of (`predict::fit`). A job only
+/// larger than the cluster's GPUs waits for a larger one instead.
 pub fn never_fits(
     job: &TrainingJob,
     budget: &Budget,
     micro: u32,
     cluster_largest: Option<u64>,
 ) -> Option<String> {
-    let known = crate::predict::GPU_PROFILES
-        .iter()
-        .max_by_key(|g| g.capacity_bytes)?;
-    let largest = known.capacity_bytes.max(cluster_largest.unwrap_or(0));
+    let largest = LARGEST_GPU_MADE_BYTES.max(cluster_largest.unwrap_or(0));
     if budget.budget <= largest {
         return None;
     }
     let spec = &job.spec;
+    let source = match budget.source {
+        "request" => "spec.memory.request".to_string(),
+        other => format!("{} from {other}", human_bytes(budget.predicted)),
+    };
     let need = format!(
-        "never fits: needs {} per GPU ({} from {}) and the largest GPU is {}",
+        "never fits: needs {} per GPU ({source}), more than any GPU has ({} at most)",
         human_bytes(budget.budget),
-        human_bytes(budget.predicted),
-        budget.source,
         human_bytes(largest)
     );
     if budget.source != "model" {
         return Some(need);
     }
+    let profile = crate::predict::GPU_PROFILES
+        .iter()
+        .max_by_key(|g| g.capacity_bytes)?;
     let shape = crate::predict::JobShape {
         gpus: spec.gpus,
         global_batch: spec.batch.global,
         micro_batch: micro,
     };
-    let options =
-        crate::predict::fit::fit_options(&spec.model, &shape, known, largest, spec.headroom());
-    let name = if largest > known.capacity_bytes {
-        "GPU of the cluster"
-    } else {
-        known.name
-    };
-    let advice = crate::predict::fit::fit_advice(&options, largest, spec.headroom(), name);
+    let options = crate::predict::fit::fit_options(
+        &spec.model,
+        &shape,
+        profile,
+        profile.capacity_bytes,
+        spec.headroom(),
+    );
+    let advice = crate::predict::fit::fit_advice(
+        &options,
+        profile.capacity_bytes,
+        spec.headroom(),
+        profile.name,
+    );
     Some(format!("{need}; {advice}"))
 }
 

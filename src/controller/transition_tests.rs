@@ -1271,25 +1271,30 @@ fn a_job_larger_than_every_gpu_fails_once_with_what_would_make_it_fit() {
     let budget = t.status.budget_bytes;
     assert_eq!(budget, None, "a job that never fits records no budget");
 
-    // A request larger than every GPU fails too, without advice; one the
-    // cluster's own larger GPU holds waits for it.
-    let mut requested = job_with(json!({}), None);
-    requested.spec.memory = Some(crate::api::MemorySpec {
-        request: Some("400Gi".into()),
-        headroom: 0.05,
-    });
-    let t = predict(
-        &requested,
-        TrainingJobStatus::default(),
-        facts(1, &|_| None, &[]),
-    );
+    // A request larger than any GPU made fails too, without advice; one a
+    // GPU made could hold (larger than any the cluster has) waits for it, and
+    // one the cluster's own larger GPU holds is predicted as usual.
+    let requesting = |request: &str| {
+        let mut job = job_with(json!({}), None);
+        job.spec.memory = Some(crate::api::MemorySpec {
+            request: Some(request.into()),
+            headroom: 0.05,
+        });
+        job
+    };
+    let decide = |request: &str, models: &[(String, u64)]| {
+        predict(
+            &requesting(request),
+            TrainingJobStatus::default(),
+            facts(1, &|_| None, models),
+        )
+    };
+    let t = decide("400Gi", &[]);
     assert_eq!(t.decision, "never fits");
-    assert!(!t.status.message.unwrap().contains(';'));
-    let models = [("B300".to_string(), 500 * GIB)];
-    let t = predict(
-        &requested,
-        TrainingJobStatus::default(),
-        facts(1, &|_| None, &models),
-    );
-    assert_eq!(t.decision, "predicted");
+    let message = t.status.message.unwrap();
+    assert!(message.contains("(spec.memory.request)"), "{message}");
+    assert!(!message.contains(';'), "{message}");
+    assert_eq!(decide("200Gi", &[]).decision, "predicted");
+    let future = [("future".to_string(), 500 * GIB)];
+    assert_eq!(decide("400Gi", &future).decision, "predicted");
 }
