@@ -324,16 +324,9 @@ passed=$((passed + 1))
 
 log "helm install, upgrade and uninstall against the API server (kube-controller-manager and kube-scheduler running, no kubelet)"
 pass() { printf 'chart-test: PASS: %s\n' "$*" >&2; }
-# poll SECONDS COMMAND...: until COMMAND succeeds.
-poll() {
-  local secs=$1 i
-  shift
-  for ((i = 0; i < secs * 2; i++)); do
-    "$@" >/dev/null 2>&1 && return 0
-    sleep 0.5
-  done
-  return 1
-}
+# poll SECONDS COMMAND...: hack/lib.sh.
+# shellcheck source=hack/lib.sh
+. hack/lib.sh   # the scripts run from the repository root (cd above)
 # The release's pods and ReplicaSets (made by the controllers, not by helm).
 owned() { k get pods,replicasets -n "$ns" -l "app.kubernetes.io/instance=$release" -o name; }
 # What is left in the namespace besides what Kubernetes puts in every one.

@@ -73,16 +73,9 @@ passed=0
 failed=0
 pass() { printf 'PASS: %s\n' "$*"; passed=$((passed + 1)); }
 failc() { printf 'FAIL: %s\n' "$*"; failed=$((failed + 1)); }
-# poll SECONDS COMMAND...: until COMMAND succeeds (every 0.5 s).
-poll() {
-  local secs=$1 i
-  shift
-  for ((i = 0; i < secs * 2; i++)); do
-    "$@" >/dev/null 2>&1 && return 0
-    sleep 0.5
-  done
-  return 1
-}
+# poll SECONDS COMMAND...: hack/lib.sh.
+# shellcheck source=hack/lib.sh
+. hack/lib.sh   # the scripts run from the repository root (cd above)
 
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 for f in "vramfit-$version.oci.tar" "vramfit-agent-$version.oci.tar"; do

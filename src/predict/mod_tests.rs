@@ -2179,98 +2179,53 @@ fn sizes_whose_product_overflows_are_invalid_not_a_panic() {
     );
 }
 
-/// A config whose `head_dim × heads` is not its hidden size: q_proj and
-/// o_proj have `heads × head_dim` rows or columns. Counts by transformers
-/// 5.24 of the model built from these keys on the meta device.
+/// Parameter counts of Hugging Face configs, each the count of the model
+/// transformers 5.24 builds from the same config on the meta device
+/// (MaskedLM for bert and roberta, CausalLM otherwise).
 #[test]
-fn a_head_dim_apart_from_hidden_over_heads_sizes_q_and_o_by_heads_times_head_dim() {
+fn hugging_face_configs_count_the_parameters_transformers_builds() {
+    use serde_json::json;
     let cases = [
+        // Only `model_type`, as users paste configs: every other key takes
+        // transformers' default for the family.
+        (json!({"model_type": "gpt2"}), 124_439_808),
+        (json!({"model_type": "llama"}), 6_738_415_616),
+        (json!({"model_type": "mistral"}), 7_241_732_096),
+        (json!({"model_type": "qwen2"}), 12_049_846_272),
+        (json!({"model_type": "bert"}), 109_514_298),
+        // Rows of the LLaMA family (Qwen3, Phi-3) and of BERT's (RoBERTa).
+        (json!({"model_type": "qwen3"}), 12_049_461_248),
+        (json!({"model_type": "phi3"}), 3_821_079_552),
+        (json!({"model_type": "roberta"}), 124_696_665),
         (
-            serde_json::json!({"model_type": "qwen2", "hidden_size": 1024, "num_attention_heads": 16,
+            json!({"model_type": "phi3", "num_key_value_heads": 8}),
+            3_368_094_720,
+        ),
+        // `head_dim × heads` apart from the hidden size: q_proj and o_proj
+        // are `heads × head_dim` wide.
+        (
+            json!({"model_type": "qwen2", "hidden_size": 1024, "num_attention_heads": 16,
                    "num_key_value_heads": 8, "head_dim": 128, "num_hidden_layers": 28,
                    "intermediate_size": 3072, "vocab_size": 151936, "tie_word_embeddings": true}),
             596_157_440,
         ),
         (
-            serde_json::json!({"model_type": "mistral", "hidden_size": 5120, "num_attention_heads": 32,
+            json!({"model_type": "mistral", "hidden_size": 5120, "num_attention_heads": 32,
                    "num_key_value_heads": 8, "head_dim": 128, "num_hidden_layers": 2,
                    "intermediate_size": 14336, "vocab_size": 131072}),
             1_887_462_400,
         ),
-    ];
-    for (config, want) in cases {
-        let spec: HuggingFaceSpec =
-            serde_json::from_value(serde_json::json!({"seqLen": 512, "config": config})).unwrap();
-        let model = ModelSpec {
-            hugging_face: Some(spec),
-            ..ModelSpec::default()
-        };
-        assert_eq!(
-            resolve_arch(&model).unwrap().parameter_count(),
-            want,
-            "{config}"
-        );
-    }
-}
-
-/// A config as users paste it, only `model_type`: every other key falls back
-/// to transformers' default, so the parameter count is that of the model
-/// transformers 5.24 builds from `AutoConfig.for_model(model_type)` (counted
-/// on the meta device; MaskedLM for bert, CausalLM otherwise).
-#[test]
-fn a_config_with_only_its_model_type_counts_the_parameters_transformers_builds() {
-    let cases = [
-        ("gpt2", 124_439_808),
-        ("llama", 6_738_415_616),
-        ("mistral", 7_241_732_096),
-        ("qwen2", 12_049_846_272),
-        ("bert", 109_514_298),
-    ];
-    for (model_type, want) in cases {
-        let spec: HuggingFaceSpec = serde_json::from_value(
-            serde_json::json!({"seqLen": 128, "config": {"model_type": model_type}}),
-        )
-        .unwrap();
-        let model = ModelSpec {
-            hugging_face: Some(spec),
-            ..ModelSpec::default()
-        };
-        assert_eq!(
-            resolve_arch(&model).unwrap().parameter_count(),
-            want,
-            "{model_type}"
-        );
-    }
-}
-
-/// Qwen3 and Phi-3 as rows of the LLaMA family, RoBERTa of BERT's: counts by transformers 5.24
-/// of the models built from these configs on the meta device.
-#[test]
-fn qwen3_phi3_and_roberta_count_the_parameters_transformers_builds() {
-    let cases = [
-        (serde_json::json!({"model_type": "qwen3"}), 12_049_461_248),
-        (serde_json::json!({"model_type": "phi3"}), 3_821_079_552),
-        (serde_json::json!({"model_type": "roberta"}), 124_696_665),
         (
-            serde_json::json!({"model_type": "phi3", "num_key_value_heads": 8}),
-            3_368_094_720,
-        ),
-        (
-            serde_json::json!({"model_type": "qwen3", "hidden_size": 1024, "num_attention_heads": 16,
+            json!({"model_type": "qwen3", "hidden_size": 1024, "num_attention_heads": 16,
                    "num_key_value_heads": 8, "num_hidden_layers": 28, "intermediate_size": 3072,
                    "tie_word_embeddings": true}),
             596_049_920,
         ),
     ];
     for (config, want) in cases {
-        let spec: HuggingFaceSpec =
-            serde_json::from_value(serde_json::json!({"seqLen": 512, "config": config})).unwrap();
-        let model = ModelSpec {
-            hugging_face: Some(spec),
-            ..ModelSpec::default()
-        };
+        let transformer = hf_arch(config.clone()).unwrap();
         assert_eq!(
-            resolve_arch(&model).unwrap().parameter_count(),
+            arch::Arch::Transformer(transformer).parameter_count(),
             want,
             "{config}"
         );
