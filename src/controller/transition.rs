@@ -286,17 +286,17 @@ pub fn predict(
     };
     let auto = spec.batch.auto_micro && attempt == 1;
     if !auto && let Some(message) = never_fits(job, &budget, micro, largest) {
-        let mut t = invalid(job, status, &message);
-        set_condition(
-            &mut t.status.conditions,
-            CONDITION_INVALID,
-            true,
-            "NeverFits",
-            &message,
-            generation,
+        return fail_until_changed(
+            job,
+            status,
+            FailedFor {
+                decision: "never fits",
+                condition: (CONDITION_INVALID, "NeverFits", &message),
+                complete_reason: reason::FAILED,
+                event_reason: reason::INVALID,
+                message: message.clone(),
+            },
         );
-        t.decision = "never fits";
-        return t;
     }
     // The budget for each GPU model the job could land on; the cycle gives it
     // the one of the model it places it on.
@@ -469,34 +469,66 @@ pub fn with_held(
 
 /// The spec cannot be run: the job fails with an `Invalid` condition until
 /// its spec changes.
-pub fn invalid(job: &TrainingJob, mut status: TrainingJobStatus, message: &str) -> Transition {
+pub fn invalid(job: &TrainingJob, status: TrainingJobStatus, message: &str) -> Transition {
+    fail_until_changed(
+        job,
+        status,
+        FailedFor {
+            decision: "invalid",
+            condition: (CONDITION_INVALID, "InvalidSpec", message),
+            complete_reason: reason::FAILED,
+            event_reason: reason::INVALID,
+            message: message.to_string(),
+        },
+    )
+}
+
+/// Why a job fails until its spec changes: the decision, the condition set
+/// true (type, reason, message), the reasons of `Complete` and of the
+/// warning event, and the status message.
+struct FailedFor<'a> {
+    decision: &'static str,
+    condition: (&'a str, &'a str, &'a str),
+    complete_reason: &'a str,
+    event_reason: &'static str,
+    message: String,
+}
+
+/// The job fails with `why`: phase `Failed`, its condition and `Complete`
+/// true, one warning event, and nothing more until the spec changes.
+fn fail_until_changed(
+    job: &TrainingJob,
+    mut status: TrainingJobStatus,
+    why: FailedFor,
+) -> Transition {
     let generation = job.metadata.generation;
+    let (type_, reason, condition_message) = why.condition;
     status.phase = Phase::Failed;
-    status.message = Some(message.to_string());
+    status.message = Some(why.message.clone());
     status.observed_generation = generation;
     set_condition(
         &mut status.conditions,
-        CONDITION_INVALID,
+        type_,
         true,
-        "InvalidSpec",
-        message,
+        reason,
+        condition_message,
         generation,
     );
     set_condition(
         &mut status.conditions,
         CONDITION_COMPLETE,
         true,
-        reason::FAILED,
-        message,
+        why.complete_reason,
+        &why.message,
         generation,
     );
     Transition {
-        decision: "invalid",
+        decision: why.decision,
         status,
         effects: vec![Effect::Event {
             warning: true,
-            reason: reason::INVALID,
-            note: message.to_string(),
+            reason: why.event_reason,
+            note: why.message,
         }],
         requeue: Requeue::AwaitChange,
     }
@@ -508,43 +540,24 @@ pub fn invalid(job: &TrainingJob, mut status: TrainingJobStatus, message: &str) 
 /// again until its spec changes.
 pub fn pod_rejected(
     job: &TrainingJob,
-    mut status: TrainingJobStatus,
+    status: TrainingJobStatus,
     rejection: &PodRejection,
 ) -> Transition {
-    let generation = job.metadata.generation;
     let message = format!(
         "the API server refused the attempt's pod ({}): {}; change the job's template to try again",
         rejection.reason, rejection.message
     );
-    status.phase = Phase::Failed;
-    status.message = Some(message.clone());
-    status.observed_generation = generation;
-    set_condition(
-        &mut status.conditions,
-        CONDITION_POD_REJECTED,
-        true,
-        rejection.reason,
-        &rejection.message,
-        generation,
-    );
-    set_condition(
-        &mut status.conditions,
-        CONDITION_COMPLETE,
-        true,
-        reason::POD_REJECTED,
-        &message,
-        generation,
-    );
-    Transition {
-        decision: "pod rejected",
+    fail_until_changed(
+        job,
         status,
-        effects: vec![Effect::Event {
-            warning: true,
-            reason: reason::POD_REJECTED,
-            note: message,
-        }],
-        requeue: Requeue::AwaitChange,
-    }
+        FailedFor {
+            decision: "pod rejected",
+            condition: (CONDITION_POD_REJECTED, rejection.reason, &rejection.message),
+            complete_reason: reason::POD_REJECTED,
+            event_reason: reason::POD_REJECTED,
+            message,
+        },
+    )
 }
 
 /// The most memory one GPU is made with (NVIDIA B300, 288 GB of HBM3e): a job
