@@ -15,6 +15,7 @@ hack/node/test_nodecfg.py tests it (CI runs them).
     nodecfg.py nri-config --log FILE                             the NRI plugin's configuration
     nodecfg.py image pause|train --out FILE [--pause BIN]        a docker-archive tarball
     nodecfg.py jobs --repo R --python P [--root D]... [--cpu]    the demo's TrainingJobs (a List)
+               [--image I --namespaces A,B]                     ... from the training image, in tenant namespaces
 """
 
 from __future__ import annotations
@@ -380,11 +381,15 @@ def cdi_spec_simulated(gpu_node: dict, dev: str) -> dict:
     )
 
 
-def nri_plugin_config(log: str) -> str:
+def nri_plugin_config(log: str, agent_namespaces: Sequence[str] = ()) -> str:
     """vramfit-nri-cdi's NRI configuration (plugin_config_path/10-vramfit-cdi.conf):
     the file it logs each container's devices to (containerd gives the plugins
-    it starts no output)."""
-    return "log: " + json.dumps(log) + "\n"
+    it starts no output), and the namespaces whose pods may ask for GPUs with
+    cdi.k8s.io annotations (the chart's agent with gpuAccess cdi)."""
+    text = "log: " + json.dumps(log) + "\n"
+    if agent_namespaces:
+        text += "agentNamespaces: " + json.dumps(list(agent_namespaces)) + "\n"
+    return text
 
 
 # --- images -----------------------------------------------------------------
@@ -554,6 +559,37 @@ def node_template(
     }
 
 
+#: Where the training image (hack/node/trainimage.py) puts the demo's train.py.
+IMAGE_TRAIN_PATH = "/opt/vramfit/train.py"
+#: The training image's user (non-root, as Pod Security restricted wants).
+IMAGE_UID = 65532
+
+
+def image_template(command: List[str], image: str, cpu: str = "1", memory: str = "8Gi") -> dict:
+    """The pod template of a demo job run from the training image
+    (hack/node/trainimage.py): nothing of the node (no hostPath, no volume of
+    its own, not on the host network), non-root with no capability and no
+    privilege escalation, so that it passes Pod Security restricted; the
+    allocator is the wheel's libvramfit_alloc.so inside the image, which the
+    helper finds by itself."""
+    return {
+        "metadata": {"labels": {"vramfit.dev/demo": "gpunode"}},
+        "spec": {
+            "dnsPolicy": "Default",
+            "securityContext": {"runAsNonRoot": True, "runAsUser": IMAGE_UID, "runAsGroup": IMAGE_UID,
+                                "seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [{
+                "name": "train",
+                "image": image,
+                "imagePullPolicy": "Never",
+                "command": command,
+                "resources": {"requests": {"cpu": cpu, "memory": memory}},
+                "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+            }],
+        },
+    }
+
+
 def _load_yaml_docs(path: Path) -> List[dict]:
     import yaml  # only here: the other commands need nothing beyond the standard library
 
@@ -567,9 +603,17 @@ def demo_jobs(
     steps: int,
     gpu: bool = True,
     allocator_lib: Optional[str] = None,
+    image: Optional[str] = None,
+    namespaces: Sequence[str] = ("ml",),
 ) -> List[dict]:
     """The demo's TrainingJobs, built from examples/: their model, batch and
     memory specs as written there, the pod template replaced by this node's.
+
+    `image`: the pods run the training image (`python` is the environment's
+    interpreter inside it, train.py at IMAGE_TRAIN_PATH) with nothing of the
+    node, the jobs spread over `namespaces` in turn, and with a GPU one job
+    more, `overbudget-twice`, whose first two attempts allocate past their
+    budget outside PyTorch (the watchdog must stop each; the third trains).
 
     With a GPU: GPT-2 small (Hugging Face GPT2LMHeadModel), the LLaMA-style
     1.1B with checkpointing, a torchvision ResNet-50, a GPT-2 whose
@@ -580,15 +624,22 @@ def demo_jobs(
     GPT-2s on the CPU, to try the node itself.
     """
     examples = Path(repo) / "examples"
-    train = [python, str(Path(repo) / "hack/node/train.py")]
+    train = [python, IMAGE_TRAIN_PATH if image else str(Path(repo) / "hack/node/train.py")]
     gpt2 = _load_yaml_docs(examples / "gpt2-small-amp.yaml")[0]
     llama = _load_yaml_docs(examples / "llama-1b-hf.yaml")[0]
 
+    made: List[dict] = []
+
     def job(base: dict, name: str, args: List[str], **spec_changes) -> dict:
         j = json.loads(json.dumps(base))
-        j["metadata"] = {"name": name, "namespace": "ml", "labels": {"vramfit.dev/demo": "gpunode"}}
+        ns = namespaces[len(made) % len(namespaces)]
+        j["metadata"] = {"name": name, "namespace": ns, "labels": {"vramfit.dev/demo": "gpunode"}}
         j["spec"].update(spec_changes)
-        j["spec"]["template"] = node_template(train + args, repo, python_roots, allocator_lib=allocator_lib)
+        if image:
+            j["spec"]["template"] = image_template(train + args, image)
+        else:
+            j["spec"]["template"] = node_template(train + args, repo, python_roots, allocator_lib=allocator_lib)
+        made.append(j)
         return j
 
     if not gpu:
@@ -609,7 +660,7 @@ def demo_jobs(
     # The predictor has no convolutional family yet: the CNN states its budget
     # (memory.request), and its model entry only keys its measurements.
     resnet["spec"]["model"] = {"mlp": {"layers": 50, "hidden": 2048}, "precision": "amp-bf16", "optimizer": "sgd-momentum"}
-    return [
+    jobs = [
         job(gpt2, "gpt2-small", ["--model", "gpt2", "--steps", str(steps)]),
         job(llama, "llama-1b", ["--model", "llama", "--seq-len", "2048", "--hf-config", hf_config,
                                 "--steps", str(llama_steps)]),
@@ -624,6 +675,13 @@ def demo_jobs(
         job(gpt2, "gpt2-absorb", ["--model", "gpt2", "--steps", str(steps), "--absorb"],
             batch={"global": 64, "micro": 32, "minMicro": 4}, memory={"request": "24Gi"}, maxOOMRetries=3),
     ]
+    if image:
+        # A tenant's attack: after the watchdog's first stop, the next attempt
+        # goes over its budget again (the watchdog must stop every episode).
+        jobs.append(job(gpt2, "overbudget-twice", ["--model", "bypass", "--bypass-bytes", str(20 << 30),
+                                                   "--bypass-attempts", "2", "--steps", str(steps)],
+                        batch={"global": 16, "micro": 8, "minMicro": 2}, memory={"request": "10Gi"}, maxOOMRetries=3))
+    return jobs
 
 
 def oci_devices(text: str, container: str = "train") -> List[str]:
@@ -689,6 +747,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ds.add_argument("--dev", required=True, help="where the stand-in device nodes are made")
     n = sub.add_parser("nri-config")
     n.add_argument("--log", required=True)
+    n.add_argument("--agent-namespace", action="append", default=[],
+                   help="a namespace whose pods may ask for GPUs with cdi.k8s.io annotations (repeatable)")
     i = sub.add_parser("image")
     i.add_argument("which", choices=["pause", "train"])
     i.add_argument("--out", required=True)
@@ -703,6 +763,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     j.add_argument("--steps", type=int, default=20)
     j.add_argument("--cpu", action="store_true", help="the CPU jobs (no GPU on this machine)")
     j.add_argument("--allocator-lib", help="the node's libvramfit_alloc.so, mounted into the pods")
+    j.add_argument("--image", help="run the training image (hack/node/trainimage.py) instead of mounting the node's "
+                                   "folders; --python is then the interpreter inside it")
+    j.add_argument("--namespaces", default="ml", help="comma-separated namespaces the jobs go to in turn")
     args = p.parse_args(argv)
     try:
         if args.cmd == "containerd":
@@ -728,7 +791,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             json.dump(cdi_spec_simulated(json.load(sys.stdin), args.dev), sys.stdout, indent=2)
             sys.stdout.write("\n")
         elif args.cmd == "nri-config":
-            sys.stdout.write(nri_plugin_config(args.log))
+            sys.stdout.write(nri_plugin_config(args.log, args.agent_namespace))
         elif args.cmd == "image":
             if args.which == "pause":
                 if not args.pause:
@@ -741,7 +804,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             if args.allocator_lib and not Path(args.allocator_lib).is_file():
                 raise ValueError(f"--allocator-lib {args.allocator_lib}: no such file")
             jobs = demo_jobs(args.repo, args.python, args.root, args.steps, gpu=not args.cpu,
-                             allocator_lib=args.allocator_lib)
+                             allocator_lib=args.allocator_lib, image=args.image,
+                             namespaces=[n for n in args.namespaces.split(",") if n])
             json.dump({"apiVersion": "v1", "kind": "List", "items": jobs}, sys.stdout, indent=1)
             sys.stdout.write("\n")
         elif args.cmd == "oci-devices":

@@ -142,6 +142,43 @@ def allocator_seen(samples: List[dict]) -> Dict[str, dict]:
     return seen
 
 
+def over_budget_seen(samples: List[dict], tolerance: float = 0.05) -> Dict[str, dict]:
+    """Per pod, how long the GPU memory of its processes stayed over its
+    budget (plus the watchdog's tolerance) in the samples: the heartbeats of
+    the first and last samples over it, and the most it used. The budget is
+    the allocator's figure for the pod where it reported one, else the one
+    in the agent's OOM report for it."""
+    budgets: Dict[str, int] = {}
+    for node in samples:
+        for r in (node.get("status") or {}).get("oomReports") or []:
+            if r.get("podName") and r.get("budgetBytes"):
+                budgets[r["podName"]] = r["budgetBytes"]
+    seen: Dict[str, dict] = {}
+    for node in samples:
+        st = node.get("status") or {}
+        at = rfc3339_ms(st.get("heartbeat"))
+        used: Dict[str, int] = {}
+        for g in st.get("gpus") or []:
+            for proc in g.get("processes") or []:
+                pod = proc.get("podName")
+                if pod:
+                    used[pod] = used.get(pod, 0) + (proc.get("usedBytes") or 0)
+                    a = proc.get("allocator") or {}
+                    if a.get("budgetBytes"):
+                        budgets.setdefault(pod, a["budgetBytes"])
+        for pod, u in used.items():
+            budget = budgets.get(pod)
+            e = seen.setdefault(pod, {"maxUsedBytes": 0, "budgetBytes": budget, "firstOverMs": None, "lastOverMs": None})
+            e["maxUsedBytes"] = max(e["maxUsedBytes"], u)
+            e["budgetBytes"] = budget or e["budgetBytes"]
+            if budget and at and u > budget * (1 + tolerance):
+                e["firstOverMs"] = e["firstOverMs"] or at
+                e["lastOverMs"] = at
+    for e in seen.values():
+        e["overForMs"] = (e["lastOverMs"] - e["firstOverMs"]) if e["firstOverMs"] else 0
+    return seen
+
+
 def cdi_nodes(spec: Optional[dict]) -> Dict[str, List[str]]:
     """CDI device name -> the names under /dev its own edits add."""
     out: Dict[str, List[str]] = {}
@@ -194,6 +231,8 @@ def summarize(jobs: dict, pods: dict, gpu_node: dict, apply_ms: int, logs_root: 
                     "oomEventMs": ooms_at.get(n),
                     "lastStep": next((e for e in reversed(events) if e.get("event") == "step"), None),
                     "done": first(events, "done"),
+                    "bypass": first(events, "bypass"),
+                    "bypassSurvived": first(events, "bypass-survived"),
                 }
             )
         times = {}
@@ -243,7 +282,59 @@ def summarize(jobs: dict, pods: dict, gpu_node: dict, apply_ms: int, logs_root: 
         j["gpuUuids"] = [uuid_of.get(i) for i in idx]
         j["expectedDevices"] = sorted({n for u in j["gpuUuids"] if u for n in nodes_of.get(u, [])})
     return {"applyMs": apply_ms, "jobs": out_jobs, "gpuNode": gstat, "allocatorSeen": allocator_seen(samples or []),
-            "shapesSeen": shapes_seen(samples or [])}
+            "shapesSeen": shapes_seen(samples or []), "overBudgetSeen": over_budget_seen(samples or []),
+            "oomReportsSeen": {r["podName"]: r for node in (samples or []) + [gpu_node]
+                               for r in (node.get("status") or {}).get("oomReports") or [] if r.get("podName")}}
+
+
+#: The tenant's job that goes over its budget outside PyTorch on two attempts in a row.
+TWICE = "overbudget-twice"
+#: How long a process over its budget may last: the watchdog's grace (5 s),
+#: its readings and the GpuNode's heartbeat, with room; the process itself
+#: would hold its memory for 240 s.
+OVER_BUDGET_BOUND_MS = 45_000
+
+
+def overbudget_twice_checks(summary: dict, gpu: bool, expected: bool) -> List[tuple]:
+    """Attack b: a tenant's process allocates past its budget through
+    cuMemAlloc (outside PyTorch's allocator) on its first attempt and again
+    on its second, after the watchdog's first stop. Each episode must be
+    stopped: an OOM report of the agent for each attempt's pod, the controller
+    counting both as OOMs, the third attempt training, and the pods' GPU
+    memory over budget for a bounded time only. (None, ...) marks a skip."""
+    name = "attack b: a job over its budget again after the watchdog's first stop is stopped again"
+    job = next((j for j in summary["jobs"] if j["name"] == TWICE), None)
+    if not gpu:
+        return [(name, None, "no GPU here: nothing can allocate GPU memory past a budget (runs on the GPU node)")]
+    if job is None:
+        return [(name, not expected, f"no job {TWICE} in this run")] if expected else []
+    pods = [f"{TWICE}-a{n}" for n in (1, 2)]
+    reports = {p: r for p, r in (summary.get("oomReportsSeen") or {}).items() if p in pods}
+    outcomes = [(h.get("attempt"), h.get("outcome")) for h in job["history"]]
+    ooms = [a for a, o in outcomes if o == "OutOfMemory"]
+    over = summary.get("overBudgetSeen") or {}
+    survived = [a["pod"] for a in job["attempts"] if a.get("bypassSurvived")]
+    problems = []
+    if sorted(ooms)[:2] != [1, 2]:
+        problems.append(f"attempts 1 and 2 not both OutOfMemory: {outcomes}")
+    missing = [p for p in pods if p not in reports]
+    if missing:
+        problems.append(f"no agent OOM report for {missing}")
+    if job["phase"] != "Succeeded":
+        problems.append(f"phase {job['phase']}")
+    if survived:
+        problems.append(f"processes held their memory to the end: {survived}")
+    long = {p: over[p]["overForMs"] for p in pods if p in over and over[p]["overForMs"] > OVER_BUDGET_BOUND_MS}
+    if long:
+        problems.append(f"over budget for longer than {OVER_BUDGET_BOUND_MS / 1000:.0f}s: {long}")
+    held = [a.get("bypass", {}).get("heldBytes") if a.get("bypass") else None for a in job["attempts"][:2]]
+    detail = (f"history {outcomes}; agent reports "
+              + ", ".join(f"{p}: {gib(r.get('usedBytes'))} of {gib(r.get('budgetBytes'))} GiB ({r.get('reason') or ''})"
+                          for p, r in sorted(reports.items()))
+              + f"; allocated outside PyTorch {[gib(h) for h in held]} GiB; over budget for "
+              + ", ".join(f"{p} {over.get(p, {}).get('overForMs', 0) / 1000:.0f}s (max {gib(over.get(p, {}).get('maxUsedBytes'))} GiB)"
+                          for p in pods))
+    return [(name, not problems, "; ".join(problems) or detail)]
 
 
 def checks(summary: dict, gpu: bool) -> List[tuple]:
@@ -374,6 +465,7 @@ def main(argv=None) -> int:
     p.add_argument("--kubelet-identity", help="who the kubelet's kubeconfig is (auth whoami, can-i create namespaces)")
     p.add_argument("--node", help="the node's name")
     p.add_argument("--events", help="the namespace's events (kubectl get events -o json)")
+    p.add_argument("--attacks", action="store_true", help=f"judge attack b (the job {TWICE}; a SKIP line without a GPU)")
     a = p.parse_args(argv)
     load = lambda f: json.loads(Path(f).read_text())  # noqa: E731
     samples = []
@@ -391,6 +483,8 @@ def main(argv=None) -> int:
         summary["kubeletIdentity"] = load(a.kubelet_identity)
         summary["node"] = a.node
     results = checks(summary, bool(a.gpu))
+    if a.attacks:
+        results += overbudget_twice_checks(summary, bool(a.gpu), expected=True)
     summary["checks"] = [{"check": n, "ok": ok, "detail": d} for n, ok, d in results]
     Path(a.out).write_text(json.dumps(summary, indent=1, sort_keys=True))
 
@@ -402,8 +496,8 @@ def main(argv=None) -> int:
               f"{gib(j['predictedBytes']):>8} {gib(j['budgetBytes']):>6} {gib(j['measuredPeakBytes']):>5}  {times}")
     failed = 0
     for n, ok, d in results:
-        print(f"{'PASS' if ok else 'FAIL'}  {n}  ({d})")
-        failed += not ok
+        print(f"{'SKIP' if ok is None else 'PASS' if ok else 'FAIL'}  {n}  ({d})")
+        failed += ok is False
     return 1 if failed else 0
 
 
