@@ -19,6 +19,13 @@
 #   hack/gpunode.sh demo [--out D] [--steps N]               run the demo jobs, print and record what happened
 #   hack/gpunode.sh down [--dir D]        stop everything `up` started
 #   hack/gpunode.sh all  [--bundle F] [--out D]              up, demo, down (what the GPU machine runs)
+#   hack/gpunode.sh all --chart [--images D] [--wheel F] [--venv V] [--bundle F] [--out D]
+#        the same with vramfit installed by helm (hack/node/chartdemo.sh): up --cluster-only (with
+#        --pod-network where `ip` can make a bridge), the images of D imported (hack/images.sh build;
+#        .oci.tar or .oci.tar.xz), a training image built here from V (default /opt/torch/.venv) and
+#        the wheel F (default: the one in D), the jobs applied by tenants, their attacks, helm uninstall
+#   hack/gpunode.sh bundle-images [--images D] [--wheel F] [OUT]   the images (xz) and the wheel for
+#        a machine without cargo: OUT (default .node-images/)
 #
 # The node binaries go to $VRAMFIT_BIN/node (default ~/.cache/vramfit/bin/node),
 # outside the clone. State defaults to /var/lib/vramfit-node.
@@ -36,6 +43,10 @@ out=
 steps=${VRAMFIT_DEMO_STEPS:-30}
 cluster_only=0
 pod_network=0
+chart=0
+images=$HOME/.cache/vramfit/images
+wheel=
+venv=/opt/torch/.venv
 # The pod network of --pod-network: a bridge, its address the pods' gateway.
 pod_bridge=vramfit0
 pod_subnet=10.89.0.0/24
@@ -310,7 +321,7 @@ up() {
     # since the bundle (`update NAME`), which saves compressing it all again.
     local extra
     for extra in "$(dirname "$bundle")"/*.tar.xz; do
-      [[ $extra == "$bundle" ]] && continue
+      [[ $extra == "$bundle" || $extra == */vramfit-images*.tar.xz ]] && continue
       log "unpacking $extra"
       unpack "$extra" "$dir/bin"
     done
@@ -376,7 +387,11 @@ up() {
     python3 "$here/node/nodecfg.py" cni >"$cd/cni/net.d/10-vramfit-lo.conflist"
   fi
   cp "$nodebin/vramfit-nri-cdi" "$cd/nri/plugins/10-vramfit-cdi"
-  python3 "$here/node/nodecfg.py" nri-config --log "$dir/nri-cdi.log" >"$cd/nri/conf.d/10-vramfit-cdi.conf"
+  # With the chart (--cluster-only) the agent is a pod of vramfit-system that
+  # asks for every GPU with a cdi.k8s.io annotation (agent.gpuAccess=cdi).
+  local agent_ns=()
+  [[ $cluster_only == 1 ]] && agent_ns=(--agent-namespace vramfit-system)
+  python3 "$here/node/nodecfg.py" nri-config --log "$dir/nri-cdi.log" "${agent_ns[@]}" >"$cd/nri/conf.d/10-vramfit-cdi.conf"
   rm -f "$dir/nri-cdi.log"
   if [[ -e /dev/nvidiactl ]]; then
     python3 "$here/node/nodecfg.py" cdi >"$cd/cdi/nvidia.json"
@@ -525,7 +540,55 @@ collect_logs() {
       echo "-- $f"
       tail -25 "$f"
     done
+    if [[ $chart == 1 && -f $dir/controlplane/kubeconfig ]]; then
+      local p
+      for p in $(KUBECONFIG=$dir/controlplane/kubeconfig kubectl get pods -n vramfit-system -o name 2>/dev/null); do
+        echo "-- kubectl logs -n vramfit-system $p"
+        KUBECONFIG=$dir/controlplane/kubeconfig kubectl logs -n vramfit-system "$p" --tail=25 2>&1
+      done
+    fi
   } >>"$out/demo.log" 2>&1
+}
+
+# bundle-images [OUT]: the vramfit images of $images, xz-compressed (chart
+# mode imports them as they are), and the wheel, for a machine without cargo.
+bundle_images() {
+  local dest=${1:-$repo/.node-images} version f w
+  version=$(sed -n 's/^version = "\(.*\)"/\1/p' "$repo/Cargo.toml" | head -1)
+  w=${wheel:-$(ls -t "$HOME"/.cache/vramfit/wheels/vramfit-*.whl 2>/dev/null | head -1)}
+  [[ -f $w ]] || die "no wheel (hack/wheel.sh builds one; or --wheel F)"
+  mkdir -p "$dest"
+  for f in vramfit vramfit-agent; do
+    [[ -f $images/$f-$version.oci.tar ]] || die "no $images/$f-$version.oci.tar (hack/images.sh build --out $images)"
+    nice -n 10 xz -9 -T2 -c "$images/$f-$version.oci.tar" >"$dest/$f-$version.oci.tar.xz.tmp"
+    mv "$dest/$f-$version.oci.tar.xz.tmp" "$dest/$f-$version.oci.tar.xz"
+  done
+  rm -f "$dest"/vramfit-*.whl
+  cp "$w" "$dest/"
+  du -b "$dest"/* | sort -k2
+  du -cb "$dest"/* | tail -1
+}
+
+# all --chart: the node with vramfit installed by helm (hack/node/chartdemo.sh).
+all_chart() {
+  cluster_only=1
+  # A bridge for the pods where `ip` can make one; else (the GPU machine) the
+  # chart's pods run on the host network.
+  if command -v ip >/dev/null && command -v nsenter >/dev/null && ip link add vramfit-probe0 type bridge 2>/dev/null; then
+    ip link del vramfit-probe0
+    pod_network=1
+  fi
+  [[ -n $wheel ]] || wheel=$(ls -t "$images"/vramfit-*.whl 2>/dev/null | head -1)
+  [[ -n $wheel ]] || wheel=$(ls -t "$HOME"/.cache/vramfit/wheels/vramfit-*.whl 2>/dev/null | head -1)
+  local t0
+  t0=$(now_ms)
+  up >/dev/null
+  log "node $(cat "$dir/node-name") up (cluster only, $([[ $pod_network == 1 ]] && echo "pod network" || echo "loopback network, host-network chart pods")) in $(( $(now_ms) - t0 ))ms"
+  source "$here/node/demo.sh"
+  source "$here/node/chartdemo.sh"
+  demo_setup
+  echo "TIME: hack/gpunode.sh up --cluster-only to node Ready: $(python3 -c "print(f'{$(cat "$dir/node-ready-ms")/1000:.1f}')")s"
+  chart_demo
 }
 
 # --- command line --------------------------------------------------------------------
@@ -542,6 +605,10 @@ while [[ $# -gt 0 ]]; do
     --steps) steps=$2; shift 2 ;;
     --cluster-only) cluster_only=1; shift ;;
     --pod-network) pod_network=1; shift ;;
+    --chart) chart=1; shift ;;
+    --images) images=$(realpath "$2"); shift 2 ;;
+    --wheel) wheel=$(realpath "$2"); shift 2 ;;
+    --venv) venv=$2; shift 2 ;;
     *)
       if [[ ($cmd == bundle* || $cmd == node-pki) && -z $out ]]; then out=$1; shift
       elif [[ $cmd == build || $cmd == update ]]; then components+=("$1"); shift
@@ -553,6 +620,7 @@ case $cmd in
   build) build "${components[@]}" ;;
   bundle) bundle "$out" ;;
   bundle-vramfit) bundle_vramfit "$out" ;;
+  bundle-images) bundle_images "$out" ;;
   node-pki) bundle_node_pki "${out:-$repo/.node-bin}" ;;
   update) bundle_update "${out:-$repo/.node-bin}" "${components[@]}" ;;
   up) down >/dev/null 2>&1 || true; up ;;
@@ -563,9 +631,13 @@ case $cmd in
     mkdir -p "$out"
     down >/dev/null 2>&1 || true
     trap 'collect_logs; down >/dev/null 2>&1 || true' EXIT
-    up >/dev/null
-    source "$here/node/demo.sh"
-    demo
+    if [[ $chart == 1 ]]; then
+      all_chart
+    else
+      up >/dev/null
+      source "$here/node/demo.sh"
+      demo
+    fi
     ;;
-  *) sed -n '2,22p' "$0"; exit 2 ;;
+  *) sed -n '2,30p' "$0"; exit 2 ;;
 esac

@@ -76,10 +76,14 @@ failc() { printf 'FAIL: %s\n' "$*"; failed=$((failed + 1)); }
 # poll SECONDS COMMAND...: hack/lib.sh.
 # shellcheck source=hack/lib.sh
 . hack/lib.sh   # the scripts run from the repository root (cd above)
+# The install's pieces, shared with `hack/gpunode.sh all --chart`.
+# shellcheck source=hack/node/chart.sh
+. hack/node/chart.sh
 
-version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
-for f in "vramfit-$version.oci.tar" "vramfit-agent-$version.oci.tar"; do
-  [[ -f $images/$f ]] || { log "no $images/$f (hack/images.sh build --profile dev --out $images)"; exit 1; }
+version=$(chart_version)
+for f in vramfit vramfit-agent; do
+  chart_image_file "$images" "$f" "$version" >/dev/null ||
+    { log "no $images/$f-$version.oci.tar (hack/images.sh build --profile dev --out $images)"; exit 1; }
 done
 helm=$(hack/tools.sh helm)
 nodebin=${VRAMFIT_BIN:-$HOME/.cache/vramfit/bin}/node
@@ -92,19 +96,7 @@ on_exit() {
   [[ -n $values ]] && rm -f "$values"
   [[ -n ${keepalive:-} ]] && kill "$keepalive" 2>/dev/null
   if [[ $failed -gt 0 || $rc -ne 0 ]] && [[ -n ${KUBECONFIG:-} ]]; then
-    {
-      echo "== pods"
-      kubectl get pods -A -o wide 2>&1 || true
-      echo "== events in $ns"
-      kubectl get events -n "$ns" --sort-by=.lastTimestamp 2>&1 | tail -30 || true
-      local p
-      for p in $(kubectl get pods -n "$ns" -o name 2>/dev/null); do
-        echo "== logs $p"
-        kubectl logs -n "$ns" "$p" --tail=20 2>&1 || true
-      done
-      echo "== kubelet.log"
-      tail -20 "$dir/kubelet.log" 2>/dev/null || true
-    } >&2
+    chart_explain >&2
   fi
   if [[ $bring_up == 1 ]]; then
     log "taking the node down"
@@ -134,50 +126,20 @@ if kubectl get deployment -A -l app.kubernetes.io/instance=$release -o name 2>/d
 fi
 
 log "importing the images into containerd (namespace k8s.io)"
-ctr=(ctr --address "$dir/containerd.sock" -n k8s.io)
-for f in "vramfit-$version.oci.tar" "vramfit-agent-$version.oci.tar"; do
-  out=$("${ctr[@]}" images import "$images/$f" 2>&1) || { printf '%s\n' "$out" >&2; log "ctr images import $f failed"; exit 1; }
-done
-have=$("${ctr[@]}" images ls -q 2>/dev/null)
-for f in vramfit vramfit-agent; do
-  grep -qx "docker.io/library/$f:$version" <<<"$have" || { log "$f:$version not imported"; exit 1; }
-done
+chart_import_images "$images" "$version" || exit 1
 
 # The node's values: the imported images (never pulled), the pod network's way
 # to the API server, the node's kubelet root; the agent on this node, which has
 # no nvidia.com/gpu.present label and no NVIDIA runtime.
 values=$(mktemp /tmp/vramfit-node-values.XXXXXX)
-cat >"$values" <<EOF
-kubeletRoot: $dir/kubelet/root
-apiServer:
-  host: "$api_host"
-  port: $api_port
-controller:
-  image: {tag: "$version", pullPolicy: Never}
-agent:
-  image: {tag: "$version", pullPolicy: Never}
-  gpuAccess: none
+chart_node_values "$api_host" "$api_port" "$version" "" "  gpuAccess: none
   nodeSelector:
     nvidia.com/gpu.present: null
-    kubernetes.io/hostname: "$node"
-EOF
+    kubernetes.io/hostname: \"$node\"" >"$values"
 log "values: $(tr '\n' ' ' <"$values")"
 
-sel() { echo "app.kubernetes.io/instance=$release,app.kubernetes.io/component=$1"; }
-# ready_pods COMPONENT: names of its pods that are Ready and not being deleted.
-ready_pods() {
-  kubectl get pods -n "$ns" -l "$(sel "$1")" -o json | python3 -c '
-import json, sys
-for p in json.load(sys.stdin)["items"]:
-    if p["metadata"].get("deletionTimestamp"):
-        continue
-    conds = {c["type"]: c["status"] for c in p.get("status", {}).get("conditions", [])}
-    if conds.get("Ready") == "True":
-        print(p["metadata"]["name"])'
-}
-count_ready() { ready_pods "$1" | wc -l; }
-all_pods_count() { kubectl get pods -n "$ns" -l "app.kubernetes.io/instance=$release" --no-headers 2>/dev/null | wc -l; }
-all_ready() { [[ $(count_ready controller) == 2 && $(count_ready agent) == 1 && $(all_pods_count) == 3 ]]; }
+# sel, ready_pods, count_ready, all_pods_count, stuck: hack/node/chart.sh.
+all_ready() { chart_all_ready 2 1; }
 
 # --- a. install ----------------------------------------------------------------------
 log "helm install $release $chart -n $ns --create-namespace -f <node values>"
@@ -193,11 +155,6 @@ else
   exit 1
 fi
 # A container that cannot start (no image, a crash loop, a bad config) ends the wait at once.
-stuck() {
-  kubectl get pods -n "$ns" -l "app.kubernetes.io/instance=$release" \
-    -o jsonpath='{range .items[*]}{.metadata.name}{" "}{.status.containerStatuses[*].state.waiting.reason}{"\n"}{end}' 2>/dev/null |
-    grep -E ' (ErrImageNeverPull|ErrImagePull|ImagePullBackOff|InvalidImageName|CrashLoopBackOff|CreateContainerConfigError|CreateContainerError|RunContainerError)' | paste -sd, -
-}
 ready_or_stuck() { all_ready && return 0; [[ -n $(stuck) ]] && return 0; return 1; }
 if poll "$bound_ready" ready_or_stuck && all_ready; then
   t_ready=$(now_ms)
@@ -328,14 +285,7 @@ poll 60 eval '[[ -n $(lease_holder) ]] && ready_pods controller | grep -qx "$(le
 # controller's pod passes Pod Security baseline and the chart's admission
 # policies, and runs.
 tj_ns=team-baseline
-simulate_gpus() {
-  kubectl patch gpunode "$node" --subresource=status --type=merge -p "$(python3 -c '
-import json, time
-now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-gpus = [{"index": i, "uuid": f"GPU-sim-{i}", "model": "H200", "totalBytes": 150754820096, "health": "Healthy"} for i in (0, 1)]
-print(json.dumps({"status": {"heartbeat": now, "gpuCount": 2, "model": "H200", "gpus": gpus,
-                             "agent": {"mode": "simulated", "version": "node-chart", "health": "Healthy", "message": None}}}))')" >/dev/null
-}
+# simulate_gpus, simulated_cdi: hack/node/chart.sh.
 keepalive=
 tj_cleanup() {
   [[ -n $keepalive ]] && kill "$keepalive" 2>/dev/null || true
@@ -348,8 +298,7 @@ if "$helm" upgrade "$release" "$chart" -n "$ns" -f "$values" --set controller.po
   simulate_gpus
   (while sleep 15; do simulate_gpus || true; done) >/dev/null 2>&1 &
   keepalive=$!
-  mkdir -p "$dir/cdi"
-  kubectl get gpunode "$node" -o json | python3 hack/node/nodecfg.py cdi-simulated --dev "$dir/fake-dev" >"$dir/cdi/simulated.json"
+  simulated_cdi >/dev/null
   kubectl create namespace "$tj_ns" >/dev/null
   kubectl label namespace "$tj_ns" pod-security.kubernetes.io/enforce=baseline >/dev/null
   kubectl apply -f - >/dev/null <<EOF

@@ -4,6 +4,11 @@
 # OOM to the next attempt's first step), `kubectl get tj`, `vramfit status`,
 # the GpuNode, and checks the outcome. Raw results go to $out (two files:
 # demo.json and demo.log).
+#
+# demo: the jobs with the node's folders mounted, in namespace ml, the
+# controller and agent host processes. demo_run is the part the chart mode
+# (hack/node/chartdemo.sh) shares: it applies through demo_apply, looks at the
+# namespaces in demo_namespaces, and runs `vramfit` through demo_vramfit.
 
 demo_python() {
   # The interpreter the training pods run and the host folders it needs.
@@ -26,18 +31,44 @@ oci_devices() {
   done | python3 "$here/node/nodecfg.py" oci-devices || true
 }
 
-demo() {
-  local t0 kubeconfig vb
-  kubeconfig=$dir/controlplane/kubeconfig
-  export KUBECONFIG=$kubeconfig
+demo_setup() {
+  export KUBECONFIG=$dir/controlplane/kubeconfig
   [[ -x $dir/bin/kube ]] && nodebin=$dir/bin
   export PATH=$nodebin:$PATH
-  vb=$(cat "$dir/vramfit-bin")
   node=$(cat "$dir/node-name")
   out=${out:-$dir/demo-out}
   mkdir -p "$out"
-  local gpu=1
+  gpu=1
   [[ -e /dev/nvidiactl ]] || gpu=0
+}
+
+# demo_get KIND: the objects of KIND in every namespace of demo_namespaces, one List.
+demo_get() {
+  local n
+  for n in "${demo_namespaces[@]}"; do kubectl get "$1" -n "$n" -o json; done |
+    python3 -c '
+import json, sys
+text, dec, items, i = sys.stdin.read(), json.JSONDecoder(), [], 0
+while i < len(text):
+    if text[i] == "{":
+        doc, i = dec.raw_decode(text, i)
+        items += doc.get("items", [])
+    else:
+        i += 1
+json.dump({"apiVersion": "v1", "kind": "List", "items": items}, sys.stdout)'
+}
+
+# The pods' log folders (the controller deletes an attempt's pod when it
+# starts the next, and the kubelet its logs with it): a copy for the report.
+demo_keep_logs() {
+  local n
+  for n in "${demo_namespaces[@]}"; do cp -r /var/log/pods/"${n}"_* "$1/" 2>/dev/null || true; done
+}
+
+demo() {
+  local vb
+  demo_setup
+  vb=$(cat "$dir/vramfit-bin")
 
   local py roots=()
   mapfile -t py < <(demo_python)
@@ -62,9 +93,20 @@ demo() {
   fi
 
   kubectl apply -f "$repo/examples/00-namespace.yaml" >/dev/null
+  demo_namespaces=(ml)
+  demo_apply() { kubectl apply -f "$1" >/dev/null; }
+  demo_vramfit() { "$vb/vramfit" "$@"; }
+  demo_run "$jobs" "$cdi"
+}
+
+# demo_run JOBS CDI [REPORT_ARG...]: applies the jobs (demo_apply), waits,
+# records and reports; the extra arguments go to report.py.
+demo_run() {
+  local jobs=$1 cdi=$2 t0
+  shift 2
   log "applying $(python3 -c 'import json,sys; print(len(json.load(open(sys.argv[1]))["items"]))' "$jobs") TrainingJobs"
   t0=$(now_ms)
-  kubectl apply -f "$jobs" >/dev/null
+  demo_apply "$jobs"
   local deadline=$(( $(date +%s) + ${VRAMFIT_DEMO_TIMEOUT:-420} )) left
   # The GpuNode as the agent rewrites it, one line a sample: the training
   # processes (and their allocator counters) are gone from the last one.
@@ -76,8 +118,8 @@ demo() {
     { kubectl get gpunode "$node" -o json 2>/dev/null | tr -d '\n'; echo; } >>"$samples"
     # The controller deletes an attempt's pod when it starts the next, and
     # the kubelet its logs with it: keep a copy for the report.
-    cp -r /var/log/pods/ml_* "$podlogs/" 2>/dev/null || true
-    left=$(kubectl get tj -n ml -o jsonpath='{range .items[*]}{.status.phase}{"\n"}{end}' | grep -cvxE 'Succeeded|Failed' || true)
+    demo_keep_logs "$podlogs"
+    left=$(demo_get tj | python3 -c 'import json,sys; print(sum(1 for j in json.load(sys.stdin)["items"] if (j.get("status") or {}).get("phase") not in ("Succeeded", "Failed")))')
     [[ $left == 0 ]] && break
     if (( $(date +%s) > deadline )); then
       log "timed out with $left job(s) not finished"
@@ -88,24 +130,29 @@ demo() {
   local t1
   t1=$(now_ms)
 
+  local n
   {
-    echo "== kubectl get tj -n ml -o wide"
-    kubectl get tj -n ml -o wide
-    echo
-    echo "== kubectl get pods -n ml -o wide"
-    kubectl get pods -n ml -o wide
-    echo
-    if "$vb/vramfit" status --help >/dev/null 2>&1; then
+    for n in "${demo_namespaces[@]}"; do
+      echo "== kubectl get tj -n $n -o wide"
+      kubectl get tj -n "$n" -o wide
+      echo
+      echo "== kubectl get pods -n $n -o wide"
+      kubectl get pods -n "$n" -o wide
+      echo
+    done
+    if demo_vramfit status --help >/dev/null 2>&1; then
       echo "== vramfit status"
-      "$vb/vramfit" status 2>&1 || true
+      demo_vramfit status 2>&1 || true
       echo
     fi
     echo "== kubectl get gpunode $node -o yaml"
     kubectl get gpunode "$node" -o yaml
     echo
-    echo "== events (ml)"
-    kubectl get events -n ml --sort-by=.lastTimestamp 2>&1 | tail -60
-    echo
+    for n in "${demo_namespaces[@]}"; do
+      echo "== events ($n)"
+      kubectl get events -n "$n" --sort-by=.lastTimestamp 2>&1 | tail -60
+      echo
+    done
     # What containerd put in each training container's OCI spec: the device
     # nodes and device-cgroup rules CDI added (and whether it is privileged).
     echo "== OCI spec devices of the training containers (ctr containers info)"
@@ -128,15 +175,15 @@ EOF
 
   # Everything the summary needs, in one JSON document: the jobs, the pods,
   # the GpuNode and each pod's vramfit-train events from its log.
-  kubectl get tj -n ml -o json >"$dir/tj.json"
-  kubectl get pods -n ml -o json >"$dir/pods.json"
+  demo_get tj >"$dir/tj.json"
+  demo_get pods >"$dir/pods.json"
   kubectl get gpunode "$node" -o json >"$dir/gpunode.json"
-  kubectl get events -n ml -o json >"$dir/events.json"
-  cp -r /var/log/pods/ml_* "$podlogs/" 2>/dev/null || true
+  demo_get events >"$dir/events.json"
+  demo_keep_logs "$podlogs"
   local rc=0
   python3 "$here/node/report.py" --apply-ms "$t0" --end-ms "$t1" --gpu "$gpu" \
     --jobs "$dir/tj.json" --pods "$dir/pods.json" --gpunode "$dir/gpunode.json" \
-    --logs "$podlogs" --cdi "$cdi" --samples "$samples" --kubelet-identity "$ident" --node "$node" --events "$dir/events.json" --out "$out/demo.json" >"$dir/summary.txt" || rc=$?
+    --logs "$podlogs" --cdi "$cdi" --samples "$samples" --kubelet-identity "$ident" --node "$node" --events "$dir/events.json" --out "$out/demo.json" "$@" >"$dir/summary.txt" || rc=$?
   cat "$out/demo.log"
   echo
   cat "$dir/summary.txt"
