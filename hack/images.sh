@@ -68,6 +68,24 @@ add_binary() {
   done < <(ldd "$binary" | awk '/=>/ && $3 ~ /^\// {print $3} /^[ \t]*\/[^ ]+ \(/ {print $1}')
 }
 
+# add_libs ROOTFS NAME...: system libraries by name (where the loader finds
+# them here), at the same paths. The agent image gets those the NVIDIA
+# driver's libraries link (libnvidia-ml and libcuda need libpthread, libdl and
+# librt, which a binary built against glibc 2.34 or later no longer links
+# itself), so that NVML and CUDA load when CDI mounts the driver tree.
+add_libs() {
+  local rootfs=$1 name dir
+  shift
+  for name in "$@"; do
+    for dir in /lib/x86_64-linux-gnu /usr/lib/x86_64-linux-gnu /lib64 /usr/lib64; do
+      if [[ -e $dir/$name ]]; then
+        [[ -f $rootfs$dir/$name ]] || install -D -m 0755 "$(readlink -f "$dir/$name")" "$rootfs$dir/$name"
+        break
+      fi
+    done
+  done
+}
+
 # A minimal /etc: root and the non-root user 65532, and nsswitch for files only.
 add_etc() {
   local rootfs=$1
@@ -89,6 +107,7 @@ image() {
   cleanup_dirs+=("$work")
   rootfs=$work/rootfs
   add_binary "$rootfs" "$binary"
+  [[ $name == vramfit-agent ]] && add_libs "$rootfs" libpthread.so.0 libdl.so.2 librt.so.1 libm.so.6
   add_etc "$rootfs"
   # Reproducible layer: sorted, owned by root, one fixed time.
   tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -C "$rootfs" -cf "$work/layer.tar" .
