@@ -24,8 +24,8 @@
 #        --pod-network where `ip` can make a bridge), the images of D imported (hack/images.sh build;
 #        .oci.tar or .oci.tar.xz), a training image built here from V (default /opt/torch/.venv) and
 #        the wheel F (default: the one in D), the jobs applied by tenants, their attacks, helm uninstall
-#   hack/gpunode.sh bundle-images [--images D] [--wheel F] [OUT]   the images (xz) and the wheel for
-#        a machine without cargo: OUT (default .node-images/)
+#   hack/gpunode.sh bundle-images [--images D] [--wheel F] [OUT]   the images (xz), the wheel and
+#        helm (xz) for a machine without cargo or Go: OUT (default .node-images/)
 #
 # The node binaries go to $VRAMFIT_BIN/node (default ~/.cache/vramfit/bin/node),
 # outside the clone. State defaults to /var/lib/vramfit-node.
@@ -565,6 +565,13 @@ bundle_images() {
   done
   rm -f "$dest"/vramfit-*.whl
   cp "$w" "$dest/"
+  # helm, which the GPU machine lacks (no Go there to build it), stripped.
+  local helm tmp
+  helm=$("$here/tools.sh" helm)
+  tmp=$(mktemp)
+  cp "$helm" "$tmp" && strip "$tmp" 2>/dev/null || true
+  nice -n 10 xz -9 -T2 -c "$tmp" >"$dest/helm.xz"
+  rm -f "$tmp"
   du -b "$dest"/* | sort -k2
   du -cb "$dest"/* | tail -1
 }
