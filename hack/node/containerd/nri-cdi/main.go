@@ -273,6 +273,51 @@ type Config struct {
 	// devices, refused, or whose own NVIDIA_VISIBLE_DEVICES it replaced;
 	// empty: standard error.
 	Log string `json:"log"`
+	// AgentNamespaces are the namespaces whose pods may ask for GPUs with
+	// the cdi.k8s.io/<key> annotations (the chart's agent with gpuAccess
+	// cdi: the node agent reads NVML on every GPU). The kubelet passes pod
+	// annotations to containerd only as sandbox annotations, which
+	// containerd's own CDI support does not read, so the plugin injects
+	// them. Only an admin creates pods there (the chart's gpu-access policy
+	// refuses such annotations in every other namespace).
+	AgentNamespaces []string `json:"agentNamespaces"`
+}
+
+// AgentAnnotationPrefix is the key prefix of the CDI annotations of
+// containerd's and CRI-O's own convention, which the chart's agent carries.
+const AgentAnnotationPrefix = "cdi.k8s.io/"
+
+// AgentDevices returns the GPUs a pod of an agent namespace asks for with
+// cdi.k8s.io/<key> annotations (comma-separated CDI names, in key order),
+// and the NVIDIA_VISIBLE_DEVICES value that goes with them; nothing for a
+// pod of another namespace (Decide judges it). Another CDI kind is an error.
+func AgentDevices(agentNamespaces []string, namespace string, annotations map[string]string) ([]string, string, error) {
+	if !slices.Contains(agentNamespaces, namespace) {
+		return nil, "", nil
+	}
+	var keys []string
+	for key := range annotations {
+		if strings.HasPrefix(key, AgentAnnotationPrefix) {
+			keys = append(keys, key)
+		}
+	}
+	slices.Sort(keys)
+	var devices, visible []string
+	for _, key := range keys {
+		for _, name := range strings.Split(annotations[key], ",") {
+			name = strings.TrimSpace(name)
+			if name == "" || slices.Contains(devices, name) {
+				continue
+			}
+			kind, dev, _ := strings.Cut(name, "=")
+			if kind != GPUKind || dev == "" {
+				return nil, "", fmt.Errorf("annotation %s: %q refused: an agent pod gets only %s=<name> devices", key, name, GPUKind)
+			}
+			devices = append(devices, name)
+			visible = append(visible, dev)
+		}
+	}
+	return devices, strings.Join(visible, ","), nil
 }
 
 // ParseConfig reads the plugin's configuration; unknown keys are an error.
@@ -289,6 +334,7 @@ func ParseConfig(text string) (Config, error) {
 
 type plugin struct {
 	out io.Writer
+	cfg Config
 }
 
 func (p *plugin) logf(format string, args ...any) {
@@ -307,11 +353,25 @@ func (p *plugin) Configure(_ context.Context, config, runtime, version string) (
 		}
 		p.out = f
 	}
+	p.cfg = cfg
 	p.logf("connected to %s %s", runtime, version)
+	if len(cfg.AgentNamespaces) > 0 {
+		p.logf("agent namespaces (cdi.k8s.io annotations honoured): %s", strings.Join(cfg.AgentNamespaces, ", "))
+	}
 	return 0, nil
 }
 
 func (p *plugin) CreateContainer(_ context.Context, pod *api.PodSandbox, ctr *api.Container) (*api.ContainerAdjustment, []*api.ContainerUpdate, error) {
+	agent, all, err := AgentDevices(p.cfg.AgentNamespaces, pod.GetNamespace(), pod.GetAnnotations())
+	if err != nil {
+		p.logf("pod %s/%s container %s refused: %v", pod.GetNamespace(), pod.GetName(), ctr.GetName(), err)
+		return nil, nil, fmt.Errorf("vramfit-nri-cdi: pod %s/%s container %s: %w", pod.GetNamespace(), pod.GetName(), ctr.GetName(), err)
+	}
+	if len(agent) > 0 {
+		p.logf("pod %s/%s container %s (agent namespace): %s (%s=%s)",
+			pod.GetNamespace(), pod.GetName(), ctr.GetName(), strings.Join(agent, ","), VisibleDevices, all)
+		return Adjustment(agent, all), nil, nil
+	}
 	devices, visible, err := Decide(pod.GetLabels(), pod.GetAnnotations(), ctr.GetName(), ctr.GetEnv())
 	if err != nil {
 		p.logf("pod %s/%s container %s refused: %v", pod.GetNamespace(), pod.GetName(), ctr.GetName(), err)

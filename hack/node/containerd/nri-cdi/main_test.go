@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -459,5 +460,39 @@ func TestCreateContainerInjectsOrFails(t *testing.T) {
 	}
 	if !strings.Contains(log.String(), "pod team-b/web container main: no device; its NVIDIA_VISIBLE_DEVICES=all replaced by void") {
 		t.Fatalf("log %q", log.String())
+	}
+}
+
+func TestAgentDevicesOnlyInAgentNamespacesAndOnlyGPUs(t *testing.T) {
+	ann := map[string]string{"cdi.k8s.io/vramfit-agent": "nvidia.com/gpu=0, nvidia.com/gpu=1,nvidia.com/gpu=0"}
+	got, visible, err := AgentDevices([]string{"vramfit-system"}, "vramfit-system", ann)
+	if err != nil || !slices.Equal(got, []string{"nvidia.com/gpu=0", "nvidia.com/gpu=1"}) || visible != "0,1" {
+		t.Fatalf("agent namespace: %v %q %v", got, visible, err)
+	}
+	if got, _, err := AgentDevices([]string{"vramfit-system"}, "team-a", ann); got != nil || err != nil {
+		t.Fatalf("a tenant namespace got %v, %v", got, err)
+	}
+	if got, _, err := AgentDevices(nil, "vramfit-system", ann); got != nil || err != nil {
+		t.Fatalf("no agent namespace configured, got %v, %v", got, err)
+	}
+	if _, _, err := AgentDevices([]string{"vramfit-system"}, "vramfit-system", map[string]string{"cdi.k8s.io/x": "vendor.com/fpga=0"}); err == nil {
+		t.Fatal("another CDI kind was accepted")
+	}
+	cfg, err := ParseConfig("log: /x\nagentNamespaces: [vramfit-system]\n")
+	if err != nil || !slices.Equal(cfg.AgentNamespaces, []string{"vramfit-system"}) {
+		t.Fatalf("config: %+v %v", cfg, err)
+	}
+	var log bytes.Buffer
+	p := &plugin{out: &log, cfg: cfg}
+	adjust, _, err := p.CreateContainer(context.Background(),
+		&api.PodSandbox{Name: "vramfit-agent-x", Namespace: "vramfit-system", Annotations: ann}, &api.Container{Name: "agent"})
+	if err != nil || len(adjust.GetCDIDevices()) != 2 {
+		t.Fatalf("agent pod: %v, %v", adjust, err)
+	}
+	// The same annotations in a tenant's namespace: Decide's rules, no device.
+	adjust, _, err = p.CreateContainer(context.Background(),
+		&api.PodSandbox{Name: "thief", Namespace: "team-a", Annotations: ann}, &api.Container{Name: "main"})
+	if err != nil || len(adjust.GetCDIDevices()) != 0 {
+		t.Fatalf("tenant pod: %v, %v", adjust, err)
 	}
 }
