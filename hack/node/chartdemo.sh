@@ -36,7 +36,7 @@ chart_train_image() {
   t0=$(now_ms)
   log "training image $TRAIN_IMAGE from $venv and $(basename "$wheel") (hack/node/trainimage.py | ctr images import -)"
   if ! python3 "$here/node/trainimage.py" --venv "$venv" --wheel "$wheel" --name "$TRAIN_IMAGE" \
-    --figures "$figures" --out - 2>>"$out/chart.log" | "${ctr[@]}" images import --local - >>"$out/chart.log" 2>&1; then
+    --figures "$figures" --out - 2>>"$out/chart.log" | "${ctr[@]}" images import --local --discard-unpacked-layers - >>"$out/chart.log" 2>&1; then
     cfail "training image built and imported (see $out/chart.log)"
     return 1
   fi
