@@ -19,11 +19,12 @@
 #   hack/gpunode.sh demo [--out D] [--steps N]               run the demo jobs, print and record what happened
 #   hack/gpunode.sh down [--dir D]        stop everything `up` started
 #   hack/gpunode.sh all  [--bundle F] [--out D]              up, demo, down (what the GPU machine runs)
-#   hack/gpunode.sh all --chart [--images D] [--wheel F] [--venv V] [--bundle F] [--out D]
+#   hack/gpunode.sh all --chart [--images D] [--wheel F] [--venv V] [--host-network] [--bundle F] [--out D]
 #        the same with vramfit installed by helm (hack/node/chartdemo.sh): up --cluster-only (with
 #        --pod-network where `ip` can make a bridge), the images of D imported (hack/images.sh build;
 #        .oci.tar or .oci.tar.xz), a training image built here from V (default /opt/torch/.venv) and
-#        the wheel F (default: the one in D), the jobs applied by tenants, their attacks, helm uninstall
+#        the wheel F (default: the one in D), the jobs applied by tenants, their attacks, helm uninstall;
+#        --host-network: the chart's pods on the host network even where a bridge could be made
 #   hack/gpunode.sh bundle-images [--images D] [--wheel F] [OUT]   the images (xz), the wheel and
 #        helm (xz) for a machine without cargo or Go: OUT (default .node-images/)
 #
@@ -44,6 +45,7 @@ steps=${VRAMFIT_DEMO_STEPS:-30}
 cluster_only=0
 pod_network=0
 chart=0
+host_network=0
 images=$HOME/.cache/vramfit/images
 wheel=
 venv=/opt/torch/.venv
@@ -555,7 +557,7 @@ collect_logs() {
 bundle_images() {
   local dest=${1:-$repo/.node-images} version f w
   version=$(sed -n 's/^version = "\(.*\)"/\1/p' "$repo/Cargo.toml" | head -1)
-  w=${wheel:-$(ls -t "$HOME"/.cache/vramfit/wheels/vramfit-*.whl 2>/dev/null | head -1)}
+  w=${wheel:-$(ls -t "$HOME"/.cache/vramfit/wheels/vramfit-*.whl 2>/dev/null | head -1 || true)}
   [[ -f $w ]] || die "no wheel (hack/wheel.sh builds one; or --wheel F)"
   mkdir -p "$dest"
   for f in vramfit vramfit-agent; do
@@ -581,12 +583,13 @@ all_chart() {
   cluster_only=1
   # A bridge for the pods where `ip` can make one; else (the GPU machine) the
   # chart's pods run on the host network.
-  if command -v ip >/dev/null && command -v nsenter >/dev/null && ip link add vramfit-probe0 type bridge 2>/dev/null; then
+  if [[ $host_network == 0 ]] && command -v ip >/dev/null && command -v nsenter >/dev/null &&
+    ip link add vramfit-probe0 type bridge 2>/dev/null; then
     ip link del vramfit-probe0
     pod_network=1
   fi
-  [[ -n $wheel ]] || wheel=$(ls -t "$images"/vramfit-*.whl 2>/dev/null | head -1)
-  [[ -n $wheel ]] || wheel=$(ls -t "$HOME"/.cache/vramfit/wheels/vramfit-*.whl 2>/dev/null | head -1)
+  [[ -n $wheel ]] || wheel=$(ls -t "$images"/vramfit-*.whl 2>/dev/null | head -1 || true)
+  [[ -n $wheel ]] || wheel=$(ls -t "$HOME"/.cache/vramfit/wheels/vramfit-*.whl 2>/dev/null | head -1 || true)
   local t0
   t0=$(now_ms)
   up >/dev/null
@@ -613,6 +616,7 @@ while [[ $# -gt 0 ]]; do
     --cluster-only) cluster_only=1; shift ;;
     --pod-network) pod_network=1; shift ;;
     --chart) chart=1; shift ;;
+    --host-network) host_network=1; shift ;;
     --images) images=$(realpath "$2"); shift 2 ;;
     --wheel) wheel=$(realpath "$2"); shift 2 ;;
     --venv) venv=$2; shift 2 ;;

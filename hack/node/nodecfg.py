@@ -636,7 +636,9 @@ def demo_jobs(
         j["metadata"] = {"name": name, "namespace": ns, "labels": {"vramfit.dev/demo": "gpunode"}}
         j["spec"].update(spec_changes)
         if image:
-            j["spec"]["template"] = image_template(train + args, image)
+            # Without a GPU (a small development machine) the two tiny CPU
+            # jobs and the chart's pods must fit the CPU left beside CPU 0.
+            j["spec"]["template"] = image_template(train + args, image, cpu="1" if gpu else "250m")
         else:
             j["spec"]["template"] = node_template(train + args, repo, python_roots, allocator_lib=allocator_lib)
         made.append(j)
