@@ -353,6 +353,10 @@ up() {
     # And pods get their ServiceAccount's token (the ServiceAccount admission
     # plugin, which the tests' control plane leaves off).
     export VRAMFIT_APISERVER_BIND=0.0.0.0 VRAMFIT_APISERVER_SANS=IP:$pod_gateway VRAMFIT_SERVICEACCOUNT_ADMISSION=1
+  elif [[ $cluster_only == 1 ]]; then
+    # The chart's pods on the host network (no bridge here) need their
+    # ServiceAccount tokens all the same.
+    export VRAMFIT_SERVICEACCOUNT_ADMISSION=1
   fi
   kubeconfig=$(VRAMFIT_BIN=$nodebin "$here/controlplane.sh" up --controllers --dir "$dir/controlplane")
   export KUBECONFIG=$kubeconfig
