@@ -53,6 +53,8 @@ venv=/opt/torch/.venv
 pod_bridge=vramfit0
 pod_subnet=10.89.0.0/24
 pod_gateway=10.89.0.1
+# Without a bridge (--cluster-only where `ip` is missing): addresses no interface carries.
+pod_isolated_subnet=10.89.1.0/24
 
 log() { printf 'gpunode: %s\n' "$*" >&2; }
 die() { log "$*"; exit 1; }
@@ -389,6 +391,16 @@ up() {
     api_port=${api_port##*:}
     # What the chart's apiServer.host and apiServer.port take on this node.
     printf '%s %s\n' "$pod_gateway" "$api_port" >"$dir/pod-network"
+  elif [[ $cluster_only == 1 ]]; then
+    # The chart's node without a bridge (no `ip`): its tenants' pods may not
+    # use the host network (Pod Security baseline), and containerd wants an
+    # address for every other pod. They get `lo` alone and an address no
+    # interface carries (cni-bridge.py "isolated"); the chart's own pods run
+    # on the host network.
+    log "pod network: isolated (lo only; each pod an address of $pod_isolated_subnet for its status)"
+    install -m 0755 "$here/node/cni-bridge.py" "$cd/cni/bin/vramfit-bridge"
+    printf '{"cniVersion": "1.0.0", "name": "vramfit-isolated", "plugins": [{"type": "loopback"}, {"type": "vramfit-bridge", "isolated": true, "subnet": "%s", "dataDir": "%s"}]}\n' \
+      "$pod_isolated_subnet" "$cd/cni/ipam" >"$cd/cni/net.d/10-vramfit-isolated.conflist"
   else
     python3 "$here/node/nodecfg.py" cni >"$cd/cni/net.d/10-vramfit-lo.conflist"
   fi
@@ -497,6 +509,7 @@ down() {
   [[ -x $dir/bin/kube ]] && b=$dir/bin
   stop_pid controller
   stop_pid agent
+  stop_pid simulate
   # The kubelet first (it would restart what containerd stops), then every
   # pod sandbox and container, then containerd.
   stop_pid kubelet

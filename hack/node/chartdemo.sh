@@ -158,6 +158,7 @@ print(json.dumps(["nvidia.com/gpu=" + n for n in names]))' "$dir/cdi/nvidia.json
     simulate_gpus
     (while sleep 15; do simulate_gpus || true; done) >/dev/null 2>&1 &
     keepalive=$!
+    echo "$keepalive" >"$dir/simulate.pid"   # `down` ends it if this run does not
     cdi=$(cd "$repo" && simulated_cdi)
   fi
 

@@ -10,6 +10,15 @@ Network configuration (the conflist gpunode.sh writes):
    "dataDir": "/var/lib/vramfit-node/cni/ipam"}
 The gateway is the subnet's first address; pods get the others, one file per
 address in dataDir holding the container's id.
+
+With "isolated": true (a machine without `ip`, the GPU node with the chart)
+nothing is configured: the pod keeps its own network namespace with `lo`
+alone (the loopback plugin before this one), and the result names an
+address of the subnet for its eth0 that no interface carries. containerd
+refuses a sandbox whose CNI result has no address ("failed to find network
+info for sandbox"); pods that need no network (training pods, which Pod
+Security baseline keeps off the host network) then start, and the address in
+their status leads nowhere.
 """
 
 import fcntl
@@ -115,6 +124,23 @@ def main() -> None:
     veth = host_ifname(container, ifname)
     with open(os.path.join(data_dir, "lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
+        if conf.get("isolated"):
+            if command == "ADD":
+                addr = allocate(data_dir, net, key)
+                result = {
+                    "cniVersion": version,
+                    "interfaces": [{"name": ifname, "sandbox": netns}],
+                    "ips": [{"address": f"{addr}/{net.prefixlen}", "interface": 0}],
+                    "dns": {},
+                }
+                if version == "0.4.0":
+                    result["ips"][0]["version"] = "4"
+                json.dump(result, sys.stdout)
+            elif command == "DEL":
+                release(data_dir, key)
+            elif command not in ("CHECK", "STATUS", "GC"):
+                fail(4, f"unknown CNI_COMMAND {command!r}")
+            return
         if command == "ADD":
             ensure_bridge(bridge, str(gateway), net.prefixlen)
             addr = allocate(data_dir, net, key)
