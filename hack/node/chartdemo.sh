@@ -42,7 +42,9 @@ chart_train_image() {
   fi
   local bytes
   bytes=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["bytes"])' "$figures")
-  if "${ctr[@]}" images ls -q | grep -qx "$TRAIN_IMAGE"; then
+  local have
+  have=$("${ctr[@]}" images ls -q)
+  if grep -qx "$TRAIN_IMAGE" <<<"$have"; then
     cpass "training image $TRAIN_IMAGE built from $venv and the wheel, imported: $(python3 -c "print(f'{$bytes / 2**30:.2f}')") GiB, user 65532"
   else
     cfail "training image $TRAIN_IMAGE not in containerd after the import"
