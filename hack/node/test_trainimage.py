@@ -102,6 +102,8 @@ def test_the_layer_holds_the_environment_its_base_the_wheel_and_the_libraries_th
         # libc, which the interpreter needs, and the loader, with their links.
         libs = [n for n in members if "/libc.so.6" in n]
         assert libs, sorted(members)[:50]
+        # What the driver's libraries link, for CDI's mount of the driver tree.
+        assert any(n.endswith("/libpthread.so.0") for n in members) and any(n.endswith("/libdl.so.2") for n in members)
         assert any("ld-linux-x86-64.so.2" in n for n in members)
         # Every file is readable by the image's non-root user.
         assert all(m.mode & 0o444 == 0o444 for m in members.values() if m.isfile())

@@ -46,6 +46,9 @@ IMAGE = "localhost/vramfit/train-venv:dev"
 TRAIN_PATH = "/opt/vramfit/train.py"
 #: Libraries the NVIDIA driver provides (CDI mounts the driver tree): never copied.
 DRIVER_PREFIXES = ("libcuda.so", "libnvidia-", "libcudadebugger.so", "libnvcuvid.so", "libnvoptix.so")
+#: What the driver's libraries (libcuda, libnvidia-ml), which CDI mounts,
+#: link from the system: added whether or not anything in the image needs them.
+DRIVER_NEEDS = ("libc.so.6", "libm.so.6", "libdl.so.2", "libpthread.so.0", "librt.so.1")
 #: Where a dynamic loader looks when nothing else says (Debian multiarch first).
 SYSTEM_LIB_DIRS = ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib64", "/usr/lib64", "/lib", "/usr/lib")
 BLOCK = 512
@@ -215,6 +218,13 @@ class Layer:
         missing: Set[str] = set()
         seen: Set[str] = set()
         todo: List = list(self.elves) + [("/" + k, v) for k, v in self.inline_elves.items()]
+        for name in DRIVER_NEEDS:
+            found = next((os.path.join(d, name) for d in SYSTEM_LIB_DIRS if os.path.exists(os.path.join(d, name))), None)
+            if found and name not in names_here:
+                names_here.add(name)
+                self.add_host_path(found)
+                added.append(found)
+                todo.append(os.path.realpath(found))
         while todo:
             item = todo.pop()
             path, source = item if isinstance(item, tuple) else (item, item)
