@@ -482,6 +482,41 @@ def docker_archive(name: str, layer: bytes, entrypoint: List[str], env: List[str
     return buf.getvalue()
 
 
+def oci_uncompressed(data: bytes) -> bytes:
+    """An OCI image archive (oci-layout, index.json, blobs/) with its gzip
+    layers stored uncompressed: the same image (a layer's uncompressed digest
+    is its diff ID, which the config keeps), whose archive xz then compresses
+    far better than gzip's output (what bundle-images carries to the GPU
+    machine). Manifests and the index are rewritten with the new digests."""
+    import gzip
+
+    with tarfile.open(fileobj=io.BytesIO(data)) as t:
+        files = {m.name: t.extractfile(m).read() for m in t.getmembers() if m.isfile()}
+    blobs = {n[len("blobs/"):].replace("/", ":", 1): b for n, b in files.items() if n.startswith("blobs/")}
+    index = json.loads(files["index.json"])
+    for desc in index["manifests"]:
+        manifest = json.loads(blobs.pop(desc["digest"]))
+        for layer in manifest["layers"]:
+            if layer["mediaType"].endswith("+gzip"):
+                raw = gzip.decompress(blobs.pop(layer["digest"]))
+                layer["digest"] = "sha256:" + hashlib.sha256(raw).hexdigest()
+                layer["size"] = len(raw)
+                layer["mediaType"] = layer["mediaType"][: -len("+gzip")]
+                blobs[layer["digest"]] = raw
+        body = json.dumps(manifest, separators=(",", ":")).encode()
+        desc["digest"], desc["size"] = "sha256:" + hashlib.sha256(body).hexdigest(), len(body)
+        blobs[desc["digest"]] = body
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as out:
+        _tar_add(out, "oci-layout", "file", files["oci-layout"], 0o644)
+        _tar_add(out, "index.json", "file", json.dumps(index).encode(), 0o644)
+        _tar_add(out, "blobs", "dir")
+        _tar_add(out, "blobs/sha256", "dir")
+        for digest, body in sorted(blobs.items()):
+            _tar_add(out, "blobs/" + digest.replace(":", "/"), "file", body, 0o644)
+    return buf.getvalue()
+
+
 # --- the demo jobs ------------------------------------------------------------
 
 
@@ -756,6 +791,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     i.add_argument("--out", required=True)
     i.add_argument("--pause", help="the pause binary (for the pause image)")
     sub.add_parser("oci-devices", help="the device nodes of training containers (ctr containers info on stdin)")
+    ou = sub.add_parser("oci-uncompress", help="an OCI image archive with its gzip layers stored uncompressed")
+    ou.add_argument("src")
+    ou.add_argument("dst")
     v = sub.add_parser("venv-base")
     v.add_argument("venv")
     j = sub.add_parser("jobs")
@@ -810,6 +848,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                              namespaces=[n for n in args.namespaces.split(",") if n])
             json.dump({"apiVersion": "v1", "kind": "List", "items": jobs}, sys.stdout, indent=1)
             sys.stdout.write("\n")
+        elif args.cmd == "oci-uncompress":
+            Path(args.dst).write_bytes(oci_uncompressed(Path(args.src).read_bytes()))
         elif args.cmd == "oci-devices":
             for line in oci_devices(sys.stdin.read()):
                 print(line)

@@ -181,3 +181,37 @@ def test_without_a_gpu_the_over_budget_attack_is_a_skip():
 def test_nri_config_names_the_agent_namespaces():
     assert nodecfg.nri_plugin_config("/l") == 'log: "/l"\n'
     assert nodecfg.nri_plugin_config("/l", ["vramfit-system"]) == 'log: "/l"\nagentNamespaces: ["vramfit-system"]\n'
+
+
+def test_oci_uncompressed_keeps_the_image_and_its_diff_ids():
+    import gzip
+
+    layer = b"layer bytes" * 100
+    gz = gzip.compress(layer)
+    config = json.dumps({"rootfs": {"type": "layers", "diff_ids": ["sha256:" + hashlib.sha256(layer).hexdigest()]}}).encode()
+    sha = lambda b: "sha256:" + hashlib.sha256(b).hexdigest()  # noqa: E731
+    manifest = json.dumps({"schemaVersion": 2, "config": {"digest": sha(config), "size": len(config)},
+                           "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
+                                       "digest": sha(gz), "size": len(gz)}]}).encode()
+    index = {"manifests": [{"digest": sha(manifest), "size": len(manifest), "annotations": {"io.containerd.image.name": "x:1"}}]}
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as t:
+        for name, body in [("oci-layout", b'{"imageLayoutVersion": "1.0.0"}'), ("index.json", json.dumps(index).encode()),
+                           ("blobs/" + sha(config).replace(":", "/"), config), ("blobs/" + sha(manifest).replace(":", "/"), manifest),
+                           ("blobs/" + sha(gz).replace(":", "/"), gz)]:
+            info = tarfile.TarInfo(name)
+            info.size = len(body)
+            t.addfile(info, io.BytesIO(body))
+    out = nodecfg.oci_uncompressed(buf.getvalue())
+    with tarfile.open(fileobj=io.BytesIO(out)) as t:
+        files = {m.name: t.extractfile(m).read() for m in t.getmembers() if m.isfile()}
+    new_index = json.loads(files["index.json"])
+    desc = new_index["manifests"][0]
+    assert desc["annotations"] == {"io.containerd.image.name": "x:1"}
+    m = json.loads(files["blobs/" + desc["digest"].replace(":", "/")])
+    assert sha(files["blobs/" + desc["digest"].replace(":", "/")]) == desc["digest"]
+    [l] = m["layers"]
+    assert l["mediaType"] == "application/vnd.oci.image.layer.v1.tar" and l["size"] == len(layer)
+    assert files["blobs/" + l["digest"].replace(":", "/")] == layer
+    assert l["digest"] == json.loads(config)["rootfs"]["diff_ids"][0]
+    assert files["blobs/" + sha(config).replace(":", "/")] == config
