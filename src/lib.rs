@@ -12,6 +12,7 @@ pub mod job;
 pub mod place;
 pub mod predict;
 pub mod quantity;
+pub mod sim;
 pub mod status;
 
 /// Errors of the vramfit crate.

@@ -19,6 +19,57 @@ pub enum BenchCommand {
     Pack(PackArgs),
     /// Compare predictions with measured peaks.
     Predict(PredictBenchArgs),
+    /// Simulate a cluster over an openb trace under each policy: exclusive
+    /// GPUs, user-guessed limits, vramfit, vramfit with elastic shapes.
+    Cluster(ClusterArgs),
+}
+
+/// Arguments of `vramfit bench cluster` (the model of the run: src/sim/).
+#[derive(Args, Debug)]
+pub struct ClusterArgs {
+    /// Node list (openb `sn,cpu_milli,memory_mib,gpu,model`); every GPU is simulated as an H200.
+    #[arg(long)]
+    pub nodes: PathBuf,
+    /// Pod list (openb format): which jobs, their GPUs and GPU shares.
+    #[arg(long)]
+    pub pods: PathBuf,
+    /// Seed of every draw.
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// Policies, comma-separated: exclusive, guessed, vramfit, vramfit-elastic (default all).
+    #[arg(long, value_delimiter = ',')]
+    pub policy: Vec<crate::sim::ClusterPolicy>,
+    /// Pods submitted as a multiple of the cluster's GPU capacity (the openb protocol's inflation).
+    #[arg(long, default_value_t = 1.3)]
+    pub tune: f64,
+    /// Offered load: the jobs' GPU shares x durations per unit of time, over the GPUs.
+    #[arg(long, default_value_t = 0.8)]
+    pub load: f64,
+    /// Median work of a job at its preferred shape, hours (log-normal).
+    #[arg(long, default_value_t = 2.0)]
+    pub median_hours: f64,
+    /// Sigma of the log-normal durations.
+    #[arg(long, default_value_t = 1.0)]
+    pub duration_sigma: f64,
+    /// Median of the users' over-request factor (log-normal), guessed policy.
+    #[arg(long, default_value_t = 1.5)]
+    pub guess_median: f64,
+    /// Sigma of the over-request factor.
+    #[arg(long, default_value_t = 0.5)]
+    pub guess_sigma: f64,
+    /// Waiting jobs tried at each event, from the front of the queue.
+    #[arg(long, default_value_t = 64)]
+    pub window: usize,
+    /// Step times and peaks per model kind and micro-batch (JSON lines of
+    /// scripts/gpu/step_time.py); default: the H200 measurements built in.
+    #[arg(long)]
+    pub step_times: Option<PathBuf>,
+    /// Write plots (SVG) of memory over time and of completion times here.
+    #[arg(long)]
+    pub plots: Option<PathBuf>,
+    /// Output format: json (the shape DESIGN.md fixes) or a table.
+    #[arg(short = 'o', long = "output", value_enum, default_value_t)]
+    pub output: OutputFormat,
 }
 
 /// Arguments of `vramfit bench pack`.
@@ -140,6 +191,7 @@ pub fn run(command: &BenchCommand) -> anyhow::Result<String> {
                 (None, OutputFormat::Table) => pack_table(&run_pack_bench(&nodes, &pods, &opts)?),
             })
         }
+        BenchCommand::Cluster(args) => cluster(args),
         BenchCommand::Predict(args) => {
             let gpu = match args.gpu.as_deref() {
                 None => None,
@@ -166,6 +218,52 @@ pub fn run(command: &BenchCommand) -> anyhow::Result<String> {
             })
         }
     }
+}
+
+fn cluster(args: &ClusterArgs) -> anyhow::Result<String> {
+    use crate::sim::{
+        ClusterOptions, ClusterPolicy, run_cluster_bench, table, workload::WorkloadOptions,
+    };
+    let kinds = match &args.step_times {
+        Some(path) => read_text(path)?,
+        None => crate::sim::kinds::H200_STEP_TIMES.to_string(),
+    };
+    let opts = ClusterOptions {
+        workload: WorkloadOptions {
+            seed: args.seed,
+            tune: args.tune,
+            load: args.load,
+            median_hours: args.median_hours,
+            duration_sigma: args.duration_sigma,
+            guess_median: args.guess_median,
+            guess_sigma: args.guess_sigma,
+        },
+        window: args.window,
+        policies: if args.policy.is_empty() {
+            ClusterPolicy::ALL.to_vec()
+        } else {
+            args.policy.clone()
+        },
+        ..ClusterOptions::default()
+    };
+    let report = run_cluster_bench(
+        &read_text(&args.nodes)?,
+        &read_text(&args.pods)?,
+        &kinds,
+        &opts,
+        &mut |line| eprintln!("bench cluster: {line}"),
+    )
+    .map_err(anyhow::Error::msg)?;
+    if let Some(dir) = &args.plots {
+        let written = crate::sim::plots::write(&report, dir)?;
+        for path in written {
+            eprintln!("bench cluster: wrote {}", path.display());
+        }
+    }
+    Ok(match args.output {
+        OutputFormat::Json => serde_json::to_string_pretty(&report)?,
+        OutputFormat::Table => table(&report),
+    })
 }
 
 /// One `vramfit bench pack` run as a table.

@@ -38,6 +38,7 @@
 
 pub mod bench;
 mod best_fit;
+pub mod elastic;
 mod explain;
 mod fgd;
 pub mod fragmentation;
@@ -185,6 +186,24 @@ impl Placer {
         match self.policy.choose(&self.state, &demand) {
             Some((node, gpus)) => self.state.commit(job, &demand, node, gpus),
             None => Err(explain::explain_no_fit(&self.state, job, &demand)),
+        }
+    }
+
+    /// [`Placer::place`] for callers that only need to know whether the job
+    /// fits now (a simulation trying its queue at every event): `None` when
+    /// nothing fits, without building the explanation. The policy is not
+    /// told about the job here, since a waiting job is tried many times: call
+    /// [`Placer::observe`] once when it arrives.
+    pub fn try_place(&mut self, job: &JobRequest) -> Result<Option<Decision>> {
+        let demand = self.state.demand_of(job)?;
+        if self.state.placement(&job.id).is_some() {
+            return Err(PlaceError::AlreadyPlaced {
+                job: job.id.clone(),
+            });
+        }
+        match self.policy.choose(&self.state, &demand) {
+            Some((node, gpus)) => self.state.commit(job, &demand, node, gpus).map(Some),
+            None => Ok(None),
         }
     }
 

@@ -265,6 +265,11 @@ impl ClusterState {
         &self.nodes
     }
 
+    /// Index of the node called `name`.
+    pub fn node_index(&self, name: &str) -> Option<usize> {
+        self.node_by_name.get(name).copied()
+    }
+
     /// Sum of all GPU capacities.
     pub fn capacity_total(&self) -> u64 {
         self.capacity_total

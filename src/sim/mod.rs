@@ -1,0 +1,896 @@
+//! `vramfit bench cluster`: a discrete-event simulation of a GPU cluster over
+//! an openb trace, comparing how much training each policy finishes.
+//!
+//! The cluster is the trace's node list (CPU and memory as listed) with
+//! every GPU an H200; the jobs are drawn from its pod list
+//! ([`workload`]). Each policy replays the same jobs through the real
+//! placer ([`crate::place::Placer`]); the vramfit policies budget from the
+//! real predictor and run the OOM back-off the helper runs. Policies:
+//!
+//! - `exclusive`: one job per GPU (Kubernetes with the NVIDIA device
+//!   plugin), best fit.
+//! - `guessed`: HAMi/KAI-style limits the user guessed (the true peak times a
+//!   drawn factor), best fit by the guess. A run that exceeds its limit is
+//!   killed where its peak comes (the OOM point), all of its work is lost,
+//!   and it is resubmitted at the back of the queue with the limit raised
+//!   1.5x, as a user who read the OOM would.
+//! - `vramfit`: the predicted budget (plus the job's 5 % headroom) at the
+//!   preferred micro-batch, the vramfit packing policy. A run whose true
+//!   peak exceeds its budget halves its micro-batch in the process at the
+//!   OOM point (absorbed: no work lost, the rest slower), as the helper does.
+//! - `vramfit-elastic`: as `vramfit`, and a job whose preferred shape fits
+//!   nowhere now may start at once with a smaller micro-batch
+//!   ([`crate::place::elastic`]) when its slowdown costs less than the
+//!   expected wait for the preferred hole.
+//!
+//! The queue is first come, first served with backfilling: at every event
+//! the first `window` waiting jobs are tried in order, and each one that
+//! fits starts. Times are seconds of simulated time.
+
+pub mod kinds;
+pub mod plots;
+pub mod workload;
+
+use std::cmp::Ordering;
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
+
+use serde::Serialize;
+
+use crate::place::elastic::{self, Shape};
+use crate::place::inventory::{GpuSpec, Inventory, JobRequest, Placement};
+use crate::place::openb;
+use crate::place::{Placer, Policy, PolicyKind};
+use crate::predict::GpuProfile;
+use kinds::ModelKind;
+use workload::{SimJob, WorkloadOptions};
+
+const GIB: u64 = 1 << 30;
+
+/// A policy of the comparison.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum ClusterPolicy {
+    /// One job per GPU.
+    Exclusive,
+    /// Limits the users guessed.
+    Guessed,
+    /// Predicted budgets, fixed shape.
+    Vramfit,
+    /// Predicted budgets, smaller shapes in smaller holes.
+    VramfitElastic,
+}
+
+impl ClusterPolicy {
+    /// Every policy, in the report's order.
+    pub const ALL: [ClusterPolicy; 4] = [
+        ClusterPolicy::Exclusive,
+        ClusterPolicy::Guessed,
+        ClusterPolicy::Vramfit,
+        ClusterPolicy::VramfitElastic,
+    ];
+
+    /// The name in reports and on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            ClusterPolicy::Exclusive => "exclusive",
+            ClusterPolicy::Guessed => "guessed",
+            ClusterPolicy::Vramfit => "vramfit",
+            ClusterPolicy::VramfitElastic => "vramfit-elastic",
+        }
+    }
+}
+
+impl std::str::FromStr for ClusterPolicy {
+    type Err = String;
+    fn from_str(text: &str) -> Result<Self, String> {
+        ClusterPolicy::ALL
+            .into_iter()
+            .find(|p| p.name() == text)
+            .ok_or_else(|| {
+                format!("unknown policy {text:?} (expected exclusive, guessed, vramfit or vramfit-elastic)")
+            })
+    }
+}
+
+/// Options of one simulation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClusterOptions {
+    /// How jobs are drawn.
+    pub workload: WorkloadOptions,
+    /// Waiting jobs tried at each event, from the front of the queue.
+    pub window: usize,
+    /// Policies to compare, in order.
+    pub policies: Vec<ClusterPolicy>,
+    /// Headroom added to a predicted peak (a TrainingJob's default).
+    pub headroom: f64,
+}
+
+impl Default for ClusterOptions {
+    fn default() -> Self {
+        Self {
+            workload: WorkloadOptions::default(),
+            window: 64,
+            policies: ClusterPolicy::ALL.to_vec(),
+            headroom: crate::api::DEFAULT_HEADROOM,
+        }
+    }
+}
+
+/// What one policy achieved; the shape `vramfit bench cluster -o json`
+/// prints per policy (../shared/DESIGN.md).
+#[derive(Debug, Clone, PartialEq, Serialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct PolicyReport {
+    /// Policy name.
+    pub name: String,
+    /// Jobs submitted.
+    pub jobs: usize,
+    /// Jobs that finished their work.
+    pub finished: usize,
+    /// Mean job completion time (arrival to end), seconds.
+    pub mean_jct_seconds: f64,
+    /// 95th percentile of the completion times, seconds.
+    pub p95_jct_seconds: f64,
+    /// Mean time a job spent waiting (all its attempts), seconds.
+    pub mean_queue_seconds: f64,
+    /// GPU memory the running jobs used (their true peaks), over all GPU
+    /// memory, averaged from the first arrival to the last end.
+    pub memory_utilization: f64,
+    /// GPU memory held for them (budgets, whole GPUs, limits), likewise.
+    pub committed_utilization: f64,
+    /// Runs killed by an OOM and started again from the beginning.
+    pub oom_restarts: usize,
+    /// OOMs absorbed in the process (micro-batch halved, work kept).
+    pub ooms_absorbed: usize,
+    /// GPU-hours of work lost to killed runs.
+    pub wasted_gpu_hours: f64,
+    /// Jobs started with a smaller micro-batch than preferred.
+    pub elastic_starts: usize,
+    /// Mean step time of the finished jobs' runs relative to their
+    /// preferred shapes, weighted by time (1.0: no slowdown).
+    pub mean_slowdown: f64,
+    /// First arrival to last end, seconds.
+    pub makespan_seconds: f64,
+    /// Jobs that fit no node even when empty (never started).
+    pub never_fit: usize,
+    /// Wall-clock seconds the simulation of this policy took.
+    pub sim_seconds: f64,
+    /// Completion times of the finished jobs, seconds (not serialized).
+    #[serde(skip)]
+    pub jct: Vec<f64>,
+    /// (time, used bytes, committed bytes) after each event, thinned to
+    /// about 2,000 samples (not serialized; for the plots).
+    #[serde(skip)]
+    pub timeline: Vec<(f64, u64, u64)>,
+}
+
+/// The whole comparison.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterReport {
+    /// One report per policy, in the order asked.
+    pub policies: Vec<PolicyReport>,
+    /// Seed of the draws.
+    pub seed: u64,
+    /// Nodes and GPUs of the cluster.
+    pub nodes: usize,
+    /// GPUs (all H200 in the simulation).
+    pub gpus: usize,
+    /// Jobs drawn.
+    pub jobs: usize,
+    /// The workload's parameters, so a result says what it assumed.
+    pub workload: WorkloadSummary,
+}
+
+/// The assumptions of a run, as reported.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkloadSummary {
+    /// Pods submitted as a multiple of GPU capacity.
+    pub tune: f64,
+    /// Offered load over the GPUs.
+    pub load: f64,
+    /// Median work per job, hours.
+    pub median_hours: f64,
+    /// Sigma of the durations.
+    pub duration_sigma: f64,
+    /// Median over-request factor of the guessed policy.
+    pub guess_median: f64,
+    /// Its sigma.
+    pub guess_sigma: f64,
+    /// Share of jobs whose guess is below their true peak.
+    pub under_guessed: f64,
+    /// Jobs per model kind.
+    pub kinds: BTreeMap<String, usize>,
+    /// Backfill window.
+    pub window: usize,
+}
+
+/// Runs the comparison on openb trace text with the measured kinds in
+/// `kinds_text` (JSON lines of `scripts/gpu/step_time.py`).
+pub fn run_cluster_bench(
+    nodes_csv: &str,
+    pods_csv: &str,
+    kinds_text: &str,
+    opts: &ClusterOptions,
+    progress: &mut dyn FnMut(&str),
+) -> Result<ClusterReport, String> {
+    let gpu: &'static GpuProfile =
+        crate::predict::gpu_profile("H200").ok_or("no H200 GPU profile")?;
+    let kinds = kinds::parse_kinds(kinds_text, gpu)?;
+    let trace = openb::parse_nodes(nodes_csv).map_err(|e| e.to_string())?;
+    let inventory = Inventory {
+        nodes: trace
+            .nodes
+            .into_iter()
+            .map(|mut n| {
+                for g in &mut n.gpus {
+                    *g = GpuSpec {
+                        model: gpu.name.to_string(),
+                        capacity: gpu.capacity_bytes,
+                    };
+                }
+                n
+            })
+            .collect(),
+    };
+    let gpus: usize = inventory.nodes.iter().map(|n| n.gpus.len()).sum();
+    if gpus == 0 {
+        return Err("the node list has no GPU".into());
+    }
+    let pods = openb::parse_pods(pods_csv).map_err(|e| e.to_string())?;
+    let jobs = workload::draw_jobs(&pods, gpus, gpu.capacity_bytes, &kinds, &opts.workload)?;
+    if opts.window == 0 {
+        return Err("the backfill window must be at least 1".into());
+    }
+    let mut kind_counts = BTreeMap::new();
+    for j in &jobs {
+        *kind_counts.entry(kinds[j.kind].name.clone()).or_insert(0) += 1;
+    }
+    let under = jobs
+        .iter()
+        .filter(|j| j.guess < kinds[j.kind].peak_at(j.micro).unwrap_or(0))
+        .count();
+    let budgets = Budgets::new(&kinds, gpu, opts.headroom)?;
+    let mut policies = Vec::new();
+    for &policy in &opts.policies {
+        progress(&format!(
+            "{}: {} jobs on {gpus} GPUs",
+            policy.name(),
+            jobs.len()
+        ));
+        let started = std::time::Instant::now();
+        let mut report =
+            Sim::new(&inventory, &jobs, &kinds, &budgets, policy, opts)?.run(progress)?;
+        report.sim_seconds = started.elapsed().as_secs_f64();
+        policies.push(report);
+    }
+    let w = &opts.workload;
+    Ok(ClusterReport {
+        policies,
+        seed: w.seed,
+        nodes: inventory.nodes.len(),
+        gpus,
+        jobs: jobs.len(),
+        workload: WorkloadSummary {
+            tune: w.tune,
+            load: w.load,
+            median_hours: w.median_hours,
+            duration_sigma: w.duration_sigma,
+            guess_median: w.guess_median,
+            guess_sigma: w.guess_sigma,
+            under_guessed: under as f64 / jobs.len() as f64,
+            kinds: kind_counts,
+            window: opts.window,
+        },
+    })
+}
+
+/// The vramfit budget of each kind at each measured micro-batch: the
+/// predicted peak plus headroom, computed once.
+struct Budgets {
+    by_kind: Vec<Vec<(u32, u64)>>,
+}
+
+impl Budgets {
+    fn new(kinds: &[ModelKind], gpu: &'static GpuProfile, headroom: f64) -> Result<Self, String> {
+        let by_kind = kinds
+            .iter()
+            .map(|k| {
+                k.micros()
+                    .map(|m| {
+                        let peak = k.predicted_peak(m, gpu)?;
+                        Ok((m, (peak as f64 * (1.0 + headroom)).ceil() as u64))
+                    })
+                    .collect::<Result<Vec<_>, String>>()
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        Ok(Self { by_kind })
+    }
+
+    fn at(&self, kind: usize, micro: u32) -> u64 {
+        self.by_kind[kind]
+            .iter()
+            .find(|b| b.0 == micro)
+            .map_or(u64::MAX, |b| b.1)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum EventKind {
+    Arrive,
+    End,
+    Oom,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Event {
+    time: f64,
+    seq: u64,
+    job: usize,
+    kind: EventKind,
+    /// The run the event belongs to; stale events are dropped.
+    run: u32,
+}
+
+impl PartialEq for Event {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+impl Eq for Event {}
+impl PartialOrd for Event {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Event {
+    // Earliest first in a max-heap.
+    fn cmp(&self, other: &Self) -> Ordering {
+        other
+            .time
+            .total_cmp(&self.time)
+            .then(other.seq.cmp(&self.seq))
+    }
+}
+
+/// A job's current run.
+#[derive(Debug, Clone)]
+struct Run {
+    /// When the current segment (this micro-batch) began.
+    since: f64,
+    /// When the run began.
+    started: f64,
+    micro: u32,
+    /// Budget (limit) per GPU.
+    budget: u64,
+    /// Step time relative to the preferred shape.
+    slowdown: f64,
+    placement: Placement,
+    end: f64,
+}
+
+#[derive(Debug, Clone, Default)]
+struct JobState {
+    /// Work left at the preferred shape, seconds.
+    remaining: f64,
+    /// The limit of the next run (guessed policy).
+    limit: u64,
+    run_id: u32,
+    run: Option<Run>,
+    queued_since: f64,
+    queued_total: f64,
+    finished: Option<f64>,
+    /// Seconds run and slowdown-weighted seconds, for the mean slowdown.
+    ran: f64,
+    ran_at_preferred: f64,
+}
+
+struct Sim<'a> {
+    jobs: &'a [SimJob],
+    kinds: &'a [ModelKind],
+    budgets: &'a Budgets,
+    policy: ClusterPolicy,
+    placer: Placer,
+    capacity: u64,
+    gpu_capacity: u64,
+    window: usize,
+    events: BinaryHeap<Event>,
+    seq: u64,
+    queue: Vec<usize>,
+    state: Vec<JobState>,
+    used: u64,
+    committed: u64,
+    last: f64,
+    used_integral: f64,
+    committed_integral: f64,
+    report: PolicyReport,
+}
+
+impl<'a> Sim<'a> {
+    fn new(
+        inventory: &Inventory,
+        jobs: &'a [SimJob],
+        kinds: &'a [ModelKind],
+        budgets: &'a Budgets,
+        policy: ClusterPolicy,
+        opts: &ClusterOptions,
+    ) -> Result<Self, String> {
+        let kind = match policy {
+            ClusterPolicy::Exclusive | ClusterPolicy::Guessed => PolicyKind::BestFit,
+            ClusterPolicy::Vramfit | ClusterPolicy::VramfitElastic => PolicyKind::Vramfit,
+        };
+        let placer = Placer::new(inventory, Policy::new(kind, opts.workload.seed))
+            .map_err(|e| e.to_string())?;
+        let capacity = placer.state().capacity_total();
+        let gpu_capacity = inventory
+            .nodes
+            .iter()
+            .flat_map(|n| &n.gpus)
+            .map(|g| g.capacity)
+            .max()
+            .unwrap_or(0);
+        let mut sim = Self {
+            jobs,
+            kinds,
+            budgets,
+            policy,
+            placer,
+            capacity,
+            gpu_capacity,
+            window: opts.window,
+            events: BinaryHeap::new(),
+            seq: 0,
+            queue: Vec::new(),
+            state: jobs
+                .iter()
+                .map(|j| JobState {
+                    remaining: j.work,
+                    limit: j.guess,
+                    ..Default::default()
+                })
+                .collect(),
+            used: 0,
+            committed: 0,
+            last: 0.0,
+            used_integral: 0.0,
+            committed_integral: 0.0,
+            report: PolicyReport {
+                name: policy.name().to_string(),
+                jobs: jobs.len(),
+                mean_slowdown: 1.0,
+                ..Default::default()
+            },
+        };
+        for (i, j) in jobs.iter().enumerate() {
+            sim.push(j.arrival, i, EventKind::Arrive, 0);
+        }
+        Ok(sim)
+    }
+
+    fn push(&mut self, time: f64, job: usize, kind: EventKind, run: u32) {
+        self.seq += 1;
+        self.events.push(Event {
+            time,
+            seq: self.seq,
+            job,
+            kind,
+            run,
+        });
+    }
+
+    fn true_peak(&self, job: usize, micro: u32) -> u64 {
+        let j = &self.jobs[job];
+        self.kinds[j.kind]
+            .peak_at(micro)
+            .unwrap_or(self.gpu_capacity)
+    }
+
+    fn relative(&self, job: usize, micro: u32) -> f64 {
+        let j = &self.jobs[job];
+        self.kinds[j.kind].curve.relative(micro, j.micro)
+    }
+
+    fn advance(&mut self, now: f64) {
+        let dt = now - self.last;
+        if dt > 0.0 {
+            self.used_integral += self.used as f64 * dt;
+            self.committed_integral += self.committed as f64 * dt;
+            self.last = now;
+        }
+    }
+
+    fn run(mut self, progress: &mut dyn FnMut(&str)) -> Result<PolicyReport, String> {
+        let total = self.jobs.len();
+        let mut next_progress = total / 10;
+        let stride = (total / 1000).max(1) as u64;
+        let mut events = 0u64;
+        let first = self.jobs.first().map_or(0.0, |j| j.arrival);
+        self.last = first;
+        while let Some(event) = self.events.pop() {
+            self.advance(event.time);
+            self.handle(event)?;
+            // Everything due at the same time first, then the queue.
+            if self.events.peek().is_none_or(|next| next.time > event.time) {
+                self.schedule(event.time)?;
+            }
+            events += 1;
+            if events.is_multiple_of(stride) {
+                self.report
+                    .timeline
+                    .push((event.time, self.used, self.committed));
+            }
+            if self.report.finished >= next_progress && next_progress > 0 {
+                progress(&format!(
+                    "{}: {} of {total} finished, {} waiting, t = {:.1} h",
+                    self.policy.name(),
+                    self.report.finished,
+                    self.queue.len(),
+                    event.time / 3600.0
+                ));
+                next_progress += total / 10;
+            }
+        }
+        self.finish(first)
+    }
+
+    fn handle(&mut self, event: Event) -> Result<(), String> {
+        let job = event.job;
+        match event.kind {
+            EventKind::Arrive => {
+                let request = self.request(job, self.ask(job).1);
+                // Told once; the queue tries it many times.
+                self.placer.observe(&request).map_err(|e| e.to_string())?;
+                self.enqueue(job, event.time);
+            }
+            EventKind::End if event.run == self.state[job].run_id => {
+                self.stop(job, event.time);
+                let s = &mut self.state[job];
+                s.remaining = 0.0;
+                s.finished = Some(event.time);
+                self.report.finished += 1;
+                self.report.jct.push(event.time - self.jobs[job].arrival);
+            }
+            EventKind::Oom if event.run == self.state[job].run_id => self.oom(job, event.time),
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn enqueue(&mut self, job: usize, now: f64) {
+        self.state[job].queued_since = now;
+        self.queue.push(job);
+    }
+
+    /// The placer's request for `job` with `budget` per GPU.
+    fn request(&self, job: usize, budget: u64) -> JobRequest {
+        let j = &self.jobs[job];
+        JobRequest::new(
+            j.id.clone(),
+            j.gpus,
+            budget.min(self.gpu_capacity),
+            j.cpu_milli,
+            j.memory_bytes,
+        )
+    }
+
+    /// The budget per GPU and micro-batch a new run of `job` asks for.
+    fn ask(&self, job: usize) -> (u32, u64) {
+        let j = &self.jobs[job];
+        match self.policy {
+            ClusterPolicy::Exclusive => (j.micro, self.gpu_capacity),
+            ClusterPolicy::Guessed => (j.micro, self.state[job].limit),
+            ClusterPolicy::Vramfit | ClusterPolicy::VramfitElastic => {
+                // The preferred micro-batch, or the largest one whose budget
+                // fits a GPU (the controller's automatic micro-batch).
+                let kind = &self.kinds[j.kind];
+                let fitting = kind
+                    .micros()
+                    .filter(|&m| m <= j.micro)
+                    .filter(|&m| self.budgets.at(j.kind, m) <= self.gpu_capacity)
+                    .last();
+                let micro = fitting.unwrap_or(j.micro);
+                (micro, self.budgets.at(j.kind, micro))
+            }
+        }
+    }
+
+    fn schedule(&mut self, now: f64) -> Result<(), String> {
+        let mut started = Vec::new();
+        for pos in 0..self.queue.len().min(self.window) {
+            let job = self.queue[pos];
+            if self.try_start(job, now)? {
+                started.push(pos);
+            }
+        }
+        if !started.is_empty() {
+            let mut k = 0;
+            let mut pos = 0;
+            self.queue.retain(|_| {
+                let keep = started.get(k) != Some(&pos);
+                if !keep {
+                    k += 1;
+                }
+                pos += 1;
+                keep
+            });
+        }
+        Ok(())
+    }
+
+    fn try_start(&mut self, job: usize, now: f64) -> Result<bool, String> {
+        let (micro, budget) = self.ask(job);
+        if budget > self.gpu_capacity {
+            // No micro-batch's budget fits any GPU: it never starts.
+            if self.state[job].run_id == 0 {
+                self.report.never_fit += 1;
+                self.state[job].run_id = u32::MAX;
+            }
+            return Ok(false);
+        }
+        if self.state[job].run_id == u32::MAX {
+            return Ok(false);
+        }
+        let request = self.request(job, budget);
+        if let Some(decision) = self.placer.try_place(&request).map_err(|e| e.to_string())? {
+            self.start(job, now, micro, budget, decision.placement);
+            return Ok(true);
+        }
+        if self.policy != ClusterPolicy::VramfitElastic {
+            return Ok(false);
+        }
+        self.try_elastic(job, now, micro, budget)
+    }
+
+    fn try_elastic(
+        &mut self,
+        job: usize,
+        now: f64,
+        micro: u32,
+        budget: u64,
+    ) -> Result<bool, String> {
+        let j = &self.jobs[job];
+        let smaller: Vec<Shape> = self.kinds[j.kind]
+            .micros()
+            .filter(|&m| m < micro)
+            .map(|m| Shape {
+                micro: m,
+                budget: self.budgets.at(j.kind, m),
+                relative_time: self.relative(job, m),
+            })
+            .collect();
+        if smaller.is_empty() {
+            return Ok(false);
+        }
+        let ends: Vec<(f64, &Placement)> = self
+            .state
+            .iter()
+            .filter_map(|s| s.run.as_ref().map(|r| (r.end, &r.placement)))
+            .collect();
+        let wait = elastic::expected_wait(self.placer.state(), ends, j.gpus, budget, now);
+        let remaining = self.state[job].remaining;
+        let base = self.request(job, budget);
+        let mut placed = None;
+        let placer = &mut self.placer;
+        let choice = elastic::choose_smaller(&smaller, budget, remaining, wait, |shape| {
+            let request = JobRequest {
+                gpu_budget: shape.budget,
+                ..base.clone()
+            };
+            match placer.try_place(&request) {
+                Ok(Some(d)) => {
+                    placed = Some(d.placement);
+                    true
+                }
+                _ => false,
+            }
+        });
+        match (choice, placed) {
+            (Some(choice), Some(placement)) => {
+                self.report.elastic_starts += 1;
+                self.start(job, now, choice.shape.micro, choice.shape.budget, placement);
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    fn start(&mut self, job: usize, now: f64, micro: u32, budget: u64, placement: Placement) {
+        let gpus = u64::from(self.jobs[job].gpus);
+        let peak = self.true_peak(job, micro);
+        let slowdown = self.relative(job, micro);
+        let s = &mut self.state[job];
+        s.queued_total += now - s.queued_since;
+        s.run_id += 1;
+        let run_id = s.run_id;
+        let end = now + s.remaining * slowdown;
+        s.run = Some(Run {
+            since: now,
+            started: now,
+            micro,
+            budget,
+            slowdown,
+            placement,
+            end,
+        });
+        self.used += peak * gpus;
+        self.committed += budget * gpus;
+        if peak > budget {
+            let oom_at = now + self.jobs[job].oom_point * (end - now);
+            self.push(oom_at, job, EventKind::Oom, run_id);
+        } else {
+            self.push(end, job, EventKind::End, run_id);
+        }
+    }
+
+    /// Ends the current run at `now`, keeping the work done; returns it.
+    fn stop(&mut self, job: usize, now: f64) -> Run {
+        let gpus = u64::from(self.jobs[job].gpus);
+        let run = self.state[job].run.take().expect("a running job");
+        let peak = self.true_peak(job, run.micro);
+        self.used -= peak * gpus;
+        self.committed -= run.budget * gpus;
+        self.placer.release(&self.jobs[job].id);
+        let s = &mut self.state[job];
+        s.ran += now - run.since;
+        s.ran_at_preferred += (now - run.since) / run.slowdown;
+        s.remaining = (s.remaining - (now - run.since) / run.slowdown).max(0.0);
+        run
+    }
+
+    fn oom(&mut self, job: usize, now: f64) {
+        let gpus = f64::from(self.jobs[job].gpus);
+        match self.policy {
+            ClusterPolicy::Guessed | ClusterPolicy::Exclusive => {
+                // Killed: all the work is lost, resubmitted with 1.5x the limit.
+                let run = self.stop(job, now);
+                self.report.oom_restarts += 1;
+                self.report.wasted_gpu_hours += gpus * (now - run.started) / 3600.0;
+                let s = &mut self.state[job];
+                s.remaining = self.jobs[job].work;
+                let raised = ((run.budget as f64 * 1.5 / GIB as f64).ceil() as u64) * GIB;
+                s.limit = raised.min(self.gpu_capacity);
+                self.enqueue(job, now);
+            }
+            ClusterPolicy::Vramfit | ClusterPolicy::VramfitElastic => {
+                let run = self.state[job].run.clone().expect("a running job");
+                // The helper halves the micro-batch until the peak fits the
+                // budget; the run goes on with the rest of its work.
+                let kind = &self.kinds[self.jobs[job].kind];
+                let next = kind
+                    .micros()
+                    .filter(|&m| m < run.micro)
+                    .filter(|&m| kind.peak_at(m).unwrap_or(u64::MAX) <= run.budget)
+                    .last();
+                let Some(micro) = next else {
+                    // Nothing fits the budget: the controller restarts the
+                    // job with a budget raised by its OOM correction.
+                    let run = self.stop(job, now);
+                    self.report.oom_restarts += 1;
+                    self.report.wasted_gpu_hours += gpus * (now - run.started) / 3600.0;
+                    self.state[job].remaining = self.jobs[job].work;
+                    self.enqueue(job, now);
+                    return;
+                };
+                self.report.ooms_absorbed += 1;
+                let old_peak = self.true_peak(job, run.micro);
+                let new_peak = self.true_peak(job, micro);
+                let slowdown = self.relative(job, micro);
+                let g = u64::from(self.jobs[job].gpus);
+                self.used = self.used - old_peak * g + new_peak * g;
+                let s = &mut self.state[job];
+                s.ran += now - run.since;
+                s.ran_at_preferred += (now - run.since) / run.slowdown;
+                s.remaining = (s.remaining - (now - run.since) / run.slowdown).max(0.0);
+                s.run_id += 1;
+                let run_id = s.run_id;
+                let end = now + s.remaining * slowdown;
+                s.run = Some(Run {
+                    since: now,
+                    micro,
+                    slowdown,
+                    end,
+                    ..run
+                });
+                self.push(end, job, EventKind::End, run_id);
+            }
+        }
+    }
+
+    fn finish(mut self, first: f64) -> Result<PolicyReport, String> {
+        let makespan = self.last - first;
+        let mut report = std::mem::take(&mut self.report);
+        report.makespan_seconds = makespan;
+        if makespan > 0.0 {
+            let area = self.capacity as f64 * makespan;
+            report.memory_utilization = self.used_integral / area;
+            report.committed_utilization = self.committed_integral / area;
+        }
+        let finished: Vec<&JobState> = self.state.iter().filter(|s| s.finished.is_some()).collect();
+        if !finished.is_empty() {
+            report.mean_queue_seconds =
+                finished.iter().map(|s| s.queued_total).sum::<f64>() / finished.len() as f64;
+            let ran: f64 = finished.iter().map(|s| s.ran).sum();
+            let at_pref: f64 = finished.iter().map(|s| s.ran_at_preferred).sum();
+            if at_pref > 0.0 {
+                report.mean_slowdown = ran / at_pref;
+            }
+        }
+        let mut jct = report.jct.clone();
+        jct.sort_by(f64::total_cmp);
+        if !jct.is_empty() {
+            report.mean_jct_seconds = jct.iter().sum::<f64>() / jct.len() as f64;
+            report.p95_jct_seconds = percentile(&jct, 0.95);
+        }
+        Ok(report)
+    }
+}
+
+/// The `q` quantile of sorted values (nearest rank).
+fn percentile(sorted: &[f64], q: f64) -> f64 {
+    let rank = (q * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+/// `-o table`: one row per policy.
+pub fn table(report: &ClusterReport) -> String {
+    let mut out = format!(
+        "{} jobs on {} nodes / {} GPUs (H200), seed {}, load {}, median work {} h, guess factor median {} (sigma {}, {:.1}% under)\n",
+        report.jobs,
+        report.nodes,
+        report.gpus,
+        report.seed,
+        report.workload.load,
+        report.workload.median_hours,
+        report.workload.guess_median,
+        report.workload.guess_sigma,
+        report.workload.under_guessed * 100.0
+    );
+    out.push_str(&format!(
+        "{:<16} {:>8} {:>10} {:>10} {:>10} {:>7} {:>9} {:>8} {:>8} {:>10} {:>8} {:>8}\n",
+        "POLICY",
+        "FINISHED",
+        "MEAN JCT",
+        "P95 JCT",
+        "MEAN WAIT",
+        "USED",
+        "COMMITTED",
+        "OOM-RST",
+        "ABSORBED",
+        "WASTED GPUh",
+        "ELASTIC",
+        "SLOWDOWN"
+    ));
+    for p in &report.policies {
+        out.push_str(&format!(
+            "{:<16} {:>8} {:>9.2}h {:>9.2}h {:>9.2}h {:>6.1}% {:>8.1}% {:>8} {:>8} {:>11.1} {:>8} {:>7.3}x\n",
+            p.name,
+            format!("{}/{}", p.finished, p.jobs),
+            p.mean_jct_seconds / 3600.0,
+            p.p95_jct_seconds / 3600.0,
+            p.mean_queue_seconds / 3600.0,
+            p.memory_utilization * 100.0,
+            p.committed_utilization * 100.0,
+            p.oom_restarts,
+            p.ooms_absorbed,
+            p.wasted_gpu_hours,
+            p.elastic_starts,
+            p.mean_slowdown
+        ));
+    }
+    out
+}
+
+/// Per policy, mean JCT relative to another policy's: `1 - mine / theirs`.
+pub fn jct_gain(report: &ClusterReport, mine: &str, theirs: &str) -> Option<f64> {
+    let by_name: HashMap<&str, &PolicyReport> = report
+        .policies
+        .iter()
+        .map(|p| (p.name.as_str(), p))
+        .collect();
+    let (a, b) = (by_name.get(mine)?, by_name.get(theirs)?);
+    (b.mean_jct_seconds > 0.0).then(|| 1.0 - a.mean_jct_seconds / b.mean_jct_seconds)
+}
+
+#[cfg(test)]
+#[path = "mod_tests.rs"]
+mod tests;

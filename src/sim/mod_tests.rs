@@ -1,0 +1,288 @@
+use super::*;
+use crate::place::inventory::NodeSpec;
+use crate::predict::step_time::StepTimeCurve;
+
+const CAP: u64 = 100 * GIB;
+
+/// A kind whose peak at micro m is 10*m GiB (m = 1, 2, 4), step time
+/// 1.0 / 1.2 / 2.0 relative at micro 4 / 2 / 1.
+fn kind() -> ModelKind {
+    ModelKind {
+        name: "k".into(),
+        global: 16,
+        curve: StepTimeCurve::new(vec![(1, 2.0), (2, 1.2), (4, 1.0)]).unwrap(),
+        peak: vec![(1, 10 * GIB), (2, 20 * GIB), (4, 40 * GIB)],
+        spec: None,
+    }
+}
+
+fn inventory(gpus: usize) -> Inventory {
+    Inventory {
+        nodes: vec![NodeSpec {
+            name: "n".into(),
+            cpu_milli: 64_000,
+            memory_bytes: 512 * GIB,
+            taints: Vec::new(),
+            gpus: (0..gpus)
+                .map(|_| GpuSpec {
+                    model: "H200".into(),
+                    capacity: CAP,
+                })
+                .collect(),
+        }],
+    }
+}
+
+fn job(id: &str, arrival: f64, micro: u32, work: f64, guess_gib: u64) -> SimJob {
+    SimJob {
+        id: id.into(),
+        arrival,
+        gpus: 1,
+        cpu_milli: 1000,
+        memory_bytes: GIB,
+        share: 0.5,
+        kind: 0,
+        micro,
+        work,
+        guess: guess_gib * GIB,
+        oom_point: 0.25,
+    }
+}
+
+/// Budgets equal to the true peaks times `factor`.
+fn budgets(factor: f64) -> Budgets {
+    Budgets {
+        by_kind: vec![
+            kind()
+                .peak
+                .iter()
+                .map(|&(m, p)| (m, (p as f64 * factor) as u64))
+                .collect(),
+        ],
+    }
+}
+
+fn has(values: &[f64], want: f64) -> bool {
+    values.iter().any(|v| (v - want).abs() < 1e-9)
+}
+
+fn simulate(
+    policy: ClusterPolicy,
+    gpus: usize,
+    jobs: &[SimJob],
+    budgets: &Budgets,
+    window: usize,
+) -> PolicyReport {
+    let kinds = [kind()];
+    let opts = ClusterOptions {
+        window,
+        ..ClusterOptions::default()
+    };
+    Sim::new(&inventory(gpus), jobs, &kinds, budgets, policy, &opts)
+        .unwrap()
+        .run(&mut |_| {})
+        .unwrap()
+}
+
+#[test]
+fn exclusive_gpus_run_two_small_jobs_one_after_the_other_and_vramfit_side_by_side() {
+    let jobs = [job("a", 0.0, 4, 100.0, 50), job("b", 0.0, 4, 100.0, 50)];
+    let b = budgets(1.05);
+    let exclusive = simulate(ClusterPolicy::Exclusive, 1, &jobs, &b, 64);
+    assert_eq!(exclusive.finished, 2);
+    assert_eq!(exclusive.jct, vec![100.0, 200.0]);
+    assert_eq!(exclusive.mean_queue_seconds, 50.0);
+    // A whole GPU committed for 200 s; 40 GiB used.
+    assert!((exclusive.committed_utilization - 1.0).abs() < 1e-9);
+    assert!((exclusive.memory_utilization - 0.4).abs() < 1e-9);
+    let vramfit = simulate(ClusterPolicy::Vramfit, 1, &jobs, &b, 64);
+    assert_eq!(vramfit.jct, vec![100.0, 100.0]);
+    assert_eq!(vramfit.mean_queue_seconds, 0.0);
+    assert!((vramfit.memory_utilization - 0.8).abs() < 1e-9);
+    assert_eq!(vramfit.oom_restarts + vramfit.ooms_absorbed, 0);
+}
+
+#[test]
+fn an_under_guessed_limit_is_killed_at_its_oom_point_and_resubmitted_higher() {
+    // True peak 40 GiB, guessed 30: killed 25 s into a 100 s run, then 45 GiB.
+    let jobs = [job("a", 0.0, 4, 100.0, 30)];
+    let r = simulate(ClusterPolicy::Guessed, 1, &jobs, &budgets(1.05), 64);
+    assert_eq!(r.oom_restarts, 1);
+    assert_eq!(r.finished, 1);
+    assert_eq!(r.jct, vec![125.0], "25 s lost, then the whole 100 s again");
+    assert!((r.wasted_gpu_hours - 25.0 / 3600.0).abs() < 1e-12);
+    // An over-guess fits and runs once.
+    let r = simulate(
+        ClusterPolicy::Guessed,
+        1,
+        &[job("a", 0.0, 4, 100.0, 60)],
+        &budgets(1.05),
+        64,
+    );
+    assert_eq!((r.oom_restarts, r.jct.clone()), (0, vec![100.0]));
+}
+
+#[test]
+fn guessed_limits_pack_by_the_guess() {
+    // Two 60 GiB guesses do not share a 100 GiB GPU; two 45 GiB ones do.
+    let high = [job("a", 0.0, 4, 100.0, 60), job("b", 0.0, 4, 100.0, 60)];
+    assert_eq!(
+        simulate(ClusterPolicy::Guessed, 1, &high, &budgets(1.05), 64).jct,
+        vec![100.0, 200.0]
+    );
+    let low = [job("a", 0.0, 4, 100.0, 45), job("b", 0.0, 4, 100.0, 45)];
+    assert_eq!(
+        simulate(ClusterPolicy::Guessed, 1, &low, &budgets(1.05), 64).jct,
+        vec![100.0, 100.0]
+    );
+}
+
+#[test]
+fn an_under_prediction_is_absorbed_in_the_process_at_a_smaller_micro_batch() {
+    // Budgets 0.9x the true peaks: micro 4 (40 GiB) gets 36 GiB, so at
+    // 25 s it halves to micro 2 (20 GiB fits) and the remaining 75 s of
+    // work run 1.2x slower: 25 + 90 = 115 s. Nothing restarts.
+    let r = simulate(
+        ClusterPolicy::Vramfit,
+        1,
+        &[job("a", 0.0, 4, 100.0, 0)],
+        &budgets(0.9),
+        64,
+    );
+    assert_eq!(r.ooms_absorbed, 1);
+    assert_eq!(r.oom_restarts, 0);
+    assert_eq!(r.wasted_gpu_hours, 0.0);
+    assert_eq!(r.jct.len(), 1);
+    assert!((r.jct[0] - 115.0).abs() < 1e-9, "{:?}", r.jct);
+    assert!((r.mean_slowdown - 115.0 / 100.0).abs() < 1e-9);
+}
+
+#[test]
+fn an_elastic_job_starts_smaller_when_the_wait_is_long_and_waits_when_it_is_short() {
+    // A long job holds 70 GiB (budget 70: micro 4 of a kind with 70 GiB... use
+    // a 40 GiB job twice): two running jobs leave 20 GiB free; the third
+    // job's preferred 40 GiB does not fit, micro 2 (20 GiB) does.
+    let long = [
+        job("a", 0.0, 4, 10_000.0, 0),
+        job("b", 0.0, 4, 10_000.0, 0),
+        job("c", 1.0, 4, 100.0, 0),
+    ];
+    let b = budgets(1.0);
+    let fixed = simulate(ClusterPolicy::Vramfit, 1, &long, &b, 64);
+    let elastic = simulate(ClusterPolicy::VramfitElastic, 1, &long, &b, 64);
+    assert_eq!(fixed.elastic_starts, 0);
+    assert_eq!(elastic.elastic_starts, 1);
+    // Fixed: c waits until 10,000 s, then 100 s. Elastic: starts at 1 s at
+    // micro 2, 1.2x slower.
+    assert!(has(&fixed.jct, 10_000.0 - 1.0 + 100.0), "{:?}", fixed.jct);
+    assert!(has(&elastic.jct, 120.0), "{:?}", elastic.jct);
+    // When the running jobs end soon, waiting is better than 1.2x slower.
+    let short = [
+        job("a", 0.0, 4, 10.0, 0),
+        job("b", 0.0, 4, 10.0, 0),
+        job("c", 1.0, 4, 100.0, 0),
+    ];
+    let elastic = simulate(ClusterPolicy::VramfitElastic, 1, &short, &b, 64);
+    assert_eq!(elastic.elastic_starts, 0);
+    assert!(has(&elastic.jct, 109.0), "{:?}", elastic.jct);
+}
+
+#[test]
+fn the_window_limits_backfilling_behind_a_blocked_head() {
+    // a holds 40 GiB of a 50 GiB GPU... b (40) waits; c (10, micro 1)
+    // may pass it only when it is inside the window.
+    let jobs = [
+        job("a", 0.0, 4, 100.0, 0),
+        job("b", 1.0, 4, 100.0, 0),
+        job("c", 2.0, 1, 100.0, 0),
+    ];
+    let mut b = budgets(1.0);
+    // Make the GPU hold a and c only: a budget of 55 GiB for micro 4.
+    b.by_kind[0][2].1 = 55 * GIB;
+    let wide = simulate(ClusterPolicy::Vramfit, 1, &jobs, &b, 64);
+    let narrow = simulate(ClusterPolicy::Vramfit, 1, &jobs, &b, 1);
+    // Wide: c starts at 2 s (backfilled). Narrow: c waits behind b.
+    let c_wide = wide.jct.iter().copied().fold(f64::INFINITY, f64::min);
+    assert!((c_wide - 100.0).abs() < 1e-9, "{:?}", wide.jct);
+    assert!(
+        narrow.mean_jct_seconds > wide.mean_jct_seconds,
+        "{narrow:?}"
+    );
+}
+
+#[test]
+fn a_job_no_gpu_can_hold_never_starts_and_is_counted() {
+    let mut b = budgets(1.0);
+    for entry in &mut b.by_kind[0] {
+        entry.1 = 2 * CAP;
+    }
+    let r = simulate(
+        ClusterPolicy::Vramfit,
+        1,
+        &[job("a", 0.0, 4, 100.0, 0)],
+        &b,
+        64,
+    );
+    assert_eq!((r.finished, r.never_fit), (0, 1));
+}
+
+#[test]
+fn policy_names_parse_back() {
+    for p in ClusterPolicy::ALL {
+        assert_eq!(p.name().parse::<ClusterPolicy>().unwrap(), p);
+    }
+    assert!(
+        "fifo"
+            .parse::<ClusterPolicy>()
+            .unwrap_err()
+            .contains("exclusive, guessed")
+    );
+}
+
+#[test]
+fn the_openb_run_reports_every_policy_with_the_fixed_fields() {
+    let nodes = "sn,cpu_milli,memory_mib,gpu,model\nn0,64000,262144,2,V100\nn1,64000,262144,2,T4\n";
+    let pods = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\np0,4000,8192,1,500,\np1,4000,8192,1,250,\np2,8000,16384,2,1000,\np3,4000,8192,1,1000,\n";
+    let mut lines = Vec::new();
+    let report = run_cluster_bench(
+        nodes,
+        pods,
+        kinds::H200_STEP_TIMES,
+        &ClusterOptions::default(),
+        &mut |l| lines.push(l.to_string()),
+    )
+    .unwrap();
+    assert_eq!(report.gpus, 4);
+    let names: Vec<&str> = report.policies.iter().map(|p| p.name.as_str()).collect();
+    assert_eq!(
+        names,
+        ["exclusive", "guessed", "vramfit", "vramfit-elastic"]
+    );
+    for p in &report.policies {
+        assert_eq!(p.finished + p.never_fit, p.jobs, "{}", p.name);
+    }
+    let json = serde_json::to_value(&report).unwrap();
+    for key in [
+        "name",
+        "jobs",
+        "finished",
+        "meanJctSeconds",
+        "p95JctSeconds",
+        "meanQueueSeconds",
+        "memoryUtilization",
+        "oomRestarts",
+        "wastedGpuHours",
+    ] {
+        assert!(json["policies"][0].get(key).is_some(), "{key}");
+    }
+    assert!(
+        lines.iter().any(|l| l.starts_with("exclusive:")),
+        "{lines:?}"
+    );
+    assert!(table(&report).contains("vramfit-elastic"));
+    let gain = jct_gain(&report, "vramfit", "exclusive").unwrap();
+    assert!(
+        gain >= 0.0,
+        "vramfit is never slower than exclusive here: {gain}"
+    );
+}
