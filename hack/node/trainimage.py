@@ -49,6 +49,8 @@ DRIVER_PREFIXES = ("libcuda.so", "libnvidia-", "libcudadebugger.so", "libnvcuvid
 #: What the driver's libraries (libcuda, libnvidia-ml), which CDI mounts,
 #: link from the system: added whether or not anything in the image needs them.
 DRIVER_NEEDS = ("libc.so.6", "libm.so.6", "libdl.so.2", "libpthread.so.0", "librt.so.1")
+#: Prefixes a base interpreter shares with other software: only its own parts are copied.
+SHARED_PREFIXES = ("/", "/usr", "/usr/local", "/opt")
 #: Where a dynamic loader looks when nothing else says (Debian multiarch first).
 SYSTEM_LIB_DIRS = ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib64", "/usr/lib64", "/lib", "/usr/lib")
 BLOCK = 512
@@ -313,19 +315,23 @@ def plan(venv: str, wheel: str, train: str, uid: int, log) -> Tuple[Layer, Dict[
     old = [os.path.join(sp, n) for n in os.listdir(sp) if n == "vramfit" or (n.startswith("vramfit-") and n.endswith(".dist-info"))]
     figures["venvBytes"] = layer.add_tree(venv, skip=old)
     home, system = venv_home(venv)
-    if home and home != "/usr" and not home.startswith(venv + "/"):
+    if home and home not in SHARED_PREFIXES and not home.startswith(venv + "/"):
         skip = [str(p) for p in Path(home).glob("lib/python3*/test")]
         if not system:
             skip += [str(p) for p in Path(home).glob("lib/python3*/site-packages")]
         figures["baseBytes"] = layer.add_tree(home, skip=skip)
         figures["base"] = home
     elif home:
-        # A base interpreter in /usr: its binary (the venv links to it) and standard library.
-        for p in sorted(Path(home).glob("bin/python3*")):
+        # A base interpreter in a prefix it shares with other software (/usr,
+        # /usr/local: the driver tree and CUDA may live there too): only its
+        # binaries (the venv links to them), libpython and standard library.
+        for p in sorted(Path(home).glob("bin/python3*")) + sorted(Path(home).glob("lib/libpython3*")):
             layer.add_host_path(str(p))
+        figures["baseBytes"] = 0
         for p in sorted(Path(home).glob("lib/python3*")):
             if p.is_dir() and p.name.count(".") == 1:
-                layer.add_tree(str(p), skip=[str(p / "test"), str(p / "site-packages"), str(p / "dist-packages")])
+                skip = [str(p / "test")] + ([] if system else [str(p / "site-packages"), str(p / "dist-packages")])
+                figures["baseBytes"] += layer.add_tree(str(p), skip=skip)
         figures["base"] = home
     # vramfit from the wheel, into the environment's site-packages.
     n = 0
