@@ -39,11 +39,13 @@ pub struct ClusterArgs {
     /// Policies, comma-separated: exclusive, guessed, vramfit, vramfit-elastic (default all).
     #[arg(long, value_delimiter = ',')]
     pub policy: Vec<crate::sim::ClusterPolicy>,
-    /// Pods submitted as a multiple of the cluster's GPU capacity (the openb protocol's inflation).
-    #[arg(long, default_value_t = 1.3)]
+    /// Pods submitted as a multiple of the cluster's GPU capacity (the openb
+    /// protocol's inflation; 5 gives a run long enough to reach steady state).
+    #[arg(long, default_value_t = 5.0)]
     pub tune: f64,
-    /// Offered load: the jobs' GPU shares x durations per unit of time, over the GPUs.
-    #[arg(long, default_value_t = 0.8)]
+    /// Offered load: the jobs' GPUs x durations per unit of time, over the GPUs
+    /// (1.0: one job per GPU keeps every GPU busy on average).
+    #[arg(long, default_value_t = 1.5)]
     pub load: f64,
     /// Median work of a job at its preferred shape, hours (log-normal).
     #[arg(long, default_value_t = 2.0)]

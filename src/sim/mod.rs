@@ -133,7 +133,8 @@ pub struct PolicyReport {
     /// Mean time a job spent waiting (all its attempts), seconds.
     pub mean_queue_seconds: f64,
     /// GPU memory the running jobs used (their true peaks), over all GPU
-    /// memory, averaged from the first arrival to the last end.
+    /// memory, averaged from the first arrival to the last (the steady
+    /// state; the drain after it is left out).
     pub memory_utilization: f64,
     /// GPU memory held for them (budgets, whole GPUs, limits), likewise.
     pub committed_utilization: f64,
@@ -401,6 +402,8 @@ struct Sim<'a> {
     used: u64,
     committed: u64,
     last: f64,
+    last_arrival: f64,
+    end: f64,
     used_integral: f64,
     committed_integral: f64,
     report: PolicyReport,
@@ -452,6 +455,8 @@ impl<'a> Sim<'a> {
             used: 0,
             committed: 0,
             last: 0.0,
+            last_arrival: jobs.last().map_or(0.0, |j| j.arrival),
+            end: 0.0,
             used_integral: 0.0,
             committed_integral: 0.0,
             report: PolicyReport {
@@ -491,6 +496,9 @@ impl<'a> Sim<'a> {
     }
 
     fn advance(&mut self, now: f64) {
+        // Utilization is averaged over the arrivals (the steady state), not
+        // the drain after the last one, which a single long job stretches.
+        let now = now.min(self.last_arrival);
         let dt = now - self.last;
         if dt > 0.0 {
             self.used_integral += self.used as f64 * dt;
@@ -508,6 +516,7 @@ impl<'a> Sim<'a> {
         self.last = first;
         while let Some(event) = self.events.pop() {
             self.advance(event.time);
+            self.end = event.time;
             self.handle(event)?;
             // Everything due at the same time first, then the queue.
             if self.events.peek().is_none_or(|next| next.time > event.time) {
@@ -797,11 +806,11 @@ impl<'a> Sim<'a> {
     }
 
     fn finish(mut self, first: f64) -> Result<PolicyReport, String> {
-        let makespan = self.last - first;
         let mut report = std::mem::take(&mut self.report);
-        report.makespan_seconds = makespan;
-        if makespan > 0.0 {
-            let area = self.capacity as f64 * makespan;
+        report.makespan_seconds = self.end - first;
+        let window = self.last_arrival - first;
+        if window > 0.0 {
+            let area = self.capacity as f64 * window;
             report.memory_utilization = self.used_integral / area;
             report.committed_utilization = self.committed_integral / area;
         }

@@ -86,19 +86,27 @@ fn simulate(
 
 #[test]
 fn exclusive_gpus_run_two_small_jobs_one_after_the_other_and_vramfit_side_by_side() {
-    let jobs = [job("a", 0.0, 4, 100.0, 50), job("b", 0.0, 4, 100.0, 50)];
+    // c arrives at 200 s and closes the window utilization is averaged over.
+    let jobs = [
+        job("a", 0.0, 4, 100.0, 50),
+        job("b", 0.0, 4, 100.0, 50),
+        job("c", 200.0, 1, 1.0, 50),
+    ];
     let b = budgets(1.05);
     let exclusive = simulate(ClusterPolicy::Exclusive, 1, &jobs, &b, 64);
-    assert_eq!(exclusive.finished, 2);
-    assert_eq!(exclusive.jct, vec![100.0, 200.0]);
-    assert_eq!(exclusive.mean_queue_seconds, 50.0);
-    // A whole GPU committed for 200 s; 40 GiB used.
+    assert_eq!(exclusive.finished, 3);
+    assert_eq!(exclusive.jct, vec![100.0, 200.0, 1.0]);
+    assert!((exclusive.mean_queue_seconds - 100.0 / 3.0).abs() < 1e-9);
+    // A whole GPU committed for the 200 s; 40 GiB of 100 used.
     assert!((exclusive.committed_utilization - 1.0).abs() < 1e-9);
     assert!((exclusive.memory_utilization - 0.4).abs() < 1e-9);
+    assert_eq!(exclusive.makespan_seconds, 201.0);
     let vramfit = simulate(ClusterPolicy::Vramfit, 1, &jobs, &b, 64);
-    assert_eq!(vramfit.jct, vec![100.0, 100.0]);
+    assert_eq!(vramfit.jct, vec![100.0, 100.0, 1.0]);
     assert_eq!(vramfit.mean_queue_seconds, 0.0);
-    assert!((vramfit.memory_utilization - 0.8).abs() < 1e-9);
+    // 80 GiB for the first 100 s, nothing for the next 100.
+    assert!((vramfit.memory_utilization - 0.4).abs() < 1e-9);
+    assert!((vramfit.committed_utilization - 0.42).abs() < 1e-9);
     assert_eq!(vramfit.oom_restarts + vramfit.ooms_absorbed, 0);
 }
 

@@ -11,9 +11,9 @@
 //! 3. How long: work at the preferred shape drawn log-normal (median
 //!    `median_hours`, sigma `duration_sigma`): the openb lists carry
 //!    snapshot times, not run times, so durations are drawn.
-//! 4. When: Poisson arrivals whose rate makes the offered load, the pods'
-//!    GPU shares times their durations per unit of time, `load` x the
-//!    cluster's GPUs.
+//! 4. When: Poisson arrivals whose rate makes the offered load, the jobs'
+//!    GPUs times their durations per unit of time, `load` x the cluster's
+//!    GPUs: at load 1 one job per GPU keeps every GPU busy on average.
 //! 5. The user's guess (for the guessed-limit policy): the true peak times a
 //!    factor drawn log-normal (median `guess_median`, sigma `guess_sigma`),
 //!    rounded up to whole GiB, at most a GPU. Where an OOM happens in a run
@@ -35,7 +35,7 @@ pub struct WorkloadOptions {
     pub seed: u64,
     /// Pods submitted, as a multiple of the cluster's GPU capacity.
     pub tune: f64,
-    /// Offered load: GPU shares times durations per second, over the GPUs.
+    /// Offered load: GPUs times durations per second, over the GPUs.
     pub load: f64,
     /// Median work of a job at its preferred shape, hours.
     pub median_hours: f64,
@@ -51,8 +51,8 @@ impl Default for WorkloadOptions {
     fn default() -> Self {
         Self {
             seed: 42,
-            tune: 1.3,
-            load: 0.8,
+            tune: 5.0,
+            load: 1.5,
             median_hours: 2.0,
             duration_sigma: 1.0,
             guess_median: 1.5,
@@ -168,11 +168,8 @@ pub fn draw_jobs(
         });
     }
     // Poisson arrivals at the rate that offers `load` x the GPUs.
-    let demand: f64 = jobs
-        .iter()
-        .map(|j| f64::from(j.gpus) * j.share * j.work)
-        .sum::<f64>()
-        / jobs.len() as f64;
+    let demand: f64 =
+        jobs.iter().map(|j| f64::from(j.gpus) * j.work).sum::<f64>() / jobs.len() as f64;
     let rate = opts.load * gpus as f64 / demand;
     let mut t = 0.0;
     for job in &mut jobs {

@@ -70,10 +70,10 @@ fn the_arrival_rate_offers_the_asked_load() {
     };
     let jobs = draw_jobs(&many, 64, CAP, &k, &opts).unwrap();
     let span = jobs.last().unwrap().arrival - jobs[0].arrival;
-    let work: f64 = jobs.iter().map(|j| j.share * j.work).sum();
+    let work: f64 = jobs.iter().map(|j| f64::from(j.gpus) * j.work).sum();
     let offered = work / span / 64.0;
-    assert!((offered - 0.8).abs() < 0.25, "offered load {offered}");
-    let twice = draw_jobs(&many, 64, CAP, &k, &WorkloadOptions { load: 1.6, ..opts }).unwrap();
+    assert!((offered - 1.5).abs() < 0.45, "offered load {offered}");
+    let twice = draw_jobs(&many, 64, CAP, &k, &WorkloadOptions { load: 3.0, ..opts }).unwrap();
     let span2 = twice.last().unwrap().arrival - twice[0].arrival;
     assert!(
         (span / span2 - 2.0).abs() < 1e-6,
