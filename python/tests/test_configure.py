@@ -110,6 +110,8 @@ def test_the_shape_file_is_published_atomically(tmp_path: Path) -> None:
     assert (doc["microBatch"], doc["gradAccum"]) == (8, 8)
     assert doc["absorbedOoms"][0]["fromMicro"] == 16 and doc["absorbedOoms"][0]["toAccum"] == 8
     assert [p.name for p in tmp_path.iterdir()] == [path.name], "temporary files left behind"
+    # The agent reads it as another user without CAP_DAC_OVERRIDE.
+    assert path.stat().st_mode & 0o777 == 0o644
 
 
 def test_the_shape_file_is_refreshed_for_the_agent(tmp_path: Path) -> None:

@@ -107,6 +107,10 @@ class ShapeReporter:
         body = json.dumps(self.document(), separators=(",", ":"))
         try:
             fd, tmp = tempfile.mkstemp(prefix=".shape-", suffix=".tmp", dir=self.stats_dir)
+            # mkstemp makes the file 0600: the node agent reads it as another
+            # user (root without CAP_DAC_OVERRIDE in the chart), so it must be
+            # world-readable, as the allocator's stats file is.
+            os.fchmod(fd, 0o644)
             with os.fdopen(fd, "w", encoding="utf-8") as out:
                 out.write(body)
             os.replace(tmp, self.path)
