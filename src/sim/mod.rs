@@ -399,6 +399,8 @@ struct Sim<'a> {
     seq: u64,
     queue: Vec<usize>,
     state: Vec<JobState>,
+    /// When a hole of (GPUs, bytes per GPU) is expected, while no run starts or stops.
+    hole_cache: HashMap<(u32, u64), Option<f64>>,
     used: u64,
     committed: u64,
     last: f64,
@@ -444,6 +446,7 @@ impl<'a> Sim<'a> {
             events: BinaryHeap::new(),
             seq: 0,
             queue: Vec::new(),
+            hole_cache: HashMap::new(),
             state: jobs
                 .iter()
                 .map(|j| JobState {
@@ -670,12 +673,24 @@ impl<'a> Sim<'a> {
         if smaller.is_empty() {
             return Ok(false);
         }
-        let ends: Vec<(f64, &Placement)> = self
-            .state
-            .iter()
-            .filter_map(|s| s.run.as_ref().map(|r| (r.end, &r.placement)))
-            .collect();
-        let wait = elastic::expected_wait(self.placer.state(), ends, j.gpus, budget, now);
+        // The hole's time is kept until a run starts or stops (which is
+        // all that changes it): a saturated queue asks the same many times.
+        let key = (j.gpus, budget);
+        let hole = match self.hole_cache.get(&key) {
+            Some(&hole) => hole,
+            None => {
+                let ends: Vec<(f64, &Placement)> = self
+                    .state
+                    .iter()
+                    .filter_map(|s| s.run.as_ref().map(|r| (r.end, &r.placement)))
+                    .collect();
+                let hole = elastic::expected_wait(self.placer.state(), ends, j.gpus, budget, now)
+                    .map(|wait| now + wait);
+                self.hole_cache.insert(key, hole);
+                hole
+            }
+        };
+        let wait = hole.map(|at| (at - now).max(0.0));
         let remaining = self.state[job].remaining;
         let base = self.request(job, budget);
         let mut placed = None;
@@ -704,6 +719,7 @@ impl<'a> Sim<'a> {
     }
 
     fn start(&mut self, job: usize, now: f64, micro: u32, budget: u64, placement: Placement) {
+        self.hole_cache.clear();
         let gpus = u64::from(self.jobs[job].gpus);
         let peak = self.true_peak(job, micro);
         let slowdown = self.relative(job, micro);
@@ -733,6 +749,7 @@ impl<'a> Sim<'a> {
 
     /// Ends the current run at `now`, keeping the work done; returns it.
     fn stop(&mut self, job: usize, now: f64) -> Run {
+        self.hole_cache.clear();
         let gpus = u64::from(self.jobs[job].gpus);
         let run = self.state[job].run.take().expect("a running job");
         let peak = self.true_peak(job, run.micro);
@@ -781,6 +798,7 @@ impl<'a> Sim<'a> {
                     return;
                 };
                 self.report.ooms_absorbed += 1;
+                self.hole_cache.clear();
                 let old_peak = self.true_peak(job, run.micro);
                 let new_peak = self.true_peak(job, micro);
                 let slowdown = self.relative(job, micro);
