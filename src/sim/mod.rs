@@ -182,22 +182,14 @@ pub struct ClusterReport {
     pub workload: WorkloadSummary,
 }
 
-/// The assumptions of a run, as reported.
+/// The assumptions of a run, as reported: the options it drew the jobs
+/// with and what came of them.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct WorkloadSummary {
-    /// Pods submitted as a multiple of GPU capacity.
-    pub tune: f64,
-    /// Offered load over the GPUs.
-    pub load: f64,
-    /// Median work per job, hours.
-    pub median_hours: f64,
-    /// Sigma of the durations.
-    pub duration_sigma: f64,
-    /// Median over-request factor of the guessed policy.
-    pub guess_median: f64,
-    /// Its sigma.
-    pub guess_sigma: f64,
+    /// How the jobs were drawn.
+    #[serde(flatten)]
+    pub options: WorkloadOptions,
     /// Share of jobs whose guess is below their true peak.
     pub under_guessed: f64,
     /// Jobs per model kind.
@@ -273,12 +265,7 @@ pub fn run_cluster_bench(
         gpus,
         jobs: jobs.len(),
         workload: WorkloadSummary {
-            tune: w.tune,
-            load: w.load,
-            median_hours: w.median_hours,
-            duration_sigma: w.duration_sigma,
-            guess_median: w.guess_median,
-            guess_sigma: w.guess_sigma,
+            options: w.clone(),
             under_guessed: under as f64 / jobs.len() as f64,
             kinds: kind_counts,
             window: opts.window,
@@ -866,10 +853,10 @@ pub fn table(report: &ClusterReport) -> String {
         report.nodes,
         report.gpus,
         report.seed,
-        report.workload.load,
-        report.workload.median_hours,
-        report.workload.guess_median,
-        report.workload.guess_sigma,
+        report.workload.options.load,
+        report.workload.options.median_hours,
+        report.workload.options.guess_median,
+        report.workload.options.guess_sigma,
         report.workload.under_guessed * 100.0
     );
     out.push_str(&format!(

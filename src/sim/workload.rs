@@ -29,7 +29,8 @@ use crate::place::rng::SeededRng;
 const GIB: u64 = 1 << 30;
 
 /// How jobs are drawn; see the module documentation.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct WorkloadOptions {
     /// Seed of every draw.
     pub seed: u64,
