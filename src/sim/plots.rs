@@ -4,6 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
+use plotters::coord::CoordTranslate;
 use plotters::prelude::*;
 
 use super::ClusterReport;
@@ -28,6 +29,44 @@ pub fn write(report: &ClusterReport, dir: &Path) -> anyhow::Result<Vec<PathBuf>>
 
 fn plot_error<E: std::fmt::Debug>(e: E) -> anyhow::Error {
     anyhow::anyhow!("plot: {e:?}")
+}
+
+/// One policy's line, named in the legend.
+fn labelled_line<'a, DB, CT>(
+    chart: &mut ChartContext<'a, DB, CT>,
+    points: Vec<(f64, f64)>,
+    name: &str,
+    color: RGBColor,
+) -> anyhow::Result<()>
+where
+    DB: DrawingBackend + 'a,
+    DB::ErrorType: 'static,
+    CT: CoordTranslate<From = (f64, f64)>,
+{
+    chart
+        .draw_series(LineSeries::new(points, color.stroke_width(2)))
+        .map_err(plot_error)?
+        .label(name.to_string())
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2)));
+    Ok(())
+}
+
+fn legend<'a, DB, CT>(
+    chart: &mut ChartContext<'a, DB, CT>,
+    at: SeriesLabelPosition,
+) -> anyhow::Result<()>
+where
+    DB: DrawingBackend + 'a,
+    DB::ErrorType: 'static,
+    CT: CoordTranslate,
+{
+    chart
+        .configure_series_labels()
+        .position(at)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
+        .map_err(plot_error)
 }
 
 fn memory_chart(report: &ClusterReport, path: &Path) -> anyhow::Result<()> {
@@ -69,13 +108,7 @@ fn memory_chart(report: &ClusterReport, path: &Path) -> anyhow::Result<()> {
             .iter()
             .map(|s| (s.0 / 3600.0, s.2 as f64 / capacity * 100.0))
             .collect();
-        chart
-            .draw_series(LineSeries::new(used, color.stroke_width(2)))
-            .map_err(plot_error)?
-            .label(policy.name.clone())
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2))
-            });
+        labelled_line(&mut chart, used, &policy.name, color)?;
         chart
             .draw_series(DashedLineSeries::new(
                 committed,
@@ -85,12 +118,7 @@ fn memory_chart(report: &ClusterReport, path: &Path) -> anyhow::Result<()> {
             ))
             .map_err(plot_error)?;
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .draw()
-        .map_err(plot_error)?;
+    legend(&mut chart, SeriesLabelPosition::MiddleRight)?;
     root.present().map_err(plot_error)?;
     Ok(())
 }
@@ -131,21 +159,39 @@ fn jct_chart(report: &ClusterReport, path: &Path) -> anyhow::Result<()> {
             .filter(|(k, _)| k % step == 0 || *k + 1 == jct.len())
             .map(|(k, &t)| (t, (k + 1) as f64 / n))
             .collect();
-        chart
-            .draw_series(LineSeries::new(points, color.stroke_width(2)))
-            .map_err(plot_error)?
-            .label(policy.name.clone())
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2))
-            });
+        labelled_line(&mut chart, points, &policy.name, color)?;
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::LowerRight)
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .draw()
-        .map_err(plot_error)?;
+    legend(&mut chart, SeriesLabelPosition::LowerRight)?;
     root.present().map_err(plot_error)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sim::{ClusterOptions, kinds::H200_STEP_TIMES, run_cluster_bench};
+
+    #[test]
+    fn both_charts_are_written_with_every_policy_in_the_legend() {
+        let nodes = "sn,cpu_milli,memory_mib,gpu,model\nn0,64000,262144,2,V100\n";
+        let pods = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\np0,4000,8192,1,500,\np1,4000,8192,1,1000,\n";
+        let report = run_cluster_bench(
+            nodes,
+            pods,
+            H200_STEP_TIMES,
+            &ClusterOptions::default(),
+            &mut |_| {},
+        )
+        .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let written = write(&report, dir.path()).unwrap();
+        assert_eq!(written.len(), 2);
+        for path in written {
+            let svg = std::fs::read_to_string(&path).unwrap();
+            assert!(svg.starts_with("<svg"), "{}", path.display());
+            for policy in ["exclusive", "guessed", "vramfit-elastic"] {
+                assert!(svg.contains(policy), "{} lacks {policy}", path.display());
+            }
+        }
+    }
 }
