@@ -69,12 +69,7 @@ const CYCLE_BATCH_WINDOW: Duration = Duration::from_millis(100);
 pub async fn run(client: Client, options: ControllerOptions) -> Result<()> {
     let metrics = Arc::new(Metrics::default());
     let mut tasks = supervise::Supervisor::default();
-    let ui = UiSource {
-        client: client.clone(),
-        namespace: options.namespace.clone(),
-        node_selector: options.node_selector.clone(),
-        heartbeat_ttl: options.heartbeat_ttl,
-    };
+    let ui = UiSource::new(client.clone(), &options);
     // Bound before the election, so a standby serves /healthz and /ui too
     // and a taken address fails the start-up rather than a task later.
     for (addr, pages) in http::listeners(options.metrics_addr, options.ui_addr) {
@@ -136,6 +131,16 @@ pub async fn run(client: Client, options: ControllerOptions) -> Result<()> {
     // The job watch, as `Controller::new` would make it, with the index of what
     // predictions read across all jobs kept from its events.
     let (jobs, job_writer) = reflector::store::<TrainingJob>();
+    {
+        // Once both caches hold a full LIST, the /ui page reads them
+        // instead of listing.
+        let (caches, jobs, gpu_nodes) = (ui.caches.clone(), jobs.clone(), gpu_nodes.clone());
+        tokio::spawn(async move {
+            if jobs.wait_until_ready().await.is_ok() && gpu_nodes.wait_until_ready().await.is_ok() {
+                let _ = caches.set((jobs, gpu_nodes));
+            }
+        });
+    }
     let index = Arc::new(job_index::JobIndex::default());
     let wake = Arc::new(Notify::new());
     let held_predictions = Arc::new(held::HeldPredictions::default());
