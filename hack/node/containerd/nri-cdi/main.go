@@ -39,23 +39,50 @@
 //     both present), so a container with several occurrences whose last one
 //     differs from the plugin's value fails too.
 //
-// containerd starts it from its NRI plugin_path (as 10-vramfit-cdi); started
-// by hand it connects to --socket. containerd gives a plugin it starts neither
-// arguments nor an output, so what it did goes to the file its NRI
-// configuration names (plugin_config_path/10-vramfit-cdi.conf, `log: PATH`),
-// one line per container given devices, refused, or whose own
-// NVIDIA_VISIBLE_DEVICES was replaced.
+// It runs in one of two ways:
+//
+//   - As a container (the vramfit chart's agent DaemonSet runs it as a native
+//     sidecar of the agent): it connects to containerd's NRI socket
+//     (--socket, default /var/run/nri/nri.sock), registers as
+//     <--plugin-index>-<--plugin-name> (10-vramfit-cdi), takes its
+//     configuration from its flags or the environment (VRAMFIT_NRI_*), and
+//     logs to standard error. Once containerd has configured and synchronized
+//     it, it writes --ready-file, which `vramfit-nri-cdi --probe` checks (the
+//     chart's startup and readiness probes), so that the kubelet creates the
+//     agent's own container, whose GPUs the plugin injects, only after the
+//     plugin is registered. When the connection is lost (containerd
+//     restarted) it removes the file and connects again; if containerd does
+//     not take it back within --reconnect-timeout it exits non-zero and the
+//     kubelet restarts it.
+//   - Started by containerd from its NRI plugin_path (as 10-vramfit-cdi, the
+//     hack/gpunode.sh node without the chart): containerd gives it its name,
+//     index and connection in the environment, and neither arguments nor an
+//     output, so what it did goes to the file its NRI configuration names
+//     (plugin_config_path/10-vramfit-cdi.conf, `log: PATH`); it exits when
+//     containerd closes the connection (containerd starts it again).
+//
+// Either way it logs one line per container given devices, refused, or whose
+// own NVIDIA_VISIBLE_DEVICES was replaced.
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
+	"os/signal"
+	"path/filepath"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
+	"sync"
+	"syscall"
 	"time"
 
 	"github.com/containerd/nri/pkg/api"
@@ -267,7 +294,9 @@ func Adjustment(devices []string, visible string) *api.ContainerAdjustment {
 	return adjust
 }
 
-// Config is the plugin's NRI configuration (YAML).
+// Config is the plugin's configuration: its command line's (--log,
+// --agent-namespace) with the NRI configuration containerd gives a plugin it
+// starts (YAML) added (Config.Merge).
 type Config struct {
 	// Log is a file the plugin appends one line to per container it gave
 	// devices, refused, or whose own NVIDIA_VISIBLE_DEVICES it replaced;
@@ -333,27 +362,65 @@ func ParseConfig(text string) (Config, error) {
 }
 
 type plugin struct {
-	out io.Writer
-	cfg Config
+	mu sync.Mutex
+	// out is where the plugin's lines go: standard error, or the log file
+	// its configuration names (logPath).
+	out     io.Writer
+	logPath string
+	// base is the configuration of the command line and the environment;
+	// cfg the one in effect, base with containerd's added (Config.Merge).
+	base Config
+	cfg  Config
+	// runtime is the runtime and version of the current connection.
+	runtime string
+	// configured counts the connections containerd configured.
+	configured int
+	// onSync runs once containerd has configured and synchronized the
+	// plugin: from then on every container it creates passes through it.
+	onSync func(runtime string) error
 }
 
 func (p *plugin) logf(format string, args ...any) {
-	fmt.Fprintf(p.out, time.Now().UTC().Format(time.RFC3339Nano)+" vramfit-nri-cdi: "+format+"\n", args...)
+	p.mu.Lock()
+	out := p.out
+	p.mu.Unlock()
+	fmt.Fprintf(out, time.Now().UTC().Format(time.RFC3339Nano)+" vramfit-nri-cdi: "+format+"\n", args...)
+}
+
+func (p *plugin) config() Config {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.cfg
+}
+
+func (p *plugin) connections() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.configured
 }
 
 func (p *plugin) Configure(_ context.Context, config, runtime, version string) (api.EventMask, error) {
-	cfg, err := ParseConfig(config)
+	fromRuntime, err := ParseConfig(config)
 	if err != nil {
 		return 0, err
 	}
-	if cfg.Log != "" {
+	cfg := p.base.Merge(fromRuntime)
+	p.mu.Lock()
+	if cfg.Log != "" && cfg.Log != p.logPath {
 		f, err := os.OpenFile(cfg.Log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 		if err != nil {
+			p.mu.Unlock()
 			return 0, err
 		}
-		p.out = f
+		if old, ok := p.out.(io.Closer); ok && p.logPath != "" {
+			old.Close()
+		}
+		p.out, p.logPath = f, cfg.Log
 	}
 	p.cfg = cfg
+	p.runtime = runtime + " " + version
+	p.configured++
+	p.mu.Unlock()
 	p.logf("connected to %s %s", runtime, version)
 	if len(cfg.AgentNamespaces) > 0 {
 		p.logf("agent namespaces (cdi.k8s.io annotations honoured): %s", strings.Join(cfg.AgentNamespaces, ", "))
@@ -361,8 +428,30 @@ func (p *plugin) Configure(_ context.Context, config, runtime, version string) (
 	return 0, nil
 }
 
+// Synchronize is containerd's last step of taking the plugin on: it adds the
+// plugin to those it calls right after the answer. containerd holds its
+// plugin-sync lock from before this call until the plugin is in that list,
+// and each container creation takes the lock too (BlockPluginSync), so every
+// container created after the ready file is written passes through the
+// plugin.
+func (p *plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, ctrs []*api.Container) ([]*api.ContainerUpdate, error) {
+	p.mu.Lock()
+	runtime, onSync := p.runtime, p.onSync
+	p.mu.Unlock()
+	p.logf("registered with %s (%d pods, %d containers running)", runtime, len(pods), len(ctrs))
+	if onSync != nil {
+		// Not an error to containerd, which would keep the connection
+		// without calling the plugin: without its ready file the probe
+		// fails and the kubelet restarts the container.
+		if err := onSync(runtime); err != nil {
+			p.logf("%v", err)
+		}
+	}
+	return nil, nil
+}
+
 func (p *plugin) CreateContainer(_ context.Context, pod *api.PodSandbox, ctr *api.Container) (*api.ContainerAdjustment, []*api.ContainerUpdate, error) {
-	agent, all, err := AgentDevices(p.cfg.AgentNamespaces, pod.GetNamespace(), pod.GetAnnotations())
+	agent, all, err := AgentDevices(p.config().AgentNamespaces, pod.GetNamespace(), pod.GetAnnotations())
 	if err != nil {
 		p.logf("pod %s/%s container %s refused: %v", pod.GetNamespace(), pod.GetName(), ctr.GetName(), err)
 		return nil, nil, fmt.Errorf("vramfit-nri-cdi: pod %s/%s container %s: %w", pod.GetNamespace(), pod.GetName(), ctr.GetName(), err)
@@ -388,25 +477,332 @@ func (p *plugin) CreateContainer(_ context.Context, pod *api.PodSandbox, ctr *ap
 	return Adjustment(devices, visible), nil, nil
 }
 
-func main() {
-	socket := flag.String("socket", "", "NRI socket to connect to when not started by containerd (default /var/run/nri/nri.sock)")
-	flag.Parse()
-	opts := []stub.Option{stub.WithOnClose(func() { os.Exit(0) })}
-	// Started by containerd, the plugin gets its name, index and connection
-	// from the environment; started by hand it registers itself.
-	if os.Getenv("NRI_PLUGIN_SOCKET") == "" {
-		opts = append(opts, stub.WithPluginName("vramfit-cdi"), stub.WithPluginIdx("10"))
-		if *socket != "" {
-			opts = append(opts, stub.WithSocketPath(*socket))
+// nriLogger passes the NRI stub's warnings and errors to the plugin's log and
+// drops its progress lines (one per connection attempt), which the plugin's
+// own lines replace.
+type nriLogger struct{ p *plugin }
+
+func (nriLogger) Debugf(context.Context, string, ...any) {}
+func (nriLogger) Infof(context.Context, string, ...any)  {}
+func (l nriLogger) Warnf(_ context.Context, format string, args ...any) {
+	l.p.logf("nri: "+format, args...)
+}
+func (l nriLogger) Errorf(_ context.Context, format string, args ...any) {
+	l.p.logf("nri: "+format, args...)
+}
+
+// --- running as a container ---------------------------------------------------
+
+// buildVersion is set at build time (-ldflags "-X main.buildVersion=...").
+var buildVersion = "dev"
+
+// EnvPrefix is the prefix of the environment variables that give the
+// options' defaults: VRAMFIT_NRI_SOCKET, VRAMFIT_NRI_PLUGIN_NAME,
+// VRAMFIT_NRI_PLUGIN_INDEX, VRAMFIT_NRI_AGENT_NAMESPACES (comma-separated),
+// VRAMFIT_NRI_LOG, VRAMFIT_NRI_READY_FILE, VRAMFIT_NRI_RECONNECT_TIMEOUT.
+const EnvPrefix = "VRAMFIT_NRI_"
+
+// Options are the command line's (each default from the environment).
+type Options struct {
+	// Socket is containerd's NRI socket (its socket_path).
+	Socket string
+	// Name and Index register the plugin as <Index>-<Name>; the index
+	// orders it among the node's plugins.
+	Name  string
+	Index string
+	// AgentNamespaces and Log are Config's, which containerd's configuration
+	// of the plugin (when it starts it) adds to.
+	AgentNamespaces []string
+	Log             string
+	// ReadyFile is written once the plugin is registered and removed when
+	// its connection is lost or it exits; empty: none.
+	ReadyFile string
+	// ReconnectTimeout is how long the plugin tries to connect (at start, and
+	// after a lost connection) before it gives up and exits non-zero.
+	ReconnectTimeout time.Duration
+	// Probe: check ReadyFile and exit (a startup or readiness probe).
+	Probe bool
+	// Version: print the version and exit.
+	Version bool
+}
+
+// namespaceList is a repeatable flag of comma-separated namespaces; the
+// first use replaces the environment's list.
+type namespaceList struct {
+	values  []string
+	fromEnv bool
+}
+
+func (l *namespaceList) String() string { return strings.Join(l.values, ",") }
+
+func (l *namespaceList) Set(value string) error {
+	if l.fromEnv {
+		l.values, l.fromEnv = nil, false
+	}
+	for _, ns := range strings.Split(value, ",") {
+		if ns = strings.TrimSpace(ns); ns != "" && !slices.Contains(l.values, ns) {
+			l.values = append(l.values, ns)
 		}
 	}
-	s, err := stub.New(&plugin{out: os.Stderr}, opts...)
+	return nil
+}
+
+var namespaceName = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
+
+// ParseOptions reads the command line args, the defaults from getenv.
+func ParseOptions(args []string, getenv func(string) string, output io.Writer) (Options, error) {
+	var o Options
+	env := func(name, fallback string) string {
+		if v := getenv(EnvPrefix + name); v != "" {
+			return v
+		}
+		return fallback
+	}
+	flags := flag.NewFlagSet("vramfit-nri-cdi", flag.ContinueOnError)
+	flags.SetOutput(output)
+	flags.StringVar(&o.Socket, "socket", env("SOCKET", api.DefaultSocketPath), "containerd's NRI socket (its socket_path)")
+	flags.StringVar(&o.Name, "plugin-name", env("PLUGIN_NAME", "vramfit-cdi"), "the name the plugin registers under")
+	flags.StringVar(&o.Index, "plugin-index", env("PLUGIN_INDEX", "10"), "the plugin's index (two digits): its place among the node's NRI plugins")
+	namespaces := namespaceList{fromEnv: true}
+	if err := namespaces.Set(env("AGENT_NAMESPACES", "")); err != nil {
+		return o, err
+	}
+	namespaces.fromEnv = true
+	flags.Var(&namespaces, "agent-namespace", "a namespace whose pods get the GPUs their cdi.k8s.io annotations name (repeatable, or comma-separated)")
+	flags.StringVar(&o.Log, "log", env("LOG", ""), "a file the plugin appends its lines to; empty: standard error")
+	flags.StringVar(&o.ReadyFile, "ready-file", env("READY_FILE", ""), "a file written once the plugin is registered (checked by --probe)")
+	timeout, err := time.ParseDuration(env("RECONNECT_TIMEOUT", "60s"))
+	if err != nil {
+		return o, fmt.Errorf("%sRECONNECT_TIMEOUT: %w", EnvPrefix, err)
+	}
+	flags.DurationVar(&o.ReconnectTimeout, "reconnect-timeout", timeout, "how long to try connecting, at start and after a lost connection, before exiting non-zero")
+	flags.BoolVar(&o.Probe, "probe", false, "exit 0 if the plugin that wrote --ready-file runs and is registered, else 1")
+	flags.BoolVar(&o.Version, "version", false, "print the version and exit")
+	if err := flags.Parse(args); err != nil {
+		return o, err
+	}
+	if flags.NArg() > 0 {
+		return o, fmt.Errorf("unexpected argument %q", flags.Arg(0))
+	}
+	o.AgentNamespaces = namespaces.values
+	for _, ns := range o.AgentNamespaces {
+		if !namespaceName.MatchString(ns) {
+			return o, fmt.Errorf("agent namespace %q is not a namespace name", ns)
+		}
+	}
+	if err := api.CheckPluginIndex(o.Index); err != nil {
+		return o, fmt.Errorf("--plugin-index: %w", err)
+	}
+	if o.Name == "" || strings.ContainsAny(o.Name, "/ \t\n") {
+		return o, fmt.Errorf("--plugin-name %q: want a name without slashes or spaces", o.Name)
+	}
+	if o.Socket == "" {
+		return o, fmt.Errorf("--socket is empty")
+	}
+	if o.ReconnectTimeout < 0 {
+		return o, fmt.Errorf("--reconnect-timeout is negative")
+	}
+	if o.Probe && o.ReadyFile == "" {
+		return o, fmt.Errorf("--probe needs --ready-file")
+	}
+	return o, nil
+}
+
+// Merge returns c with other added: other's log file where it names one, and
+// its agent namespaces besides c's.
+func (c Config) Merge(other Config) Config {
+	out := Config{Log: c.Log, AgentNamespaces: slices.Clone(c.AgentNamespaces)}
+	if other.Log != "" {
+		out.Log = other.Log
+	}
+	for _, ns := range other.AgentNamespaces {
+		if !slices.Contains(out.AgentNamespaces, ns) {
+			out.AgentNamespaces = append(out.AgentNamespaces, ns)
+		}
+	}
+	return out
+}
+
+// processStart returns the start time of process pid (field 22 of
+// <procRoot>/<pid>/stat, in clock ticks since boot): with the process ID it
+// names one process, even after the ID is reused.
+func processStart(procRoot string, pid int) (string, error) {
+	data, err := os.ReadFile(filepath.Join(procRoot, strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return "", err
+	}
+	// The command name (field 2) is in parentheses and may hold spaces.
+	end := bytes.LastIndexByte(data, ')')
+	if end < 0 {
+		return "", fmt.Errorf("%s/%d/stat: no command name", procRoot, pid)
+	}
+	fields := strings.Fields(string(data[end+1:]))
+	if len(fields) < 20 {
+		return "", fmt.Errorf("%s/%d/stat: %d fields", procRoot, pid, len(fields)+2)
+	}
+	return fields[19], nil
+}
+
+// WriteReady writes the ready file: the process's ID and start time on the
+// first line, so that a file an earlier container of the pod left (the
+// folder outlives it) does not pass the probe, then what it says.
+func WriteReady(path, procRoot, what string) error {
+	pid := os.Getpid()
+	start, err := processStart(procRoot, pid)
+	if err != nil {
+		return fmt.Errorf("ready file %s: %w", path, err)
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(fmt.Sprintf("%d %s\n%s\n", pid, start, what)), 0o644); err != nil {
+		return fmt.Errorf("ready file: %w", err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("ready file: %w", err)
+	}
+	return nil
+}
+
+// RemoveReady removes the ready file, if any.
+func RemoveReady(path string) {
+	if path != "" {
+		os.Remove(path)
+	}
+}
+
+// Probe checks the ready file: it exists and the process that wrote it still
+// runs (the same ID and start time). It returns what the file says.
+func Probe(path, procRoot string) (string, error) {
+	data, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return "", fmt.Errorf("not registered with containerd (no %s)", path)
+	}
+	if err != nil {
+		return "", err
+	}
+	first, what, _ := strings.Cut(string(data), "\n")
+	var pid int
+	var start string
+	if _, err := fmt.Sscanf(first, "%d %s", &pid, &start); err != nil {
+		return "", fmt.Errorf("%s: not a ready file: %q", path, first)
+	}
+	if now, err := processStart(procRoot, pid); err != nil || now != start {
+		return "", fmt.Errorf("%s is stale: process %d that wrote it is gone", path, pid)
+	}
+	if what = strings.TrimSpace(what); what == "" {
+		what = "registered"
+	}
+	return what, nil
+}
+
+// retryInterval is the pause between two connection attempts.
+var retryInterval = time.Second
+
+// Run connects the plugin to containerd's NRI socket and serves it until ctx
+// ends (nil), connecting again whenever the connection is lost; it returns an
+// error once containerd has been out of reach for o.ReconnectTimeout, at
+// start or after a lost connection.
+func Run(ctx context.Context, o Options, p *plugin) error {
+	RemoveReady(o.ReadyFile)
+	defer RemoveReady(o.ReadyFile)
+	p.mu.Lock()
+	p.onSync = func(runtime string) error {
+		if o.ReadyFile == "" {
+			return nil
+		}
+		return WriteReady(o.ReadyFile, "/proc", fmt.Sprintf("registered as %s-%s with %s at %s", o.Index, o.Name, runtime, o.Socket))
+	}
+	p.mu.Unlock()
+	deadline := time.Now().Add(o.ReconnectTimeout)
+	var reported time.Time
+	for {
+		s, err := stub.New(p, stub.WithPluginName(o.Name), stub.WithPluginIdx(o.Index), stub.WithSocketPath(o.Socket),
+			stub.WithLogger(nriLogger{p}))
+		if err != nil {
+			return err
+		}
+		before := p.connections()
+		stop := context.AfterFunc(ctx, s.Stop)
+		err = s.Run(ctx)
+		stop()
+		RemoveReady(o.ReadyFile)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if p.connections() > before {
+			// It was registered: containerd closed the connection (it
+			// stopped or restarts).
+			p.logf("connection to %s lost (%v): connecting again for up to %s", o.Socket, err, o.ReconnectTimeout)
+			deadline = time.Now().Add(o.ReconnectTimeout)
+			reported = time.Time{}
+		} else {
+			if !time.Now().Before(deadline) {
+				return fmt.Errorf("no NRI connection at %s within %s: %v (is NRI enabled in containerd, with this socket_path?)",
+					o.Socket, o.ReconnectTimeout, err)
+			}
+			if reported.IsZero() || time.Since(reported) >= 10*time.Second {
+				p.logf("cannot register at %s (%v): trying again for up to %s", o.Socket, err, time.Until(deadline).Round(time.Second))
+				reported = time.Now()
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(retryInterval):
+		}
+	}
+}
+
+// RunStarted serves the connection containerd started the plugin with (its
+// plugin_path), until containerd closes it.
+func RunStarted(ctx context.Context, p *plugin) error {
+	s, err := stub.New(p, stub.WithLogger(nriLogger{p}))
+	if err != nil {
+		return err
+	}
+	stop := context.AfterFunc(ctx, s.Stop)
+	defer stop()
+	err = s.Run(ctx)
+	if ctx.Err() != nil || p.connections() > 0 {
+		// Stopped, or containerd closed the connection it had configured.
+		return nil
+	}
+	return err
+}
+
+func main() {
+	o, err := ParseOptions(os.Args[1:], os.Getenv, os.Stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return
+	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "vramfit-nri-cdi: %v\n", err)
-		os.Exit(1)
+		os.Exit(2)
 	}
-	if err := s.Run(context.Background()); err != nil {
-		fmt.Fprintf(os.Stderr, "vramfit-nri-cdi: %v\n", err)
+	switch {
+	case o.Version:
+		fmt.Printf("vramfit-nri-cdi %s\n", buildVersion)
+		return
+	case o.Probe:
+		what, err := Probe(o.ReadyFile, "/proc")
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "vramfit-nri-cdi: %v\n", err)
+			os.Exit(1)
+		}
+		fmt.Println(what)
+		return
+	}
+	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer cancel()
+	p := &plugin{out: os.Stderr, base: Config{Log: o.Log, AgentNamespaces: o.AgentNamespaces}}
+	// Started by containerd, the plugin gets its name, index and connection
+	// from the environment; as a container it connects to --socket.
+	if os.Getenv(api.PluginSocketEnvVar) != "" {
+		err = RunStarted(ctx, p)
+	} else {
+		err = Run(ctx, o, p)
+	}
+	if err != nil {
+		p.logf("%v", err)
 		os.Exit(1)
 	}
 }
