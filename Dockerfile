@@ -18,6 +18,17 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
  && install -D -m 0755 target/release/vramfit-agent /out/vramfit-agent \
  && strip --strip-debug /out/vramfit /out/vramfit-agent
 
+# --- the NRI plugin the chart runs beside the agent (hack/node/containerd/nri-cdi):
+# static Go, no cgo.
+FROM golang:1.25-bookworm AS nri
+ARG VERSION=0.1.0
+WORKDIR /src
+COPY hack/node/containerd/ .
+RUN --mount=type=cache,target=/go/pkg/mod \
+    --mount=type=cache,target=/root/.cache/go-build \
+    CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.buildVersion=${VERSION}" \
+      -o /out/vramfit-nri-cdi ./nri-cdi
+
 # --- the controller and CLI: glibc and libgcc only, non-root.
 FROM gcr.io/distroless/cc-debian12:nonroot AS vramfit
 COPY --from=build /out/vramfit /usr/local/bin/vramfit
@@ -26,9 +37,11 @@ ENTRYPOINT ["/usr/local/bin/vramfit"]
 CMD ["controller"]
 
 # --- the node agent: root (it reads /proc of every process through hostPID and
-# signals a process over its budget; the chart drops every capability but KILL).
+# signals a process over its budget; the chart drops every capability but KILL),
+# and the NRI plugin the chart runs as its sidecar.
 FROM gcr.io/distroless/cc-debian12 AS vramfit-agent
 COPY --from=build /out/vramfit-agent /usr/local/bin/vramfit-agent
+COPY --from=nri /out/vramfit-nri-cdi /usr/local/bin/vramfit-nri-cdi
 USER 0:0
 ENTRYPOINT ["/usr/local/bin/vramfit-agent"]
 CMD ["run"]

@@ -6,11 +6,17 @@
 # same images where a registry is reachable.
 #
 #   hack/images.sh build [--profile release|dev] [--out DIR]   build both images
-#   hack/images.sh check [--out DIR]     unpack each tarball and run its binary (--version)
+#   hack/images.sh assemble [--profile release|dev] [--out DIR]
+#                                        the same from the Rust binaries cargo already built
+#                                        (no cargo run; vramfit-nri-cdi is built with Go)
+#   hack/images.sh check [--out DIR]     unpack each tarball and run its binaries (--version)
 #
 #   images: vramfit:<version>        the controller and CLI, user 65532 (non-root)
 #           vramfit-agent:<version>  the node agent (cuda feature), user 0 (the
-#                                    chart drops every capability but KILL)
+#                                    chart drops every capability but KILL), and
+#                                    /usr/local/bin/vramfit-nri-cdi, the NRI plugin
+#                                    the chart runs beside it (static Go,
+#                                    hack/node/containerd/nri-cdi)
 #
 # Output: DIR (default ~/.cache/vramfit/images)/vramfit-<version>.oci.tar and
 # vramfit-agent-<version>.oci.tar. Import on a node with
@@ -58,7 +64,8 @@ add_binary() {
   name=$(basename "$binary")
   install -D -m 0755 "$binary" "$rootfs/usr/local/bin/$name"
   strip --strip-debug "$rootfs/usr/local/bin/$name"
-  if ldd "$binary" 2>&1 | grep -q 'not a dynamic executable'; then
+  # A static binary (the Go plugin) links nothing; ldd exits 1 for it.
+  if [[ $(ldd "$binary" 2>&1 || true) == *"not a dynamic executable"* ]]; then
     return 0
   fi
   while read -r lib; do
@@ -99,14 +106,18 @@ add_etc() {
   printf '/usr/local/nvidia/lib64\n/usr/lib/x86_64-linux-gnu\n' >"$rootfs/etc/ld.so.conf.d/vramfit.conf"
 }
 
-# image NAME BINARY USER CMD: assembles NAME:version through a registry crane serves
-# on loopback (nothing leaves the machine), then saves it as an OCI tarball.
+# image NAME BINARY USER CMD [EXTRA_BINARY...]: assembles NAME:version (BINARY
+# its entrypoint, each EXTRA_BINARY beside it in /usr/local/bin) through a
+# registry crane serves on loopback (nothing leaves the machine), then saves it
+# as an OCI tarball.
 image() {
-  local name=$1 binary=$2 user=$3 cmd=$4 work rootfs port pid ref
+  local name=$1 binary=$2 user=$3 cmd=$4 work rootfs port pid ref extra
+  shift 4
   work=$(mktemp -d /tmp/vramfit-image.XXXXXX)
   cleanup_dirs+=("$work")
   rootfs=$work/rootfs
   add_binary "$rootfs" "$binary"
+  for extra in "$@"; do add_binary "$rootfs" "$extra"; done
   [[ $name == vramfit-agent ]] && add_libs "$rootfs" libpthread.so.0 libdl.so.2 librt.so.1 libm.so.6
   add_etc "$rootfs"
   # Reproducible layer: sorted, owned by root, one fixed time.
@@ -149,14 +160,35 @@ EOF
 }
 
 build() {
-  crane=$(hack/tools.sh crane)
   local flag=(--release)
   [[ $profile == dev ]] && flag=()
   log "building vramfit and vramfit-agent (cuda feature), profile $profile"
   cargo build --locked "${flag[@]}" --bin vramfit
   cargo build --locked "${flag[@]}" -p vramfit-agent --features cuda --bin vramfit-agent
-  image vramfit "$CARGO_TARGET_DIR/$profile_dir/vramfit" 65532:65532 controller
-  image vramfit-agent "$CARGO_TARGET_DIR/$profile_dir/vramfit-agent" 0:0 run
+  assemble
+}
+
+# build_nri_plugin OUT: the NRI plugin (hack/node/containerd/nri-cdi) at OUT,
+# static (no cgo), so it runs in the agent's image whatever libraries are there.
+build_nri_plugin() {
+  command -v go >/dev/null || die "vramfit-nri-cdi is built with Go, which is not on PATH"
+  (cd hack/node/containerd && CGO_ENABLED=0 nice -n 10 go build -trimpath \
+    -ldflags "-s -w -X main.buildVersion=$version" -o "$1" ./nri-cdi) || die "go build ./nri-cdi failed"
+}
+
+# Both images from the binaries cargo built (build runs cargo first).
+assemble() {
+  crane=$(hack/tools.sh crane)
+  local bin=$CARGO_TARGET_DIR/$profile_dir f work
+  for f in vramfit vramfit-agent; do
+    [[ -x $bin/$f ]] || die "no $bin/$f (hack/images.sh build --profile $profile runs cargo)"
+  done
+  work=$(mktemp -d /tmp/vramfit-nri-cdi.XXXXXX)
+  cleanup_dirs+=("$work")
+  log "building vramfit-nri-cdi (Go, static)"
+  build_nri_plugin "$work/vramfit-nri-cdi"
+  image vramfit "$bin/vramfit" 65532:65532 controller
+  image vramfit-agent "$bin/vramfit-agent" 0:0 run "$work/vramfit-nri-cdi"
 }
 
 # Unpacks each tarball as containerd would (index -> manifest -> config and
@@ -197,12 +229,26 @@ EOF
       die "$name: $entry --version failed inside the image"
     [[ $got == "$name $version" ]] || die "$name: --version printed '$got', not '$name $version'"
     log "$name-$version.oci.tar: user $user, $entry --version -> $got"
+    if [[ $name == vramfit-agent ]]; then
+      # The NRI plugin the chart runs beside the agent, from the same image.
+      local nri=/usr/local/bin/vramfit-nri-cdi
+      [[ -x $dir/rootfs$nri ]] || die "$name: no $nri in the image"
+      got=$(chroot --userspec="$user" "$dir/rootfs" "$nri" --version) ||
+        die "$name: $nri --version failed inside the image"
+      [[ $got == "vramfit-nri-cdi $version" ]] || die "$name: $nri --version printed '$got', not 'vramfit-nri-cdi $version'"
+      # Its probe, as the chart's startup probe runs it: no ready file, not registered.
+      if chroot --userspec="$user" "$dir/rootfs" "$nri" --probe --ready-file /run/vramfit-nri/ready 2>/dev/null; then
+        die "$name: $nri --probe passed without a registered plugin"
+      fi
+      log "$name-$version.oci.tar: $nri --version -> $got; --probe fails while nothing is registered"
+    fi
   done
   echo "images: 2 passed, 0 failed"
 }
 
 case $cmd in
   build) build ;;
+  assemble) assemble ;;
   check) check ;;
-  *) sed -n '2,17p' "$0"; exit 2 ;;
+  *) sed -n '2,24p' "$0"; exit 2 ;;
 esac
