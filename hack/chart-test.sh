@@ -91,15 +91,97 @@ passed=$((passed + 1))
 
 log "the agent reaches the GPUs as configured"
 out=$(render)
-grep -q 'runtimeClassName: nvidia' <<<"$out" || fail "no runtimeClassName by default"
-out=$(render --set agent.gpuAccess=cdi --set 'agent.cdiDevices={nvidia.com/gpu=0,nvidia.com/gpu=1}')
-grep -q 'runtimeClassName' <<<"$out" && fail "runtimeClassName set with gpuAccess=cdi"
+grep -q 'cdi.k8s.io/vramfit-agent: "nvidia.com/gpu=all"' <<<"$out" || fail "no CDI annotation for every GPU by default"
+grep -q 'runtimeClassName' <<<"$out" && fail "runtimeClassName set by default (gpuAccess cdi)"
+out=$(render --set 'agent.cdiDevices={nvidia.com/gpu=0,nvidia.com/gpu=1}')
 grep -q 'cdi.k8s.io/vramfit-agent: "nvidia.com/gpu=0,nvidia.com/gpu=1"' <<<"$out" || fail "no CDI annotation"
+out=$(render --set agent.gpuAccess=runtimeClass --set nri.enabled=false)
+grep -q 'runtimeClassName: nvidia' <<<"$out" || fail "no runtimeClassName with gpuAccess=runtimeClass"
+grep -q 'cdi.k8s.io/vramfit-agent' <<<"$out" && fail "a CDI annotation with gpuAccess=runtimeClass"
+# The plugin sets NVIDIA_VISIBLE_DEVICES=void on whatever it gives no device:
+# the NVIDIA runtime would give the agent nothing.
+refuse "the NVIDIA runtime beside the NRI plugin" "agent.gpuAccess=runtimeClass with nri.enabled" \
+  --set agent.gpuAccess=runtimeClass
 # How an admin replaces the default label: null removes it (Helm merges maps).
 out=$(render -f <(printf 'agent:\n  nodeSelector:\n    nvidia.com/gpu.present: null\n    pool: a100\n') \
   --show-only templates/agent-daemonset.yaml)
 grep -A1 'nodeSelector:' <<<"$out" | grep -q 'pool: a100' || fail "agent.nodeSelector is not the DaemonSet's"
 grep -q 'gpu.present' <<<"$out" && fail "a null nodeSelector entry kept the default label"
+passed=$((passed + 1))
+
+log "the NRI plugin: a native sidecar of the agent with its probes, the socket's folder mounted into it alone"
+# nri_check EXPECT HELM-ARGS...: the agent DaemonSet as rendered with HELM-ARGS
+# must have the sidecar as EXPECT says (JSON: socket, namespace or null,
+# index, name; or null for no sidecar).
+nri_check() {
+  local expect=$1 rendered
+  shift
+  rendered=$(render --show-only templates/agent-daemonset.yaml "$@")
+  RENDERED=$rendered python3 - "$expect" "$@" <<'EOF' || fail "the NRI sidecar"
+import json, os, sys
+import yaml
+expect = json.loads(sys.argv[1])
+pod = yaml.safe_load(os.environ["RENDERED"])["spec"]["template"]["spec"]
+inits = pod.get("initContainers") or []
+volumes = {v["name"]: v for v in pod.get("volumes", [])}
+[agent] = [c for c in pod["containers"] if c["name"] == "agent"]
+def fail(why):
+    sys.exit(f"{why} (rendered with {sys.argv[2:]})")
+if expect is None:
+    if inits or "nri-socket" in volumes:
+        fail("an NRI sidecar or socket volume without the plugin")
+    sys.exit(0)
+if [c["name"] for c in inits] != ["nri-cdi"]:
+    fail(f"init containers {[c['name'] for c in inits]}, want the sidecar nri-cdi alone")
+[nri] = inits
+if nri.get("restartPolicy") != "Always":
+    fail("nri-cdi is not a native sidecar (restartPolicy Always)")
+if nri["image"] != agent["image"]:
+    fail(f"nri-cdi runs {nri['image']}, not the agent image {agent['image']}")
+ready = "/run/vramfit-nri/ready"
+probe = ["/usr/local/bin/vramfit-nri-cdi", "--probe", "--ready-file=" + ready]
+for kind in ("startupProbe", "readinessProbe"):
+    if nri.get(kind, {}).get("exec", {}).get("command") != probe:
+        fail(f"nri-cdi {kind}: {nri.get(kind)}, want exec {probe}")
+if nri["startupProbe"]["failureThreshold"] * nri["startupProbe"]["periodSeconds"] <= 60:
+    fail("the startup probe gives up before the plugin does")
+args = nri["command"] + nri["args"]
+for a in ["/usr/local/bin/vramfit-nri-cdi", "--socket=/var/run/nri/" + os.path.basename(expect["socket"]),
+          "--plugin-name=" + expect["name"], "--plugin-index=" + expect["index"], "--ready-file=" + ready]:
+    if a not in args:
+        fail(f"nri-cdi has no {a}: {args}")
+ns = [a for a in args if a.startswith("--agent-namespace")]
+if ns != ([f"--agent-namespace={expect['namespace']}"] if expect["namespace"] else []):
+    fail(f"nri-cdi agent namespaces {ns}, want {expect['namespace']}")
+mounts = {m["name"]: m["mountPath"] for m in nri["volumeMounts"]}
+if mounts.get("nri-socket") != "/var/run/nri":
+    fail(f"nri-cdi mounts {mounts}: no socket folder at /var/run/nri")
+if mounts.get("nri-ready") != os.path.dirname(ready):
+    fail(f"nri-cdi mounts {mounts}: no writable folder for its ready file")
+host = volumes["nri-socket"].get("hostPath", {})
+if host != {"path": os.path.dirname(expect["socket"]), "type": "Directory"}:
+    fail(f"the socket volume is {host}, want the folder of {expect['socket']}")
+if "emptyDir" not in volumes["nri-ready"]:
+    fail("the ready file's folder is not an emptyDir")
+if any(m["name"] == "nri-socket" for m in agent.get("volumeMounts", [])):
+    fail("the agent container mounts the NRI socket")
+caps = nri["securityContext"].get("capabilities", {})
+if caps.get("drop") != ["ALL"] or caps.get("add"):
+    fail(f"nri-cdi keeps capabilities: {nri['securityContext']}")
+EOF
+}
+nri_check '{"socket": "/var/run/nri/nri.sock", "namespace": "vramfit-system", "index": "10", "name": "vramfit-cdi"}'
+nri_check '{"socket": "/var/lib/vramfit-node/nri/nri.sock", "namespace": null, "index": "05", "name": "gpus"}' \
+  --set agent.gpuAccess=none --set nri.socket=/var/lib/vramfit-node/nri/nri.sock \
+  --set-string nri.pluginIndex=05 --set nri.pluginName=gpus
+nri_check null --set nri.enabled=false
+nri_check null --set agent.simulate=2xH200
+out=$(render --show-only templates/agent-daemonset.yaml)
+grep -q 'kubectl.kubernetes.io/default-container: agent' <<<"$out" || fail "kubectl does not default to the agent container"
+refuse "a relative NRI socket" "/nri/socket" --set nri.socket=nri.sock
+refuse "a one-digit plugin index" "/nri/pluginIndex" --set-string nri.pluginIndex=1
+refuse "a plugin index as a number" "/nri/pluginIndex" --set nri.pluginIndex=10
+refuse "a negative reconnect timeout" "/nri/reconnectTimeoutSeconds" --set nri.reconnectTimeoutSeconds=-1
 passed=$((passed + 1))
 
 log "apiServer sets KUBERNETES_SERVICE_HOST/PORT in both containers, nothing by default"
