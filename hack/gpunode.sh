@@ -3,9 +3,11 @@
 # from their Go modules: etcd, kube-apiserver, kube-controller-manager and
 # kube-scheduler (hack/controlplane.sh --controllers),
 # containerd 2.2 with runc, the loopback CNI plugin and an NRI plugin that
-# hands pods their GPUs through CDI, and a kubelet registered with the API
-# server; then the CRDs, the vramfit controller and the node agent. The
-# training pods run on the GPU(s) of this machine. See docs/gpu-node.md.
+# hands pods their GPUs through CDI (containerd starts it; with --cluster-only
+# NRI is on but containerd starts none: the chart runs it, as the agent pod's
+# sidecar), and a kubelet registered with the API server; then the CRDs, the
+# vramfit controller and the node agent. The training pods run on the GPU(s)
+# of this machine. See docs/gpu-node.md.
 #
 #   hack/gpunode.sh build [NAME...]       build the node binaries once (cached, rebuilt when pins change)
 #   hack/gpunode.sh bundle [OUT]          the node binaries as one xz tarball (default .node-bin/), sizes on stdout
@@ -404,13 +406,16 @@ up() {
   else
     python3 "$here/node/nodecfg.py" cni >"$cd/cni/net.d/10-vramfit-lo.conflist"
   fi
-  cp "$nodebin/vramfit-nri-cdi" "$cd/nri/plugins/10-vramfit-cdi"
-  # With the chart (--cluster-only) the agent is a pod of vramfit-system that
-  # asks for every GPU with a cdi.k8s.io annotation (agent.gpuAccess=cdi).
-  local agent_ns=()
-  [[ $cluster_only == 1 ]] && agent_ns=(--agent-namespace vramfit-system)
-  python3 "$here/node/nodecfg.py" nri-config --log "$dir/nri-cdi.log" "${agent_ns[@]}" >"$cd/nri/conf.d/10-vramfit-cdi.conf"
-  rm -f "$dir/nri-cdi.log"
+  rm -f "$dir/nri-cdi.log" "$dir/nri-cdi.ready"
+  if [[ $cluster_only == 1 ]]; then
+    # The chart runs the NRI plugin, as the agent pod's sidecar connected to
+    # the socket (its nri.socket): containerd starts none from plugin_path,
+    # which stays empty.
+    log "NRI on (socket $cd/nri/nri.sock), no plugin in $cd/nri/plugins: the chart's agent pod brings it"
+  else
+    cp "$nodebin/vramfit-nri-cdi" "$cd/nri/plugins/10-vramfit-cdi"
+    python3 "$here/node/nodecfg.py" nri-config --log "$dir/nri-cdi.log" >"$cd/nri/conf.d/10-vramfit-cdi.conf"
+  fi
   if [[ -e /dev/nvidiactl ]]; then
     python3 "$here/node/nodecfg.py" cdi >"$cd/cdi/nvidia.json"
     log "CDI spec for $(grep -c '"name": "GPU-' "$cd/cdi/nvidia.json") GPU(s) in $cd/cdi/nvidia.json"
@@ -420,9 +425,15 @@ up() {
   start_bg containerd "$nodebin/containerd" --config "$cd/containerd/config.toml"
   local ctr=("$nodebin/ctr" --address "$cd/containerd.sock" -n k8s.io)
   wait_for 30 containerd "${ctr[@]}" version || { tail -20 "$dir/containerd.log" >&2; return 1; }
-  # Without its NRI plugin containerd would start GPU pods without their GPUs.
-  wait_for 15 "NRI plugin 10-vramfit-cdi" grep -q "connected to" "$dir/nri-cdi.log" ||
-    { grep -i nri "$dir/containerd.log" | tail -10 >&2; return 1; }
+  if [[ $cluster_only == 1 ]]; then
+    # The socket the chart's plugin connects to.
+    wait_for 15 "NRI socket $cd/nri/nri.sock" test -S "$cd/nri/nri.sock" ||
+      { grep -i nri "$dir/containerd.log" | tail -10 >&2; return 1; }
+  else
+    # Without its NRI plugin containerd would start GPU pods without their GPUs.
+    wait_for 15 "NRI plugin 10-vramfit-cdi" grep -q "connected to" "$dir/nri-cdi.log" ||
+      { grep -i nri "$dir/containerd.log" | tail -10 >&2; return 1; }
+  fi
 
   log "images (built here, imported; no registry)"
   python3 "$here/node/nodecfg.py" image pause --pause "$nodebin/pause" --out "$cd/images/pause.tar"
@@ -510,6 +521,8 @@ down() {
   stop_pid controller
   stop_pid agent
   stop_pid simulate
+  # The node's own plugin, where a chart check started it (hack/node/chart.sh).
+  stop_pid nri-cdi
   # The kubelet first (it would restart what containerd stops), then every
   # pod sandbox and container, then containerd.
   stop_pid kubelet
@@ -562,8 +575,8 @@ collect_logs() {
     if [[ $chart == 1 && -f $dir/controlplane/kubeconfig ]]; then
       local p
       for p in $(KUBECONFIG=$dir/controlplane/kubeconfig kubectl get pods -n vramfit-system -o name 2>/dev/null); do
-        echo "-- kubectl logs -n vramfit-system $p"
-        KUBECONFIG=$dir/controlplane/kubeconfig kubectl logs -n vramfit-system "$p" --tail=25 2>&1
+        echo "-- kubectl logs -n vramfit-system $p --all-containers (the agent's: nri-cdi, its NRI plugin, too)"
+        KUBECONFIG=$dir/controlplane/kubeconfig kubectl logs -n vramfit-system "$p" --all-containers --prefix --tail=25 2>&1
       done
     fi
   } >>"$out/demo.log" 2>&1

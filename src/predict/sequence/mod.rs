@@ -190,13 +190,21 @@ impl Dtypes {
     }
 }
 
+/// Micro-steps generated per optimizer step, at most. From the second
+/// micro-step of an accumulation on, every micro-step starts from the same
+/// live tensors (weights, accumulated gradients, optimizer state, the last
+/// outputs) and allocates the same requests, so more of them cannot raise the
+/// peak; generating all of a large accumulation (thousands) made a prediction
+/// take minutes and gigabytes.
+pub const MICRO_STEPS_GENERATED: u64 = 3;
+
 /// Generates the allocation sequence of building the model and running two
-/// optimizer steps.
+/// optimizer steps, each of at most [`MICRO_STEPS_GENERATED`] micro-steps.
 pub fn training_events(arch: &Arch, run: &RunShape) -> Vec<TensorEvent> {
     let mut g = Gen::new(arch, run);
     g.build();
     for step in 0..2 {
-        for _ in 0..run.grad_accum.max(1) {
+        for _ in 0..run.grad_accum.clamp(1, MICRO_STEPS_GENERATED) {
             g.micro_step();
         }
         g.optimizer_step(step == 0);

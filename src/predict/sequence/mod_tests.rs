@@ -516,3 +516,26 @@ fn eager_attention_materialises_the_scores_and_their_softmax() {
     let back = last_block_backward(&evs, 12);
     assert_eq!(back[10..], [S2 * 4, S2 * 4]);
 }
+
+/// A long accumulation generates what three micro-steps a step do: the
+/// later micro-steps repeat the same requests from the same live tensors.
+/// (Generating all of them made a 4,096-step accumulation take minutes and
+/// tens of gigabytes, in the controller's reconcile.)
+#[test]
+fn a_long_accumulation_generates_three_micro_steps_a_step() {
+    for checkpointing in [false, true] {
+        let mut three = run(Precision::AmpBf16);
+        three.checkpointing = checkpointing;
+        three.grad_accum = MICRO_STEPS_GENERATED;
+        let (want, _) = events_of(&model(serde_json::json!({})), &three);
+        for accum in [4, 4096, u64::from(u32::MAX)] {
+            let mut long = three.clone();
+            long.grad_accum = accum;
+            let (got, _) = events_of(&model(serde_json::json!({})), &long);
+            assert_eq!(got, want, "accumulation {accum}");
+        }
+        let mut two = three.clone();
+        two.grad_accum = 2;
+        assert!(events_of(&model(serde_json::json!({})), &two).0.len() < want.len());
+    }
+}
