@@ -95,6 +95,7 @@ on_exit() {
   local rc=$?
   [[ -n $values ]] && rm -f "$values"
   [[ -n ${keepalive:-} ]] && kill "$keepalive" 2>/dev/null
+  node_nri_plugin_stop
   if [[ $failed -gt 0 || $rc -ne 0 ]] && [[ -n ${KUBECONFIG:-} ]]; then
     chart_explain >&2
   fi
@@ -175,9 +176,15 @@ else
 fi
 ds=$(kubectl get daemonset "$release-agent" -n "$ns" -o jsonpath='{.status.desiredNumberScheduled} {.status.numberReady}' 2>/dev/null || true)
 if [[ $ds == "1 1" ]]; then
-  pass "DaemonSet $release-agent: 1 pod wanted, 1 Ready (the agent has no readiness probe: Ready is its container running)"
+  pass "DaemonSet $release-agent: 1 pod wanted, 1 Ready (the agent has no readiness probe: Ready is its container running and its nri-cdi sidecar registered)"
 else
   failc "DaemonSet $release-agent: wanted/ready $ds"
+fi
+# nri_sidecar_check: hack/node/chart.sh.
+if why=$(nri_sidecar_check); then
+  pass "the NRI plugin runs as the agent pod's native sidecar, connected to $dir/nri/nri.sock: $why"
+else
+  failc "the NRI plugin as the agent pod's sidecar: $why"
 fi
 # gn JSONPATH: a field of the node's GpuNode (empty while there is none).
 gn() { kubectl get gpunode "$node" -o jsonpath="$1" 2>/dev/null || true; }
@@ -195,7 +202,8 @@ if poll 60 gpunode_heartbeat; then
 else
   failc "no GpuNode $node with a heartbeat within 60s"
 fi
-restarts=$(kubectl get pods -n "$ns" -o jsonpath='{range .items[*]}{.status.containerStatuses[0].restartCount}{"\n"}{end}' | awk '{s += $1} END {print s + 0}')
+restarts=$(kubectl get pods -n "$ns" -o jsonpath='{range .items[*]}{.status.containerStatuses[*].restartCount} {.status.initContainerStatuses[*].restartCount}{"\n"}{end}' |
+  awk '{for (i = 1; i <= NF; i++) s += $i} END {print s + 0}')
 [[ $restarts == 0 ]] && pass "no container restarted" || failc "containers restarted: $restarts"
 
 # --- b. leader election ----------------------------------------------------------------
@@ -233,6 +241,12 @@ if [[ -n $agent_pod ]]; then
   new_agent() { local p; p=$(ready_pods agent); [[ -n $p && $p != "$agent_pod" ]]; }
   if poll "$bound_agent" new_agent; then
     pass "agent pod $agent_pod deleted: the DaemonSet's $(ready_pods agent) Ready after $(secs "$t_del" "$(now_ms)")s (bound ${bound_agent}s)"
+    # Its plugin took the old one's place with containerd.
+    if why=$(nri_sidecar_check); then
+      pass "the new agent pod's NRI sidecar registered: $why"
+    else
+      failc "the new agent pod's NRI sidecar: $why"
+    fi
   else
     failc "agent pod $agent_pod deleted: no new agent pod Ready within ${bound_agent}s"
   fi
@@ -281,16 +295,18 @@ poll 60 eval '[[ -n $(lease_holder) ]] && ready_pods controller | grep -qx "$(le
 # would report no GPUs), the admin patches two simulated H200s into the
 # GpuNode and keeps its heartbeat fresh, and a CDI spec with stand-in device
 # nodes (nodecfg.py cdi-simulated) lets containerd inject "GPUs" that are
-# /dev/null. The trainer is the pause image: the check is that the
-# controller's pod passes Pod Security baseline and the chart's admission
-# policies, and runs.
+# /dev/null; the agent's pod took its NRI sidecar along, so the node's own
+# vramfit-nri-cdi stands in for it. The trainer is the pause image: the check
+# is that the controller's pod passes Pod Security baseline and the chart's
+# admission policies, and runs with its stand-in GPU.
 tj_ns=team-baseline
-# simulate_gpus, simulated_cdi: hack/node/chart.sh.
+# simulate_gpus, simulated_cdi, node_nri_plugin_start/stop: hack/node/chart.sh.
 keepalive=
 tj_cleanup() {
   [[ -n $keepalive ]] && kill "$keepalive" 2>/dev/null || true
   keepalive=
   kubectl delete namespace "$tj_ns" --ignore-not-found --wait=true --timeout=90s >/dev/null 2>&1 || true
+  node_nri_plugin_stop
 }
 if "$helm" upgrade "$release" "$chart" -n "$ns" -f "$values" --set controller.policy=$policy --set agent.enabled=false >/dev/null &&
   poll 60 eval '[[ -z $(kubectl get daemonset,pods -n "$ns" -l "$(sel agent)" -o name) ]]'; then
@@ -299,6 +315,7 @@ if "$helm" upgrade "$release" "$chart" -n "$ns" -f "$values" --set controller.po
   (while sleep 15; do simulate_gpus || true; done) >/dev/null 2>&1 &
   keepalive=$!
   simulated_cdi >/dev/null
+  node_nri_plugin_start || failc "the node's NRI plugin in place of the agent's sidecar: $(tail -3 "$dir/nri-cdi.log" 2>/dev/null)"
   kubectl create namespace "$tj_ns" >/dev/null
   kubectl label namespace "$tj_ns" pod-security.kubernetes.io/enforce=baseline >/dev/null
   kubectl apply -f - >/dev/null <<EOF
@@ -323,6 +340,11 @@ EOF
   if poll 90 tj_running; then
     pod=$(kubectl get pods -n "$tj_ns" -l vramfit.dev/training-job -o jsonpath='{.items[0].metadata.name}')
     pass "TrainingJob $tj_ns/cpu-pause (namespace enforce=baseline): pod $pod Running on $node after $(secs "$t_tj" "$(now_ms)")s, volumes: $(kubectl get pod -n "$tj_ns" "$pod" -o jsonpath='{range .spec.volumes[*]}{.name}{" "}{end}'), hostNetwork: $(kubectl get pod -n "$tj_ns" "$pod" -o jsonpath='{.spec.hostNetwork}{"\n"}' | sed 's/^$/false/'), IP $(kubectl get pod -n "$tj_ns" "$pod" -o jsonpath='{.status.podIP}')"
+    if line=$(grep -m1 "pod $tj_ns/$pod container [^ ]*: nvidia.com/gpu=" "$dir/nri-cdi.log"); then
+      pass "its container's stand-in GPU came through NRI and CDI: ${line#* vramfit-nri-cdi: }"
+    else
+      failc "the node's NRI plugin logged no GPU for pod $tj_ns/$pod: $(tail -3 "$dir/nri-cdi.log" 2>/dev/null)"
+    fi
   else
     failc "TrainingJob $tj_ns/cpu-pause: no pod Running on $node within 90s (job: $(kubectl get trainingjob -n "$tj_ns" cpu-pause -o jsonpath='{.status.phase} {.status.message}' 2>&1); pods: $(kubectl get pods -n "$tj_ns" --no-headers 2>&1 | paste -sd, -); events: $(kubectl get events -n "$tj_ns" -o jsonpath='{range .items[*]}{.reason}: {.message}{"\n"}{end}' 2>&1 | tail -3 | paste -sd'|' -))"
   fi

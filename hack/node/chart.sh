@@ -42,14 +42,17 @@ chart_import_images() {
 
 # chart_node_values API_HOST API_PORT VERSION [CONTROLLER_LINES [AGENT_LINES]]:
 # the node's values on stdout: the imported images (never pulled), the way to
-# the API server, the node's kubelet root; then the caller's lines (YAML,
-# indented by two) under controller: and agent:.
+# the API server, the node's kubelet root and NRI socket (the agent pod's
+# nri-cdi sidecar connects to it); then the caller's lines (YAML, indented by
+# two) under controller: and agent:.
 chart_node_values() {
   cat <<EOF
 kubeletRoot: $dir/kubelet/root
 apiServer:
   host: "$1"
   port: $2
+nri:
+  socket: $dir/nri/nri.sock
 controller:
   image: {tag: "$3", pullPolicy: Never}
 ${4:-}
@@ -77,10 +80,11 @@ all_pods_count() { kubectl get pods -n "$ns" -l "app.kubernetes.io/instance=$rel
 chart_all_ready() {
   [[ $(count_ready controller) == "$1" && $(count_ready agent) == "$2" && $(all_pods_count) == $(($1 + $2)) ]]
 }
-# A container that cannot start (no image, a crash loop, a bad config): its pod and reason.
+# A container that cannot start (no image, a crash loop, a bad config), the
+# agent's nri-cdi sidecar included: its pod and reason.
 stuck() {
   kubectl get pods -n "$ns" -l "app.kubernetes.io/instance=$release" \
-    -o jsonpath='{range .items[*]}{.metadata.name}{" "}{.status.containerStatuses[*].state.waiting.reason}{"\n"}{end}' 2>/dev/null |
+    -o jsonpath='{range .items[*]}{.metadata.name}{" "}{.status.containerStatuses[*].state.waiting.reason}{" "}{.status.initContainerStatuses[*].state.waiting.reason}{"\n"}{end}' 2>/dev/null |
     grep -E ' (ErrImageNeverPull|ErrImagePull|ImagePullBackOff|InvalidImageName|CrashLoopBackOff|CreateContainerConfigError|CreateContainerError|RunContainerError)' | paste -sd, -
 }
 
@@ -112,9 +116,47 @@ chart_explain() {
   kubectl get events -n "$ns" --sort-by=.lastTimestamp 2>&1 | tail -30 || true
   local p
   for p in $(kubectl get pods -n "$ns" -o name 2>/dev/null); do
-    echo "== logs $p"
-    kubectl logs -n "$ns" "$p" --tail=20 2>&1 || true
+    echo "== logs $p (every container: the agent's nri-cdi sidecar too)"
+    kubectl logs -n "$ns" "$p" --all-containers --prefix --tail=20 2>&1 || true
   done
   echo "== kubelet.log"
   tail -20 "$dir/kubelet.log" 2>/dev/null || true
+}
+
+# nri_sidecar_check: the NRI plugin runs as the chart's agent pod's sidecar:
+# its container nri-cdi started and ready (its probe: registered with
+# containerd), its log says so, and containerd started no plugin of its own
+# (plugin_path empty). A line saying what was seen on stdout; 1 if not so.
+nri_sidecar_check() {
+  local pod st line plugins
+  pod=$(ready_pods agent | head -1)
+  [[ -n $pod ]] || { echo "no Ready agent pod"; return 1; }
+  st=$(kubectl get pod -n "$ns" "$pod" \
+    -o jsonpath='{range .status.initContainerStatuses[?(@.name=="nri-cdi")]}{.started} {.ready} {.restartCount}{end}')
+  [[ $st == "true true "* ]] || { echo "$pod: sidecar nri-cdi started, ready, restarts: '$st'"; return 1; }
+  line=$(kubectl logs -n "$ns" "$pod" -c nri-cdi 2>&1 | grep -m1 'registered with containerd') ||
+    { echo "$pod: no 'registered with containerd' in the log of nri-cdi"; return 1; }
+  plugins=$(ls -A "$dir/nri/plugins" 2>/dev/null || true)
+  [[ -z $plugins ]] || { echo "containerd's plugin_path $dir/nri/plugins holds $plugins"; return 1; }
+  echo "$pod: sidecar nri-cdi ready, ${st##* } restarts, ${line#* vramfit-nri-cdi: }; nothing in containerd's plugin_path"
+}
+
+# node_nri_plugin_start: the node's own vramfit-nri-cdi (on PATH: the node's
+# binaries) connected to the node's NRI socket, as the agent pod's sidecar
+# would be, for the checks that turn the agent off (no GPU here): the training
+# pods still get their stand-in GPUs through NRI and CDI. Its log is
+# $dir/nri-cdi.log, its pid $dir/nri-cdi.pid (`gpunode.sh down` ends it too).
+node_nri_plugin_start() {
+  local bin
+  bin=$(command -v vramfit-nri-cdi) || { log "no vramfit-nri-cdi on PATH (the node's binaries)"; return 1; }
+  "$bin" --socket "$dir/nri/nri.sock" --ready-file "$dir/nri-cdi.ready" >"$dir/nri-cdi.log" 2>&1 &
+  echo $! >"$dir/nri-cdi.pid"
+  poll 30 "$bin" --probe --ready-file "$dir/nri-cdi.ready" ||
+    { log "the node's NRI plugin did not register: $(tail -3 "$dir/nri-cdi.log")"; return 1; }
+}
+
+node_nri_plugin_stop() {
+  [[ -f $dir/nri-cdi.pid ]] || return 0
+  kill "$(cat "$dir/nri-cdi.pid")" 2>/dev/null || true
+  rm -f "$dir/nri-cdi.pid"
 }

@@ -132,8 +132,18 @@ print(json.dumps(["nvidia.com/gpu=" + n for n in names]))' "$dir/cdi/nvidia.json
     chart_explain >>"$out/chart.log" 2>&1
     return 1
   fi
+  # The NRI plugin is the agent pod's sidecar (containerd starts none here).
+  local why
+  if why=$(nri_sidecar_check); then
+    cpass "the NRI plugin runs as the agent pod's native sidecar: $why"
+  else
+    cfail "the NRI plugin as the agent pod's sidecar: $why"
+    chart_explain >>"$out/chart.log" 2>&1
+    return 1
+  fi
   gn() { kubectl get gpunode "$node" -o jsonpath="$1" 2>/dev/null || true; }
-  local cdi keepalive=
+  local cdi keepalive= agent_pod line
+  agent_pod=$(ready_pods agent | head -1)
   if ((gpu)); then
     if poll 120 eval '[[ -n $(gn "{.status.gpus[0].uuid}") ]]'; then
       cpass "the agent's pod reads the GPUs through CDI: GpuNode $node $(gn '{.status.gpuCount}') x $(gn '{.status.model}'), agent $(gn '{.status.agent.mode} {.status.agent.health}')"
@@ -141,6 +151,13 @@ print(json.dumps(["nvidia.com/gpu=" + n for n in names]))' "$dir/cdi/nvidia.json
       cfail "no GPU in GpuNode $node within 120s (agent $(gn '{.status.agent.health}: {.status.agent.message}'))"
       chart_explain >>"$out/chart.log" 2>&1
       return 1
+    fi
+    # The agent's container was created after its sidecar registered, and
+    # got its GPUs from it.
+    if line=$(kubectl logs -n "$ns" "$agent_pod" -c nri-cdi 2>&1 | grep -m1 "container agent (agent namespace): "); then
+      cpass "the agent's GPUs injected by its own pod's sidecar: ${line#* vramfit-nri-cdi: }"
+    else
+      cfail "no injection of the agent container's GPUs in the log of $agent_pod's nri-cdi"
     fi
     cdi=$dir/cdi/nvidia.json
   else
@@ -162,6 +179,14 @@ print(json.dumps(["nvidia.com/gpu=" + n for n in names]))' "$dir/cdi/nvidia.json
     keepalive=$!
     echo "$keepalive" >"$dir/simulate.pid"   # `down` ends it if this run does not
     cdi=$(cd "$repo" && simulated_cdi)
+    # The agent's pod took its sidecar along: the node's own plugin stands in,
+    # so that the training pods still get their stand-in GPUs through NRI.
+    if node_nri_plugin_start; then
+      log "no GPU: the node's vramfit-nri-cdi stands in for the agent pod's sidecar ($dir/nri-cdi.log)"
+    else
+      cfail "the node's NRI plugin in place of the agent's sidecar"
+      return 1
+    fi
   fi
 
   # Tenants: team-a (alice) and team-b (bob), Pod Security baseline enforced.
@@ -194,6 +219,18 @@ json.dump(d, sys.stdout)' "$1" "$n" >"$part"
   demo_run "$jobs" "$cdi" --attacks || rc=$?
   [[ -n $attacks_pid ]] && wait "$attacks_pid"
   [[ -n $keepalive ]] && kill "$keepalive" 2>/dev/null
+  if ((gpu)); then
+    # Every training container's GPU came from the sidecar.
+    local given
+    given=$(kubectl logs -n "$ns" "$agent_pod" -c nri-cdi 2>/dev/null | grep -c ' container [^ ]*: nvidia.com/gpu=GPU-' || true)
+    if ((given > 0)); then
+      cpass "the agent pod's sidecar gave $given training containers their GPUs ($agent_pod, container nri-cdi)"
+    else
+      cfail "no training container's GPU in the log of $agent_pod's nri-cdi"
+    fi
+  else
+    node_nri_plugin_stop
+  fi
   echo
   cat "$dir/attacks.txt"
   cat "$dir/attacks.txt" >>"$out/demo.log"
