@@ -86,3 +86,54 @@ class CheckpointedMlp(nn.Module):
 
 def checkpointed_mlp() -> nn.Module:
     return CheckpointedMlp()
+
+
+class Staged(nn.Module):
+    """Widths worked out with tensors while it builds, as torchvision's RegNet
+    does (``torch.arange(...).tolist()``): a meta tensor has no values."""
+
+    def __init__(self, classes: int = 10) -> None:
+        super().__init__()
+        widths = (torch.round(torch.arange(3) * 8.0 + 16) // 8 * 8).int().tolist()
+        layers: list = []
+        cin = 3
+        for w in widths:
+            layers += [nn.Conv2d(cin, w, 3, padding=1, bias=False), nn.BatchNorm2d(w), nn.ReLU()]
+            cin = w
+        self.body = nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        self.fc = nn.Linear(cin, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.body(x))
+
+
+def staged() -> nn.Module:
+    return Staged()
+
+
+class BiasAttn(nn.Module):
+    """Attention with a learned relative-position bias as its mask, laid out
+    as T5's ``compute_bias`` makes it: (1, heads, q, k) permuted from
+    (q, k, heads), so its last dimension is not contiguous (transformers up
+    to 5.17 passed it to SDPA so); ``contiguous=True`` copies it first."""
+
+    def __init__(self, width: int = 64, heads: int = 4, seq: int = 128, contiguous: bool = False,
+                 dropout: float = 0.1) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(width, 3 * width)
+        self.bias = nn.Parameter(torch.zeros(seq, seq, heads))
+        self.out = nn.Linear(width, 10)
+        self.heads, self.contiguous, self.dropout = heads, contiguous, dropout
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, w = x.shape
+        q, k, v = self.qkv(x).view(b, s, 3, self.heads, w // self.heads).permute(2, 0, 3, 1, 4)
+        bias = self.bias.permute(2, 0, 1).unsqueeze(0)
+        if self.contiguous:
+            bias = bias.contiguous()
+        y = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=self.dropout)
+        return self.out(y.transpose(1, 2).reshape(b, s, w).mean(1))
+
+
+def bias_attn(contiguous: bool = False, dropout: float = 0.1) -> nn.Module:
+    return BiasAttn(contiguous=contiguous, dropout=dropout)

@@ -154,3 +154,106 @@ def test_low_precision_softmax_into_fp32_makes_no_upcast_copy() -> None:
     # gradient, written by the fused backward; no fp32 copy of the logits
     assert seq.count(b * c * 4) == 2 * steps
     assert seq.count(b * c * 2) == 2 * steps
+
+
+# ------------------------------------------------ models that failed or fell short
+
+transformers = pytest.importorskip("transformers")
+
+
+def test_a_value_fake_tensors_lack_takes_the_steps_usual_value() -> None:
+    # OPT's LayerDrop compares a random number with the drop rate in Python
+    # (transformers up to 5.17 draws it in every training forward, later ones
+    # when layerdrop > 0): fake tensors have no value to compare.
+    layers, steps = 2, 2
+    cfg = {"num_hidden_layers": layers, "hidden_size": 64, "ffn_dim": 128, "num_attention_heads": 4,
+           "vocab_size": 512, "word_embed_proj_dim": 64, "max_position_embeddings": 64,
+           "layerdrop": 0.5}
+    p = profile.capture("transformers:OPTForCausalLM", cfg, batch=2, precision="amp-bf16",
+                        optimizer="adamw", seq_len=16, steps=steps)
+    assert p["capture"]["dataDependentReads"] == layers * steps
+    # no layer was dropped: every layer's fc1 output (2 x 16 x 128 bf16) is there
+    assert sizes_in_order(p).count(2 * 16 * 128 * 2) >= layers * steps
+
+
+def test_grouped_matrix_products_run_in_fp32_as_on_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    # PyTorch up to 2.11 checks for bf16 in the fake kernel of _grouped_mm,
+    # while CUDA's runs fp32 too, which Mixtral's experts get under autocast
+    # (transformers casts the tokens to the fp32 master weights).
+    import torch._meta_registrations as meta
+
+    common = meta._meta_grouped_mm_common
+
+    def bf16_only(mat_a, mat_b, *args, **kwargs):  # type: ignore[no-untyped-def]
+        torch._check(mat_a.dtype == torch.bfloat16 and mat_b.dtype == torch.bfloat16,
+                     lambda: f"Expected inputs of BF16 type but got mat_a.dtype={mat_a.dtype}")
+        return common(mat_a, mat_b, *args, **kwargs)
+
+    monkeypatch.setattr(meta, "_meta_grouped_mm_common", bf16_only)
+    b, s, topk, inter = 2, 16, 2, 128
+    cfg = {"num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": inter,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "num_local_experts": 4,
+           "num_experts_per_tok": topk, "vocab_size": 512}
+    p = profile.capture("transformers:MixtralForCausalLM", cfg, batch=b, precision="amp-bf16",
+                        optimizer="adamw", seq_len=s)
+    # the experts' gate/up product of every routed token, in fp32
+    assert b * s * topk * 2 * inter * 4 in sizes_in_order(p)
+
+
+def test_a_constructor_that_computes_with_tensors_is_built() -> None:
+    # torchvision's RegNet: "Cannot copy out of meta tensor; no data!"
+    p = run("profile_models:staged", batch=2, input_shape=(3, 16, 16), optimizer="sgd-momentum")
+    seq = sizes_in_order(p)
+    assert seq[0] == 16 * 3 * 3 * 3 * 4  # the first conv's weight, first, as .to() moves it
+    assert 2 * 16 * 16 * 16 * 4 in seq  # its output
+
+
+def test_t5_trains_with_the_bias_gradient_of_cudas_attention_kernel() -> None:
+    # T5's relative-position bias is SDPA's mask and needs a gradient: cuDNN
+    # and flash cannot run it, the memory-efficient kernel does and writes
+    # the bias's gradient at (batch, heads, q, keys padded to 16).
+    b, s, heads = 2, 40, 4
+    cfg = {"num_layers": 1, "num_decoder_layers": 1, "d_model": 64, "d_ff": 128, "d_kv": 16,
+           "num_heads": heads, "vocab_size": 512, "dropout_rate": 0.1}
+    p = profile.capture("transformers:T5ForConditionalGeneration", cfg, batch=b,
+                        precision="amp-bf16", optimizer="adamw", seq_len=s)
+    assert b * heads * s * 48 * 2 in p["sizes"]
+
+
+def test_attention_with_a_mask_cuda_cannot_fuse_takes_the_math_path_in_fp32() -> None:
+    # T5 as transformers up to 5.17 ran it: the mask's last dimension is not
+    # contiguous, so no fused kernel takes it and the math fallback runs,
+    # which upcasts bf16 to fp32: scores, softmax and dropout materialised.
+    b, s, heads = 2, 128, 4
+    scores = b * heads * s * s
+    math_path = sizes_in_order(run("profile_models:bias_attn", batch=b, input_shape=(s, 64),
+                                   precision="amp-bf16"))
+    assert math_path.count(scores * 4) >= 3 and scores in math_path  # fp32 x3, the dropout mask
+    fused = sizes_in_order(run("profile_models:bias_attn", config={"contiguous": True}, batch=b,
+                               input_shape=(s, 64), precision="amp-bf16"))
+    assert scores * 4 not in fused
+    assert scores * 2 in fused  # the bias's gradient, bf16, from the memory-efficient kernel
+
+
+def test_sdpa_backend_follows_cudas_choice() -> None:
+    def t(*shape: int, dtype: torch.dtype = torch.bfloat16, grad: bool = False) -> torch.Tensor:
+        return torch.zeros(*shape, dtype=dtype, requires_grad=grad)
+
+    q = t(2, 8, 64, 64)
+    assert profile._sdpa_backend(q, q, q, None, True) == "cudnn"
+    assert profile._sdpa_backend(q, q, q, t(1, 8, 64, 64), False) == "cudnn"
+    assert profile._sdpa_backend(q, q, q, t(1, 8, 64, 64, grad=True), False) == "efficient"
+    permuted = t(64, 64, 8, grad=True).permute(2, 0, 1).unsqueeze(0)
+    assert profile._sdpa_backend(q, q, q, permuted, False) == "math"
+    big = t(2, 8, 64, 192)
+    assert profile._sdpa_backend(big, big, big, None, False) == "flash"
+    f = t(2, 8, 64, 64, dtype=torch.float32)
+    assert profile._sdpa_backend(f, f, f, None, True) == "efficient"
+    assert profile._sdpa_backend(f, t(2, 2, 64, 64, dtype=torch.float32),
+                                 t(2, 2, 64, 64, dtype=torch.float32), None, True) == "math"
+
+
+def test_the_capture_reports_its_time_and_peak_host_memory() -> None:
+    c = run()["capture"]
+    assert c["seconds"] > 0 and c["peakHostBytes"] > 10 * 2**20
+    assert "peak host memory" in profile.summary(run())

@@ -21,13 +21,18 @@ differently from a CUDA run, the capture does what CUDA does:
   sum, the losses, ...) on fp32 copies;
 - ``F.dropout`` is the fused kernel CUDA uses (a 1-byte mask), not the CPU's
   multiply by a noise tensor;
-- ``F.scaled_dot_product_attention`` is a fused kernel (output and log-sum-exp
-  kept for backward; no sequence x sequence matrix), as the flash and
-  memory-efficient CUDA kernels are;
+- ``F.scaled_dot_product_attention`` runs the kernel CUDA would pick
+  (cuDNN, flash, memory-efficient or the math fallback; ``_sdpa_backend``):
+  a fused kernel keeps its output and log-sum-exp, no sequence x sequence
+  matrix, and the memory-efficient one writes a mask's gradient; the math
+  fallback materialises the scores in fp32, as CUDA's does for bf16/fp16;
+- ``torch._grouped_mm`` (MoE experts) runs in fp32 as CUDA's kernel does;
 - optimizers use their ``foreach`` implementations, CUDA's default;
 - the positions where cuBLAS's two workspaces (forward thread, autograd
   thread) are first needed are written as ``cublasWorkspaceAt``; the
-  predictor allocates the GPU's workspace size there.
+  predictor allocates the GPU's workspace size there;
+- a value the step reads from a tensor (``.item()``, ``bool()``), which fake
+  tensors do not have, is the usual one: ``False``, 0.0 or 1.
 
 Not captured: cuDNN's convolution workspaces and the CUDA context (the
 predictor's GPU profile covers the context).
@@ -39,6 +44,8 @@ import argparse
 import contextlib
 import importlib
 import json
+import math
+import os
 import sys
 import time
 import weakref
@@ -67,7 +74,7 @@ class _Recorder:
         self.peak = 0
         self._ids: Dict[int, int] = {}
         self.workspace_at: List[int] = []
-        self.in_backward = False
+        self.data_reads = 0
         self._ws_forward = False
         self._ws_backward = False
 
@@ -89,18 +96,27 @@ class _Recorder:
         self.events.append(("f", index))
         self.live -= nbytes
 
-    def blas(self) -> None:
+    def blas(self, in_backward: bool) -> None:
         """A cuBLAS call: the first in forward and in backward needs a workspace."""
-        if self.in_backward and not self._ws_backward:
+        if in_backward and not self._ws_backward:
             self._ws_backward = True
             self.workspace_at.append(len(self.events))
-        elif not self.in_backward and not self._ws_forward:
+        elif not in_backward and not self._ws_forward:
             self._ws_forward = True
             self.workspace_at.append(len(self.events))
 
 
+def _in_backward() -> bool:
+    """True while the autograd engine runs a backward pass (CUDA runs it on
+    its own thread, which has its own cuBLAS workspace)."""
+    import torch
+
+    return bool(torch._C._current_graph_task_id() != -1)
+
+
 def _dispatch_mode(rec: _Recorder) -> Any:
     import torch
+    from torch._subclasses.fake_tensor import DataDependentOutputException
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_flatten
 
@@ -111,7 +127,12 @@ def _dispatch_mode(rec: _Recorder) -> Any:
     class Recording(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
             if func in blas:
-                rec.blas()
+                rec.blas(_in_backward())
+            if func is aten._local_scalar_dense.default:
+                try:
+                    return func(*args, **(kwargs or {}))
+                except DataDependentOutputException:
+                    return _unknown_value(rec, args[0])
             out = func(*args, **(kwargs or {}))
             for t in tree_flatten(out)[0]:
                 if isinstance(t, torch.Tensor) and t.device.type != "meta":
@@ -121,11 +142,60 @@ def _dispatch_mode(rec: _Recorder) -> Any:
     return Recording()
 
 
+def _unknown_value(rec: _Recorder, t: Any) -> Any:
+    """The answer to ``.item()`` / ``bool()`` of a tensor whose value fake
+    tensors do not have: the usual value of a training step's checks, so
+    that the step takes its normal, full path. ``False`` for a flag (no
+    LayerDrop skip, no NaN found), 0.0 for a float (GradScaler's found-inf
+    is zero, so the optimizer steps; a logged loss), 1 for an integer (a
+    count that may divide)."""
+    import torch
+
+    rec.data_reads += 1
+    if t.dtype == torch.bool:
+        return False
+    if t.is_floating_point() or t.is_complex():
+        return 0.0
+    return 1
+
+
 # ------------------------------------------------------ CUDA behaviour on CPU
 
 
+def _sdpa_backend(q: Any, k: Any, v: Any, mask: Any, causal: bool) -> str:
+    """The kernel ``F.scaled_dot_product_attention`` takes on a CUDA GPU of
+    compute capability 8.0 to 9.0 (PyTorch's ``select_sdp_backend``: cuDNN,
+    then flash, then memory-efficient, then the math fallback), for the
+    constraints that decide it in practice: dtypes, head dimensions, the
+    attention mask (none for flash, none that needs a gradient for cuDNN)
+    and every input's last dimension being contiguous (stride 1)."""
+    import torch
+
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        return "math"
+    if any(t.stride(-1) != 1 and t.size(-1) != 1 for t in (q, k, v)):
+        return "math"
+    low = q.dtype in (torch.float16, torch.bfloat16)
+    d, dv = q.size(-1), v.size(-1)
+    grouped = k.size(-3) != q.size(-3)
+    mask_contiguous = mask is None or mask.stride(-1) == 1 or mask.size(-1) == 1
+    mask_grad = mask is not None and mask.requires_grad
+    square = q.size(-2) == k.size(-2)
+    if (low and mask_contiguous and not mask_grad and d == dv == k.size(-1) and d % 8 == 0
+            and d <= 128 and k.size(-2) > 1 and (square or not causal) and not grouped):
+        return "cudnn"
+    if low and mask is None and d == dv == k.size(-1) and d <= 256 and (square or not causal):
+        return "flash"
+    align = 8 if low else 4
+    if (mask_contiguous and not grouped and d == k.size(-1) and d % align == 0
+            and dv % align == 0):
+        return "efficient"
+    return "math"
+
+
 def _function_mode() -> Any:
-    """Autocast's CUDA fp32 list, fused dropout and fused attention."""
+    """Autocast's CUDA fp32 list, fused dropout, attention as CUDA runs it,
+    grouped matrix products, and tensors kept on the CPU."""
     import torch
     import torch.nn.functional as F
     from torch.overrides import TorchFunctionMode
@@ -150,6 +220,8 @@ def _function_mode() -> Any:
                       torch.log_softmax, T.log_softmax, torch.sum, T.sum, torch.cumsum,
                       T.cumsum, torch.prod, T.prod, torch.cumprod, T.cumprod}
     low = (torch.float16, torch.bfloat16)
+    grouped_mms = {f for f in (getattr(F, "grouped_mm", None), getattr(torch, "_grouped_mm", None))
+                   if f is not None}
 
     def up(x: Any) -> Any:
         if isinstance(x, torch.Tensor) and x.dtype in low:
@@ -159,24 +231,127 @@ def _function_mode() -> Any:
         return x
 
     class FusedSdpa(torch.autograd.Function):
+        """A fused CUDA attention kernel (cuDNN, flash or memory-efficient):
+        output and log-sum-exp kept for backward, no sequence x sequence
+        matrix. With a mask, the mask is kept too; the memory-efficient
+        kernel computes the mask's gradient when it needs one, at the full
+        (batch, heads, queries, keys) shape, keys padded to 16."""
+
         @staticmethod
-        def forward(ctx, q, k, v):  # type: ignore[no-untyped-def]
-            # The flash and memory-efficient kernels write (batch, seq, heads,
-            # dim) and return it transposed: `out.transpose(1, 2).contiguous()`
-            # is then already contiguous and copies nothing.
+        def forward(ctx, q, k, v, mask, bias_grad):  # type: ignore[no-untyped-def]
+            # The kernels write (batch, seq, heads, dim) and return it
+            # transposed: `out.transpose(1, 2).contiguous()` is then already
+            # contiguous and copies nothing.
             b, h, s = q.shape[:-1]
             out = q.new_empty((b, s, h, v.shape[-1])).transpose(1, 2)
             lse = q.new_empty(q.shape[:-1], dtype=torch.float32)
-            ctx.save_for_backward(q, k, v, out, lse)
+            ctx.save_for_backward(q, k, v, out, lse, mask)
+            ctx.bias_grad = bias_grad
             return out
 
         @staticmethod
         def backward(ctx, grad):  # type: ignore[no-untyped-def]
-            q, k, v, out, lse = ctx.saved_tensors
+            q, k, v, out, lse, mask = ctx.saved_tensors
             delta = lse.new_empty(lse.shape)
             dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+            dmask = None
+            if ctx.bias_grad:
+                keys = k.shape[-2]
+                full = q.new_empty(tuple(q.shape[:-1]) + (-(-keys // 16) * 16,))
+                dmask = full[..., :keys].sum_to_size(mask.shape)
+                del full
             del delta
-            return dq, dk, dv
+            return dq, dk, dv, dmask, None
+
+    def math_sdpa(q: Any, k: Any, v: Any, mask: Any, p: float, causal: bool, scale: Any,
+                  gqa: bool) -> Any:
+        """PyTorch's math fallback as it runs on CUDA: bf16/fp16 inputs
+        upcast to fp32 (unless math-SDP reduced precision is allowed), the
+        scores, softmax and dropout (fused: a 1-byte mask) materialised."""
+        with torch.autocast("cpu", enabled=False):
+            dtype = q.dtype
+            if dtype in low and not torch.backends.cuda.fp16_bf16_reduction_math_sdp_allowed():
+                q, k, v = q.float(), k.float(), v.float()
+            factor = math.sqrt(abs(scale) if scale is not None else 1.0 / math.sqrt(q.size(-1)))
+            q = q * factor
+            if causal:
+                keep = torch.ones(q.size(-2), k.size(-2), dtype=torch.bool).tril()
+                mask = torch.where(keep, torch.zeros((), dtype=q.dtype),
+                                   torch.full((), float("-inf"), dtype=q.dtype))
+            if gqa and k.size(-3) != q.size(-3):
+                k = k.repeat_interleave(q.size(-3) // k.size(-3), -3)
+                v = v.repeat_interleave(q.size(-3) // v.size(-3), -3)
+            attn = torch.matmul(q, k.transpose(-2, -1) * factor)
+            if mask is not None:
+                attn.add_(mask)
+            attn = torch.ops.aten._safe_softmax.default(attn, -1)
+            if p > 0:
+                attn = torch.native_dropout(attn, p, True)[0]
+            return torch.matmul(attn, v).to(dtype)
+
+    def sdpa(args: Any, kwargs: Any, autocast: bool) -> Any:
+        q, k, v = args[:3]
+        params = dict(zip(("attn_mask", "dropout_p", "is_causal", "scale"), args[3:]))
+        params.update(kwargs)
+        mask = params.get("attn_mask")
+        p = float(params.get("dropout_p") or 0.0)
+        causal = bool(params.get("is_causal") or False)
+        if autocast:
+            # CUDA autocast casts every floating-point input, the mask too
+            dt = torch.get_autocast_dtype("cpu")
+            q, k, v = q.to(dt), k.to(dt), v.to(dt)
+            if mask is not None and mask.is_floating_point():
+                mask = mask.to(dt)
+        if mask is not None and mask.dtype == torch.bool:
+            # made additive in the query's dtype before a kernel is chosen
+            mask = torch.where(mask, torch.zeros((), dtype=q.dtype),
+                               torch.full((), float("-inf"), dtype=q.dtype))
+        backend = _sdpa_backend(q, k, v, mask, causal)
+        if backend == "math":
+            return math_sdpa(q, k, v, mask, p, causal, params.get("scale"),
+                             bool(params.get("enable_gqa") or False))
+        return FusedSdpa.apply(q, k, v, mask,
+                               backend == "efficient" and mask is not None and mask.requires_grad)
+
+    class GroupedMm(torch.autograd.Function):
+        """``torch._grouped_mm`` / ``F.grouped_mm`` as CUDA runs them for any
+        of fp32, bf16 and fp16 (older PyTorch's fake kernel takes bf16 only,
+        while CUDA's runs fp32 too, which is what MoE layers under autocast
+        pass): the output, its rows padded to 16 bytes as CUDA pads them;
+        the gradients are the inputs' shapes."""
+
+        @staticmethod
+        def forward(ctx, a, b, offs, out_dtype):  # type: ignore[no-untyped-def]
+            ctx.save_for_backward(a, b, offs)
+            if a.dim() == 2 and b.dim() == 2:
+                size = [offs.size(0), a.size(0), b.size(1)]
+            elif a.dim() == 2:
+                size = [a.size(0), b.size(-1)]
+            elif b.dim() == 2:
+                size = [a.size(1), b.size(1)]
+            else:
+                size = [a.size(0), a.size(1), b.size(-1)]
+            dtype = out_dtype or a.dtype
+            align = max(1, 16 // torch.empty((), dtype=dtype).element_size())
+            row = -(-size[-1] // align) * align
+            stride = [size[1] * row, row, 1] if len(size) == 3 else [row, 1]
+            return torch.empty_strided(size, stride, dtype=dtype)
+
+        @staticmethod
+        def backward(ctx, grad):  # type: ignore[no-untyped-def]
+            a, b, _ = ctx.saved_tensors
+            da = torch.empty_like(a) if ctx.needs_input_grad[0] else None
+            db = torch.empty_like(b) if ctx.needs_input_grad[1] else None
+            return da, db, None, None
+
+    def grouped_mm(args: Any, kwargs: Any) -> Any:
+        names = ("mat_a", "mat_b", "offs", "bias", "out_dtype")
+        params = dict(zip(names, args))
+        params.update(kwargs)
+        if params.get("bias") is not None:
+            raise CaptureError("grouped_mm with a bias is not supported by the capture")
+        return GroupedMm.apply(params["mat_a"], params["mat_b"], params.get("offs"),
+                               params.get("out_dtype"))
 
     class HalfToFloatSoftmax(torch.autograd.Function):
         """(log-)softmax of a bf16/fp16 input into fp32, as CUDA's kernels do
@@ -212,23 +387,35 @@ def _function_mode() -> Any:
             return HalfToFloatSoftmax.apply(x, dim, softmaxes[func])
         return None
 
+    def cpu(x: Any) -> Any:
+        """A CUDA device, as a device, a name or an index, becomes the CPU."""
+        if isinstance(x, torch.device) and x.type == "cuda":
+            return torch.device("cpu")
+        if isinstance(x, str) and x.startswith("cuda"):
+            return "cpu"
+        return x
+
+    moves = {T.to, T.cuda, T.pin_memory}
+
     class CudaBehaviour(TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
             kwargs = kwargs or {}
+            if "device" in kwargs:
+                kwargs = dict(kwargs, device=cpu(kwargs["device"]))
+            if func in moves:
+                # the capture's tensors stay on the CPU: the step's own
+                # .cuda() / .to("cuda") keep them there
+                if func is not T.to:
+                    return args[0]
+                rest = [cpu(a) for a in args[1:]]
+                if rest and isinstance(rest[0], int) and not isinstance(rest[0], bool):
+                    rest[0] = "cpu"
+                return func(args[0], *rest, **kwargs)
             autocast = torch.is_autocast_enabled("cpu")
             if func is F.scaled_dot_product_attention:
-                q, k, v = args[:3]
-                if autocast:
-                    dt = torch.get_autocast_dtype("cpu")
-                    q, k, v = q.to(dt), k.to(dt), v.to(dt)
-                if q.dtype == torch.float32 and k.shape[-3] != q.shape[-3]:
-                    # fp32 with grouped-query heads: no fused CUDA kernel runs
-                    # it, PyTorch takes the math path (scores materialised).
-                    kw = {n: kwargs[n] for n in ("attn_mask", "dropout_p", "is_causal", "scale")
-                          if n in kwargs}
-                    return torch.ops.aten._scaled_dot_product_attention_math(
-                        q, k, v, enable_gqa=True, **kw)[0]
-                return FusedSdpa.apply(q, k, v)
+                return sdpa(args, kwargs, autocast)
+            if func in grouped_mms:
+                return grouped_mm(args, kwargs)
             if func is F.dropout:
                 x = args[0]
                 p = kwargs.get("p", args[1] if len(args) > 1 else 0.5)
@@ -334,46 +521,113 @@ def is_transformers(spec: str) -> bool:
 
 
 def build_on_meta(spec: str, config: Dict[str, Any], attention: Optional[str]) -> Any:
-    """The model, built on the meta device (no memory, no initialisation cost)."""
+    """The model, its parameters and buffers on the meta device (no memory,
+    no initialisation cost).
+
+    The constructor runs under ``torch.device("meta")``. One that computes
+    with tensors while it builds (torchvision's RegNet works its stage
+    widths out with ``torch.arange(...).tolist()``) cannot read a meta
+    tensor's values; it is run again with only the parameters and buffers
+    going to the meta device as they are registered, other tensors on the
+    CPU as usual.
+    """
     import torch
 
     fn = _load_callable(spec)
-    with torch.device("meta"):
-        if is_transformers(spec):
-            cfg_cls = getattr(fn, "config_class", None)
-            if cfg_cls is None:
-                raise CaptureError(f"--model: '{spec}' is not a transformers model class")
-            cfg = cfg_cls.from_dict(dict(config))
-            if attention:
-                cfg._attn_implementation = attention
-            if hasattr(fn, "_from_config"):
-                try:
-                    model = fn._from_config(cfg, attn_implementation=attention) if attention \
-                        else fn._from_config(cfg)
-                except TypeError:
-                    model = fn._from_config(cfg)
-            else:
-                model = fn(cfg)
-        else:
-            model = fn(**config)
+    try:
+        with torch.device("meta"):
+            model = _construct(fn, spec, config, attention)
+    except (NotImplementedError, RuntimeError) as e:
+        if "meta" not in str(e):
+            raise
+        with _registered_on_meta():
+            model = _construct(fn, spec, config, attention)
     if not isinstance(model, torch.nn.Module):
         raise CaptureError(f"--model: '{spec}' returned {type(model).__name__}, not an nn.Module")
     return model
 
 
-def materialize(model: Any, dtype: Any) -> None:
-    """Gives every meta parameter and buffer fake storage, in the order
-    ``model.to(device, dtype)`` converts them (children first), tied tensors
-    once."""
+def _construct(fn: Callable[..., Any], spec: str, config: Dict[str, Any],
+               attention: Optional[str]) -> Any:
+    if not is_transformers(spec):
+        return fn(**config)
+    cfg_cls = getattr(fn, "config_class", None)
+    if cfg_cls is None:
+        raise CaptureError(f"--model: '{spec}' is not a transformers model class")
+    cfg = cfg_cls.from_dict(dict(config))
+    if attention:
+        cfg._attn_implementation = attention
+    if getattr(cfg, "is_encoder_decoder", False) and getattr(cfg, "decoder_start_token_id", None) is None:
+        # `labels=` makes the decoder's inputs by shifting the labels right
+        # behind this token (T5: the pad token); only its presence matters here
+        cfg.decoder_start_token_id = getattr(cfg, "pad_token_id", None) or 0
+    if hasattr(fn, "_from_config"):
+        try:
+            return fn._from_config(cfg, attn_implementation=attention) if attention \
+                else fn._from_config(cfg)
+        except TypeError:
+            return fn._from_config(cfg)
+    return fn(cfg)
+
+
+@contextlib.contextmanager
+def _registered_on_meta() -> Any:
+    """Parameters and buffers go to the meta device as modules register them."""
     import torch
 
-    done: Dict[int, Any] = {}  # id of the meta tensor (alive throughout) -> its replacement
+    Module = torch.nn.Module
+    register_parameter, register_buffer = Module.register_parameter, Module.register_buffer
 
-    def conv(t: Any) -> Any:
-        kw = {"device": "cpu"}
-        if dtype is not None and t.is_floating_point():
-            kw["dtype"] = dtype
-        return torch.empty_like(t, **kw)
+    def parameter(self: Any, name: str, param: Any) -> None:
+        register_parameter(self, name, param)
+        p = self._parameters.get(name)
+        if p is not None and p.device.type != "meta":
+            self._parameters[name] = type(p)(p.to("meta"), requires_grad=p.requires_grad)
+
+    def buffer(self: Any, name: str, tensor: Any, persistent: bool = True) -> None:
+        register_buffer(self, name, tensor, persistent)
+        b = self._buffers.get(name)
+        if b is not None and b.device.type != "meta":
+            self._buffers[name] = b.to("meta")
+
+    # nn.Linear, nn.Conv2d and the like create their weights with torch.empty:
+    # made on the meta device, they never take host memory
+    def empty(*args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("device") is None:
+            kwargs["device"] = "meta"
+        return torch_empty(*args, **kwargs)
+
+    torch_empty = torch.empty
+    Module.register_parameter, Module.register_buffer = parameter, buffer  # type: ignore[method-assign]
+    torch.empty = empty
+    try:
+        yield
+    finally:
+        Module.register_parameter, Module.register_buffer = register_parameter, register_buffer  # type: ignore[method-assign]
+        torch.empty = torch_empty
+
+
+def _fake_like(t: Any, dtype: Any) -> Any:
+    """An empty tensor of ``t``'s shape and layout on the CPU, in ``dtype``
+    when it is a floating-point tensor and a dtype is given (fake under the
+    capture's mode; ``t`` itself is not read)."""
+    import torch
+
+    dt = dtype if dtype is not None and t.is_floating_point() else t.dtype
+    if t.is_contiguous():
+        return torch.empty(t.shape, dtype=dt, device="cpu")
+    return torch.empty_strided(t.shape, t.stride(), dtype=dt, device="cpu")
+
+
+def materialize(model: Any, dtype: Any, optimizers: Sequence[Any] = ()) -> Dict[int, Any]:
+    """Gives every parameter and buffer fake storage on the CPU, in the order
+    ``model.to(device, dtype)`` converts them (children first), tied tensors
+    once. The model's own tensors (meta, CPU or CUDA) are replaced, not read;
+    ``optimizers`` are pointed at the new parameters and their state is
+    dropped. Returns the replacements by the id of the tensor replaced."""
+    import torch
+
+    done: Dict[int, Any] = {}  # id of the old tensor -> (its replacement, the old tensor)
 
     def walk(m: Any) -> None:
         for child in m.children():
@@ -382,16 +636,21 @@ def materialize(model: Any, dtype: Any) -> None:
             if p is None:
                 continue
             if id(p) not in done:
-                done[id(p)] = (torch.nn.Parameter(conv(p), requires_grad=p.requires_grad), p)
+                done[id(p)] = (torch.nn.Parameter(_fake_like(p, dtype), requires_grad=p.requires_grad), p)
             m._parameters[name] = done[id(p)][0]
         for name, b in list(m._buffers.items()):
             if b is None:
                 continue
             if id(b) not in done:
-                done[id(b)] = (conv(b), b)
+                done[id(b)] = (_fake_like(b, dtype), b)
             m._buffers[name] = done[id(b)][0]
 
     walk(model)
+    for opt in optimizers:
+        for group in opt.param_groups:
+            group["params"] = [done[id(p)][0] if id(p) in done else p for p in group["params"]]
+        opt.state.clear()
+    return {k: v[0] for k, v in done.items()}
 
 
 # -------------------------------------------------------------------- capture
@@ -424,6 +683,133 @@ def parse_input(text: str) -> Tuple[int, ...]:
     return dims
 
 
+_active = 0  # captures entered and not yet left
+
+
+def capturing() -> bool:
+    """True inside a capture (a step run under it is being recorded)."""
+    return _active > 0
+
+
+class _HostMemory:
+    """The process's peak resident memory over a stretch of time: Linux's
+    high-water mark (VmHWM), reset at the start through
+    ``/proc/self/clear_refs``; where that cannot be done, the process's
+    lifetime peak (``getrusage``)."""
+
+    def __init__(self) -> None:
+        self.reset = False
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+            self.reset = True
+        except OSError:
+            pass
+
+    def peak(self) -> int:
+        try:
+            with open("/proc/self/status") as f:
+                for line in f:
+                    if line.startswith("VmHWM:"):
+                        return int(line.split()[1]) * 1024
+        except (OSError, ValueError, IndexError):
+            pass
+        import resource
+
+        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+class Capture:
+    """A capture in progress: fake tensors on the CPU, the allocation
+    recorder and the CUDA-behaviour rules, entered as a context manager
+    (``__enter__`` and ``__exit__`` may also be called from two hooks of a
+    training loop, as the adapters do).
+
+    ::
+
+        with Capture() as cap:
+            cap.adopt(model, optimizers=[optimizer])
+            ...  # training steps
+        profile = cap.profile(micro_batch=8)
+    """
+
+    def __init__(self) -> None:
+        self.rec = _Recorder()
+        self.seconds = 0.0
+        self.peak_host_bytes = 0
+        self._stack: Optional[contextlib.ExitStack] = None
+        self._t0 = 0.0
+        self._host: Optional[_HostMemory] = None
+
+    def __enter__(self) -> "Capture":
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        global _active
+        self._host = _HostMemory()
+        self._t0 = time.perf_counter()
+        stack = contextlib.ExitStack()
+        stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
+        stack.enter_context(_dispatch_mode(self.rec))
+        stack.enter_context(_function_mode())
+        stack.enter_context(_autocast_on_cpu())
+        self._stack = stack
+        _active += 1
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        global _active
+        if self._stack is not None:
+            _active -= 1
+            self._stack.__exit__(*exc)
+            self._stack = None
+        self.seconds = time.perf_counter() - self._t0
+        assert self._host is not None
+        self.peak_host_bytes = self._host.peak()
+
+    def adopt(self, model: Any, dtype: Any = None, optimizers: Sequence[Any] = ()) -> None:
+        """Gives ``model``'s parameters and buffers fake storage (see
+        :func:`materialize`); ``dtype`` converts the floating-point ones."""
+        materialize(model, dtype, optimizers)
+
+    def profile(self, micro_batch: int, grad_accum: int = 1,
+                info: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+        """The recorded events in the ``vramfit.profile/v1`` form."""
+        import torch
+
+        capture_info: Dict[str, Any] = {"tool": "vramfit.profile", "mode": "fake-cpu",
+                                        "torch": torch.__version__}
+        capture_info.update(info or {})
+        capture_info.update({"seconds": round(self.seconds, 3),
+                             "peakHostBytes": self.peak_host_bytes,
+                             "dataDependentReads": self.rec.data_reads})
+        return to_profile(self.rec, micro_batch, grad_accum, capture_info)
+
+
+@contextlib.contextmanager
+def _autocast_on_cpu() -> Any:
+    """``torch.autocast("cuda", ...)`` in the captured code becomes CPU
+    autocast (with CUDA's default dtype, fp16, when none is given): the
+    capture's tensors are on the CPU, and its rules make CPU autocast
+    behave as CUDA's."""
+    import torch
+
+    cls = torch.amp.autocast_mode.autocast
+    init = cls.__init__
+
+    def cpu_init(self: Any, device_type: str, dtype: Any = None, *args: Any, **kwargs: Any) -> None:
+        if device_type == "cuda":
+            device_type = "cpu"
+            if dtype is None:
+                dtype = torch.get_autocast_dtype("cuda")
+        init(self, device_type, dtype, *args, **kwargs)
+
+    cls.__init__ = cpu_init  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        cls.__init__ = init  # type: ignore[method-assign]
+
+
 def capture(model_spec: str, config: Dict[str, Any], batch: int, precision: str,
             optimizer: str, input_shape: Optional[Sequence[int]] = None,
             seq_len: Optional[int] = None, steps: int = 2, grad_accum: int = 1,
@@ -433,7 +819,6 @@ def capture(model_spec: str, config: Dict[str, Any], batch: int, precision: str,
     """Runs the capture and returns the profile as a dict."""
     import torch
     import torch.nn.functional as F
-    from torch._subclasses.fake_tensor import FakeTensorMode
 
     if precision not in PRECISIONS:
         raise CaptureError(f"--precision must be one of {', '.join(PRECISIONS)}, got '{precision}'")
@@ -452,12 +837,11 @@ def capture(model_spec: str, config: Dict[str, Any], batch: int, precision: str,
     pure = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
     amp = {"amp-bf16": torch.bfloat16, "amp-fp16": torch.float16}.get(precision)
 
-    t0 = time.time()
+    t0 = time.perf_counter()
     model = build_on_meta(model_spec, config, attention)
-    rec = _Recorder()
-    fake = FakeTensorMode(allow_non_fake_inputs=True)
-    with fake, _dispatch_mode(rec), _function_mode():
-        materialize(model, pure)
+    cap = Capture()
+    with cap:
+        cap.adopt(model, pure)
         if hf and hasattr(model, "tie_weights"):
             model.tie_weights()  # ties are kept by materialize; this re-ties if the class unties
         if checkpointing:
@@ -517,12 +901,10 @@ def capture(model_spec: str, config: Dict[str, Any], batch: int, precision: str,
                     loss = loss / grad_accum
                 if zero_grad == "before-backward" and micro == 0:
                     opt.zero_grad()
-                rec.in_backward = True
                 if scaler is not None:
                     scaler.scale(loss).backward()
                 else:
                     loss.backward()
-                rec.in_backward = False
             if scaler is not None:
                 scaler.step(opt)
                 scaler.update()
@@ -531,12 +913,11 @@ def capture(model_spec: str, config: Dict[str, Any], batch: int, precision: str,
             if zero_grad == "after-step":
                 opt.zero_grad()
         del outputs, loss, b
-    seconds = time.time() - t0
-    return to_profile(rec, batch, grad_accum, {
-        "tool": "vramfit.profile", "mode": "fake-cpu", "torch": torch.__version__,
+    cap.seconds = time.perf_counter() - t0
+    return cap.profile(batch, grad_accum, {
         "model": model_spec, "precision": precision, "optimizer": optimizer,
         "steps": steps, "checkpointing": checkpointing, "attention": attention,
-        "zeroGrad": zero_grad, "seconds": round(seconds, 3),
+        "zeroGrad": zero_grad,
         "input": list(input_shape) if input_shape else None, "seqLen": seq_len,
     })
 
@@ -549,8 +930,17 @@ def to_profile(rec: _Recorder, micro_batch: int, grad_accum: int,
     events = [index[v] if k == "a" else -(v + 1) for k, v in rec.events]
     return {"format": FORMAT, "microBatch": micro_batch, "gradAccum": grad_accum,
             "sizes": sizes, "events": events, "cublasWorkspaceAt": rec.workspace_at,
-            "source": f"vramfit.profile {capture_info['model']}",
+            "source": f"vramfit.profile {capture_info.get('model', '')}".rstrip(),
             "capture": dict(capture_info, peakLiveBytes=rec.peak, allocations=rec.count)}
+
+
+def summary(prof: Dict[str, Any]) -> str:
+    """One line about a capture, for stderr."""
+    c = prof.get("capture", {})
+    return (f"captured {c.get('allocations', 0)} allocations, {len(prof['events'])} events, "
+            f"live peak {c.get('peakLiveBytes', 0) / 2**30:.3f} GiB in {c.get('seconds', 0):.1f} s, "
+            f"peak host memory {c.get('peakHostBytes', 0) / 2**20:.0f} MiB")
+
 
 
 # ------------------------------------------------------------------------ CLI
@@ -599,10 +989,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     else:
         with open(args.output, "w") as f:
             f.write(text)
-    c = prof["capture"]
-    print(f"captured {c['allocations']} allocations, {len(prof['events'])} events, "
-          f"live peak {c['peakLiveBytes'] / 2**30:.3f} GiB in {c['seconds']:.1f}s",
-          file=sys.stderr)
+    print(summary(prof), file=sys.stderr)
     return 0
 
 
