@@ -30,15 +30,36 @@ use crate::{Error, Result};
 /// after its prediction is held, to record the two together.
 const ADOPTED_REQUEUE: std::time::Duration = std::time::Duration::from_millis(10);
 
-/// Runs CPU-bound work on this worker thread, telling a multi-threaded
-/// runtime to move its other tasks elsewhere meanwhile.
-fn cpu_bound<T>(work: impl FnOnce() -> T) -> T {
-    let multi = tokio::runtime::Handle::try_current()
-        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
-    if multi {
-        tokio::task::block_in_place(work)
-    } else {
-        work()
+/// The longest a prediction may run. Every input the predictor reads is
+/// bounded (the schema's limits, a config's counts), and the largest allowed
+/// job predicts in seconds; past this limit the job is refused rather than
+/// holding a reconcile and the memory its prediction builds.
+const PREDICTION_LIMIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Runs CPU-bound `work` on the blocking pool and waits at most `limit`
+/// for it. `Err` says why there is no result: it ran past the limit (it
+/// then finishes unobserved) or it panicked.
+async fn bounded<T: Send + 'static>(
+    limit: std::time::Duration,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> std::result::Result<T, String> {
+    match tokio::time::timeout(limit, tokio::task::spawn_blocking(work)).await {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(failed)) => {
+            let reason = match failed.try_into_panic() {
+                Ok(panic) => panic
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                    .unwrap_or_else(|| "no message".into()),
+                Err(cancelled) => cancelled.to_string(),
+            };
+            Err(format!("the prediction failed: {reason}"))
+        }
+        Err(_) => Err(format!(
+            "the prediction did not finish within {} s",
+            limit.as_secs()
+        )),
     }
 }
 
@@ -126,21 +147,29 @@ async fn apply(job: &TrainingJob, ctx: &Context) -> Result<Action> {
             super::wait_ready(&ctx.gpu_nodes).await?;
             let gpu_models = ctx.gpu_models();
             // A large model's prediction (and, when it fits no GPU, the
-            // changes that would make it fit) takes a while: the runtime's
-            // other tasks move to other threads meanwhile.
-            let predicted = cpu_bound(|| {
-                transition::predict(
-                    job,
-                    status,
-                    PredictFacts {
-                        attempt,
-                        learned,
-                        profile: profile.as_ref().map(|p| p.as_deref()).map_err(Clone::clone),
-                        measured: &|signature| ctx.measured_peak_for(signature),
-                        gpu_models: &gpu_models,
-                    },
-                )
-            });
+            // changes that would make it fit) takes a while: it runs on the
+            // blocking pool, bounded in time, and a panic in it fails the
+            // job instead of the reconcile.
+            let predicted = {
+                let owned = job.clone();
+                let index = ctx.index.clone();
+                let input = status.clone();
+                bounded(PREDICTION_LIMIT, move || {
+                    transition::predict(
+                        &owned,
+                        input,
+                        PredictFacts {
+                            attempt,
+                            learned,
+                            profile: profile.as_ref().map(|p| p.as_deref()).map_err(Clone::clone),
+                            measured: &|signature| index.measured_peak_for(signature),
+                            gpu_models: &gpu_models,
+                        },
+                    )
+                })
+                .await
+                .unwrap_or_else(|message| transition::invalid(job, status, &message))
+            };
             // Held only for a version it can be tied to (a job read from the
             // API server always has one).
             match job.resource_version() {
@@ -546,3 +575,7 @@ async fn cleanup(job: &TrainingJob, ctx: &Context) -> Result<Action> {
     tracing::info!(job = %job.name_any(), namespace, "released");
     Ok(Action::await_change())
 }
+
+#[cfg(test)]
+#[path = "reconcile_tests.rs"]
+mod tests;
