@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Checks of charts/vramfit: the CRDs match crds/, every value is documented,
-# helm lint, the schema refuses bad values, the rendered manifests pass
+# helm lint, the schema refuses bad values, the agent's NRI sidecar as
+# rendered (probes, the socket's folder mounted into it alone), the rendered manifests pass
 # `kubectl apply --dry-run=server` against the local control plane, each
 # ServiceAccount can do what it needs and nothing it must not (`kubectl auth can-i`),
 # and a real `helm install`, `helm upgrade` and `helm uninstall` leave what they
