@@ -257,3 +257,36 @@ def test_the_capture_reports_its_time_and_peak_host_memory() -> None:
     c = run()["capture"]
     assert c["seconds"] > 0 and c["peakHostBytes"] > 10 * 2**20
     assert "peak host memory" in profile.summary(run())
+
+
+# ---------------------------------------------------------- a script's own step
+
+
+def test_capture_step_records_a_plain_scripts_step() -> None:
+    # an optimizer built before the call, .cuda() and torch.autocast("cuda")
+    model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.Linear(32, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    seen = []
+
+    def step(m: torch.nn.Module) -> None:
+        x = torch.randn(8, 32).cuda()  # stays on the CPU under the capture
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = m(x.to("cuda")).float().pow(2).mean()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        seen.append(loss.dtype)
+
+    p = profile.capture_step(model, step, micro_batch=8, optimizers=[optimizer])
+    seq = [p["sizes"][e] for e in p["events"] if e >= 0]
+    assert seq[:2] == [32 * 32 * 4, 32 * 4]  # the parameters, first, in .to() order
+    assert 8 * 32 * 2 in seq  # a bf16 activation: torch.autocast("cuda") became CPU autocast
+    assert seq.count(32 * 32 * 4) >= 3  # weight, its gradient, its momentum buffer
+    assert p["microBatch"] == 8 and len(seen) == 2
+
+
+def test_a_data_loaders_shuffle_draws_real_indices_and_is_not_recorded() -> None:
+    g = torch.Generator().manual_seed(0)
+    with profile.Capture() as cap:
+        order = list(torch.utils.data.RandomSampler(range(10), generator=g))
+    assert sorted(order) == list(range(10)) and cap.rec.count == 0

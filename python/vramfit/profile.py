@@ -36,6 +36,9 @@ differently from a CUDA run, the capture does what CUDA does:
 
 Not captured: cuDNN's convolution workspaces and the CUDA context (the
 predictor's GPU profile covers the context).
+
+``capture_step(model, step_fn, micro_batch=...)`` captures a script's own
+training step (docs/profile-format.md).
 """
 
 from __future__ import annotations
@@ -116,7 +119,7 @@ def _in_backward() -> bool:
 
 def _dispatch_mode(rec: _Recorder) -> Any:
     import torch
-    from torch._subclasses.fake_tensor import DataDependentOutputException
+    from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensor
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_flatten
 
@@ -135,7 +138,9 @@ def _dispatch_mode(rec: _Recorder) -> Any:
                     return _unknown_value(rec, args[0])
             out = func(*args, **(kwargs or {}))
             for t in tree_flatten(out)[0]:
-                if isinstance(t, torch.Tensor) and t.device.type != "meta":
+                # real tensors (a sampler's indices, made outside the fake
+                # mode) are host memory
+                if isinstance(t, FakeTensor) and t.device.type != "meta":
                     rec.storage(t.untyped_storage())
             return out
 
@@ -198,6 +203,7 @@ def _function_mode() -> Any:
     grouped matrix products, and tensors kept on the CPU."""
     import torch
     import torch.nn.functional as F
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
     from torch.overrides import TorchFunctionMode
 
     T = torch.Tensor
@@ -402,6 +408,11 @@ def _function_mode() -> Any:
             kwargs = kwargs or {}
             if "device" in kwargs:
                 kwargs = dict(kwargs, device=cpu(kwargs["device"]))
+            if kwargs.get("generator") is not None:
+                # random numbers drawn from a generator of the script's (a
+                # data loader's shuffle): real values on the host
+                with unset_fake_temporarily():
+                    return func(*args, **kwargs)
             if func in moves:
                 # the capture's tensors stay on the CPU: the step's own
                 # .cuda() / .to("cuda") keep them there
@@ -920,6 +931,43 @@ def capture(model_spec: str, config: Dict[str, Any], batch: int, precision: str,
         "zeroGrad": zero_grad,
         "input": list(input_shape) if input_shape else None, "seqLen": seq_len,
     })
+
+
+def capture_step(model: Any, step_fn: Callable[[Any], Any], *, micro_batch: int,
+                 steps: int = 2, grad_accum: int = 1, optimizers: Sequence[Any] = (),
+                 dtype: Any = None, source: Optional[str] = None) -> Dict[str, Any]:
+    """Captures the allocation profile of arbitrary training code.
+
+    ``step_fn(model)`` runs one whole training step of ``model`` the way the
+    script does it (forward, backward, optimizer step, clearing the
+    gradients); it is called ``steps`` times (the first creates the
+    optimizer's state, the second is the steady state) under the capture, on
+    the CPU, with no GPU and no memory for tensors. ``micro_batch`` is the
+    samples per forward pass the step uses and ``grad_accum`` the forward
+    passes per optimizer step: the profile is a prediction for them.
+
+    ``model``'s parameters and buffers (on the meta device, the CPU or a GPU)
+    are replaced by fake ones, in ``model.to("cuda")``'s order and in
+    ``dtype`` if given; the ``optimizers`` built on them are pointed at the
+    new ones and their state is dropped. The model is not usable for
+    training afterwards: capture a fresh one (build it under
+    ``torch.device("meta")`` to spend no memory on its weights).
+
+    Inside ``step_fn``, tensors stay on the CPU (``.cuda()`` and
+    ``.to("cuda")`` keep them there, ``torch.autocast("cuda")`` is CPU
+    autocast with the capture's CUDA rules), and ``.item()`` or ``bool()``
+    of a value no fake tensor has answers the usual value (see the
+    profile-format docs).
+    """
+    if steps < 1 or micro_batch < 1 or grad_accum < 1:
+        raise CaptureError("steps, micro_batch and grad_accum must be at least 1")
+    cap = Capture()
+    with cap:
+        cap.adopt(model, dtype, optimizers)
+        for _ in range(steps):
+            step_fn(model)
+    return cap.profile(micro_batch, grad_accum, {
+        "model": source or type(model).__name__, "steps": steps, "api": "capture_step"})
 
 
 def to_profile(rec: _Recorder, micro_batch: int, grad_accum: int,
