@@ -38,13 +38,16 @@ Not captured: cuDNN's convolution workspaces and the CUDA context (the
 predictor's GPU profile covers the context).
 
 ``capture_step(model, step_fn, micro_batch=...)`` captures a script's own
-training step (docs/profile-format.md).
+training step, and under ``VRAMFIT_PHASE=profile`` ``vramfit.Step`` and the
+adapters capture the real step and exit (docs/profile-format.md).
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
+import gzip
 import importlib
 import json
 import math
@@ -52,7 +55,7 @@ import os
 import sys
 import time
 import weakref
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, NoReturn, Optional, Sequence, Tuple
 
 FORMAT = "vramfit.profile/v1"
 PRECISIONS = ("fp32", "amp-bf16", "amp-fp16", "bf16", "fp16")
@@ -989,6 +992,148 @@ def summary(prof: Dict[str, Any]) -> str:
             f"live peak {c.get('peakLiveBytes', 0) / 2**30:.3f} GiB in {c.get('seconds', 0):.1f} s, "
             f"peak host memory {c.get('peakHostBytes', 0) / 2**20:.0f} MiB")
 
+
+
+# ------------------------------------------------------ automatic profiling
+
+#: ``VRAMFIT_PHASE=profile``: run one captured step, report the profile and exit.
+PHASE_VARIABLE = "VRAMFIT_PHASE"
+#: Where the profile JSON is written as well, when set.
+PROFILE_OUT_VARIABLE = "VRAMFIT_PROFILE_OUT"
+#: Start of the stdout line that carries the profile (base64 of its gzip).
+PROFILE_PREFIX = "vramfit-profile: "
+#: Start of the stdout line that says why the capture failed.
+ERROR_PREFIX = "vramfit-profile-error: "
+#: Exit status of a failed capture.
+ERROR_EXIT_CODE = 3
+#: The longest profile line that also goes to the termination log.
+TERMINATION_LINE_MAX = 4096
+
+
+def profile_phase(env: Optional[Dict[str, str]] = None) -> bool:
+    """True when the controller started this process to profile it."""
+    source = os.environ if env is None else env
+    return source.get(PHASE_VARIABLE, "").strip().lower() == "profile"
+
+
+def profile_line(prof: Dict[str, Any]) -> str:
+    """``vramfit-profile: `` and the base64 (standard alphabet, no newlines)
+    of the gzip of the compact profile JSON."""
+    data = gzip.compress(json.dumps(prof, separators=(",", ":")).encode(), mtime=0)
+    return PROFILE_PREFIX + base64.b64encode(data).decode("ascii")
+
+
+def decode_profile_line(line: str) -> Dict[str, Any]:
+    """The profile a :func:`profile_line` carries."""
+    text = line.strip()
+    if not text.startswith(PROFILE_PREFIX.strip()):
+        raise ValueError("not a vramfit-profile line")
+    data = base64.b64decode(text[len(PROFILE_PREFIX.strip()):].strip(), validate=True)
+    return json.loads(gzip.decompress(data))  # type: ignore[no-any-return]
+
+
+def _termination_log() -> str:
+    from .attempt import DEFAULT_TERMINATION_LOG
+
+    return os.environ.get("VRAMFIT_TERMINATION_LOG") or DEFAULT_TERMINATION_LOG
+
+
+def _write_termination_log(text: str) -> None:
+    path = _termination_log()
+    if not (os.path.exists(path) and os.access(path, os.W_OK)):
+        return
+    try:
+        with open(path, "w") as f:
+            f.write(text)
+    except OSError:
+        pass
+
+
+def report_profile(prof: Dict[str, Any]) -> None:
+    """The protocol's output for a profile: the file, the stdout line and,
+    when the line fits, the termination log."""
+    out = os.environ.get(PROFILE_OUT_VARIABLE)
+    if out:
+        with open(out, "w") as f:
+            f.write(json.dumps(prof, separators=(",", ":")))
+    line = profile_line(prof)
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+    if len(line.encode()) <= TERMINATION_LINE_MAX:
+        _write_termination_log(line)
+    print(f"vramfit: {summary(prof)}", file=sys.stderr)
+
+
+def report_error(exc: BaseException) -> None:
+    """The protocol's output for a failed capture: one line on stdout and in
+    the termination log."""
+    message = " ".join(f"{type(exc).__name__}: {exc}".split())[:2000]
+    line = ERROR_PREFIX + message
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+    _write_termination_log(line)
+
+
+def exit_process(code: int) -> NoReturn:
+    """Ends the process at once (no framework teardown runs on the fake
+    tensors the capture left behind)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def finish_profile_phase(make_profile: Callable[[], Dict[str, Any]]) -> NoReturn:
+    """Runs ``make_profile`` (a capture), reports its profile and exits 0;
+    a failure is reported and exits :data:`ERROR_EXIT_CODE`."""
+    try:
+        prof = make_profile()
+    except Exception as exc:  # noqa: BLE001 - every failure is the protocol's error line
+        import traceback
+
+        traceback.print_exc()
+        report_error(exc)
+        exit_process(ERROR_EXIT_CODE)
+    report_profile(prof)
+    exit_process(0)
+
+
+class LoopProfile:
+    """The protocol inside a training loop that the adapters hook: ``start``
+    before the first step (the model and optimizers exist), ``finish`` after
+    the second optimizer step; a failure in between (an exception that
+    reaches the top of the process) is reported as the protocol's error."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.capture: Optional[Capture] = None
+        self._hook: Any = None
+
+    def start(self, model: Any, optimizers: Sequence[Any]) -> None:
+        try:
+            self.capture = Capture().__enter__()
+            self.capture.adopt(model, None, [o for o in optimizers if o is not None])
+        except Exception as exc:  # noqa: BLE001
+            self.fail(exc)
+        self._hook = sys.excepthook
+
+        def hook(kind: Any, exc: BaseException, tb: Any) -> None:
+            self._hook(kind, exc, tb)
+            self.fail(exc)
+
+        sys.excepthook = hook
+
+    def finish(self, micro_batch: int, grad_accum: int = 1, steps: int = 2) -> NoReturn:
+        def make() -> Dict[str, Any]:
+            assert self.capture is not None
+            self.capture.__exit__(None, None, None)
+            return self.capture.profile(micro_batch, grad_accum,
+                                        {"model": self.source, "steps": steps})
+
+        finish_profile_phase(make)
+
+    def fail(self, exc: BaseException) -> NoReturn:
+        report_error(exc)
+        exit_process(ERROR_EXIT_CODE)
 
 
 # ------------------------------------------------------------------------ CLI

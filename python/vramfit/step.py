@@ -17,7 +17,7 @@ import math
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Iterator, List, Mapping, NoReturn, Optional, Sequence, Tuple
 
 from . import state
 from .attempt import Attempt
@@ -168,7 +168,14 @@ class Step:
         return self.global_batch // (self.micro_batch * self.world_size)
 
     def run(self, batch: Any, loss_fn: LossFn) -> StepResult:
-        """Runs one optimizer step over ``batch`` (this rank's share of the global batch)."""
+        """Runs one optimizer step over ``batch`` (this rank's share of the global batch).
+
+        Under ``VRAMFIT_PHASE=profile`` the first call captures the step's
+        allocation profile instead, reports it and ends the process
+        (:meth:`profile_and_exit`).
+        """
+        if _profile_phase():
+            self.profile_and_exit(batch, loss_fn)
         total = batch_size(batch)
         absorbed_here: List[AbsorbedOom] = []
         first_oom: Optional[float] = None
@@ -201,6 +208,32 @@ class Step:
             absorbed=absorbed_here,
             recovery_seconds=0.0 if first_oom is None else time.perf_counter() - first_oom,
         )
+
+    def profile_and_exit(self, batch: Any, loss_fn: LossFn) -> NoReturn:
+        """The automatic-profiling protocol (docs/profile-format.md): this
+        step, as :meth:`run` runs it at the attempt's micro-batch, captured
+        twice (the first creates the optimizer's state) on the CPU with no
+        GPU memory, the profile reported, the process ended with status 0
+        (3 when the capture fails). Two micro-batches of ``batch`` at most
+        are run per step: more accumulate the same way."""
+        from . import profile
+
+        def make() -> Any:
+            total = batch_size(batch)
+            micro = min(self.micro_batch, total)
+            passes = min(2, math.ceil(total / micro))
+            part = _slice(batch, 0, min(total, micro * passes))
+
+            def step(_model: Any) -> None:
+                self._accumulate(part, batch_size(part), loss_fn)
+                self._optimizer_step()
+
+            return profile.capture_step(
+                self._forward_module(), step, micro_batch=micro, grad_accum=passes,
+                optimizers=[self.optimizer], source="vramfit.Step",
+            )
+
+        profile.finish_profile_phase(make)
 
     # The micro-batch loop lives in its own frame: after an OOM the traceback's
     # frames are cleared, which drops the activations their locals reference.
@@ -324,6 +357,14 @@ class Step:
 
 
 _OOM_TEXT = "CUDA out of memory"
+
+
+def _profile_phase() -> bool:
+    """``VRAMFIT_PHASE=profile``, outside a capture already running (a step
+    inside a training loop that an adapter captures runs as usual)."""
+    from . import profile
+
+    return profile.profile_phase() and not profile.capturing()
 
 
 def _low_precision_types() -> tuple:

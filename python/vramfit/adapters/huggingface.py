@@ -7,6 +7,11 @@
     trainer = Trainer(model=model, args=args, train_dataset=ds, callbacks=[VramfitTrainerCallback()])
     train(trainer)      # trainer.train() under the OOM exit protocol
 
+Under ``VRAMFIT_PHASE=profile`` the callback captures the Trainer's first
+two optimizer steps on the CPU (the automatic-profiling protocol,
+docs/profile-format.md), reports the profile and ends the process;
+:func:`train` adds the callback when the Trainer has none.
+
 In-process absorption is not available here: ``Trainer`` draws each micro-batch
 from its own data loader, calls ``training_step`` once per micro-batch and steps
 the optimizer itself, so a step cannot be re-run from its first sample with a
@@ -22,7 +27,7 @@ from typing import Any, Dict, Optional
 
 import transformers
 
-from .. import state
+from .. import profile, state
 from ..attempt import Attempt, ConfigError
 from ..oom import oom_guard
 
@@ -46,12 +51,30 @@ class VramfitTrainerCallback(transformers.TrainerCallback):
 
     A Trainer built with other values would train another global batch than the
     TrainingJob says, and the controller's back-off would not reach it.
+
+    Under ``VRAMFIT_PHASE=profile`` it captures the Trainer's first two
+    optimizer steps (from ``on_train_begin`` to the second ``on_step_end``),
+    reports the profile and ends the process.
     """
 
     def __init__(self, attempt: Optional[Attempt] = None) -> None:
         self.attempt = attempt
+        self._profiling: Optional[profile.LoopProfile] = None
+        self._first_step = 0
 
     def on_train_begin(self, args: Any, state_: Any, control: Any, **kwargs: Any) -> None:
+        self._check_shape(args)
+        if profile.profile_phase() and not profile.capturing():
+            model = kwargs.get("model")
+            self._profiling = profile.LoopProfile(f"transformers.Trainer {type(model).__name__}")
+            self._first_step = state_.global_step
+            self._profiling.start(model, [kwargs.get("optimizer")])
+
+    def on_step_end(self, args: Any, state_: Any, control: Any, **kwargs: Any) -> None:
+        if self._profiling is not None and state_.global_step - self._first_step >= 2:
+            self._profiling.finish(args.per_device_train_batch_size, args.gradient_accumulation_steps)
+
+    def _check_shape(self, args: Any) -> None:
         current = self.attempt or state.attempt()
         if not current.managed and self.attempt is None:
             return
@@ -66,6 +89,12 @@ class VramfitTrainerCallback(transformers.TrainerCallback):
 
 
 def train(trainer: "transformers.Trainer", *, hard_exit: bool = True, **kwargs: Any) -> Any:
-    """``trainer.train(**kwargs)`` with an OOM turned into the exit protocol."""
+    """``trainer.train(**kwargs)`` with an OOM turned into the exit protocol
+    (and, under ``VRAMFIT_PHASE=profile``, the profiling callback added when
+    the Trainer has none)."""
+    if profile.profile_phase() and not any(
+        isinstance(cb, VramfitTrainerCallback) for cb in trainer.callback_handler.callbacks
+    ):
+        trainer.add_callback(VramfitTrainerCallback())
     with oom_guard(hard=hard_exit):
         return trainer.train(**kwargs)

@@ -10,6 +10,10 @@ Restart path (automatic optimisation)::
 turns an OOM anywhere in ``fit`` into the exit protocol (exit 42), after which
 the controller starts the next attempt with half the micro-batch.
 
+Under ``VRAMFIT_PHASE=profile`` the callback captures the first two
+optimizer steps of ``fit`` on the CPU (the automatic-profiling protocol,
+docs/profile-format.md), reports the profile and ends the process.
+
 In-process (manual optimisation): Lightning's automatic loop draws one
 micro-batch per ``training_step`` and steps the optimizer itself, so a failed
 step cannot be re-run with smaller micro-batches from outside it. With
@@ -27,10 +31,10 @@ from typing import Any, Callable, Dict, Optional
 
 import lightning.pytorch as pl
 
-from .. import state
+from .. import profile, state
 from ..attempt import Attempt
 from ..oom import exit_on_oom, is_oom
-from ..step import Step, StepResult
+from ..step import Step, StepResult, batch_size
 
 
 def trainer_kwargs(attempt: Optional[Attempt] = None) -> Dict[str, Any]:
@@ -45,13 +49,35 @@ class VramfitCallback(pl.Callback):
     def __init__(self, attempt: Optional[Attempt] = None, *, hard_exit: bool = True) -> None:
         self.attempt = attempt
         self.hard_exit = hard_exit
+        self._profiling: Optional[profile.LoopProfile] = None
+        self._first_step = 0
 
     def setup(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:
         current = self.attempt or state.attempt()
         if pl_module.automatic_optimization:
             trainer.accumulate_grad_batches = current.grad_accum
 
+    def on_train_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        if profile.profile_phase() and not profile.capturing():
+            self._profiling = profile.LoopProfile(f"lightning {type(pl_module).__name__}")
+            self._first_step = trainer.global_step
+            self._profiling.start(pl_module, trainer.optimizers)
+
+    def on_train_batch_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", outputs: Any,
+                           batch: Any, batch_idx: int) -> None:
+        if self._profiling is None or trainer.global_step - self._first_step < 2:
+            return
+        current = self.attempt or state.attempt()
+        try:
+            micro = batch_size(batch)
+        except (ValueError, TypeError):
+            micro = current.micro_batch
+        accum = trainer.accumulate_grad_batches if pl_module.automatic_optimization else 1
+        self._profiling.finish(micro, accum)
+
     def on_exception(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", exception: BaseException) -> None:
+        if self._profiling is not None:
+            self._profiling.fail(exception)
         if is_oom(exception):
             exit_on_oom(exception, hard=self.hard_exit)
 
