@@ -1,5 +1,6 @@
 //! The vramfit API: `TrainingJob` and `GpuNode` in `vramfit.dev/v1alpha1`.
 
+pub mod free_form;
 pub mod gpu_node;
 pub mod model;
 pub mod schema;

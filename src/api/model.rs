@@ -170,6 +170,7 @@ pub struct HuggingFaceSpec {
     /// The model's `config.json` as an object (`model_type` selects the family:
     /// gpt2, llama, mistral, qwen2, qwen3, phi3, bert, roberta).
     #[schemars(schema_with = "crate::api::schema::free_form_object")]
+    #[serde(deserialize_with = "crate::api::free_form::deserialize")]
     pub config: serde_json::Map<String, serde_json::Value>,
     /// Tokens per sample used in training.
     #[schemars(range(min = 1, max = 16777216))]

@@ -80,6 +80,7 @@ pub struct TrainingJobSpec {
     /// The pod that runs the training (a PodTemplateSpec); vramfit adds the
     /// node, the GPU and the `VRAMFIT_*` variables.
     #[schemars(schema_with = "crate::api::schema::pod_template")]
+    #[serde(deserialize_with = "crate::api::free_form::deserialize")]
     pub template: serde_json::Map<String, serde_json::Value>,
 }
 
@@ -165,6 +166,12 @@ pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
 pub fn check_pod_template(
     template: &serde_json::Map<String, serde_json::Value>,
 ) -> Result<PodTemplateSpec, String> {
+    if let Some(path) = super::free_form::too_deep(template) {
+        return Err(format!(
+            "spec.template.{path} is nested deeper than {} levels",
+            super::free_form::MAX_DEPTH
+        ));
+    }
     let value = serde_json::Value::Object(template.clone());
     let parsed: PodTemplateSpec = serde_path_to_error::deserialize(value).map_err(|e| {
         let path = e.path().to_string();

@@ -116,6 +116,12 @@ fn bad(key: &str, want: &str) -> PredictError {
 /// Maps a Hugging Face model onto the transformer description.
 pub fn arch_from_hugging_face(spec: &HuggingFaceSpec) -> Result<TransformerArch, PredictError> {
     let cfg = &spec.config;
+    if let Some(path) = crate::api::free_form::too_deep(cfg) {
+        return Err(PredictError::Invalid(format!(
+            "huggingFace.config.{path} is nested deeper than {} levels",
+            crate::api::free_form::MAX_DEPTH
+        )));
+    }
     let model_type = match cfg.get("model_type") {
         Some(Value::String(s)) => s.as_str(),
         Some(_) => return Err(bad("model_type", "a string")),
