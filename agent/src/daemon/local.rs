@@ -4,7 +4,8 @@
 //! python) are one owner, `local-<pid>`, as a pod's processes are one pod;
 //! every other GPU process belongs to no one and is never stopped.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 use vramfit::quantity::parse_quantity;
 
@@ -80,29 +81,90 @@ impl OwnerLookup for LocalOwners {
     }
 }
 
-/// Stops an order's processes with SIGKILL. The PIDs are host PIDs from
-/// NVML, which is why the agent runs with hostPID (docs/agent.md). A process
-/// already gone is not an error.
-pub fn kill_processes(order: &StopOrder) -> Vec<(u32, std::io::Result<()>)> {
-    order
-        .pids
-        .iter()
-        .map(|&pid| {
-            // SAFETY: kill(2) takes plain integers and touches no memory.
-            let rc = unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
-            let result = if rc == 0 {
-                Ok(())
-            } else {
-                let error = std::io::Error::last_os_error();
-                if error.raw_os_error() == Some(libc::ESRCH) {
-                    Ok(())
-                } else {
-                    Err(error)
+/// Process file descriptors (pidfd_open(2)) of the GPU processes seen,
+/// opened when a process is first seen and kept while it is. A kill goes
+/// through the descriptor, which names that process and no other: if it has
+/// exited and its PID was given to a new process meanwhile (the OOM report
+/// before a kill may wait on the API server), the signal fails with ESRCH
+/// instead of reaching the newcomer.
+#[derive(Default)]
+pub struct PidFds {
+    fds: HashMap<u32, OwnedFd>,
+}
+
+impl PidFds {
+    /// Keeps the descriptors of `pids` (opening those not seen before) and
+    /// closes the others'.
+    pub fn track(&mut self, pids: &HashSet<u32>) {
+        self.fds.retain(|pid, _| pids.contains(pid));
+        for &pid in pids {
+            if !self.fds.contains_key(&pid)
+                && let Ok(fd) = pidfd_open(pid)
+            {
+                self.fds.insert(pid, fd);
+            }
+        }
+    }
+
+    /// Whether `pid` has a descriptor.
+    pub fn tracks(&self, pid: u32) -> bool {
+        self.fds.contains_key(&pid)
+    }
+
+    /// Sends SIGKILL to the process seen as `pid`: through its descriptor,
+    /// or (a process first seen now) through one opened now. A process
+    /// already gone is not an error.
+    pub fn kill(&self, pid: u32) -> std::io::Result<()> {
+        let opened;
+        let fd = match self.fds.get(&pid) {
+            Some(fd) => fd,
+            None => match pidfd_open(pid) {
+                Ok(fd) => {
+                    opened = fd;
+                    &opened
                 }
-            };
-            (pid, result)
-        })
-        .collect()
+                Err(e) if e.raw_os_error() == Some(libc::ESRCH) => return Ok(()),
+                Err(e) => return Err(e),
+            },
+        };
+        // SAFETY: pidfd_send_signal(2) with a descriptor this process owns,
+        // no siginfo (null) and no flags.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                fd.as_raw_fd(),
+                libc::SIGKILL,
+                std::ptr::null::<libc::siginfo_t>(),
+                0,
+            )
+        };
+        if rc == 0 {
+            return Ok(());
+        }
+        let error = std::io::Error::last_os_error();
+        if error.raw_os_error() == Some(libc::ESRCH) {
+            Ok(())
+        } else {
+            Err(error)
+        }
+    }
+}
+
+fn pidfd_open(pid: u32) -> std::io::Result<OwnedFd> {
+    // SAFETY: pidfd_open(2) takes plain integers; a non-negative result is a
+    // new descriptor that only this OwnedFd closes.
+    let rc = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    if rc < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(unsafe { OwnedFd::from_raw_fd(rc as RawFd) })
+}
+
+/// Stops an order's processes with SIGKILL through their descriptors in
+/// `fds`. The PIDs are host PIDs from NVML, which is why the agent runs with
+/// hostPID (docs/agent.md).
+pub fn kill_processes(order: &StopOrder, fds: &PidFds) -> Vec<(u32, std::io::Result<()>)> {
+    order.pids.iter().map(|&pid| (pid, fds.kill(pid))).collect()
 }
 
 /// A duration such as `1s`, `100ms`, `2m` or `1.5s`.

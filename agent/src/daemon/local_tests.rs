@@ -74,12 +74,53 @@ fn the_watchdog_kill_stops_a_real_process_and_ignores_one_already_gone() {
         pids: vec![pid],
         reason: "over".into(),
     };
-    assert!(kill_processes(&order).iter().all(|(_, r)| r.is_ok()));
+    // Not seen in a reading: a descriptor is opened for the kill.
+    assert!(
+        kill_processes(&order, &PidFds::default())
+            .iter()
+            .all(|(_, r)| r.is_ok())
+    );
     let status = child.wait().unwrap();
     use std::os::unix::process::ExitStatusExt;
     assert_eq!(status.signal(), Some(libc::SIGKILL));
     // Reaped: the PID no longer exists.
-    assert!(kill_processes(&order).iter().all(|(_, r)| r.is_ok()));
+    assert!(
+        kill_processes(&order, &PidFds::default())
+            .iter()
+            .all(|(_, r)| r.is_ok())
+    );
+}
+
+/// The descriptor opened when a process was seen names that process only:
+/// once it has exited and been reaped, a kill through it reaches nothing,
+/// where kill(2) of its PID would reach whichever process got the PID next.
+#[test]
+fn a_kill_goes_to_the_process_seen_not_to_its_pid() {
+    use std::collections::HashSet;
+    use std::os::unix::process::ExitStatusExt;
+    let spawn = || {
+        std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap()
+    };
+    let (mut first, mut second) = (spawn(), spawn());
+    let mut fds = PidFds::default();
+    fds.track(&HashSet::from([first.id(), second.id()]));
+    assert!(fds.tracks(first.id()) && fds.tracks(second.id()));
+    // The next reading sees only the second: the first's descriptor closes.
+    fds.track(&HashSet::from([second.id()]));
+    assert!(!fds.tracks(first.id()));
+    assert!(fds.tracks(second.id()));
+    fds.kill(second.id()).unwrap();
+    assert_eq!(second.wait().unwrap().signal(), Some(libc::SIGKILL));
+    // The second is gone and reaped while its descriptor is still held:
+    // the kill reaches nothing and is not an error.
+    fds.kill(second.id()).unwrap();
+    // The first, not signalled by any of this, still runs.
+    assert!(first.try_wait().unwrap().is_none());
+    first.kill().unwrap();
+    first.wait().unwrap();
 }
 
 mod duration {

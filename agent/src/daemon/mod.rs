@@ -31,7 +31,7 @@ use crate::node::publish::{PublishPolicy, publish_reason};
 use crate::node::report::{OwnerLookup, ProcessOwner, StatusBuilder};
 use crate::node::watchdog::{StopOrder, Watchdog, WatchdogConfig};
 use api::{GpuNodeWriter, probe_requested};
-use local::{LocalOwners, kill_processes};
+use local::{LocalOwners, PidFds, kill_processes};
 use pods::PodOwners;
 
 /// How long the OOM report may take before the kill it announces goes ahead
@@ -125,6 +125,8 @@ pub struct RealNode {
     probe_bytes: u64,
     overhead_problem: Option<String>,
     probe_problem: Option<String>,
+    /// Descriptors of the GPU processes of the last reading, for the kills.
+    pidfds: PidFds,
 }
 
 impl RealNode {
@@ -139,6 +141,7 @@ impl RealNode {
             probe_bytes: options.probe_bytes,
             overhead_problem: None,
             probe_problem: None,
+            pidfds: PidFds::default(),
         }
     }
 }
@@ -168,6 +171,13 @@ impl NodeBackend for RealNode {
         for gpu in &mut reading.gpus {
             gpu.processes.retain(|p| p.pid != me);
         }
+        self.pidfds.track(
+            &reading
+                .gpus
+                .iter()
+                .flat_map(|g| g.processes.iter().map(|p| p.pid))
+                .collect(),
+        );
         reading
     }
 
@@ -182,7 +192,7 @@ impl NodeBackend for RealNode {
     }
 
     fn stop(&mut self, order: &StopOrder) {
-        for (pid, result) in kill_processes(order) {
+        for (pid, result) in kill_processes(order, &self.pidfds) {
             match result {
                 Ok(()) => {
                     tracing::warn!(pid, pod = %order.owner.name, "sent SIGKILL: {}", order.reason)
@@ -342,8 +352,9 @@ pub async fn run_loop(
             {
                 tracing::error!("cannot write the status file before stopping: {e}");
             }
-            // Bounded: a slow or hung API server must not hold the kill back
-            // (the longer it waits, the likelier the PID is reused).
+            // Bounded: a slow or hung API server must not hold the kill back.
+            // The kill goes through the descriptor opened when the process
+            // was seen (`PidFds`), so a PID reused meanwhile is not hit.
             if let Some(w) = &writer {
                 match tokio::time::timeout(REPORT_BEFORE_KILL, w.write(&status)).await {
                     Ok(Ok(_)) => {}
