@@ -341,7 +341,7 @@ def _function_mode() -> Any:
             else:
                 size = [a.size(0), a.size(1), b.size(-1)]
             dtype = out_dtype or a.dtype
-            align = max(1, 16 // torch.empty((), dtype=dtype).element_size())
+            align = max(1, 16 // dtype.itemsize)
             row = -(-size[-1] // align) * align
             stride = [size[1] * row, row, 1] if len(size) == 3 else [row, 1]
             return torch.empty_strided(size, stride, dtype=dtype)
