@@ -105,3 +105,51 @@ impl GpuNodeWriter {
 pub fn probe_requested(node: &GpuNode) -> bool {
     node.annotations().contains_key(PROBE_ANNOTATION)
 }
+
+/// Reports a stats file the agent skipped as a Warning event on its pod
+/// (`BadStatsFile`), once per file for the agent's life; a failure to
+/// publish is logged.
+pub async fn publish_bad_file(
+    client: kube::Client,
+    node: String,
+    bad: crate::node::report::BadStatsFile,
+) {
+    use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+    let recorder = Recorder::new(
+        client,
+        Reporter {
+            controller: "vramfit-agent".into(),
+            instance: Some(node),
+        },
+    );
+    let pod = k8s_openapi::api::core::v1::ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Pod".into()),
+        namespace: Some(bad.owner.namespace.clone()),
+        name: Some(bad.owner.name.clone()),
+        uid: Some(bad.owner.uid.clone()),
+        ..Default::default()
+    };
+    let event = Event {
+        type_: EventType::Warning,
+        reason: BAD_STATS_FILE.into(),
+        note: Some(bad_file_note(&bad)),
+        action: "ReadStats".into(),
+        secondary: None,
+    };
+    if let Err(e) = recorder.publish(&event, &pod).await {
+        tracing::warn!(pod = %bad.owner.name, "cannot publish the BadStatsFile event: {e}");
+    }
+}
+
+/// The reason of the event on a pod whose stats file was skipped.
+pub const BAD_STATS_FILE: &str = "BadStatsFile";
+
+/// The event's text: which file, why, and what it costs the pod.
+pub fn bad_file_note(bad: &crate::node::report::BadStatsFile) -> String {
+    format!(
+        "vramfit-agent skipped the stats file {} ({}): its counters are not reported \
+         (docs/node-protocol.md says what the helper writes there)",
+        bad.file, bad.error
+    )
+}

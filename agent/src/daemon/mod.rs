@@ -338,6 +338,19 @@ pub async fn run_loop(
                 Timestamp::now().to_string(),
             )
         };
+        for bad in std::mem::take(&mut builder.bad_files) {
+            tracing::warn!(pod = %bad.owner.name, namespace = %bad.owner.namespace, file = %bad.file, "skipping a stats file: {}", bad.error);
+            if let Some(client) = &client
+                && !bad.owner.namespace.is_empty()
+            {
+                // Off the loop: a slow API server must not delay the watchdog.
+                tokio::spawn(api::publish_bad_file(
+                    client.clone(),
+                    options.node.clone(),
+                    bad,
+                ));
+            }
+        }
         let orders = watchdog.observe(now, &usage);
         for order in &orders {
             builder.record_stop(order, Timestamp::now().to_string());

@@ -44,6 +44,18 @@ pub trait OwnerLookup {
     fn is_running(&self, pid: u32) -> bool;
 }
 
+/// A pod's stats file the agent skipped: reported once as an event on the
+/// pod, so its owner learns why its counters are missing.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BadStatsFile {
+    /// The pod.
+    pub owner: Owner,
+    /// The file's name in the pod's stats folder.
+    pub file: String,
+    /// Why it was skipped.
+    pub error: String,
+}
+
 /// The agent's state across readings.
 #[derive(Debug, Default)]
 pub struct StatusBuilder {
@@ -55,6 +67,10 @@ pub struct StatusBuilder {
     pub probes: HashMap<String, ProbeStatus>,
     /// OOM reports, most recent last.
     pub oom_reports: Vec<OomReport>,
+    /// Stats files skipped as hostile or broken since the caller last took
+    /// them, each path once for the agent's life.
+    pub bad_files: Vec<BadStatsFile>,
+    bad_seen: std::collections::HashSet<std::path::PathBuf>,
     /// What keeps the agent from measuring or probing (CUDA missing): the
     /// agent's health is then at least Degraded, with this in its message.
     pub problem: Option<String>,
@@ -178,8 +194,21 @@ impl StatusBuilder {
                             .iter()
                             .position(|i| *i == gpu.index)
                             .unwrap_or(0) as u32;
-                        process.allocator = read_allocator(dir, nspid, ordinal, now_ms);
-                        process.shape = read_shape(dir, nspid);
+                        let mut bad = Vec::new();
+                        process.allocator = read_allocator(dir, nspid, ordinal, now_ms, &mut bad);
+                        process.shape = read_shape(dir, nspid, &mut bad);
+                        for (path, error) in bad {
+                            if self.bad_seen.insert(path.clone()) {
+                                self.bad_files.push(BadStatsFile {
+                                    owner: owner.owner.clone(),
+                                    file: path
+                                        .file_name()
+                                        .map(|n| n.to_string_lossy().into_owned())
+                                        .unwrap_or_default(),
+                                    error,
+                                });
+                            }
+                        }
                     }
                     let entry = usage
                         .entry((owner.owner.clone(), gpu.uuid.clone()))

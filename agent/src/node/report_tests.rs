@@ -308,3 +308,28 @@ fn usage_on_a_gpu_the_placement_does_not_name_is_not_given() {
         .collect();
     assert_eq!(given, [("a-a1", false), ("b-a1", true), ("c-a1", true)]);
 }
+
+/// A hostile stats file is handed over once, with the pod it belongs to,
+/// for the event on that pod; later readings skip it silently.
+#[test]
+fn a_bad_stats_file_is_reported_once_with_its_pod() {
+    let dir = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink("/dev/zero", dir.path().join("shape-1.json")).unwrap();
+    let owners = Owners {
+        pods: HashMap::from([(10, pod("a-a1", 20 * GIB, Some(dir.path().into())))]),
+        exited: HashSet::new(),
+    };
+    let mut builder = StatusBuilder::new("nvml");
+    builder.build(&reading(&[(10, GIB)]), &owners, 2000, "t".into());
+    let bad = std::mem::take(&mut builder.bad_files);
+    assert_eq!(
+        bad,
+        [BadStatsFile {
+            owner: owners.pods[&10].owner.clone(),
+            file: "shape-1.json".into(),
+            error: "not a regular file".into(),
+        }]
+    );
+    builder.build(&reading(&[(10, GIB)]), &owners, 3000, "t".into());
+    assert!(builder.bad_files.is_empty(), "once per file");
+}

@@ -3,9 +3,7 @@
 //! allocator and `shape-<pid>.json` from the Python helper, where `pid` is
 //! the process's PID in its own namespace.
 
-use std::collections::HashSet;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, OnceLock};
 
 use k8s_openapi::jiff::Timestamp;
 use vramfit::alloc::stats_file::{self, ReadError};
@@ -16,15 +14,13 @@ use vramfit::job::shape_file;
 /// them every second while it runs).
 pub const STALE_AFTER_MS: i64 = 10_000;
 
-/// Logs a hostile or broken file once per path, not every second.
-fn report_bad_file(path: &Path, error: &ReadError) {
-    static SEEN: OnceLock<Mutex<HashSet<PathBuf>>> = OnceLock::new();
-    let mut seen = SEEN
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|e| e.into_inner());
-    if seen.insert(path.to_owned()) {
-        tracing::warn!(path = %path.display(), "skipping a stats file: {error}");
+/// A file of a stats folder that was skipped as hostile or broken (not
+/// missing): its path and why.
+pub type BadFile = (PathBuf, String);
+
+fn note_bad(bad: &mut Vec<BadFile>, path: PathBuf, error: &ReadError) {
+    if error.is_bad_file() {
+        bad.push((path, error.to_string()));
     }
 }
 
@@ -37,13 +33,16 @@ fn rfc3339(unix_ms: i64) -> String {
 /// The allocator counters of process `pid` (its namespace PID) on its CUDA
 /// device `device`, unless missing, unreadable, not a regular file, too
 /// large, of another version or stale at `now_ms`.
-pub fn read_allocator(dir: &Path, pid: u32, device: u32, now_ms: i64) -> Option<AllocatorStats> {
+/// A file skipped as hostile or broken is added to `bad`.
+pub fn read_allocator(
+    dir: &Path,
+    pid: u32,
+    device: u32,
+    now_ms: i64,
+    bad: &mut Vec<BadFile>,
+) -> Option<AllocatorStats> {
     let file = stats_file::read(dir, pid, device)
-        .inspect_err(|e| {
-            if e.is_bad_file() {
-                report_bad_file(&stats_file::path_for(dir, pid, device), e);
-            }
-        })
+        .inspect_err(|e| note_bad(bad, stats_file::path_for(dir, pid, device), e))
         .ok()?;
     let updated = i64::try_from(file.updated_unix_ms).unwrap_or(i64::MAX);
     if now_ms.saturating_sub(updated) > STALE_AFTER_MS {
@@ -65,14 +64,11 @@ pub fn read_allocator(dir: &Path, pid: u32, device: u32, now_ms: i64) -> Option<
 /// The batch shape process `pid` (its namespace PID) reports, unless missing,
 /// unreadable or of another version. It is written only when the shape
 /// changes, so it has no age limit; the caller checks the process runs.
-pub fn read_shape(dir: &Path, pid: u32) -> Option<ObservedShape> {
+/// A file skipped as hostile or broken is added to `bad`.
+pub fn read_shape(dir: &Path, pid: u32, bad: &mut Vec<BadFile>) -> Option<ObservedShape> {
     let path = shape_file::path_for(dir, pid);
     shape_file::read(&path)
-        .inspect_err(|e| {
-            if e.is_bad_file() {
-                report_bad_file(&path, e);
-            }
-        })
+        .inspect_err(|e| note_bad(bad, path.clone(), e))
         .ok()
         .map(|f| f.observed())
 }

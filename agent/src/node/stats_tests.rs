@@ -15,7 +15,7 @@ fn alloc_json(updated: i64) -> String {
 fn allocator_counters_are_read_unless_stale_or_of_another_version() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("alloc-1-0.json"), alloc_json(NOW - 1000)).unwrap();
-    let stats = read_allocator(dir.path(), 1, 0, NOW).unwrap();
+    let stats = read_allocator(dir.path(), 1, 0, NOW, &mut Vec::new()).unwrap();
     assert_eq!(
         (
             stats.reserved_bytes,
@@ -27,13 +27,23 @@ fn allocator_counters_are_read_unless_stale_or_of_another_version() {
     assert_eq!(stats.policy, "vramfit");
     assert!(stats.updated.unwrap().starts_with("2025-11-30T23:59:59"));
     assert_eq!(
-        read_allocator(dir.path(), 1, 1, NOW),
+        read_allocator(dir.path(), 1, 1, NOW, &mut Vec::new()),
         None,
         "another device"
     );
-    assert_eq!(read_allocator(dir.path(), 2, 0, NOW), None, "another pid");
     assert_eq!(
-        read_allocator(dir.path(), 1, 0, NOW + STALE_AFTER_MS + 1001),
+        read_allocator(dir.path(), 2, 0, NOW, &mut Vec::new()),
+        None,
+        "another pid"
+    );
+    assert_eq!(
+        read_allocator(
+            dir.path(),
+            1,
+            0,
+            NOW + STALE_AFTER_MS + 1001,
+            &mut Vec::new()
+        ),
         None,
         "stale"
     );
@@ -42,9 +52,17 @@ fn allocator_counters_are_read_unless_stale_or_of_another_version() {
         alloc_json(NOW).replace("\"version\": 1", "\"version\": 2"),
     )
     .unwrap();
-    assert_eq!(read_allocator(dir.path(), 1, 0, NOW), None, "version 2");
+    assert_eq!(
+        read_allocator(dir.path(), 1, 0, NOW, &mut Vec::new()),
+        None,
+        "version 2"
+    );
     std::fs::write(dir.path().join("alloc-1-0.json"), "{\"vers").unwrap();
-    assert_eq!(read_allocator(dir.path(), 1, 0, NOW), None, "half a file");
+    assert_eq!(
+        read_allocator(dir.path(), 1, 0, NOW, &mut Vec::new()),
+        None,
+        "half a file"
+    );
 }
 
 #[test]
@@ -57,12 +75,12 @@ fn shape_files_carry_absorbed_ooms() {
                "toAccum": 8, "unixMs": 1764547200000}]}"#,
     )
     .unwrap();
-    let shape = read_shape(dir.path(), 7).unwrap();
+    let shape = read_shape(dir.path(), 7, &mut Vec::new()).unwrap();
     assert_eq!((shape.micro_batch, shape.grad_accum), (8, 8));
     assert_eq!(shape.absorbed_ooms.len(), 1);
     assert_eq!(shape.absorbed_ooms[0].from_micro, 16);
     assert_eq!(shape.absorbed_ooms[0].time, "2025-12-01T00:00:00Z");
-    assert_eq!(read_shape(dir.path(), 8), None);
+    assert_eq!(read_shape(dir.path(), 8, &mut Vec::new()), None);
 }
 
 #[test]
@@ -82,15 +100,36 @@ fn hostile_files_are_skipped_without_blocking_or_reading_them_whole() {
     let d = dir.path().to_owned();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        tx.send((
-            read_allocator(&d, 1, 0, NOW),
-            read_shape(&d, 1),
-            read_shape(&d, 2),
-        ))
-        .unwrap()
+        let mut bad = Vec::new();
+        let read = (
+            read_allocator(&d, 1, 0, NOW, &mut bad),
+            read_shape(&d, 1, &mut bad),
+            read_shape(&d, 2, &mut bad),
+            // Missing is not bad: the process has not published yet.
+            read_shape(&d, 3, &mut bad),
+        );
+        tx.send((read, bad)).unwrap()
     });
-    let got = rx
+    let (got, bad) = rx
         .recv_timeout(std::time::Duration::from_secs(5))
         .expect("a stats read blocked");
-    assert_eq!(got, (None, None, None));
+    assert_eq!(got, (None, None, None, None));
+    let names: Vec<(String, String)> = bad
+        .iter()
+        .map(|(p, e)| {
+            (
+                p.file_name().unwrap().to_string_lossy().into_owned(),
+                e.clone(),
+            )
+        })
+        .collect();
+    let not_regular = "not a regular file".to_string();
+    assert_eq!(
+        names,
+        [
+            ("alloc-1-0.json".to_string(), not_regular.clone()),
+            ("shape-1.json".to_string(), not_regular.clone()),
+            ("shape-2.json".to_string(), not_regular),
+        ]
+    );
 }
