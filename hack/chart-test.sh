@@ -235,8 +235,10 @@ log "kubectl auth can-i as each ServiceAccount (all namespaces)"
 apply_release
 for verb in get list watch patch; do must controller "$verb" trainingjobs.vramfit.dev -n ml; done
 must controller patch trainingjobs.vramfit.dev -n ml --subresource=status
-for verb in list watch create delete; do must controller "$verb" pods -n ml; done
+for verb in get list watch create delete; do must controller "$verb" pods -n ml; done
+must controller get pods -n ml --subresource=log
 must controller get configmaps -n ml
+must controller create configmaps -n ml
 must controller create events.events.k8s.io -n ml
 must controller patch events.events.k8s.io -n ml
 for verb in list watch; do

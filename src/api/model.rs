@@ -210,11 +210,25 @@ pub struct ProfileSpec {
     pub config_map_ref: ConfigMapKeyRef,
 }
 
+/// Automatic profiling: the controller runs the job's own pod once without a
+/// GPU (`VRAMFIT_PHASE=profile`), where the Python helper captures one
+/// training step's allocations on the CPU, and predicts from that profile
+/// (docs/profile-format.md, "Automatic profiling").
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct AutoProfileSpec {
+    /// Seconds the profiling pod may run before the capture counts as
+    /// failed (default 600).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 30, max = 7200))]
+    pub deadline_seconds: Option<u32>,
+}
+
 /// The model and how it is trained. Exactly one of `transformer`, `huggingFace`,
-/// `mlp` or `profile` describes the model.
+/// `mlp`, `profile` or `auto` describes the model.
 #[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("[has(self.transformer), has(self.huggingFace), has(self.mlp), has(self.profile)].filter(x, x).size() == 1").message("exactly one of model.transformer, model.huggingFace, model.mlp or model.profile must be set"))]
+#[x_kube(validation = Rule::new("[has(self.transformer), has(self.huggingFace), has(self.mlp), has(self.profile), has(self.auto)].filter(x, x).size() == 1").message("exactly one of model.transformer, model.huggingFace, model.mlp, model.profile or model.auto must be set"))]
 pub struct ModelSpec {
     /// A transformer given by its shape.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -228,6 +242,9 @@ pub struct ModelSpec {
     /// A captured allocation profile stored in a ConfigMap.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub profile: Option<ProfileSpec>,
+    /// A profile captured automatically from the job's own pod, on a CPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auto: Option<AutoProfileSpec>,
     /// Overrides the parameter count derived from the model description.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]

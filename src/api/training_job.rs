@@ -226,6 +226,8 @@ pub enum Phase {
     /// Waiting for a GPU with room (or not yet seen by the controller).
     #[default]
     Pending,
+    /// Its allocation profile is being captured on a CPU (`model.auto`).
+    Profiling,
     /// A GPU is reserved and the pod is created.
     Placed,
     /// The pod runs.

@@ -7,6 +7,7 @@
 
 pub mod absorbed;
 pub mod allocation;
+pub mod autoprofile;
 pub mod cluster_view;
 mod context;
 mod cycle;

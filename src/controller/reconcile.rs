@@ -141,7 +141,14 @@ async fn apply(job: &TrainingJob, ctx: &Context) -> Result<Action> {
             let learned = transition::wants_learned_start(&status, attempt)
                 .then(|| ctx.learned_start_micro(job))
                 .flatten();
-            let profile = load_profile(job, ctx).await;
+            let profile = if crate::job::budget::profiled_automatically(&job.spec) {
+                match auto_profile(job, ctx, &status).await? {
+                    Ok(profile) => Ok(profile),
+                    Err(transition) => return carry_out(job, ctx, &before, transition).await,
+                }
+            } else {
+                load_profile(job, ctx).await
+            };
             // The budgets per GPU model need the GpuNodes: a controller that
             // just started predicts only once their first list is in.
             super::wait_ready(&ctx.gpu_nodes).await?;
@@ -412,6 +419,36 @@ async fn carry_out(
     Ok(match transition.requeue {
         Requeue::AwaitChange => Action::await_change(),
         Requeue::After(delay) => Action::requeue(delay),
+    })
+}
+
+/// The profile of a job profiled automatically: `Ok` with it (or with none
+/// when its capture failed and `memory.request` gives the budget), or the
+/// transition to write while it is captured or once its capture failed.
+async fn auto_profile(
+    job: &TrainingJob,
+    ctx: &Context,
+    status: &TrainingJobStatus,
+) -> Result<std::result::Result<Option<String>, Transition>> {
+    let spec = &job.spec;
+    let micro = status.micro_batch.unwrap_or(spec.batch.micro);
+    let Some(shape) = BatchShape::for_micro(spec.batch.global, micro, spec.gpus) else {
+        // The prediction refuses the shape, naming it.
+        return Ok(Ok(None));
+    };
+    let requested = spec.memory.as_ref().is_some_and(|m| m.request.is_some());
+    Ok(match super::autoprofile::run(job, ctx, shape).await? {
+        super::autoprofile::Outcome::Ready(text) => Ok(Some(text)),
+        super::autoprofile::Outcome::Waiting(message) => {
+            Err(transition::profiling(job, status.clone(), &message))
+        }
+        super::autoprofile::Outcome::Failed(message) if requested => {
+            tracing::warn!(job = %job.name_any(), "automatic profiling failed, running with spec.memory.request: {message}");
+            Ok(None)
+        }
+        super::autoprofile::Outcome::Failed(message) => {
+            Err(transition::profile_failed(job, status.clone(), &message))
+        }
     })
 }
 

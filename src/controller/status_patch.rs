@@ -28,6 +28,8 @@ pub mod reason {
     pub const PREDICTED: &str = "Predicted";
     /// The spec cannot be run.
     pub const INVALID: &str = "Invalid";
+    /// The automatic capture of the job's allocation profile failed.
+    pub const PROFILE_FAILED: &str = "ProfileFailed";
     /// A GPU placement was made.
     pub const PLACED: &str = "Placed";
     /// The job waits for room.

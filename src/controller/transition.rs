@@ -483,6 +483,42 @@ pub fn invalid(job: &TrainingJob, status: TrainingJobStatus, message: &str) -> T
     )
 }
 
+/// How often a job whose profile is being captured looks at its pod.
+pub const PROFILE_POLL: Duration = Duration::from_secs(2);
+
+/// The job's allocation profile is being captured (`autoprofile`): phase
+/// `Profiling` with where, looked at again in [`PROFILE_POLL`].
+pub fn profiling(job: &TrainingJob, mut status: TrainingJobStatus, message: &str) -> Transition {
+    status.phase = Phase::Profiling;
+    status.message = Some(message.to_string());
+    status.observed_generation = job.metadata.generation;
+    Transition {
+        decision: "profiling",
+        status,
+        effects: Vec::new(),
+        requeue: Requeue::After(PROFILE_POLL),
+    }
+}
+
+/// The capture of the job's profile failed and nothing else gives it a
+/// budget: it fails with the capture's words until its spec changes.
+pub fn profile_failed(job: &TrainingJob, status: TrainingJobStatus, message: &str) -> Transition {
+    let message = format!(
+        "automatic profiling failed: {message}; set spec.memory.request to run with a budget you choose"
+    );
+    fail_until_changed(
+        job,
+        status,
+        FailedFor {
+            decision: "profile failed",
+            condition: (CONDITION_INVALID, "ProfileFailed", &message),
+            complete_reason: reason::FAILED,
+            event_reason: reason::PROFILE_FAILED,
+            message: message.clone(),
+        },
+    )
+}
+
 /// Why a job fails until its spec changes: the decision, the condition set
 /// true (type, reason, message), the reasons of `Complete` and of the
 /// warning event, and the status message.

@@ -1,7 +1,7 @@
 //! The memory budget of an attempt: an explicit request, a measurement of the
 //! same model, or the predictor's estimate, plus headroom.
 
-use crate::api::{GpuModelBudget, MemoryBreakdown, TrainingJob};
+use crate::api::{GpuModelBudget, MemoryBreakdown, TrainingJob, TrainingJobSpec};
 use crate::predict::job::{BatchInput, JobInput, auto_micro_batch};
 use crate::predict::{
     GpuProfile, JobShape, context_bytes, default_gpu, gpu_profile, predict_from_profile,
@@ -69,6 +69,24 @@ impl Budget {
     }
 }
 
+/// Whether the job is predicted from a profile the controller captures from
+/// its own pod (a `Profiling` phase): `model.auto`, or a Hugging Face model
+/// whose `model_type` the analytic path does not know and that names no
+/// `memory.request` to run with instead.
+pub fn profiled_automatically(spec: &TrainingJobSpec) -> bool {
+    if spec.model.auto.is_some() {
+        return true;
+    }
+    let requested = spec.memory.as_ref().is_some_and(|m| m.request.is_some());
+    !requested
+        && spec.model.hugging_face.as_ref().is_some_and(|hf| {
+            matches!(
+                crate::predict::hf::arch_from_hugging_face(hf),
+                Err(crate::predict::PredictError::Unsupported(_))
+            )
+        })
+}
+
 /// Computes the budget for `micro`. `profile_text` is the ConfigMap content for
 /// profile-based jobs; `measured` the highest peak measured for a job with the
 /// same signature.
@@ -95,11 +113,14 @@ pub fn attempt_budget_on(
         global_batch: spec.batch.global,
         micro_batch: micro,
     };
-    let predicted = if spec.model.profile.is_some() {
-        let text = profile_text.ok_or("spec.model.profile: the profile was not loaded")?;
-        predict_from_profile(text, &shape, gpu)
-    } else {
-        predict_model(&spec.model, &shape, gpu)
+    let predicted = match profile_text {
+        Some(text) if spec.model.profile.is_some() || profiled_automatically(spec) => {
+            predict_from_profile(text, &shape, gpu)
+        }
+        None if spec.model.profile.is_some() => {
+            return Err("spec.model.profile: the profile was not loaded".into());
+        }
+        _ => predict_model(&spec.model, &shape, gpu),
     };
     let request = spec.memory.as_ref().and_then(|m| m.request.as_deref());
     if let Some(request) = request {
@@ -133,7 +154,7 @@ pub fn attempt_budget_on(
         predicted: prediction.peak_bytes,
         breakdown: Some(prediction.breakdown),
         budget: with_headroom(prediction.peak_bytes),
-        source: if spec.model.profile.is_some() {
+        source: if spec.model.profile.is_some() || profiled_automatically(spec) {
             "profile"
         } else {
             "model"

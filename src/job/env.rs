@@ -39,6 +39,12 @@ pub const POD_UID: &str = "VRAMFIT_POD_UID";
 /// `/dev/termination-log`).
 pub const TERMINATION_LOG: &str = "VRAMFIT_TERMINATION_LOG";
 
+/// `profile` in the pod that captures a job's allocation profile on a CPU
+/// (`model.auto`): the helper captures the first steps and exits.
+pub const PHASE: &str = "VRAMFIT_PHASE";
+/// The value of [`PHASE`] in a profiling pod.
+pub const PHASE_PROFILE: &str = "profile";
+
 /// What an attempt's variables are made of.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Attempt<'a> {
@@ -86,8 +92,9 @@ pub fn attempt_env(spec: &TrainingJobSpec, attempt: &Attempt) -> Vec<(&'static s
 }
 
 /// Every variable vramfit sets on an attempt's process.
-pub const SET_BY_VRAMFIT: [&str; 14] = [
+pub const SET_BY_VRAMFIT: [&str; 15] = [
     VISIBLE_DEVICES,
+    PHASE,
     MEMORY_FRACTION,
     BUDGET_BYTES,
     CONTEXT_BYTES,

@@ -117,16 +117,17 @@ pub fn predict_job_at(
         micro_batch,
         ..job.shape()
     };
-    if job.model.profile.is_some() {
-        let text = profile_text.ok_or_else(|| {
-            let r = &job.model.profile.as_ref().map(|p| p.config_map_ref.clone());
-            PredictError::Missing(format!(
-                "the profile text of model.profile (ConfigMap {:?} key {:?})",
-                r.as_ref().map(|r| r.name.as_str()).unwrap_or(""),
-                r.as_ref().map(|r| r.key.as_str()).unwrap_or("")
-            ))
-        })?;
+    // A profile given (model.profile's, or the one captured for a job
+    // profiled automatically) is what the job is predicted from.
+    if let Some(text) = profile_text {
         return predict_from_profile(text, &shape, gpu);
+    }
+    if let Some(profile) = &job.model.profile {
+        let r = &profile.config_map_ref;
+        return Err(PredictError::Missing(format!(
+            "the profile text of model.profile (ConfigMap {:?} key {:?})",
+            r.name, r.key
+        )));
     }
     predict_model(&job.model, &shape, gpu)
 }

@@ -109,17 +109,19 @@ pub fn resolve_arch(model: &ModelSpec) -> Result<Arch, PredictError> {
         model.hugging_face.is_some(),
         model.mlp.is_some(),
         model.profile.is_some(),
+        model.auto.is_some(),
     ];
     match set.iter().filter(|x| **x).count() {
         0 => {
             return Err(PredictError::Missing(
-                "model.transformer, model.huggingFace, model.mlp or model.profile".into(),
+                "model.transformer, model.huggingFace, model.mlp, model.profile or model.auto"
+                    .into(),
             ));
         }
         1 => {}
         _ => {
             return Err(PredictError::Invalid(
-                "exactly one of model.transformer, model.huggingFace, model.mlp or model.profile must be set".into(),
+                "exactly one of model.transformer, model.huggingFace, model.mlp, model.profile or model.auto must be set".into(),
             ));
         }
     }
@@ -141,7 +143,7 @@ pub fn resolve_arch(model: &ModelSpec) -> Result<Arch, PredictError> {
         });
     }
     Err(PredictError::Unsupported(
-        "model.profile needs the profile text: call predict_from_profile with the ConfigMap's content".into(),
+        "model.profile and model.auto are predicted from a captured profile: call predict_from_profile with its text".into(),
     ))
 }
 

@@ -645,7 +645,7 @@ async fn an_invalid_job_starts_over_once_its_spec_is_fixed() {
     let _controller = cluster.start_controller();
     let mut broken = mlp_job("fixme", 64, 8, 1, None);
     broken["spec"]["model"] =
-        json!({"huggingFace": {"seqLen": 512, "config": {"model_type": "t5"}}});
+        json!({"huggingFace": {"seqLen": 512, "config": {"model_type": "gpt2", "n_head": 5}}});
     cluster.apply_job(broken).await;
     cluster.wait_phase("fixme", Phase::Failed).await;
 
@@ -995,5 +995,134 @@ async fn status_reads_the_cluster_named_by_kubeconfig_and_context() {
         String::from_utf8_lossy(&out.stderr).contains("elsewhere"),
         "{}",
         String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The helper's line for a profile (docs/profile-format.md, "Automatic
+/// profiling"): `vramfit-profile: ` and the base64 of its gzip.
+fn profile_line(json: &str) -> String {
+    use base64::Engine;
+    use std::io::Write;
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    gz.write_all(json.as_bytes()).unwrap();
+    format!(
+        "vramfit-profile: {}",
+        base64::engine::general_purpose::STANDARD.encode(gz.finish().unwrap())
+    )
+}
+
+/// A job whose model the analytic path does not describe (`model.auto`)
+/// goes through `Profiling`: its own template runs once without a GPU with
+/// `VRAMFIT_PHASE=profile`, the line its helper leaves in the termination
+/// message becomes a ConfigMap owned by the job, and the job is predicted
+/// from it and placed. A second job of the same kind finds the ConfigMap and
+/// skips the phase; a capture that fails fails its job with the helper's words.
+#[tokio::test]
+async fn an_auto_job_is_profiled_on_a_cpu_then_placed_and_the_next_of_its_kind_skips_the_phase() {
+    let cluster = TestCluster::new("autoprof").await;
+    cluster.add_gpu_node("n1", &[("H100-80GB", 80 * GIB)]).await;
+    let _controller = cluster.start_controller();
+    let auto = |name: &str| {
+        let mut job = mlp_job(name, 64, 8, 1, None);
+        job["spec"]["model"] = json!({"auto": {}, "precision": "fp32", "optimizer": "adamw"});
+        job
+    };
+    cluster.apply_job(auto("first")).await;
+    let job = cluster.wait_phase("first", Phase::Profiling).await;
+    assert!(
+        job.status
+            .unwrap()
+            .message
+            .unwrap()
+            .contains("first-profile-g1"),
+        "the status names the pod"
+    );
+    let pod = cluster.wait_pod("first-profile-g1").await;
+    let env = env_of(&pod);
+    assert_eq!(
+        env.get("VRAMFIT_PHASE").map(String::as_str),
+        Some("profile")
+    );
+    assert_eq!(
+        env.get("VRAMFIT_MICRO_BATCH").map(String::as_str),
+        Some("8")
+    );
+    let spec = pod.spec.unwrap();
+    assert_eq!(spec.node_name, None);
+    assert_eq!(
+        spec.containers[0].resources.as_ref().unwrap().requests,
+        None
+    );
+    assert!(
+        pod.metadata
+            .annotations
+            .unwrap_or_default()
+            .keys()
+            .all(|k| !k.starts_with("cdi-devices.") && !k.starts_with("vramfit.dev/"))
+    );
+    // 6 GiB of weights alive to the end and a 2 GiB activation: the
+    // prediction is the profile's, not any model's.
+    let profile = r#"{"format":"vramfit.profile/v1","microBatch":8,"sizes":[6442450944,2147483648],"events":[0,1,-2]}"#;
+    cluster
+        .kubelet_exit("first-profile-g1", 0, &profile_line(profile))
+        .await;
+    let job = cluster.wait_phase("first", Phase::Placed).await;
+    let status = job.status.unwrap();
+    assert_eq!(status.prediction_source.as_deref(), Some("profile"));
+    let predicted = status.predicted_bytes.unwrap();
+    assert!(
+        (8 * GIB..10 * GIB).contains(&predicted),
+        "the profile's 8 GiB plus the context: {predicted}"
+    );
+    let maps: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
+        kube::Api::namespaced(cluster.client.clone(), &cluster.namespace);
+    let stored = maps
+        .list(&kube::api::ListParams::default().labels("vramfit.dev/kind=allocation-profile"))
+        .await
+        .unwrap();
+    assert_eq!(stored.items.len(), 1);
+    assert_eq!(
+        stored.items[0].data.as_ref().unwrap()["profile.json"],
+        profile
+    );
+    assert_eq!(
+        stored.items[0].metadata.owner_references.as_ref().unwrap()[0].name,
+        "first"
+    );
+    cluster.kubelet_removes_deleted("first-profile-g1").await;
+
+    // The same kind again: no profiling pod, the same prediction.
+    cluster.apply_job(auto("second")).await;
+    let second = cluster.wait_phase("second", Phase::Placed).await;
+    assert_eq!(second.status.unwrap().predicted_bytes, Some(predicted));
+    assert!(
+        !cluster
+            .pod_names()
+            .await
+            .iter()
+            .any(|p| p.starts_with("second-profile")),
+        "{:?}",
+        cluster.pod_names().await
+    );
+
+    // Another kind whose capture fails: Failed with the helper's words.
+    let mut third = auto("third");
+    third["spec"]["batch"]["micro"] = json!(4);
+    cluster.apply_job(third).await;
+    cluster.wait_pod("third-profile-g1").await;
+    cluster
+        .kubelet_exit(
+            "third-profile-g1",
+            3,
+            "vramfit-profile-error: no vramfit.Step in the script",
+        )
+        .await;
+    let failed = cluster.wait_phase("third", Phase::Failed).await;
+    let message = failed.status.unwrap().message.unwrap();
+    assert!(
+        message.contains(
+            "automatic profiling failed: the capture failed: no vramfit.Step in the script"
+        ),
+        "{message}"
     );
 }
