@@ -96,6 +96,14 @@ fn predicted(
             "spec.model.profile: pass the profile file with --profile (the CLI does not read ConfigMaps)"
         );
     }
+    if job.model.auto.is_some() && profile.is_none() {
+        anyhow::bail!(
+            "spec.model.auto: the controller captures this job's profile from its own pod on a CPU \
+             (phase Profiling); to predict here, capture it yourself (your script with \
+             VRAMFIT_PHASE=profile and VRAMFIT_PROFILE_OUT=FILE, or python -m vramfit.profile) and \
+             pass --profile FILE (docs/profile-format.md)"
+        );
+    }
     let prediction = if let Some(fit) = &args.fit {
         let capacity = parse_quantity(fit, 1)
             .filter(|b| *b > 0)
@@ -118,7 +126,7 @@ fn predicted(
     } else {
         let micro = args.micro.unwrap_or(job.batch.micro);
         if let Some(path) = &args.events_out {
-            if job.model.profile.is_some() {
+            if job.model.profile.is_some() || job.model.auto.is_some() {
                 anyhow::bail!("--events-out: a profile-based job generates no sequence");
             }
             let shape = crate::predict::JobShape {

@@ -114,3 +114,31 @@ fn a_prediction_larger_than_the_gpu_warns_with_what_would_make_it_fit() {
             .contains("warning")
     );
 }
+
+#[test]
+fn an_auto_job_is_predicted_from_the_profile_given_and_says_how_to_get_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = dir.path().join("auto.yaml");
+    std::fs::write(
+        &job,
+        "apiVersion: vramfit.dev/v1alpha1\nkind: TrainingJob\nmetadata: {name: a}\nspec:\n  \
+         batch: {global: 8, micro: 8}\n  model: {auto: {}}\n  template: {spec: {containers: \
+         [{name: t, image: x}]}}\n",
+    )
+    .unwrap();
+    let err = format!("{:#}", run(&args(job.clone())).unwrap_err());
+    assert!(
+        err.contains("Profiling") && err.contains("--profile FILE"),
+        "{err}"
+    );
+    let profile = dir.path().join("p.json");
+    std::fs::write(
+        &profile,
+        r#"{"format":"vramfit.profile/v1","microBatch":8,"sizes":[6442450944],"events":[0]}"#,
+    )
+    .unwrap();
+    let mut with = args(job);
+    with.profile = Some(profile);
+    let v: serde_json::Value = serde_json::from_str(&run(&with).unwrap()).unwrap();
+    assert!(v["allocatedBytes"].as_u64().unwrap() >= 6 << 30, "{v}");
+}
