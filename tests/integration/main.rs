@@ -9,4 +9,5 @@ mod driver;
 mod faults;
 mod follow;
 mod run_local;
+mod tenants;
 mod ui;

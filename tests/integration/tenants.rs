@@ -1,0 +1,1437 @@
+//! The attacks of docs/security.md that a tenant tries through the API server,
+//! one test per attack, against a real kube-apiserver + etcd.
+//!
+//! The chart's admission policies and RBAC are rendered (`helm template`, the
+//! default values, as `hack/chart-test.sh` renders them) and applied to a
+//! control plane of this suite's own ([`PrivateControlPlane`]): the policies
+//! are cluster-wide and would refuse the training pods that the other suites'
+//! controllers create on the shared one. No kube-controller-manager runs
+//! there, so the test does what its ClusterRole aggregation controller does
+//! for `view`, `edit` and `admin` ([`aggregate`]); tenants are then bound to
+//! the default roles in their namespaces, as a cluster admin binds them.
+//!
+//! Each attack is made by the identity a tenant has: a user impersonated with
+//! `Impersonate-User` (and the ServiceAccounts of the chart where the attack
+//! is theirs). A refusal counts only when the policy's own message says so,
+//! and each test also makes the request that must pass (without the offending
+//! field, or by the identity allowed to make it), so that none holds
+//! vacuously.
+//!
+//! Tests marked `#[ignore]` are attacks that still get through (see their
+//! comments); they pass once the defence they name exists.
+
+use std::collections::HashMap;
+use std::io::Write as _;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::authorization::v1::SubjectAccessReview;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
+use k8s_openapi::api::rbac::v1::RoleBinding;
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::core::{ApiResource, GroupVersionKind};
+use kube::{Client, Config};
+use serde_json::{Value, json};
+use vramfit::api::free_form::{MAX_DEPTH, too_deep};
+use vramfit::api::{Phase, TrainingJob};
+
+use crate::controlplane::{self, PrivateControlPlane};
+use crate::driver::{GIB, TestCluster, mlp_job, vramfit_bin};
+
+/// The release as `hack/chart-test.sh` installs it.
+const RELEASE_NAMESPACE: &str = "vramfit-system";
+/// The version of the local control plane (helm assumes an old one otherwise).
+const KUBE_VERSION: &str = "1.34.4";
+const CONTROLLER_SA: &str = "system:serviceaccount:vramfit-system:vramfit-controller";
+const AGENT_SA: &str = "system:serviceaccount:vramfit-system:vramfit-agent";
+/// The admission policies of charts/vramfit/templates/tenancy.yaml.
+const POD_SECURITY: &str = "vramfit-trainingjob-pod-security";
+const BOUNDS: &str = "vramfit-trainingjob-bounds";
+const GPU_ACCESS: &str = "vramfit-gpu-access";
+const OWN_NODE: &str = "vramfit-agent-own-node";
+/// The key the API server puts the node of a node-bound ServiceAccount token under.
+const NODE_NAME_EXTRA: &str = "authentication.kubernetes.io/node-name";
+
+fn repo_root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+// --- the control plane with the chart ----------------------------------------
+
+static PLANE: OnceLock<PrivateControlPlane> = OnceLock::new();
+
+/// The kubeconfig (admin) of this suite's control plane, started on first use
+/// with the chart's RBAC and admission policies in force.
+fn plane() -> &'static Path {
+    PLANE
+        .get_or_init(|| {
+            let plane = PrivateControlPlane::start("tenants");
+            install_chart(plane.kubeconfig());
+            plane
+        })
+        .kubeconfig()
+}
+
+/// Runs `command` with `stdin`: its stdout, or its stderr when it fails.
+fn output(command: &mut Command, stdin: Option<&str>) -> Result<String, String> {
+    let mut child = command
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{command:?}: {e}"));
+    if let Some(text) = stdin {
+        child
+            .stdin
+            .take()
+            .expect("stdin is piped")
+            .write_all(text.as_bytes())
+            .expect("writing stdin");
+    }
+    let out = child.wait_with_output().expect("waiting for the command");
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+/// `kubectl ARGS` against the control plane of `kubeconfig`.
+fn kubectl(kubeconfig: &Path, args: &[&str], stdin: Option<&str>) -> Result<String, String> {
+    output(
+        Command::new("kubectl")
+            .env("KUBECONFIG", kubeconfig)
+            .args(args),
+        stdin,
+    )
+}
+
+/// Renders the chart with the values chart-test uses first (the defaults),
+/// applies it, aggregates the default roles and waits until each of the four
+/// admission policies answers.
+fn install_chart(kubeconfig: &Path) {
+    let helm = output(
+        Command::new("bash")
+            .arg(repo_root().join("hack/tools.sh"))
+            .arg("helm"),
+        None,
+    )
+    .unwrap_or_else(|e| panic!("hack/tools.sh helm: {e}"));
+    let rendered = output(
+        Command::new(helm.trim())
+            .args(["template", "vramfit"])
+            .arg(repo_root().join("charts/vramfit"))
+            .args([
+                "--kube-version",
+                KUBE_VERSION,
+                "--namespace",
+                RELEASE_NAMESPACE,
+            ]),
+        None,
+    )
+    .unwrap_or_else(|e| panic!("helm template: {e}"));
+    for policy in [POD_SECURITY, BOUNDS, GPU_ACCESS, OWN_NODE] {
+        assert!(
+            rendered.contains(&format!("name: {policy}\n")),
+            "the default rendering has no {policy}"
+        );
+    }
+    for ns in [RELEASE_NAMESPACE, "tenants-probe"] {
+        kubectl(kubeconfig, &["create", "namespace", ns], None)
+            .unwrap_or_else(|e| panic!("namespace {ns}: {e}"));
+    }
+    kubectl(kubeconfig, &["apply", "-f", "-"], Some(&rendered))
+        .unwrap_or_else(|e| panic!("applying the chart: {e}"));
+    // `edit` takes `view`'s rules and `admin` `edit`'s: in that order.
+    for role in ["view", "edit", "admin"] {
+        aggregate(kubeconfig, role);
+    }
+    wait_policies(kubeconfig);
+}
+
+/// What kube-controller-manager's ClusterRole aggregation controller does:
+/// the rules of `role` become those of every ClusterRole its
+/// `aggregationRule` selects (the chart's roles by their labels).
+fn aggregate(kubeconfig: &Path, role: &str) {
+    let get = |args: &[&str]| -> Value {
+        serde_json::from_str(&kubectl(kubeconfig, args, None).unwrap_or_else(|e| panic!("{e}")))
+            .expect("kubectl prints JSON")
+    };
+    let aggregated = get(&["get", "clusterrole", role, "-o", "json"]);
+    let selectors = aggregated["aggregationRule"]["clusterRoleSelectors"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{role} is not aggregated: {aggregated}"))
+        .clone();
+    let mut rules: Vec<Value> = Vec::new();
+    for selector in selectors {
+        let labels: Vec<String> = selector["matchLabels"]
+            .as_object()
+            .expect("matchLabels")
+            .iter()
+            .map(|(k, v)| format!("{k}={}", v.as_str().expect("a label value")))
+            .collect();
+        let roles = get(&["get", "clusterroles", "-l", &labels.join(","), "-o", "json"]);
+        for item in roles["items"].as_array().expect("items") {
+            for rule in item["rules"].as_array().into_iter().flatten() {
+                if !rules.contains(rule) {
+                    rules.push(rule.clone());
+                }
+            }
+        }
+    }
+    let patch = json!({ "rules": rules }).to_string();
+    kubectl(
+        kubeconfig,
+        &["patch", "clusterrole", role, "--type=merge", "-p", &patch],
+        None,
+    )
+    .unwrap_or_else(|e| panic!("aggregating {role}: {e}"));
+}
+
+/// The API server loads admission policies from a watch: until each of the
+/// chart's refuses what it is about (named in its answer), none is relied on.
+fn wait_policies(kubeconfig: &Path) {
+    let gpu_pod = json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "probe", "namespace": "tenants-probe"},
+        "spec": {"containers": [{"name": "t", "image": "i",
+            "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]}]}});
+    let mut privileged = training_job(
+        "probe",
+        json!({"containers": [{"name": "t", "image": "i",
+        "securityContext": {"privileged": true}}]}),
+    );
+    privileged["metadata"]["namespace"] = json!("tenants-probe");
+    let mut deep = training_job("probe", plain_template());
+    deep["metadata"]["namespace"] = json!("tenants-probe");
+    deep["spec"]["template"]["spec"]["x"] = nested(40);
+    let gpu_node = json!({"apiVersion": "vramfit.dev/v1alpha1", "kind": "GpuNode",
+        "metadata": {"name": "probe"}, "spec": {}});
+    let checks = [
+        (GPU_ACCESS, gpu_pod, None),
+        (POD_SECURITY, privileged, None),
+        (BOUNDS, deep, None),
+        (OWN_NODE, gpu_node, Some(AGENT_SA)),
+    ];
+    for (policy, object, user) in checks {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let text = object.to_string();
+        loop {
+            let mut args = vec!["create", "--dry-run=server", "-f", "-"];
+            if let Some(user) = user {
+                args.extend(["--as", user]);
+            }
+            let answer = kubectl(kubeconfig, &args, Some(&text));
+            if matches!(&answer, Err(e) if e.contains(&format!("ValidatingAdmissionPolicy '{policy}'")))
+            {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{policy} is not in force after 60 s: {answer:?}"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+}
+
+// --- identities --------------------------------------------------------------
+
+/// A client of the suite's control plane as `user` (impersonated by the
+/// admin), in `groups` and with `extra` user information.
+async fn client_as(user: &str, groups: &[&str], extra: &[(&str, &str)]) -> Client {
+    let kubeconfig = Kubeconfig::read_from(plane()).expect("kubeconfig parses");
+    let mut config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .expect("kubeconfig is usable");
+    config.auth_info.impersonate = Some(user.to_string());
+    if !groups.is_empty() {
+        config.auth_info.impersonate_groups = Some(groups.iter().map(|g| g.to_string()).collect());
+    }
+    if !extra.is_empty() {
+        let mut map: HashMap<String, Vec<String>> = HashMap::new();
+        for (k, v) in extra {
+            map.entry(k.to_string()).or_default().push(v.to_string());
+        }
+        config.auth_info.impersonate_user_extra = Some(map);
+    }
+    Client::try_from(config).expect("client builds")
+}
+
+/// A tenant: an authenticated user with no rights but its role bindings.
+async fn tenant(user: &str) -> Client {
+    client_as(user, &["system:authenticated"], &[]).await
+}
+
+/// The chart's controller, by its ServiceAccount (the API server adds the
+/// ServiceAccount groups).
+async fn controller_sa() -> Client {
+    client_as(CONTROLLER_SA, &[], &[]).await
+}
+
+async fn admin() -> Client {
+    controlplane::client_of(plane()).await
+}
+
+/// Creates namespace `ns` and binds each (user, default ClusterRole) in it,
+/// as a cluster admin gives a team its namespace; waits until the API
+/// server's authorizer has the bindings.
+async fn tenant_namespace(ns: &str, bindings: &[(&str, &str)]) {
+    let admin = admin().await;
+    let namespaces: Api<Namespace> = Api::all(admin.clone());
+    let object = serde_json::from_value(json!({"metadata": {"name": ns}})).unwrap();
+    match namespaces.create(&PostParams::default(), &object).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        Err(e) => panic!("namespace {ns}: {e}"),
+    }
+    let role_bindings: Api<RoleBinding> = Api::namespaced(admin.clone(), ns);
+    for (user, role) in bindings {
+        let binding = serde_json::from_value(json!({
+            "metadata": {"name": format!("{user}-{role}")},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]
+        }))
+        .unwrap();
+        match role_bindings.create(&PostParams::default(), &binding).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(e) => panic!("binding {user} to {role} in {ns}: {e}"),
+        }
+        wait_allowed(&admin, user, ns, "get").await;
+    }
+}
+
+/// Waits until `user` may `verb` TrainingJobs in `ns` (a SubjectAccessReview).
+async fn wait_allowed(admin: &Client, user: &str, ns: &str, verb: &str) {
+    let reviews: Api<SubjectAccessReview> = Api::all(admin.clone());
+    let review: SubjectAccessReview = serde_json::from_value(json!({"spec": {
+        "user": user, "groups": ["system:authenticated"],
+        "resourceAttributes": {"namespace": ns, "verb": verb,
+            "group": "vramfit.dev", "resource": "trainingjobs"}}}))
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let answer = reviews
+            .create(&PostParams::default(), &review)
+            .await
+            .expect("SubjectAccessReview");
+        if answer.status.is_some_and(|s| s.allowed) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{user} still may not {verb} trainingjobs in {ns}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+// --- objects ------------------------------------------------------------------
+
+fn training_jobs(client: &Client, ns: &str) -> Api<DynamicObject> {
+    let gvk = GroupVersionKind::gvk("vramfit.dev", "v1alpha1", "TrainingJob");
+    Api::namespaced_with(client.clone(), ns, &ApiResource::from_gvk(&gvk))
+}
+
+fn gpu_nodes(client: &Client) -> Api<DynamicObject> {
+    let gvk = GroupVersionKind::gvk("vramfit.dev", "v1alpha1", "GpuNode");
+    Api::all_with(client.clone(), &ApiResource::from_gvk(&gvk))
+}
+
+fn plain_template() -> Value {
+    json!({"containers": [{"name": "t", "image": "i"}]})
+}
+
+/// A TrainingJob whose pod template's spec is `spec`.
+fn training_job(name: &str, spec: Value) -> Value {
+    json!({
+        "apiVersion": "vramfit.dev/v1alpha1", "kind": "TrainingJob",
+        "metadata": {"name": name},
+        "spec": {
+            "batch": {"global": 8, "micro": 8},
+            "model": {"mlp": {"layers": 2, "hidden": 64}},
+            "template": {"spec": spec}
+        }
+    })
+}
+
+fn pod(name: &str, spec: Value) -> Pod {
+    serde_json::from_value(json!({"metadata": {"name": name}, "spec": spec})).unwrap()
+}
+
+fn pod_with_annotation(name: &str, key: &str, value: &str) -> Pod {
+    serde_json::from_value(
+        json!({"metadata": {"name": name, "annotations": {key: value}},
+        "spec": plain_template()}),
+    )
+    .unwrap()
+}
+
+fn dynamic(object: Value) -> DynamicObject {
+    serde_json::from_value(object).expect("a Kubernetes object")
+}
+
+/// `[[ ... [{"y": 1}] ... ]]`: the object `levels` levels down (1: the
+/// object itself), for a few dozen levels; deeper ones are text only
+/// ([`with_deep`]): serde_json recurses through a `Value`, and 2,000 levels
+/// of it overflow a test thread's stack.
+fn nested(levels: usize) -> Value {
+    let mut value = json!({"y": 1});
+    for _ in 1..levels {
+        value = json!([value]);
+    }
+    value
+}
+
+/// The placeholder [`with_deep`] replaces.
+const DEEP: &str = "@deep";
+
+/// The JSON text of `object` with its string `"@deep"` replaced by
+/// [`nested`]`(levels)` written out as text.
+fn with_deep(object: &Value, levels: usize) -> Vec<u8> {
+    let text = object.to_string();
+    let placeholder = format!("\"{DEEP}\"");
+    assert!(text.contains(&placeholder), "{text}");
+    let wrap = levels.saturating_sub(1);
+    let deep = format!("{}{{\"y\":1}}{}", "[".repeat(wrap), "]".repeat(wrap));
+    text.replacen(&placeholder, &deep, 1).into_bytes()
+}
+
+/// Creates the TrainingJob of JSON text `body` in `ns`, sent and answered as
+/// text (an answer nested 2,000 deep is not parsed).
+async fn create_text(
+    client: &Client,
+    ns: &str,
+    params: &PostParams,
+    body: Vec<u8>,
+) -> Result<String, kube::Error> {
+    let request = kube::core::Request::new(format!(
+        "/apis/vramfit.dev/v1alpha1/namespaces/{ns}/trainingjobs"
+    ));
+    client
+        .request_text(request.create(params, body).expect("a request"))
+        .await
+}
+
+fn dry_run() -> PostParams {
+    PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    }
+}
+
+fn dry_run_patch() -> PatchParams {
+    PatchParams {
+        dry_run: true,
+        ..PatchParams::default()
+    }
+}
+
+// --- answers ------------------------------------------------------------------
+
+/// The request was refused by the admission policy `policy`, with `text` in
+/// its message.
+fn assert_refused_by<T: std::fmt::Debug>(
+    what: &str,
+    answer: Result<T, kube::Error>,
+    policy: &str,
+    text: &str,
+) {
+    match answer {
+        Err(kube::Error::Api(status)) => assert!(
+            status
+                .message
+                .contains(&format!("ValidatingAdmissionPolicy '{policy}'"))
+                && status.message.contains(text),
+            "{what}: refused, but not by {policy} with {text:?}: {status:?}"
+        ),
+        Err(e) => panic!("{what}: {e}"),
+        Ok(object) => panic!(
+            "{what}: accepted (the attack gets through): {}",
+            short(&object)
+        ),
+    }
+}
+
+/// The request was refused by RBAC: `user` may not `verb` `resource`.
+fn assert_forbidden<T: std::fmt::Debug>(
+    what: &str,
+    answer: Result<T, kube::Error>,
+    user: &str,
+    verb: &str,
+    resource: &str,
+) {
+    match answer {
+        Err(kube::Error::Api(status)) => assert!(
+            status.code == 403
+                && status.message.contains(&format!(
+                    "User \"{user}\" cannot {verb} resource \"{resource}\""
+                )),
+            "{what}: refused, but not by RBAC: {status:?}"
+        ),
+        Err(e) => panic!("{what}: {e}"),
+        Ok(object) => panic!(
+            "{what}: allowed (the attack gets through): {}",
+            short(&object)
+        ),
+    }
+}
+
+/// The start of an answer's debug form (a whole object says too much).
+fn short(answer: &impl std::fmt::Debug) -> String {
+    let text = format!("{answer:?}");
+    match text.char_indices().nth(300) {
+        Some((at, _)) => format!("{}...", &text[..at]),
+        None => text,
+    }
+}
+
+fn assert_accepted<T>(what: &str, answer: Result<T, kube::Error>) -> T {
+    answer.unwrap_or_else(|e| panic!("{what}: refused, and must not be: {e}"))
+}
+
+// --- the attacks ----------------------------------------------------------------
+
+/// Attack 1: a tenant's TrainingJob whose pod template asks for the host
+/// (privileged, hostPath, host namespaces, host ports, capabilities beyond
+/// the baseline set, an unmasked /proc, no seccomp, unsafe sysctls), which
+/// the controller would create with its own rights. Each is refused by
+/// `vramfit-trainingjob-pod-security` (Pod Security baseline); the same
+/// template without the field is accepted.
+#[tokio::test]
+async fn attack_1_a_template_asking_for_the_host_is_refused() {
+    let ns = "tn-1";
+    tenant_namespace(ns, &[("alice-1", "edit")]).await;
+    let alice = training_jobs(&tenant("alice-1").await, ns);
+    let c = |extra: Value| {
+        let mut container = json!({"name": "t", "image": "i"});
+        container
+            .as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        container
+    };
+    let attacks = [
+        (
+            "privileged",
+            json!({"containers": [c(json!({"securityContext": {"privileged": true}}))]}),
+            "privileged containers are not allowed (Pod Security baseline): t",
+        ),
+        (
+            "a privileged ephemeral container",
+            json!({"containers": [c(json!({}))], "ephemeralContainers": [{"name": "e", "image": "i",
+                "securityContext": {"privileged": true}}]}),
+            "privileged containers are not allowed (Pod Security baseline): e",
+        ),
+        (
+            "hostPath /",
+            json!({"containers": [c(json!({}))], "volumes": [{"name": "root", "hostPath": {"path": "/"}}]}),
+            "hostPath volumes are not allowed (Pod Security baseline): root",
+        ),
+        (
+            "hostPID",
+            json!({"hostPID": true, "containers": [c(json!({}))]}),
+            "hostNetwork, hostPID and hostIPC are not allowed",
+        ),
+        (
+            "hostNetwork",
+            json!({"hostNetwork": true, "containers": [c(json!({}))]}),
+            "hostNetwork, hostPID and hostIPC are not allowed",
+        ),
+        (
+            "hostIPC",
+            json!({"hostIPC": true, "containers": [c(json!({}))]}),
+            "hostNetwork, hostPID and hostIPC are not allowed",
+        ),
+        (
+            "SYS_ADMIN in an init container",
+            json!({"initContainers": [{"name": "s", "image": "i",
+                "securityContext": {"capabilities": {"add": ["SYS_ADMIN"]}}}], "containers": [c(json!({}))]}),
+            "capabilities beyond the baseline set are not allowed",
+        ),
+        (
+            "a hostPort",
+            json!({"containers": [c(json!({"ports": [{"containerPort": 22, "hostPort": 22}]}))]}),
+            "hostPort is not allowed",
+        ),
+        (
+            "procMount Unmasked",
+            json!({"containers": [c(json!({"securityContext": {"procMount": "Unmasked"}}))]}),
+            "procMount must be Default",
+        ),
+        (
+            "seccomp Unconfined",
+            json!({"securityContext": {"seccompProfile": {"type": "Unconfined"}}, "containers": [c(json!({}))]}),
+            "seccomp profile Unconfined is not allowed",
+        ),
+        (
+            "an unsafe sysctl",
+            json!({"securityContext": {"sysctls": [{"name": "kernel.core_pattern", "value": "|/x"}]},
+                "containers": [c(json!({}))]}),
+            "only the safe sysctls are allowed",
+        ),
+    ];
+    for (what, spec, message) in attacks {
+        let job = dynamic(training_job("host", spec));
+        assert_refused_by(
+            what,
+            alice.create(&dry_run(), &job).await,
+            POD_SECURITY,
+            message,
+        );
+    }
+    // Without the offending fields (and with what baseline allows: a
+    // capability of its set, an emptyDir) the same tenant's job is stored.
+    let allowed = json!({"containers": [c(json!({"securityContext": {"capabilities": {"add": ["NET_BIND_SERVICE"]}},
+        "ports": [{"containerPort": 22}]}))], "volumes": [{"name": "scratch", "emptyDir": {}}]});
+    assert_accepted(
+        "the same job without the host",
+        alice
+            .create(
+                &PostParams::default(),
+                &dynamic(training_job("plain", allowed)),
+            )
+            .await,
+    );
+}
+
+/// Attack 1 (the promise of Pod Security baseline, the checks the policy
+/// lacks): a template that disables AppArmor (the field or the annotation),
+/// runs as SELinux type `spc_t` (a super-privileged container) or points a
+/// probe at another host. Pod Security baseline refuses each of them in a pod
+/// of the tenant's own (checked here in a namespace that enforces it), but
+/// `vramfit-trainingjob-pod-security` lets the TrainingJob through. Ignored
+/// until the policy checks `appArmorProfile`, the AppArmor annotations of
+/// `spec.template.metadata`, `seLinuxOptions.type` and probe/lifecycle hosts.
+#[tokio::test]
+#[ignore = "attack 1 gets through: tenancy.yaml does not check AppArmor, seLinuxOptions.type or probe hosts"]
+async fn attack_1_a_template_baseline_refuses_but_the_policy_does_not_check_is_refused() {
+    let ns = "tn-1-gaps";
+    tenant_namespace(ns, &[("alice-1g", "edit")]).await;
+    let namespaces: Api<Namespace> = Api::all(admin().await);
+    namespaces
+        .patch(
+            ns,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {
+                "pod-security.kubernetes.io/enforce": "baseline"}}})),
+        )
+        .await
+        .expect("labelling the namespace");
+    let alice = tenant("alice-1g").await;
+    let jobs = training_jobs(&alice, ns);
+    let pods: Api<Pod> = Api::namespaced(alice.clone(), ns);
+    let apparmor = "container.apparmor.security.beta.kubernetes.io/t";
+    let attacks = [
+        (
+            "AppArmor Unconfined",
+            json!({}),
+            json!({"securityContext": {"appArmorProfile": {"type": "Unconfined"}},
+                "containers": [{"name": "t", "image": "i"}]}),
+        ),
+        (
+            "the AppArmor annotation unconfined",
+            json!({"annotations": {apparmor: "unconfined"}}),
+            plain_template(),
+        ),
+        (
+            "SELinux type spc_t",
+            json!({}),
+            json!({"securityContext": {"seLinuxOptions": {"type": "spc_t"}},
+                "containers": [{"name": "t", "image": "i"}]}),
+        ),
+        (
+            "a probe to another host",
+            json!({}),
+            json!({"containers": [{"name": "t", "image": "i",
+                "livenessProbe": {"httpGet": {"host": "169.254.169.254", "port": 80, "path": "/"}}}]}),
+        ),
+    ];
+    let mut through = Vec::new();
+    for (what, metadata, spec) in attacks {
+        // What the tenant cannot get in a pod of their own...
+        let mut own: Pod =
+            serde_json::from_value(json!({"metadata": metadata.clone(), "spec": spec.clone()}))
+                .unwrap();
+        own.metadata.name = Some("own".into());
+        match pods.create(&dry_run(), &own).await {
+            Err(kube::Error::Api(s)) if s.message.contains("violates PodSecurity \"baseline") => {}
+            other => panic!(
+                "{what}: Pod Security baseline did not refuse the pod: {}",
+                short(&other)
+            ),
+        }
+        // ...must not be had through a TrainingJob either.
+        let mut job = training_job("gap", spec);
+        job["spec"]["template"]["metadata"] = metadata;
+        match jobs.create(&dry_run(), &dynamic(job)).await {
+            Err(kube::Error::Api(s))
+                if s.message
+                    .contains(&format!("ValidatingAdmissionPolicy '{POD_SECURITY}'")) => {}
+            Ok(_) => through.push(format!("{what}: accepted")),
+            Err(e) => through.push(format!("{what}: refused, but not by {POD_SECURITY}: {e}")),
+        }
+    }
+    assert!(
+        through.is_empty(),
+        "accepted by the API server:\n{}",
+        through.join("\n")
+    );
+}
+
+/// Attack 1c: a tenant reads, changes or deletes another tenant's
+/// TrainingJobs. The chart's TrainingJob roles aggregate into `edit` and
+/// `view`, bound per namespace: alice (edit in her namespace) can do none of
+/// it in bob's, bob can in his, carol (view in bob's) reads only, and no
+/// tenant writes a job's status (its placement) itself.
+#[tokio::test]
+async fn attack_1c_a_tenant_cannot_read_or_change_another_tenants_jobs() {
+    let (alice_ns, bob_ns) = ("tn-1c-alice", "tn-1c-bob");
+    tenant_namespace(alice_ns, &[("alice-1c", "edit")]).await;
+    tenant_namespace(bob_ns, &[("bob-1c", "edit"), ("carol-1c", "view")]).await;
+    let alice = tenant("alice-1c").await;
+    let bob = training_jobs(&tenant("bob-1c").await, bob_ns);
+    let carol = training_jobs(&tenant("carol-1c").await, bob_ns);
+    let alice_in_bobs = training_jobs(&alice, bob_ns);
+    let alice_own = training_jobs(&alice, alice_ns);
+    let job = dynamic(training_job("bobs", plain_template()));
+    assert_accepted(
+        "bob creates his job",
+        bob.create(&PostParams::default(), &job).await,
+    );
+    let label = Patch::Merge(json!({"metadata": {"labels": {"owner": "alice"}}}));
+    let status = Patch::Merge(json!({"status": {"phase": "Placed"}}));
+
+    assert_forbidden(
+        "alice gets bob's job",
+        alice_in_bobs.get("bobs").await,
+        "alice-1c",
+        "get",
+        "trainingjobs",
+    );
+    assert_forbidden(
+        "alice lists bob's namespace",
+        alice_in_bobs.list(&ListParams::default()).await,
+        "alice-1c",
+        "list",
+        "trainingjobs",
+    );
+    assert_forbidden(
+        "alice watches bob's namespace",
+        alice_in_bobs
+            .watch(&kube::api::WatchParams::default(), "0")
+            .await
+            .map(|_| ()),
+        "alice-1c",
+        "watch",
+        "trainingjobs",
+    );
+    assert_forbidden(
+        "alice lists every namespace",
+        training_jobs_all(&alice).list(&ListParams::default()).await,
+        "alice-1c",
+        "list",
+        "trainingjobs",
+    );
+    assert_forbidden(
+        "alice patches bob's job",
+        alice_in_bobs
+            .patch("bobs", &PatchParams::default(), &label)
+            .await,
+        "alice-1c",
+        "patch",
+        "trainingjobs",
+    );
+    assert_forbidden(
+        "alice creates a job in bob's namespace",
+        alice_in_bobs
+            .create(
+                &PostParams::default(),
+                &dynamic(training_job("alices", plain_template())),
+            )
+            .await,
+        "alice-1c",
+        "create",
+        "trainingjobs",
+    );
+    assert_forbidden(
+        "alice deletes bob's job",
+        alice_in_bobs
+            .delete("bobs", &DeleteParams::default())
+            .await
+            .map(|_| ()),
+        "alice-1c",
+        "delete",
+        "trainingjobs",
+    );
+    // carol, bob's viewer, reads his job and changes nothing.
+    assert_accepted("carol gets bob's job", carol.get("bobs").await);
+    assert_accepted(
+        "carol lists bob's namespace",
+        carol.list(&ListParams::default()).await,
+    );
+    assert_forbidden(
+        "carol patches bob's job",
+        carol.patch("bobs", &PatchParams::default(), &label).await,
+        "carol-1c",
+        "patch",
+        "trainingjobs",
+    );
+    assert_forbidden(
+        "carol deletes bob's job",
+        carol
+            .delete("bobs", &DeleteParams::default())
+            .await
+            .map(|_| ()),
+        "carol-1c",
+        "delete",
+        "trainingjobs",
+    );
+    // A job's status (its placement, budget) is the controller's: its own
+    // author does not write it either.
+    assert_forbidden(
+        "bob writes his job's status",
+        bob.patch_status("bobs", &PatchParams::default(), &status)
+            .await,
+        "bob-1c",
+        "patch",
+        "trainingjobs/status",
+    );
+    // In her own namespace alice does all of it.
+    assert_accepted(
+        "alice creates her job",
+        alice_own
+            .create(
+                &PostParams::default(),
+                &dynamic(training_job("alices", plain_template())),
+            )
+            .await,
+    );
+    assert_accepted("alice gets her job", alice_own.get("alices").await);
+    assert_accepted(
+        "alice patches her job",
+        alice_own
+            .patch("alices", &PatchParams::default(), &label)
+            .await,
+    );
+    assert_accepted(
+        "alice deletes her job",
+        alice_own.delete("alices", &DeleteParams::default()).await,
+    );
+    // And bob in his: the refusals above were about who asked.
+    assert_accepted("bob gets his job", bob.get("bobs").await);
+    assert_accepted(
+        "bob patches his job",
+        bob.patch("bobs", &PatchParams::default(), &label).await,
+    );
+    assert_accepted(
+        "bob deletes his job",
+        bob.delete("bobs", &DeleteParams::default()).await,
+    );
+}
+
+fn training_jobs_all(client: &Client) -> Api<DynamicObject> {
+    let gvk = GroupVersionKind::gvk("vramfit.dev", "v1alpha1", "TrainingJob");
+    Api::all_with(client.clone(), &ApiResource::from_gvk(&gvk))
+}
+
+/// Attack 2a: a tenant's pod names a GPU itself, by the NRI plugin's CDI
+/// annotation, containerd's `cdi.k8s.io/*` or `NVIDIA_VISIBLE_DEVICES` (in a
+/// container or an init container), when created or added later. Each is
+/// refused by `vramfit-gpu-access`; the tenant's plain pod is accepted, and
+/// the controller's ServiceAccount creates the same pods.
+#[tokio::test]
+async fn attack_2a_a_pod_naming_a_gpu_itself_is_refused() {
+    let ns = "tn-2a";
+    tenant_namespace(ns, &[("alice-2a", "edit")]).await;
+    let alice: Api<Pod> = Api::namespaced(tenant("alice-2a").await, ns);
+    let controller: Api<Pod> = Api::namespaced(controller_sa().await, ns);
+    let cdi = "may not carry CDI device annotations";
+    let visible = "a container may not set NVIDIA_VISIBLE_DEVICES";
+    let env = json!([{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]);
+    let attacks = [
+        (
+            "the NRI plugin's annotation",
+            pod_with_annotation(
+                "gpu",
+                "cdi-devices.noderesource.dev/container.t",
+                "- nvidia.com/gpu=GPU-x",
+            ),
+            cdi,
+        ),
+        (
+            "the NRI plugin's pod-wide annotation",
+            pod_with_annotation(
+                "gpu",
+                "cdi-devices.noderesource.dev/pod",
+                "- nvidia.com/gpu=GPU-x",
+            ),
+            cdi,
+        ),
+        (
+            "containerd's CDI annotation",
+            pod_with_annotation("gpu", "cdi.k8s.io/gpu", "nvidia.com/gpu=all"),
+            cdi,
+        ),
+        (
+            "NVIDIA_VISIBLE_DEVICES",
+            pod(
+                "gpu",
+                json!({"containers": [{"name": "t", "image": "i", "env": env}]}),
+            ),
+            visible,
+        ),
+        (
+            "NVIDIA_VISIBLE_DEVICES in an init container",
+            pod(
+                "gpu",
+                json!({"initContainers": [{"name": "s", "image": "i", "env": env}],
+                "containers": [{"name": "t", "image": "i"}]}),
+            ),
+            visible,
+        ),
+    ];
+    for (what, object, message) in &attacks {
+        assert_refused_by(
+            &format!("alice's pod with {what}"),
+            alice.create(&dry_run(), object).await,
+            GPU_ACCESS,
+            message,
+        );
+        assert_accepted(
+            &format!("the controller's pod with {what}"),
+            controller.create(&dry_run(), object).await,
+        );
+    }
+    // Her plain pod is stored; the annotation added to it afterwards is
+    // refused as well (an UPDATE).
+    assert_accepted(
+        "alice's plain pod",
+        alice
+            .create(&PostParams::default(), &pod("plain", plain_template()))
+            .await,
+    );
+    let add = Patch::Merge(json!({"metadata": {"annotations": {
+        "cdi-devices.noderesource.dev/container.t": "- nvidia.com/gpu=GPU-x"}}}));
+    assert_refused_by(
+        "alice adds the annotation to her pod",
+        alice.patch("plain", &PatchParams::default(), &add).await,
+        GPU_ACCESS,
+        cdi,
+    );
+    assert_accepted(
+        "alice adds another annotation to her pod",
+        alice
+            .patch(
+                "plain",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"annotations": {"team": "nlp"}}})),
+            )
+            .await,
+    );
+}
+
+/// Attack 2a (through a ConfigMap): `NVIDIA_VISIBLE_DEVICES=all` reaches a
+/// tenant's container by `envFrom`, which `vramfit-gpu-access` does not look
+/// at (it checks `env`). The node's NRI plugin (2b) replaces the variable
+/// from any source on the node, so the GPUs stay out of reach where it runs;
+/// the admission policy does not hold this (it cannot read the ConfigMap).
+/// Ignored until admission refuses it (say, `envFrom` in tenants' pods) or
+/// docs/security.md row 2a leaves this case to 2b.
+#[tokio::test]
+#[ignore = "attack 2a gets through admission: vramfit-gpu-access checks env, not envFrom"]
+async fn attack_2a_nvidia_visible_devices_by_env_from_is_refused() {
+    let ns = "tn-2a-envfrom";
+    tenant_namespace(ns, &[("alice-2ae", "edit")]).await;
+    let client = tenant("alice-2ae").await;
+    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+    let pods: Api<Pod> = Api::namespaced(client, ns);
+    let config: ConfigMap = serde_json::from_value(
+        json!({"metadata": {"name": "gpus"}, "data": {"NVIDIA_VISIBLE_DEVICES": "all"}}),
+    )
+    .unwrap();
+    assert_accepted(
+        "alice's ConfigMap",
+        config_maps.create(&PostParams::default(), &config).await,
+    );
+    let attack = pod(
+        "envfrom",
+        json!({"containers": [{"name": "t", "image": "i",
+            "envFrom": [{"configMapRef": {"name": "gpus"}}]}]}),
+    );
+    assert_refused_by(
+        "NVIDIA_VISIBLE_DEVICES from a ConfigMap",
+        pods.create(&dry_run(), &attack).await,
+        GPU_ACCESS,
+        "NVIDIA_VISIBLE_DEVICES",
+    );
+}
+
+/// Attack 2d: a tenant's pod grants itself a placement or a budget, which the
+/// node agent would enforce, when created or added later. Refused by
+/// `vramfit-gpu-access`; the controller's ServiceAccount creates such pods.
+#[tokio::test]
+async fn attack_2d_a_pod_granting_itself_a_placement_or_a_budget_is_refused() {
+    let ns = "tn-2d";
+    tenant_namespace(ns, &[("alice-2d", "edit")]).await;
+    let alice: Api<Pod> = Api::namespaced(tenant("alice-2d").await, ns);
+    let controller: Api<Pod> = Api::namespaced(controller_sa().await, ns);
+    let message = "vramfit.dev/placement and vramfit.dev/budget-bytes are written by the vramfit controller only";
+    let placement = json!({"node": "n", "gpus": [{"index": 0, "uuid": "GPU-x"}],
+        "budgetBytes": 1u64 << 40, "memoryFraction": 1.0, "attempt": 1})
+    .to_string();
+    let grants = [
+        ("vramfit.dev/placement", placement.as_str()),
+        ("vramfit.dev/budget-bytes", "999999999999"),
+    ];
+    for (key, value) in grants {
+        let object = pod_with_annotation("granted", key, value);
+        assert_refused_by(
+            &format!("alice's pod with {key}"),
+            alice.create(&dry_run(), &object).await,
+            GPU_ACCESS,
+            message,
+        );
+        assert_accepted(
+            &format!("the controller's pod with {key}"),
+            controller.create(&dry_run(), &object).await,
+        );
+    }
+    assert_accepted(
+        "alice's plain pod",
+        alice
+            .create(&PostParams::default(), &pod("plain", plain_template()))
+            .await,
+    );
+    for (key, value) in grants {
+        let grant = Patch::Merge(json!({"metadata": {"annotations": {key: value}}}));
+        assert_refused_by(
+            &format!("alice adds {key} to her pod"),
+            alice.patch("plain", &PatchParams::default(), &grant).await,
+            GPU_ACCESS,
+            message,
+        );
+    }
+    assert_accepted(
+        "alice adds another annotation to her pod",
+        alice
+            .patch(
+                "plain",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"annotations": {"team": "nlp"}}})),
+            )
+            .await,
+    );
+}
+
+/// Attack 2c (through the controller): a tenant's TrainingJob template that
+/// asks for GPUs itself, by the NRI plugin's annotations (pod-wide, per
+/// container), a placement or budget annotation and `NVIDIA_VISIBLE_DEVICES`
+/// in its containers. The real controller, running as the chart's
+/// ServiceAccount (which `vramfit-gpu-access` lets write them), creates a
+/// pod that carries the placement's GPU and budget only.
+#[tokio::test]
+async fn attack_2c_a_template_asking_for_gpus_gets_only_the_placed_one() {
+    let (cluster, _controller, _kubeconfig) = controller_as_its_service_account("tn2c").await;
+    let node = cluster.add_gpu_node("n1", &[("H100-80GB", 80 * GIB)]).await;
+    let mut job = mlp_job("greedy", 64, 8, 1, None);
+    job["spec"]["template"] = json!({
+        "metadata": {"annotations": {
+            "cdi-devices.noderesource.dev/pod": "- nvidia.com/gpu=GPU-other",
+            "cdi-devices.noderesource.dev/container.train": "- nvidia.com/gpu=GPU-other",
+            "cdi-devices.noderesource.dev/container.setup": "- nvidia.com/gpu=GPU-other",
+            "vramfit.dev/budget-bytes": "999999999999",
+            "vramfit.dev/placement": json!({"node": node, "gpus": [{"index": 0, "uuid": "GPU-other"}],
+                "budgetBytes": 1u64 << 40, "memoryFraction": 1.0, "attempt": 1}).to_string(),
+            "team": "nlp"}},
+        "spec": {
+            "initContainers": [{"name": "setup", "image": "i", "env": [
+                {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]}],
+            "containers": [{"name": "train", "image": "trainer", "env": [
+                {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
+                {"name": "VRAMFIT_MEMORY_FRACTION", "value": "1.0"}],
+                "resources": {"requests": {"cpu": "2", "memory": "8Gi"}}}]}
+    });
+    let (job, pod) = tenant_job_and_its_pod(&cluster, "alice-2c", job).await;
+    let placement = job.status.unwrap().placement.expect("placed");
+    let annotations = pod.metadata.annotations.clone().unwrap_or_default();
+    let devices: Vec<(&String, &String)> = annotations
+        .iter()
+        .filter(|(k, _)| k.starts_with("cdi-devices.noderesource.dev/"))
+        .collect();
+    let gpu = &placement.gpus[0].uuid;
+    assert_eq!(
+        devices,
+        [(
+            &"cdi-devices.noderesource.dev/container.train".to_string(),
+            &format!("- nvidia.com/gpu={gpu}\n")
+        )],
+        "{annotations:?}"
+    );
+    assert_eq!(
+        annotations["vramfit.dev/budget-bytes"],
+        placement.budget_bytes.to_string()
+    );
+    let recorded: Value =
+        serde_json::from_str(&annotations["vramfit.dev/placement"]).expect("placement JSON");
+    assert_eq!(recorded["gpus"][0]["uuid"], json!(gpu));
+    assert_eq!(recorded["node"], json!(node));
+    assert_eq!(
+        annotations["team"], "nlp",
+        "the template's own annotations stay"
+    );
+    let spec = pod.spec.expect("pod spec");
+    let visible = |c: &k8s_openapi::api::core::v1::Container| -> Vec<String> {
+        c.env
+            .iter()
+            .flatten()
+            .filter(|v| v.name == "NVIDIA_VISIBLE_DEVICES")
+            .map(|v| v.value.clone().unwrap_or_default())
+            .collect()
+    };
+    assert_eq!(visible(&spec.containers[0]), std::slice::from_ref(gpu));
+    assert_eq!(
+        visible(&spec.init_containers.expect("init containers")[0]),
+        Vec::<String>::new()
+    );
+    let fraction: Vec<&str> = spec.containers[0]
+        .env
+        .iter()
+        .flatten()
+        .filter(|v| v.name == "VRAMFIT_MEMORY_FRACTION")
+        .map(|v| v.value.as_deref().unwrap_or_default())
+        .collect();
+    assert_eq!(fraction.len(), 1);
+    assert_ne!(fraction[0], "1.0");
+}
+
+/// Attack 2c (the annotation and variable sources the controller keeps): a
+/// template with containerd's `cdi.k8s.io/*` annotation, or
+/// `NVIDIA_VISIBLE_DEVICES` by `envFrom` in an init container. The controller
+/// drops only `cdi-devices.noderesource.dev/*` keys and `env` entries, so
+/// its pod carries both, admitted because the controller wrote it. (On
+/// containerd the kubelet passes pod annotations as sandbox annotations only
+/// and the NRI plugin honours `cdi.k8s.io/*` in agent namespaces only, and
+/// replaces `NVIDIA_VISIBLE_DEVICES` from any source: 2b holds on the node.)
+/// Ignored until the controller drops `cdi.k8s.io/*` and refuses or strips
+/// `envFrom` sources that set reserved variables.
+#[tokio::test]
+#[ignore = "attack 2c gets through the controller: cdi.k8s.io/* annotations and envFrom are kept"]
+async fn attack_2c_a_template_asking_for_gpus_by_other_keys_gets_only_the_placed_one() {
+    let (cluster, _controller, _kubeconfig) = controller_as_its_service_account("tn2cg").await;
+    cluster.add_gpu_node("n1", &[("H100-80GB", 80 * GIB)]).await;
+    let admin_maps: Api<ConfigMap> = Api::namespaced(cluster.client.clone(), &cluster.namespace);
+    let config: ConfigMap = serde_json::from_value(
+        json!({"metadata": {"name": "gpus"}, "data": {"NVIDIA_VISIBLE_DEVICES": "all"}}),
+    )
+    .unwrap();
+    admin_maps
+        .create(&PostParams::default(), &config)
+        .await
+        .expect("ConfigMap");
+    let mut job = mlp_job("greedy", 64, 8, 1, None);
+    job["spec"]["template"]["metadata"] =
+        json!({"annotations": {"cdi.k8s.io/gpu": "nvidia.com/gpu=all"}});
+    job["spec"]["template"]["spec"]["initContainers"] = json!([{"name": "setup", "image": "i",
+        "envFrom": [{"configMapRef": {"name": "gpus"}}]}]);
+    let (_, pod) = tenant_job_and_its_pod(&cluster, "alice-2cg", job).await;
+    let annotations = pod.metadata.annotations.unwrap_or_default();
+    let kept: Vec<&String> = annotations
+        .keys()
+        .filter(|k| k.starts_with("cdi.k8s.io/"))
+        .collect();
+    let env_from = pod.spec.expect("spec").init_containers.expect("init")[0]
+        .env_from
+        .clone();
+    assert!(
+        kept.is_empty() && env_from.is_none(),
+        "the controller's pod carries {kept:?} and envFrom {env_from:?}"
+    );
+}
+
+/// A test cluster on the suite's control plane whose controller runs as the
+/// chart's ServiceAccount (a kubeconfig that impersonates it, removed when
+/// the returned path is dropped), under the chart's RBAC and admission
+/// policies.
+async fn controller_as_its_service_account(
+    name: &str,
+) -> (
+    TestCluster,
+    crate::driver::ControllerProcess,
+    tempfile::TempPath,
+) {
+    let cluster = TestCluster::on(name, plane()).await;
+    let mut kubeconfig = Kubeconfig::read_from(plane()).expect("kubeconfig parses");
+    for named in &mut kubeconfig.auth_infos {
+        if let Some(auth) = named.auth_info.as_mut() {
+            auth.impersonate = Some(CONTROLLER_SA.to_string());
+        }
+    }
+    let path = tempfile::Builder::new()
+        .prefix(&format!("vramfit-{name}-controller-"))
+        .suffix(".kubeconfig")
+        .tempfile()
+        .expect("a temporary file")
+        .into_temp_path();
+    std::fs::write(&path, serde_json::to_string(&kubeconfig).unwrap()).expect("kubeconfig");
+    let controller =
+        cluster.start_logged_controller_via(&path, &["--no-leader-election"], "127.0.0.1:0");
+    (cluster, controller, path)
+}
+
+/// `user` (edit in the cluster's namespace) applies `job`; the job once
+/// placed and the pod the controller made for it.
+async fn tenant_job_and_its_pod(
+    cluster: &TestCluster,
+    user: &str,
+    job: Value,
+) -> (TrainingJob, Pod) {
+    tenant_namespace(&cluster.namespace, &[(user, "edit")]).await;
+    let name = job["metadata"]["name"].as_str().unwrap().to_string();
+    let jobs = training_jobs(&tenant(user).await, &cluster.namespace);
+    assert_accepted(
+        "the tenant's job",
+        jobs.create(&PostParams::default(), &dynamic(job)).await,
+    );
+    let placed = cluster.wait_phase(&name, Phase::Placed).await;
+    let pod = cluster.wait_pod(&format!("{name}-a1")).await;
+    (placed, pod)
+}
+
+/// Attack 8: a compromised agent writes another node's GpuNode (forged OOM
+/// reports or usage). With a token bound to node a, the agent's
+/// ServiceAccount writes node a's GpuNode and its status, and neither of node
+/// b's, nor creates another node's; a token bound to no node writes none.
+/// Refused by `vramfit-agent-own-node`; the controller is not held to it.
+#[tokio::test]
+async fn attack_8_an_agent_writes_the_gpunode_of_its_own_node_only() {
+    let admin = admin().await;
+    let (a, b) = ("tn8-node-a", "tn8-node-b");
+    for node in [a, b] {
+        let object = dynamic(
+            json!({"apiVersion": "vramfit.dev/v1alpha1", "kind": "GpuNode",
+            "metadata": {"name": node}, "spec": {}}),
+        );
+        match gpu_nodes(&admin)
+            .create(&PostParams::default(), &object)
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(e) => panic!("GpuNode {node}: {e}"),
+        }
+    }
+    let agent_of = |node: &'static str| async move {
+        gpu_nodes(&client_as(AGENT_SA, &[], &[(NODE_NAME_EXTRA, node)]).await)
+    };
+    let agent_a = agent_of(a).await;
+    let agent_b = agent_of(b).await;
+    let unbound = gpu_nodes(&client_as(AGENT_SA, &[], &[]).await);
+    let write = Patch::Merge(json!({"metadata": {"annotations": {"forged": "yes"}}}));
+    let params = dry_run_patch();
+
+    assert_accepted(
+        "agent of a writes a",
+        agent_a.patch(a, &params, &write).await,
+    );
+    assert_accepted(
+        "agent of a writes a's status",
+        agent_a.patch_status(a, &params, &write).await,
+    );
+    let other = format!("an agent writes its own node's GpuNode only: {b} is not {a}");
+    assert_refused_by(
+        "agent of a writes b",
+        agent_a.patch(b, &params, &write).await,
+        OWN_NODE,
+        &other,
+    );
+    assert_refused_by(
+        "agent of a writes b's status",
+        agent_a.patch_status(b, &params, &write).await,
+        OWN_NODE,
+        &other,
+    );
+    let new = dynamic(
+        json!({"apiVersion": "vramfit.dev/v1alpha1", "kind": "GpuNode",
+        "metadata": {"name": "tn8-node-c"}, "spec": {}}),
+    );
+    assert_refused_by(
+        "agent of a creates c",
+        agent_a.create(&dry_run(), &new).await,
+        OWN_NODE,
+        &format!("tn8-node-c is not {a}"),
+    );
+    assert_refused_by(
+        "an agent token bound to no node writes a",
+        unbound.patch(a, &params, &write).await,
+        OWN_NODE,
+        "is not the node of a node-bound token",
+    );
+    // b's own agent writes b; the controller writes any GpuNode's status.
+    assert_accepted(
+        "agent of b writes b",
+        agent_b.patch_status(b, &params, &write).await,
+    );
+    let controller = gpu_nodes(&controller_sa().await);
+    assert_accepted(
+        "the controller writes b's status",
+        controller.patch_status(b, &params, &write).await,
+    );
+}
+
+/// Attack 5b (at admission): a tenant's TrainingJob nested 2,000 levels deep
+/// in its free-form `huggingFace.config` or `template`, past the JSON parser
+/// of the controller's client (128 levels). Refused by
+/// `vramfit-trainingjob-bounds`; the same config nested 20 levels is stored.
+#[tokio::test]
+async fn attack_5b_a_job_nested_2000_deep_is_refused_at_admission() {
+    let ns = "tn-5b";
+    tenant_namespace(ns, &[("alice-5b", "edit")]).await;
+    let alice = tenant("alice-5b").await;
+    let mut config = training_job("deep", plain_template());
+    config["spec"]["model"] = json!({"huggingFace": {"seqLen": 128,
+        "config": {"model_type": "gpt2", "x": DEEP}}});
+    assert_refused_by(
+        "a config nested 2,000 deep",
+        create_text(&alice, ns, &dry_run(), with_deep(&config, 2000)).await,
+        BOUNDS,
+        "spec.model.huggingFace.config nests more than 24 levels",
+    );
+    let mut template = training_job("deep-template", plain_template());
+    template["spec"]["template"]["spec"]["x"] = json!(DEEP);
+    assert_refused_by(
+        "a template nested 2,000 deep",
+        create_text(&alice, ns, &dry_run(), with_deep(&template, 2000)).await,
+        BOUNDS,
+        "spec.template nests more than 24 levels",
+    );
+    // What real configs and templates nest (a few levels, a dozen) passes.
+    assert_accepted(
+        "a config nested 20 deep",
+        create_text(&alice, ns, &PostParams::default(), with_deep(&config, 20)).await,
+    );
+    assert_accepted(
+        "a template nested 20 deep",
+        create_text(&alice, ns, &dry_run(), with_deep(&template, 20)).await,
+    );
+}
+
+/// Attack 5b (stored, the controller's own defence): where nothing bounds
+/// the nesting at admission (a cluster without the chart's
+/// `vramfit-trainingjob-bounds`, or jobs stored before it was installed: a
+/// private control plane without the chart here), the API server stores one
+/// job nested 2,000 levels deep in its config and one in its template. A plain JSON
+/// reading of the LIST fails (what stopped the controller before); the
+/// vramfit crate's `Api<TrainingJob>` reads it and `free_form::too_deep`
+/// names the field; the real controller, started after them, places a plain
+/// job of the same namespace, fails the deep ones as Invalid naming the
+/// field, and `vramfit status` answers.
+#[tokio::test]
+async fn attack_5b_a_stored_deep_job_fails_alone_and_the_others_are_placed() {
+    let plane = PrivateControlPlane::start("tenants-deep");
+    let cluster = TestCluster::on("tn5b", plane.kubeconfig()).await;
+    let ns = cluster.namespace.clone();
+    let mut deep_config = mlp_job("deep-config", 64, 8, 1, None);
+    deep_config["spec"]["model"] = json!({"huggingFace": {"seqLen": 128,
+        "config": {"model_type": "gpt2", "x": DEEP}}});
+    let mut deep_template = mlp_job("deep-template", 64, 8, 1, None);
+    deep_template["spec"]["template"]["spec"]["x"] = json!(DEEP);
+    for job in [&deep_config, &deep_template] {
+        assert_accepted(
+            "the API server stores a job nested 2,000 deep",
+            create_text(
+                &cluster.client,
+                &ns,
+                &PostParams::default(),
+                with_deep(job, 2000),
+            )
+            .await,
+        );
+    }
+    let list = kube::core::Request::new(format!(
+        "/apis/vramfit.dev/v1alpha1/namespaces/{ns}/trainingjobs"
+    ));
+    let raw = cluster
+        .client
+        .request_text(list.list(&ListParams::default()).unwrap())
+        .await
+        .expect("raw LIST");
+    let plain = serde_json::from_str::<Value>(&raw).expect_err("a plain reading fails");
+    assert!(plain.to_string().contains("recursion limit"), "{plain}");
+
+    let jobs = cluster
+        .jobs()
+        .list(&ListParams::default())
+        .await
+        .expect("the typed LIST reads");
+    let config = jobs
+        .items
+        .iter()
+        .find(|j| j.metadata.name.as_deref() == Some("deep-config"))
+        .and_then(|j| j.spec.model.hugging_face.as_ref())
+        .map(|hf| hf.config.clone())
+        .expect("deep-config listed with its config");
+    assert_eq!(config["model_type"], "gpt2");
+    let config_path = too_deep(&config).expect("the deep field is named");
+    assert_eq!(config_path, format!("x{}", "[0]".repeat(MAX_DEPTH)));
+    let template = jobs
+        .items
+        .iter()
+        .find(|j| j.metadata.name.as_deref() == Some("deep-template"))
+        .map(|j| j.spec.template.clone())
+        .expect("deep-template listed");
+    let template_path = too_deep(&template).expect("the deep field is named");
+    assert!(template_path.starts_with("spec.x[0]"), "{template_path}");
+
+    let node = cluster.add_gpu_node("n1", &[("H100-80GB", 80 * GIB)]).await;
+    let _controller = cluster.start_logged_controller(&["--no-leader-election"], "127.0.0.1:0");
+    cluster.apply_job(mlp_job("plain", 64, 8, 1, None)).await;
+    let placed = cluster.wait_phase("plain", Phase::Placed).await;
+    let status = placed.status.unwrap();
+    assert!(status.predicted_bytes.is_some_and(|b| b > 0));
+    assert_eq!(status.placement.expect("placement").node, node);
+    for (name, field) in [
+        ("deep-config", format!("huggingFace.config.{config_path}")),
+        ("deep-template", format!("spec.template.{template_path}")),
+    ] {
+        let job = cluster.wait_phase(name, Phase::Failed).await;
+        let invalid = job
+            .status
+            .unwrap()
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == "Invalid")
+            .expect("an Invalid condition");
+        assert_eq!(invalid.status, "True");
+        assert!(
+            invalid
+                .message
+                .contains(&format!("{field} is nested deeper than {MAX_DEPTH} levels")),
+            "{name}: {}",
+            invalid.message
+        );
+    }
+    let status = Command::new(vramfit_bin())
+        .args(["status", "-n", &ns, "-o", "json"])
+        .env("KUBECONFIG", plane.kubeconfig())
+        .output()
+        .expect("vramfit status runs");
+    assert!(
+        status.status.success(),
+        "vramfit status: {}",
+        String::from_utf8_lossy(&status.stderr)
+    );
+    let view: Value = serde_json::from_slice(&status.stdout).expect("vramfit status -o json");
+    assert_eq!(view["phases"], json!({"Failed": 2, "Placed": 1}), "{view}");
+    assert_eq!(
+        view["nodes"][0]["gpus"][0]["jobs"][0]["name"], "plain",
+        "{view}"
+    );
+}
