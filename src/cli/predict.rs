@@ -33,6 +33,11 @@ pub struct PredictArgs {
     /// `vramfit.profile/v1` file (to inspect it or compare it with a capture).
     #[arg(long, conflicts_with = "fit")]
     pub events_out: Option<PathBuf>,
+    /// List every micro-batch the job may run at (the global batch kept)
+    /// with its prediction, budget and step time relative to
+    /// `spec.batch.micro` (measured on the H200 for the model's family).
+    #[arg(long, conflicts_with_all = ["fit", "micro", "events_out"])]
+    pub shapes: bool,
     /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value_t)]
     pub output: OutputFormat,
@@ -103,6 +108,9 @@ fn predicted(
              VRAMFIT_PHASE=profile and VRAMFIT_PROFILE_OUT=FILE, or python -m vramfit.profile) and \
              pass --profile FILE (docs/profile-format.md)"
         );
+    }
+    if args.shapes {
+        return shapes(args, &job, gpu, profile.as_deref());
     }
     let prediction = if let Some(fit) = &args.fit {
         let capacity = parse_quantity(fit, 1)
@@ -187,3 +195,64 @@ warning: {advice}",
 #[cfg(test)]
 #[path = "predict_tests.rs"]
 mod tests;
+
+/// `--shapes`: every shape of the job, with the step-time curve it used.
+fn shapes(
+    args: &PredictArgs,
+    job: &job::JobInput,
+    gpu: &'static crate::predict::GpuProfile,
+    profile: Option<&str>,
+) -> anyhow::Result<String> {
+    use crate::predict::step_time::StepTimeCurve;
+    let kinds = crate::sim::kinds::parse_kinds(crate::sim::kinds::H200_STEP_TIMES, gpu)
+        .map_err(|e| anyhow::anyhow!("the measured step times: {e}"))?;
+    let measured = crate::sim::kinds::kind_for(&job.model)
+        .and_then(|name| kinds.into_iter().find(|k| k.name == name));
+    let (curve, source) = match measured {
+        Some(kind) => (
+            kind.curve,
+            format!(
+                "measured: {} on the H200 (docs/results/step-time/h200-2026-12-03.jsonl)",
+                kind.name
+            ),
+        ),
+        None => (
+            StepTimeCurve::new(vec![(job.batch.micro, 1.0)]).map_err(anyhow::Error::msg)?,
+            "bound: no measured curve for this model; a smaller micro-batch is taken to cost \
+             micro/smaller as much, a larger one to gain nothing"
+                .to_string(),
+        ),
+    };
+    let rows = crate::predict::shapes::shapes(job, gpu, profile, &curve)?;
+    Ok(match args.output {
+        OutputFormat::Json => serde_json::to_string_pretty(&serde_json::json!({
+            "gpu": gpu.name,
+            "globalBatch": job.batch.global,
+            "preferredMicroBatch": job.batch.micro,
+            "stepTimes": source,
+            "shapes": rows,
+        }))?,
+        OutputFormat::Table => {
+            let mut out = format!(
+                "global batch {} on {}; step time relative to micro-batch {} ({source})\n",
+                job.batch.global, gpu.name, job.batch.micro
+            );
+            out.push_str(&format!(
+                "{:>6} {:>6} {:>12} {:>12} {:>5} {:>10}\n",
+                "MICRO", "ACCUM", "PREDICTED", "BUDGET", "FITS", "STEP TIME"
+            ));
+            for r in &rows {
+                out.push_str(&format!(
+                    "{:>6} {:>6} {:>12} {:>12} {:>5} {:>9.2}x\n",
+                    r.micro_batch,
+                    r.grad_accum,
+                    human_bytes(r.predicted_bytes),
+                    human_bytes(r.budget_bytes),
+                    if r.fits_gpu { "yes" } else { "no" },
+                    r.relative_step_time
+                ));
+            }
+            out
+        }
+    })
+}

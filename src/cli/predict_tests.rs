@@ -8,6 +8,7 @@ fn args(file: PathBuf) -> PredictArgs {
         micro: None,
         fit: None,
         events_out: None,
+        shapes: false,
         output: OutputFormat::Json,
     }
 }
@@ -141,4 +142,34 @@ fn an_auto_job_is_predicted_from_the_profile_given_and_says_how_to_get_one() {
     with.profile = Some(profile);
     let v: serde_json::Value = serde_json::from_str(&run(&with).unwrap()).unwrap();
     assert!(v["allocatedBytes"].as_u64().unwrap() >= 6 << 30, "{v}");
+}
+
+#[test]
+fn shapes_lists_every_micro_batch_with_the_measured_curve_of_the_family() {
+    let examples = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
+    let mut a = args(examples.join("llama-1b-hf.yaml"));
+    a.shapes = true;
+    let v: serde_json::Value = serde_json::from_str(&run(&a).unwrap()).unwrap();
+    assert!(
+        v["stepTimes"]
+            .as_str()
+            .unwrap()
+            .starts_with("measured: llama-1b"),
+        "{v}"
+    );
+    let micros: Vec<u64> = v["shapes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["microBatch"].as_u64().unwrap())
+        .collect();
+    assert_eq!(micros, [1, 2, 4, 8, 16, 32]);
+    let preferred = &v["shapes"][2];
+    assert_eq!(preferred["relativeStepTime"], 1.0);
+    assert!(v["shapes"][0]["relativeStepTime"].as_f64().unwrap() > 1.0);
+    let mut b = args(examples.join("mlp.yaml"));
+    b.shapes = true;
+    b.output = OutputFormat::Table;
+    let table = run(&b).unwrap();
+    assert!(table.contains("bound: no measured curve"), "{table}");
 }

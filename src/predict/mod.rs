@@ -19,6 +19,7 @@ pub mod job;
 pub mod output;
 pub mod profile;
 pub mod sequence;
+pub mod shapes;
 pub mod step_time;
 
 #[cfg(test)]

@@ -77,6 +77,26 @@ struct Row {
 
 /// The TrainingJob spec of each language kind, as `scripts/gpu/step_time.py`
 /// builds it (bf16 autocast, AdamW, sdpa).
+/// The measured kind whose step-time curve stands for `model`'s: the same
+/// family (GPT-2; the LLaMA-style decoders; the BERT-style encoders), else
+/// none.
+pub fn kind_for(model: &crate::api::ModelSpec) -> Option<&'static str> {
+    use crate::api::TransformerKind;
+    if let Some(hf) = &model.hugging_face {
+        return match hf.config.get("model_type").and_then(|t| t.as_str())? {
+            "gpt2" => Some("gpt2"),
+            "llama" | "mistral" | "qwen2" | "qwen3" | "phi3" => Some("llama-1b"),
+            "bert" | "roberta" => Some("bert"),
+            _ => None,
+        };
+    }
+    match &model.transformer {
+        Some(t) if t.kind == TransformerKind::Encoder => Some("bert"),
+        Some(_) => Some("gpt2"),
+        None => None,
+    }
+}
+
 fn spec_yaml(name: &str) -> Option<&'static str> {
     Some(match name {
         "gpt2" => {

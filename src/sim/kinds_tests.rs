@@ -81,3 +81,46 @@ fn bad_measurements_are_refused_with_the_line() {
             .contains("medianStepSeconds")
     );
 }
+
+#[test]
+fn a_model_gets_the_curve_of_its_family() {
+    let model = |yaml: &str| -> crate::api::ModelSpec { serde_saphyr::from_str(yaml).unwrap() };
+    let cases = [
+        (
+            "{huggingFace: {seqLen: 8, config: {model_type: gpt2}}}",
+            Some("gpt2"),
+        ),
+        (
+            "{huggingFace: {seqLen: 8, config: {model_type: qwen3}}}",
+            Some("llama-1b"),
+        ),
+        (
+            "{huggingFace: {seqLen: 8, config: {model_type: mistral}}}",
+            Some("llama-1b"),
+        ),
+        (
+            "{huggingFace: {seqLen: 8, config: {model_type: roberta}}}",
+            Some("bert"),
+        ),
+        ("{huggingFace: {seqLen: 8, config: {model_type: t5}}}", None),
+        ("{huggingFace: {seqLen: 8, config: {}}}", None),
+        (
+            "{transformer: {kind: encoder, layers: 2, hidden: 8, heads: 2, vocab: 10, seqLen: 4}}",
+            Some("bert"),
+        ),
+        (
+            "{transformer: {layers: 2, hidden: 8, heads: 2, vocab: 10, seqLen: 4}}",
+            Some("gpt2"),
+        ),
+        ("{mlp: {layers: 2, hidden: 8}}", None),
+        ("{auto: {}}", None),
+    ];
+    for (yaml, want) in cases {
+        assert_eq!(kind_for(&model(yaml)), want, "{yaml}");
+    }
+    // Every name it gives is a measured kind.
+    let kinds = parse_kinds(H200_STEP_TIMES, crate::predict::default_gpu()).unwrap();
+    for name in ["gpt2", "llama-1b", "bert"] {
+        assert!(kinds.iter().any(|k| k.name == name), "{name}");
+    }
+}
