@@ -30,7 +30,6 @@ use super::Context;
 use crate::api::TrainingJob;
 use crate::job::backoff::BatchShape;
 use crate::job::env;
-use crate::job::keys::CDI_ANNOTATION_DOMAIN;
 use crate::{Error, Result};
 
 /// Label of a profiling pod: the name of its job.
@@ -167,8 +166,9 @@ pub fn profile_pod(job: &TrainingJob, shape: BatchShape) -> std::result::Result<
     labels.retain(|k, _| !k.starts_with("vramfit.dev/"));
     labels.insert(PROFILE_OF_LABEL.into(), job.name_any());
     let mut annotations = meta.annotations.unwrap_or_default();
-    annotations
-        .retain(|k, _| !k.starts_with(CDI_ANNOTATION_DOMAIN) && !k.starts_with("vramfit.dev/"));
+    annotations.retain(|k, _| {
+        !crate::job::keys::is_device_annotation(k) && !k.starts_with("vramfit.dev/")
+    });
     Ok(Pod {
         metadata: ObjectMeta {
             name: Some(pod_name(job)),

@@ -73,7 +73,7 @@ fn the_profiling_pod_is_the_template_without_a_gpu_with_the_profile_phase() {
     assert!(
         annotations
             .keys()
-            .all(|k| !k.starts_with("vramfit.dev/") && !k.starts_with(CDI_ANNOTATION_DOMAIN))
+            .all(|k| !k.starts_with("vramfit.dev/") && !crate::job::keys::is_device_annotation(k))
     );
     assert_eq!(pod.metadata.owner_references.as_ref().unwrap()[0].name, "a");
     let spec = pod.spec.unwrap();

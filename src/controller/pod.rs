@@ -126,11 +126,16 @@ pub fn training_pod(
         }
     }
     // Init containers get no GPU: none of the device list or budget
-    // variables a template may have put there.
+    // variables a template may have put there, and an explicit "void"
+    // device list, which wins over one an `envFrom` source brings.
     for container in spec.init_containers.iter_mut().flatten() {
-        if let Some(vars) = container.env.as_mut() {
-            vars.retain(|v| !env::is_reserved(&v.name));
-        }
+        let vars = container.env.get_or_insert_with(Vec::new);
+        vars.retain(|v| !env::is_reserved(&v.name));
+        vars.push(EnvVar {
+            name: env::VISIBLE_DEVICES.into(),
+            value: Some("void".into()),
+            ..EnvVar::default()
+        });
     }
     let template_meta = template.metadata.unwrap_or_default();
     let mut labels: BTreeMap<String, String> = template_meta.labels.unwrap_or_default();
@@ -139,7 +144,7 @@ pub fn training_pod(
     let mut annotations = template_meta.annotations.unwrap_or_default();
     // CDI devices come from the placement only: a template's own keys (the
     // pod-wide one, an init container's, a container's) are dropped.
-    annotations.retain(|k, _| !k.starts_with(CDI_ANNOTATION_DOMAIN));
+    annotations.retain(|k, _| !crate::job::keys::is_device_annotation(k));
     annotations.insert(BUDGET_ANNOTATION.into(), placement.budget_bytes.to_string());
     annotations.insert(
         PLACEMENT_ANNOTATION.into(),

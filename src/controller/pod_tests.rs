@@ -237,6 +237,7 @@ fn a_template_asking_for_gpus_itself_gets_only_the_placed_one() {
                 "cdi-devices.noderesource.dev/pod": "- nvidia.com/gpu=GPU-other",
                 "cdi-devices.noderesource.dev/container.setup": "- nvidia.com/gpu=GPU-other",
                 "cdi-devices.noderesource.dev/container.train": "- nvidia.com/gpu=GPU-other",
+                "cdi.k8s.io/gpu": "nvidia.com/gpu=all",
                 "vramfit.dev/budget-bytes": "999999999999",
                 "team": "nlp"}},
             "spec": {
@@ -259,12 +260,26 @@ fn a_template_asking_for_gpus_itself_gets_only_the_placed_one() {
     assert_eq!(cdi.len(), 1, "{cdi:?}");
     assert_eq!(cdi[0].0, "cdi-devices.noderesource.dev/container.train");
     assert_eq!(cdi[0].1, "- nvidia.com/gpu=GPU-abc\n");
+    assert!(
+        !annotations.keys().any(|k| k.starts_with("cdi.k8s.io/")),
+        "containerd's own CDI keys are dropped too"
+    );
     assert_eq!(annotations[BUDGET_ANNOTATION], (20u64 << 30).to_string());
     assert_eq!(annotations["team"], "nlp");
     let spec = pod.spec.unwrap();
     let init_vars = spec.init_containers.unwrap()[0].env.clone().unwrap();
-    let names: Vec<&str> = init_vars.iter().map(|v| v.name.as_str()).collect();
-    assert_eq!(names, ["PIP_INDEX"]);
+    let names: Vec<(&str, Option<&str>)> = init_vars
+        .iter()
+        .map(|v| (v.name.as_str(), v.value.as_deref()))
+        .collect();
+    // An explicit "void" wins over any envFrom source's device list.
+    assert_eq!(
+        names,
+        [
+            ("PIP_INDEX", Some("x")),
+            ("NVIDIA_VISIBLE_DEVICES", Some("void"))
+        ]
+    );
     let vars = spec.containers[0].env.clone().unwrap();
     let visible: Vec<_> = vars
         .iter()

@@ -22,6 +22,14 @@ pub const CDI_ANNOTATION_PREFIX: &str = "cdi-devices.noderesource.dev/container.
 /// Every CDI annotation key of the NRI device injector starts with this
 /// (`/pod` for the whole pod, `/container.<name>` per container).
 pub const CDI_ANNOTATION_DOMAIN: &str = "cdi-devices.noderesource.dev/";
+/// Prefix of the CDI annotations containerd itself reads (`cdi.k8s.io/<name>`).
+pub const CDI_K8S_ANNOTATION_PREFIX: &str = "cdi.k8s.io/";
+
+/// True for an annotation key that names devices: the NRI plugin's
+/// (`cdi-devices.noderesource.dev/...`) or containerd's own (`cdi.k8s.io/...`).
+pub fn is_device_annotation(key: &str) -> bool {
+    key.starts_with(CDI_ANNOTATION_DOMAIN) || key.starts_with(CDI_K8S_ANNOTATION_PREFIX)
+}
 /// CDI kind of a node's GPUs; each GPU is a device named by its UUID.
 pub const CDI_GPU_KIND: &str = "nvidia.com/gpu";
 

@@ -1097,9 +1097,11 @@ async fn attack_2c_a_template_asking_for_gpus_gets_only_the_placed_one() {
             .collect()
     };
     assert_eq!(visible(&spec.containers[0]), std::slice::from_ref(gpu));
+    // An init container gets no GPU: the template's "all" is replaced by
+    // the controller's explicit "void".
     assert_eq!(
         visible(&spec.init_containers.expect("init containers")[0]),
-        Vec::<String>::new()
+        ["void"]
     );
     let fraction: Vec<&str> = spec.containers[0]
         .env
@@ -1123,7 +1125,6 @@ async fn attack_2c_a_template_asking_for_gpus_gets_only_the_placed_one() {
 /// Ignored until the controller drops `cdi.k8s.io/*` and refuses or strips
 /// `envFrom` sources that set reserved variables.
 #[tokio::test]
-#[ignore = "attack 2c gets through the controller: cdi.k8s.io/* annotations and envFrom are kept"]
 async fn attack_2c_a_template_asking_for_gpus_by_other_keys_gets_only_the_placed_one() {
     let (cluster, _controller, _kubeconfig) = controller_as_its_service_account("tn2cg").await;
     cluster.add_gpu_node("n1", &[("H100-80GB", 80 * GIB)]).await;
@@ -1147,12 +1148,20 @@ async fn attack_2c_a_template_asking_for_gpus_by_other_keys_gets_only_the_placed
         .keys()
         .filter(|k| k.starts_with("cdi.k8s.io/"))
         .collect();
-    let env_from = pod.spec.expect("spec").init_containers.expect("init")[0]
-        .env_from
-        .clone();
+    let init = pod.spec.expect("spec").init_containers.expect("init")[0].clone();
+    // The envFrom source stays (a tenant's own settings), but an explicit
+    // variable wins over any envFrom source: the init container gets no GPU.
+    let visible: Vec<Option<String>> = init
+        .env
+        .iter()
+        .flatten()
+        .filter(|v| v.name == "NVIDIA_VISIBLE_DEVICES")
+        .map(|v| v.value.clone())
+        .collect();
     assert!(
-        kept.is_empty() && env_from.is_none(),
-        "the controller's pod carries {kept:?} and envFrom {env_from:?}"
+        kept.is_empty() && visible == [Some("void".to_string())],
+        "the controller's pod carries {kept:?} and NVIDIA_VISIBLE_DEVICES {visible:?} beside envFrom {:?}",
+        init.env_from
     );
 }
 
