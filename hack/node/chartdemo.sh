@@ -2,8 +2,10 @@
 # --chart`, after `up --cluster-only`): vramfit installed by helm from
 # images imported into containerd, a training image built on the node from
 # its own Python environment and vramfit's wheel, the demo's jobs applied by
-# tenant users into namespaces under Pod Security, the tenants' attacks tried
-# for real, then `helm uninstall`. No vramfit process is started by hand.
+# tenant users into namespaces under Pod Security (with a GPU, one of them,
+# auto-opt, profiled automatically on a CPU before it is placed), the
+# tenants' attacks tried for real, then `helm uninstall`. No vramfit process
+# is started by hand.
 # See docs/gpu-node.md ("The chart on the GPU node").
 #
 # Uses from gpunode.sh: $dir, $node, $out, $repo, $here, $steps, $images,
@@ -215,8 +217,22 @@ json.dump(d, sys.stdout)' "$1" "$n" >"$part"
     attacks_pid=$!
   }
   demo_vramfit() { kubectl exec -n "$ns" "deploy/$release-controller" -- vramfit "$@"; }
+  # The run as the API server reports it, stamped with this clock (report.py
+  # watch: kubectl get --watch of the TrainingJobs, the profiling pods and
+  # the captured-profile ConfigMaps): the phases each job went through (the
+  # auto-profiled job's Profiling), apply to placement, the profiling pod
+  # and its ConfigMap. Started before the apply; report.py reads it (--watch).
+  local watch=$dir/watch.jsonl watch_pid
+  rm -f "$watch"
+  python3 "$here/node/report.py" watch --out "$watch" 2>>"$out/chart.log" &
+  watch_pid=$!
+  poll 15 grep -q '"WATCHING"' "$watch" || log "report.py watch did not start (see $out/chart.log)"
   local rc=0 attacks_pid=
-  demo_run "$jobs" "$cdi" --attacks || rc=$?
+  demo_run "$jobs" "$cdi" --attacks --watch "$watch" || rc=$?
+  kill "$watch_pid" 2>/dev/null || true
+  wait "$watch_pid" 2>/dev/null || true
+  cp "$watch" "$out/watch.jsonl" 2>/dev/null || true
+  grep '^TIME: ' "$dir/summary.txt" >>"$out/chart.log" || true
   [[ -n $attacks_pid ]] && wait "$attacks_pid"
   [[ -n $keepalive ]] && kill "$keepalive" 2>/dev/null
   if ((gpu)); then

@@ -631,6 +631,12 @@ def _load_yaml_docs(path: Path) -> List[dict]:
     return [d for d in yaml.safe_load_all(path.read_text()) if d]
 
 
+#: The demo's job profiled automatically (model.auto; chart mode with a GPU).
+AUTO_JOB = "auto-opt"
+#: Its tokens per sample.
+AUTO_SEQ_LEN = 512
+
+
 def demo_jobs(
     repo: str,
     python: str,
@@ -646,9 +652,11 @@ def demo_jobs(
 
     `image`: the pods run the training image (`python` is the environment's
     interpreter inside it, train.py at IMAGE_TRAIN_PATH) with nothing of the
-    node, the jobs spread over `namespaces` in turn, and with a GPU one job
-    more, `overbudget-twice`, whose first two attempts allocate past their
-    budget outside PyTorch (the watchdog must stop each; the third trains).
+    node, the jobs spread over `namespaces` in turn, and with a GPU two jobs
+    more: `overbudget-twice`, whose first two attempts allocate past their
+    budget outside PyTorch (the watchdog must stop each; the third trains),
+    and `auto-opt` (AUTO_JOB), an OPT-125m described only as `model.auto`,
+    which the controller profiles on a CPU before it places it.
 
     With a GPU: GPT-2 small (Hugging Face GPT2LMHeadModel), the LLaMA-style
     1.1B with checkpointing, a torchvision ResNet-50, a GPT-2 whose
@@ -718,6 +726,17 @@ def demo_jobs(
         jobs.append(job(gpt2, "overbudget-twice", ["--model", "bypass", "--bypass-bytes", str(20 << 30),
                                                    "--bypass-attempts", "2", "--steps", str(steps)],
                         batch={"global": 16, "micro": 8, "minMicro": 2}, memory={"request": "10Gi"}, maxOOMRetries=3))
+        # Automatic profiling: OPT-125m's shape, a family the analytic
+        # predictor does not know, described only as model.auto. The
+        # controller first runs the pod without a GPU (phase Profiling,
+        # VRAMFIT_PHASE=profile: train.py's vramfit.Step captures the step on
+        # the CPU and prints the profile), stores the profile in a ConfigMap
+        # owned by the job and predicts from it (predictionSource profile);
+        # then it trains on the GPU within that budget.
+        auto = job(gpt2, AUTO_JOB, ["--model", "opt", "--seq-len", str(AUTO_SEQ_LEN), "--steps", str(steps)],
+                   batch={"global": 64, "micro": 4, "minMicro": 1})
+        auto["spec"]["model"] = {"auto": {}, "precision": "amp-bf16", "optimizer": "adamw"}
+        jobs.append(auto)
     return jobs
 
 

@@ -9,6 +9,15 @@ short text summary on stdout; exits 1 when a check fails.
 Times come from the training program's `vramfit-train:` events in the pod
 logs (the kubelet's files under /var/log/pods), in milliseconds of the same
 clock as --apply-ms.
+
+    report.py watch --out FILE     follows the run with `kubectl get --watch` until stopped
+
+`watch` writes one JSON line per change the API server reports, stamped
+with this clock: the TrainingJobs (phase, prediction source, GPU), the
+controller's profiling pods and captured-profile ConfigMaps (label
+vramfit.dev/profile-of). Given to the summary (--watch FILE) it yields the
+phases each job went through, the time from apply to placement, and the
+checks of a job profiled automatically (spec.model.auto).
 """
 
 from __future__ import annotations
@@ -18,8 +27,9 @@ import datetime as dt
 import json
 import re
 import sys
+import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 MARK = "vramfit-train: "
 #: The capability a privileged container has and a default one lacks.
@@ -190,11 +200,13 @@ def cdi_nodes(spec: Optional[dict]) -> Dict[str, List[str]]:
 
 def summarize(jobs: dict, pods: dict, gpu_node: dict, apply_ms: int, logs_root: Path,
               samples: Optional[List[dict]] = None, cdi: Optional[dict] = None,
-              k8s_events: Optional[dict] = None) -> dict:
+              k8s_events: Optional[dict] = None, watch: Optional[List[dict]] = None) -> dict:
     pods_by_name = {p["metadata"]["name"]: p for p in pods.get("items", [])}
+    seen = watch_jobs(watch) if watch is not None else None
     out_jobs = []
     for j in sorted(jobs.get("items", []), key=lambda j: j["metadata"]["name"]):
         name = j["metadata"]["name"]
+        namespace = j["metadata"].get("namespace")
         st = j.get("status") or {}
         attempts = []
         ooms_at = oom_event_ms(k8s_events, name)
@@ -236,6 +248,15 @@ def summarize(jobs: dict, pods: dict, gpu_node: dict, apply_ms: int, logs_root: 
                 }
             )
         times = {}
+        watched = None
+        if seen is not None:
+            watched = seen.get(f"{namespace or ''}/{name}") or {"phases": [], "profilePods": {}, "profileMaps": {}}
+            if watched.get("placedMs"):
+                times["applyToPlacementMs"] = watched["placedMs"] - apply_ms
+            if watched.get("profilingMs"):
+                times["profilingMs"] = watched["profilingMs"]
+            for pod in watched["profilePods"].values():
+                pod["log"] = profile_pod_log(logs_root, namespace or "ml", pod["name"])
         # Apply to the first training step: of attempt 1, else of the first
         # attempt that trained (after OOMs before any step), named so.
         stepped = next((a for a in attempts if a["firstStepMs"]), None)
@@ -253,6 +274,10 @@ def summarize(jobs: dict, pods: dict, gpu_node: dict, apply_ms: int, logs_root: 
         out_jobs.append(
             {
                 "name": name,
+                "namespace": namespace,
+                "uid": j["metadata"].get("uid"),
+                "modelAuto": "auto" in ((j.get("spec") or {}).get("model") or {}),
+                "watch": watched,
                 "phase": st.get("phase"),
                 "attempt": st.get("attempt"),
                 "microBatch": st.get("microBatch"),
@@ -382,6 +407,7 @@ def checks(summary: dict, gpu: bool) -> List[tuple]:
             problems.append(f"container saw {start.get('simulatedGpu')}, placed on {j.get('gpuUuids')}")
         detail = "; ".join(problems) or f"{', '.join(devices)}; CapEff {start.get('capEff')}"
         result.append((f"{j['name']}: its GPU through CDI, not privileged", not problems, detail))
+    result += auto_profile_checks(summary, gpu)
     if not gpu:
         return result
     placed = {j["gpu"] for j in summary["jobs"] if j.get("gpu")}
@@ -446,11 +472,421 @@ def checks(summary: dict, gpu: bool) -> List[tuple]:
     return result
 
 
+# --- automatic profiling: the run's watch and its checks ------------------------
+
+#: The label of the controller's profiling pods and captured-profile ConfigMaps (the job's name).
+PROFILE_OF = "vramfit.dev/profile-of"
+#: What `report.py watch` follows: (resource, label selector).
+WATCHED = (("trainingjobs.vramfit.dev", None), ("pods", PROFILE_OF), ("configmaps", PROFILE_OF))
+#: The variables of a profiling pod the checks read.
+PROFILE_ENV = ("VRAMFIT_PHASE", "VRAMFIT_MICRO_BATCH", "VRAMFIT_GRAD_ACCUM", "VRAMFIT_GLOBAL_BATCH",
+               "NVIDIA_VISIBLE_DEVICES")
+#: Annotations that would give a pod a GPU through CDI.
+CDI_ANNOTATIONS = ("cdi.k8s.io/", "cdi-devices.noderesource.dev/")
+#: Phases of a job that holds a placement (or held one).
+PLACED_PHASES = ("Placed", "Running", "Retrying", "Succeeded")
+PROFILE_LINE = "vramfit-profile: "
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def profile_figures(text: Optional[str]) -> Optional[dict]:
+    """What a captured profile (the ConfigMap's profile.json) holds, in figures."""
+    if text is None:
+        return None
+    try:
+        prof = json.loads(text)
+    except ValueError as exc:
+        return {"bytes": len(text), "error": f"not JSON: {exc}"}
+    cap = prof.get("capture") or {}
+    return {"bytes": len(text), "format": prof.get("format"), "microBatch": prof.get("microBatch"),
+            "gradAccum": prof.get("gradAccum"), "events": len(prof.get("events") or []),
+            "sizes": len(prof.get("sizes") or []), "source": prof.get("source"),
+            "peakLiveBytes": cap.get("peakLiveBytes"), "captureSeconds": cap.get("seconds"),
+            "peakHostBytes": cap.get("peakHostBytes"), "torch": cap.get("torch")}
+
+
+def watch_record(doc: dict, ms: int) -> Optional[dict]:
+    """One line of the watch file from one document of `kubectl get --watch
+    --output-watch-events -o json` (`{"type": ..., "object": ...}`, or a bare
+    object): the change's type, the object's kind and name, and what the
+    report reads of it, not the whole object."""
+    obj = doc["object"] if isinstance(doc.get("object"), dict) and "type" in doc else doc
+    kind = obj.get("kind")
+    if kind not in ("TrainingJob", "Pod", "ConfigMap"):
+        return None
+    meta = obj.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    rec = {"ms": ms, "type": doc.get("type") or "OBSERVED", "kind": kind, "namespace": meta.get("namespace"),
+           "name": meta.get("name"), "uid": meta.get("uid")}
+    if kind == "TrainingJob":
+        st = obj.get("status") or {}
+        rec.update({k: st.get(k) for k in ("phase", "predictionSource", "gpu", "attempt", "budgetBytes",
+                                           "predictedBytes", "message")})
+        rec["auto"] = "auto" in (((obj.get("spec") or {}).get("model")) or {})
+    elif kind == "Pod":
+        spec = obj.get("spec") or {}
+        st = obj.get("status") or {}
+        containers = spec.get("containers") or []
+        term = None
+        for cs in st.get("containerStatuses") or []:
+            term = ((cs.get("state") or {}).get("terminated")) or term
+        rec.update({
+            "profileOf": labels.get(PROFILE_OF), "phase": st.get("phase"), "nodeName": spec.get("nodeName"),
+            "env": {e["name"]: e.get("value") for c in containers for e in c.get("env") or []
+                    if e.get("name") in PROFILE_ENV},
+            "cdiAnnotations": sorted(k for k in (meta.get("annotations") or {}) if k.startswith(CDI_ANNOTATIONS)),
+            "requests": any(((c.get("resources") or {}).get("requests")) for c in containers),
+            "exitCode": term.get("exitCode") if term else None,
+            "terminationMessageBytes": len(term.get("message") or "") if term else None,
+            "deleting": bool(meta.get("deletionTimestamp")),
+        })
+    else:
+        rec["labels"] = {k: v for k, v in labels.items() if k.startswith("vramfit.dev/")}
+        rec["owners"] = [{k: o.get(k) for k in ("kind", "name", "uid", "controller")}
+                         for o in meta.get("ownerReferences") or []]
+        rec["profile"] = profile_figures((obj.get("data") or {}).get("profile.json"))
+    return rec
+
+
+class JsonStream:
+    """JSON documents from text that holds them one after another, fed a
+    line at a time (kubectl's watch output: each document indented over
+    several lines); lines outside a document are skipped."""
+
+    def __init__(self) -> None:
+        self.buf = ""
+
+    def feed(self, line: str) -> List[dict]:
+        if not self.buf and not line.lstrip().startswith("{"):
+            return []
+        self.buf += line
+        if not line.rstrip().endswith("}"):
+            return []
+        try:
+            doc = json.loads(self.buf)
+        except ValueError:
+            return []
+        self.buf = ""
+        return [doc] if isinstance(doc, dict) else []
+
+
+def watch(out: str, kubectl: str = "kubectl", stop_after: Optional[float] = None) -> int:
+    """Follows WATCHED in every namespace (`kubectl get -A --watch
+    --output-watch-events -o json`, one process each, started again when one
+    ends) and writes one line per change to `out` until SIGTERM or SIGINT
+    (or `stop_after` seconds). The first line, type WATCHING, is written once
+    the kubectl processes are started."""
+    import signal
+    import subprocess
+    import threading
+
+    lock = threading.Lock()
+    stopping = threading.Event()
+    procs: Dict[str, "subprocess.Popen[str]"] = {}
+    f = open(out, "w")
+
+    def write(rec: dict) -> None:
+        with lock:
+            f.write(json.dumps(rec, sort_keys=True) + "\n")
+            f.flush()
+
+    def follow(resource: str, selector: Optional[str], started: "threading.Event") -> None:
+        cmd = [kubectl, "get", resource, "-A", "--watch", "--output-watch-events", "-o", "json"]
+        if selector:
+            cmd += ["-l", selector]
+        while not stopping.is_set():
+            try:
+                proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+            except OSError as exc:
+                write({"ms": now_ms(), "type": "ERROR", "resource": resource, "error": str(exc)})
+                started.set()
+                return
+            procs[resource] = proc
+            started.set()
+            stream = JsonStream()
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                for doc in stream.feed(line):
+                    rec = watch_record(doc, now_ms())
+                    if rec:
+                        write(rec)
+            proc.wait()
+            if not stopping.is_set():
+                write({"ms": now_ms(), "type": "RESTART", "resource": resource, "rc": proc.returncode})
+                stopping.wait(1)
+
+    def stop(*_args) -> None:
+        stopping.set()
+        for proc in list(procs.values()):
+            if proc.poll() is None:
+                proc.terminate()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    threads = []
+    for resource, selector in WATCHED:
+        started = threading.Event()
+        t = threading.Thread(target=follow, args=(resource, selector, started), daemon=True)
+        t.start()
+        started.wait(10)
+        threads.append(t)
+    write({"ms": now_ms(), "type": "WATCHING", "resources": [r for r, _ in WATCHED]})
+    stopping.wait(stop_after)
+    stop()
+    for t in threads:
+        t.join(5)
+    f.close()
+    return 0
+
+
+def read_watch(path: str) -> List[dict]:
+    """The watch file's records (a line cut short by a watcher still writing is skipped)."""
+    records = []
+    for line in Path(path).read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            continue
+    return records
+
+
+def watch_jobs(records: Sequence[dict]) -> Dict[str, dict]:
+    """Per job (`namespace/name`), from the watch: its phases in order with
+    the time each was first seen, when it was first placed (`placedMs`), how
+    long it was in phase Profiling (`profilingMs`, to its next phase), and
+    its profiling pods and captured-profile ConfigMaps as seen."""
+    out: Dict[str, dict] = {}
+
+    def job(key: str) -> dict:
+        return out.setdefault(key, {"phases": [], "placedMs": None, "profilingMs": None,
+                                    "profilePods": {}, "profileMaps": {}})
+
+    for r in sorted((r for r in records if r.get("kind")), key=lambda r: r.get("ms") or 0):
+        ns = r.get("namespace") or ""
+        if r["kind"] == "TrainingJob":
+            j = job(f"{ns}/{r.get('name')}")
+            j["uid"] = r.get("uid") or j.get("uid")
+            phase = r.get("phase")
+            if phase and (not j["phases"] or j["phases"][-1]["phase"] != phase):
+                j["phases"].append({"phase": phase, "ms": r["ms"]})
+            if j["placedMs"] is None and (r.get("gpu") or phase in PLACED_PHASES):
+                j["placedMs"] = r["ms"]
+        elif r["kind"] == "Pod" and r.get("profileOf"):
+            j = job(f"{ns}/{r['profileOf']}")
+            p = j["profilePods"].setdefault(r["name"], {"name": r["name"], "firstMs": r["ms"], "phases": [],
+                                                        "nodeName": None, "env": {}, "cdiAnnotations": [],
+                                                        "requests": False, "exitCode": None,
+                                                        "terminationMessageBytes": None, "deletedMs": None})
+            if r.get("phase") and r["phase"] not in p["phases"]:
+                p["phases"].append(r["phase"])
+            p["nodeName"] = r.get("nodeName") or p["nodeName"]
+            p["env"] = p["env"] or r.get("env") or {}
+            p["cdiAnnotations"] = sorted(set(p["cdiAnnotations"]) | set(r.get("cdiAnnotations") or []))
+            p["requests"] = p["requests"] or bool(r.get("requests"))
+            if r.get("exitCode") is not None:
+                p["exitCode"] = r["exitCode"]
+                p["terminationMessageBytes"] = r.get("terminationMessageBytes")
+            if r.get("type") == "DELETED":
+                p["deletedMs"] = r["ms"]
+        elif r["kind"] == "ConfigMap":
+            of = (r.get("labels") or {}).get(PROFILE_OF)
+            if not of:
+                continue
+            m = job(f"{ns}/{of}")["profileMaps"].setdefault(r["name"], {"name": r["name"], "addedMs": r["ms"],
+                                                                       "deletedMs": None})
+            m.update({k: r.get(k) for k in ("labels", "owners") if r.get(k) is not None})
+            m["profile"] = r.get("profile") or m.get("profile")
+            if r.get("type") == "DELETED":
+                m["deletedMs"] = r["ms"]
+    for j in out.values():
+        phases = j["phases"]
+        for i, ph in enumerate(phases):
+            if ph["phase"] == "Profiling":
+                end = phases[i + 1]["ms"] if i + 1 < len(phases) else None
+                j["profilingMs"] = (end - ph["ms"]) if end else None
+                break
+    return out
+
+
+def profile_pod_log(logs_root: Path, namespace: str, pod: str) -> Optional[dict]:
+    """A profiling pod's process as its log shows it, where the demo kept a
+    copy before the controller deleted the pod: its start event (the devices
+    it saw), the step it captured, and whether the profile line is there."""
+    folders = sorted(logs_root.glob(f"{namespace}_{pod}_*"))
+    if not folders:
+        return None
+    text = "".join(f.read_text(errors="replace") for d in folders for f in sorted(d.glob("*/*.log")))
+    events = parse_events(text)
+    return {"start": first(events, "start"), "capture": first(events, "profile-capture"),
+            "profileLine": PROFILE_LINE.strip() in text}
+
+
+def auto_profile_checks(summary: dict, gpu: bool) -> List[tuple]:
+    """A job profiled automatically (spec.model.auto): it went through phase
+    Profiling, whose pod ran once without a GPU and was deleted after; the
+    captured profile is a ConfigMap vramfit-profile-<key> owned by the job;
+    the prediction came from it; and (with a GPU) the job trained within that
+    budget: its measured peak at most the budget, no OOM."""
+    result: List[tuple] = []
+    for j in summary["jobs"]:
+        if not j.get("modelAuto"):
+            continue
+        name = j["name"]
+        w = j.get("watch")
+        base = summary.get("applyMs") or 0
+        at = lambda ms: f"{(ms - base) / 1000:.1f} s" if ms else "-"  # noqa: E731
+
+        check = f"{name}: phase Profiling, its pod run once without a GPU, then placed"
+        if w is None:
+            result.append((check, False, "no record of the run's phases (report.py --watch)"))
+        else:
+            problems = []
+            phases = [p["phase"] for p in w["phases"]]
+            if "Profiling" not in phases:
+                problems.append("never in phase Profiling")
+            elif not w.get("placedMs") or w["placedMs"] < next(p["ms"] for p in w["phases"] if p["phase"] == "Profiling"):
+                problems.append("not placed after Profiling")
+            pods = list(w["profilePods"].values())
+            if not pods:
+                problems.append("no profiling pod seen")
+            for p in pods:
+                env = p.get("env") or {}
+                if env.get("VRAMFIT_PHASE") != "profile":
+                    problems.append(f"{p['name']}: VRAMFIT_PHASE {env.get('VRAMFIT_PHASE')}")
+                if env.get("NVIDIA_VISIBLE_DEVICES") != "void" or p.get("cdiAnnotations"):
+                    problems.append(f"{p['name']}: a GPU asked for (NVIDIA_VISIBLE_DEVICES "
+                                    f"{env.get('NVIDIA_VISIBLE_DEVICES')}, {p.get('cdiAnnotations')})")
+                if p.get("requests"):
+                    problems.append(f"{p['name']}: resource requests kept")
+                if "Succeeded" not in p["phases"] or p.get("exitCode") not in (0, None):
+                    problems.append(f"{p['name']}: phases {p['phases']}, exit {p.get('exitCode')}")
+                if not p.get("deletedMs"):
+                    problems.append(f"{p['name']}: not deleted")
+                saw = (((p.get("log") or {}).get("start")) or {}).get("devices")
+                if saw and any(d[len("nvidia"):].isdigit() for d in saw):
+                    problems.append(f"{p['name']}: its process saw GPU device nodes {saw}")
+            pod_lines = []
+            for p in pods:
+                env = p.get("env") or {}
+                log = p.get("log") or {}
+                saw = (log.get("start") or {}).get("devices")
+                pod_lines.append(
+                    f"pod {p['name']} on {p.get('nodeName')} (VRAMFIT_PHASE={env.get('VRAMFIT_PHASE')}, micro "
+                    f"{env.get('VRAMFIT_MICRO_BATCH')} x {env.get('VRAMFIT_GRAD_ACCUM')}, NVIDIA_VISIBLE_DEVICES="
+                    f"{env.get('NVIDIA_VISIBLE_DEVICES')}, CDI annotations {p.get('cdiAnnotations') or 'none'}"
+                    + (f", devices seen {saw or 'none'}" if log.get("start") else "")
+                    + (", profile line in its log" if log.get("profileLine") else "")
+                    + f"): {' -> '.join(p['phases'])}, exit {p.get('exitCode')}, created {at(p.get('firstMs'))}, "
+                    f"deleted {at(p.get('deletedMs'))}")
+            if problems:
+                detail = "; ".join(problems)
+            else:
+                began = next(p["ms"] for p in w["phases"] if p["phase"] == "Profiling")
+                detail = (f"phases {' -> '.join(phases)}; Profiling from {at(began)} to "
+                          f"{at(began + (w.get('profilingMs') or 0))}, placed {at(w.get('placedMs'))} after the apply; "
+                          + "; ".join(pod_lines))
+            result.append((check, not problems, detail))
+
+        check = f"{name}: the captured profile in a ConfigMap vramfit-profile-<key> owned by the job"
+        maps = list((w or {}).get("profileMaps", {}).values())
+        problems = []
+        good = []
+        for m in maps:
+            why = []
+            owners = [o for o in m.get("owners") or [] if o.get("kind") == "TrainingJob" and o.get("name") == name]
+            if not m["name"].startswith("vramfit-profile-"):
+                why.append("named otherwise")
+            if (m.get("labels") or {}).get("vramfit.dev/kind") != "allocation-profile":
+                why.append(f"labels {m.get('labels')}")
+            if not owners or not owners[0].get("controller") or (j.get("uid") and owners[0].get("uid") != j["uid"]):
+                why.append(f"owners {m.get('owners')}")
+            prof = m.get("profile") or {}
+            if prof.get("format") != "vramfit.profile/v1" or not prof.get("events"):
+                why.append(f"profile {prof}")
+            if m.get("deletedMs"):
+                why.append(f"deleted {at(m['deletedMs'])}")
+            if why:
+                problems.append(f"{m['name']}: {', '.join(why)}")
+            else:
+                good.append(m)
+        if w is None:
+            result.append((check, False, "no record of the run (report.py --watch)"))
+        elif not good:
+            result.append((check, False, "; ".join(problems) or "no ConfigMap labelled vramfit.dev/profile-of=" + name))
+        else:
+            m = good[0]
+            prof = m["profile"]
+            result.append((check, True,
+                           f"{m['name']} (created {at(m.get('addedMs'))}): {prof.get('bytes', 0) / 1000:.0f} kB, "
+                           f"{prof.get('events')} events of {prof.get('sizes')} sizes, micro {prof.get('microBatch')} x "
+                           f"{prof.get('gradAccum')}, live peak {gib(prof.get('peakLiveBytes'))} GiB, captured in "
+                           f"{prof.get('captureSeconds')} s with {gib(prof.get('peakHostBytes'))} GiB of host memory "
+                           f"(torch {prof.get('torch')}); owner TrainingJob {name}, controller"))
+
+        result.append((f"{name}: predicted from its profile (status.predictionSource profile)",
+                       j.get("predictionSource") == "profile",
+                       f"predictionSource {j.get('predictionSource')}, predicted {gib(j.get('predictedBytes'))} GiB, "
+                       f"budget {gib(j.get('budgetBytes'))} GiB"))
+
+        check = f"{name}: trained within the budget predicted from its profile (measured peak, no OOM)"
+        if not gpu:
+            result.append((check, None, "no GPU here: nothing measures GPU memory (runs on the GPU node)"))
+            continue
+        measured, budget = j.get("measuredPeakBytes"), j.get("budgetBytes")
+        ooms = [h.get("attempt") for h in j["history"] if h.get("outcome") == "OutOfMemory"]
+        absorbed = [(a.get("fromMicro"), a.get("toMicro")) for a in j.get("absorbedOoms") or []]
+        alloc = {p: e for p, e in (summary.get("allocatorSeen") or {}).items() if p.rsplit("-a", 1)[0] == name}
+        ok = (j["phase"] == "Succeeded" and bool(measured) and bool(budget) and measured <= budget
+              and not ooms and not absorbed)
+        result.append((check, ok,
+                       f"measured peak {gib(measured)} GiB ({measured} bytes) of a budget of {gib(budget)} GiB "
+                       f"({budget} bytes), predicted {gib(j.get('predictedBytes'))} GiB; phase {j['phase']}, attempt "
+                       f"{j.get('attempt')}, OOM attempts {ooms}, absorbed {absorbed}; allocator "
+                       + (", ".join(f"{p} peak reserved {gib(e['peakReservedBytes'])} of {gib(e['budgetBytes'])} GiB"
+                                    for p, e in sorted(alloc.items())) or "figures not seen")))
+    return result
+
+
+def placement_lines(summary: dict) -> List[str]:
+    """`TIME:` lines: for each job profiled automatically, apply to placement
+    (and its time in phase Profiling, and to its first training step), beside
+    the other jobs' apply to placement."""
+    others = sorted((j["times"]["applyToPlacementMs"], j["name"]) for j in summary["jobs"]
+                    if not j.get("modelAuto") and "applyToPlacementMs" in j["times"])
+    lines = []
+    for j in summary["jobs"]:
+        if not j.get("modelAuto"):
+            continue
+        t = j["times"]
+        step = next((v for k, v in t.items() if k.startswith("applyToFirstStepMs")), None)
+        place = t.get("applyToPlacementMs")
+        line = (f"TIME: {j['name']} (model.auto): apply to placement "
+                + (f"{place / 1000:.1f} s" if place is not None else "not seen")
+                + (f", of which {t['profilingMs'] / 1000:.1f} s in phase Profiling" if t.get("profilingMs") else "")
+                + (f"; apply to its first training step {step / 1000:.1f} s" if step is not None else ""))
+        if others:
+            line += (f"; the other jobs: apply to placement {others[0][0] / 1000:.1f} s ({others[0][1]}) to "
+                     f"{others[-1][0] / 1000:.1f} s ({others[-1][1]})")
+        lines.append(line)
+    return lines
+
+
 def gib(v) -> str:
     return f"{v / 2**30:.1f}" if isinstance(v, (int, float)) and v else "-"
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["watch"]:
+        w = argparse.ArgumentParser(prog="report.py watch", description=watch.__doc__.split("\n\n")[0])
+        w.add_argument("--out", required=True)
+        w.add_argument("--kubectl", default="kubectl")
+        w.add_argument("--seconds", type=float, help="stop after this long (default: at SIGTERM)")
+        a = w.parse_args(argv[1:])
+        return watch(a.out, a.kubectl, a.seconds)
     p = argparse.ArgumentParser()
     p.add_argument("--apply-ms", type=int, required=True)
     p.add_argument("--end-ms", type=int, required=True)
@@ -466,6 +902,7 @@ def main(argv=None) -> int:
     p.add_argument("--node", help="the node's name")
     p.add_argument("--events", help="the namespace's events (kubectl get events -o json)")
     p.add_argument("--attacks", action="store_true", help=f"judge attack b (the job {TWICE}; a SKIP line without a GPU)")
+    p.add_argument("--watch", help="what `report.py watch` wrote during the run (phases, profiling pods and profiles)")
     a = p.parse_args(argv)
     load = lambda f: json.loads(Path(f).read_text())  # noqa: E731
     samples = []
@@ -477,7 +914,9 @@ def main(argv=None) -> int:
                 continue
     cdi = load(a.cdi) if a.cdi and Path(a.cdi).is_file() else None
     events = load(a.events) if a.events and Path(a.events).is_file() else None
-    summary = summarize(load(a.jobs), load(a.pods), load(a.gpunode), a.apply_ms, Path(a.logs), samples, cdi, events)
+    watched = read_watch(a.watch) if a.watch and Path(a.watch).is_file() else None
+    summary = summarize(load(a.jobs), load(a.pods), load(a.gpunode), a.apply_ms, Path(a.logs), samples, cdi, events,
+                        watched)
     summary["endMs"] = a.end_ms
     if a.kubelet_identity and Path(a.kubelet_identity).is_file():
         summary["kubeletIdentity"] = load(a.kubelet_identity)
@@ -494,6 +933,8 @@ def main(argv=None) -> int:
         times = ", ".join(f"{k.replace('Ms', '')} {v / 1000:.1f}" for k, v in j["times"].items())
         print(f"{j['name']:<12} {str(j['phase']):<10} {j['attempt'] or 0:>3} {j['microBatch'] or 0:>5} "
               f"{gib(j['predictedBytes']):>8} {gib(j['budgetBytes']):>6} {gib(j['measuredPeakBytes']):>5}  {times}")
+    for line in placement_lines(summary):
+        print(line)
     failed = 0
     for n, ok, d in results:
         print(f"{'SKIP' if ok is None else 'PASS' if ok else 'FAIL'}  {n}  ({d})")

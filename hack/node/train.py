@@ -7,11 +7,22 @@ before CUDA is touched and gives the batch shape, `vramfit.oom_guard()` turns a
 CUDA OOM into the exit protocol (exit 42, message in /dev/termination-log).
 
     train.py --model gpt2|llama|resnet50 [--steps N] [--seq-len L] [--hf-config F]
+    train.py --model opt [--steps N] [--seq-len L]   OPT-125m's shape, stepped by vramfit.Step
     train.py --model bypass --bypass-bytes B      allocates outside PyTorch (cuMemAlloc), then waits
 
+`--model opt` (and `--absorb`) train through `vramfit.Step`; the other
+models through a plain loop. Under VRAMFIT_PHASE=profile (the controller's
+automatic profiling: a pod without a GPU) nothing trains: the model is built
+on the meta device, the first step is captured on the CPU under fake tensors
+(vramfit.Step does it itself; the plain loop calls
+vramfit.profile.capture_step), the helper prints `vramfit-profile: ...` and
+the process exits 0 (3 when the capture fails).
+
 Every line it prints that starts with `vramfit-train:` is a JSON event the
-demo reads from the pod log: `start`, `step` (the first and every tenth),
-`oom` (just before the exit protocol), `done`.
+demo reads from the pod log: `start` (with `phase`: train or profile),
+`step` (the first and every tenth), `absorbed`, `profile-capture` (the step
+about to be captured, in the profile phase), `oom` (just before the exit
+protocol), `done`.
 """
 
 from __future__ import annotations
@@ -52,6 +63,21 @@ def build_model(args, torch):
         model.gradient_checkpointing_enable()
         model.config.use_cache = False
         return model, "tokens", config.vocab_size
+    if args.model == "opt":
+        # A family the controller's analytic predictor does not know: a job
+        # of it is profiled (model.auto). OPT-125m's shape, or a tiny one.
+        from transformers import OPTConfig, OPTForCausalLM
+
+        if args.tiny:
+            config = OPTConfig(hidden_size=64, num_hidden_layers=2, ffn_dim=256, num_attention_heads=2,
+                               vocab_size=1000, max_position_embeddings=max(args.seq_len, 128), word_embed_proj_dim=64)
+        else:
+            if args.seq_len > 2048:
+                raise SystemExit(f"--model opt: --seq-len {args.seq_len} is more than its 2048 positions")
+            config = OPTConfig(hidden_size=768, num_hidden_layers=12, ffn_dim=3072, num_attention_heads=12,
+                               vocab_size=50272, max_position_embeddings=2048, word_embed_proj_dim=768)
+        config._attn_implementation = "sdpa"
+        return OPTForCausalLM(config), "tokens", config.vocab_size
     if args.model == "resnet50":
         import torchvision
 
@@ -105,52 +131,86 @@ def memory(torch, device) -> dict:
     return {"maxAllocatedBytes": torch.cuda.max_memory_allocated(), "maxReservedBytes": torch.cuda.max_memory_reserved()}
 
 
-def train(args, attempt, torch, device) -> None:
-    model, kind, classes = build_model(args, torch)
-    model.to(device).train()
+def make_optimizer(args, torch, model, kind, device):
     if kind == "images":
-        opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+        return torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    if args.model == "opt":
+        # foreach: PyTorch's default for CUDA parameters, and what the profile
+        # phase then captures (on CPU parameters the default is the
+        # per-tensor loop, whose temporaries are smaller).
+        return torch.optim.AdamW(model.parameters(), lr=args.lr, foreach=True)
+    return torch.optim.AdamW(model.parameters(), lr=args.lr, fused=device.type == "cuda")
+
+
+def train(args, attempt, torch, device, profiling=False) -> None:
+    """Trains; with `profiling` (VRAMFIT_PHASE=profile) captures the first
+    step instead and ends the process (never returns)."""
+    if profiling:
+        # No weights in memory: the capture gives the parameters fake storage.
+        with torch.device("meta"):
+            model, kind, classes = build_model(args, torch)
     else:
-        opt = torch.optim.AdamW(model.parameters(), lr=args.lr, fused=device.type == "cuda")
+        model, kind, classes = build_model(args, torch)
+        model.to(device)
+    model.train()
+    opt = make_optimizer(args, torch, model, kind, device)
+    # CUDA's autocast also in the profile phase: the capture runs it on the
+    # CPU with CUDA's rules.
+    amp = "cuda" if profiling or device.type == "cuda" else "cpu"
+    if args.absorb or args.model == "opt":
+        return train_step_api(args, attempt, torch, device, model, opt, kind, classes, amp, profiling)
     micro, accum = attempt.micro_batch, attempt.grad_accum
-    if args.absorb:
-        return train_absorbing(args, attempt, torch, device, model, opt, kind, classes)
-    for step in range(1, args.steps + 1):
+
+    def one_step(m) -> float:
         opt.zero_grad(set_to_none=True)
         loss_sum = 0.0
         for _ in range(accum):
-            with torch.autocast(device.type, dtype=torch.bfloat16):
+            with torch.autocast(amp, dtype=torch.bfloat16):
                 if kind == "tokens":
                     ids = torch.randint(0, classes, (micro, args.seq_len), device=device)
-                    loss = model(input_ids=ids, labels=ids).loss
+                    loss = m(input_ids=ids, labels=ids).loss
                 else:
                     x = torch.randn(micro, 3, args.image_size, args.image_size, device=device)
                     y = torch.randint(0, classes, (micro,), device=device)
-                    loss = torch.nn.functional.cross_entropy(model(x), y)
+                    loss = torch.nn.functional.cross_entropy(m(x), y)
             (loss / accum).backward()
             loss_sum += loss.item()
         opt.step()
+        return loss_sum / accum
+
+    if profiling:
+        from vramfit import profile
+
+        event("profile-capture", model=args.model, micro=micro, accum=accum, api="capture_step")
+        profile.finish_profile_phase(lambda: profile.capture_step(
+            model, one_step, micro_batch=micro, grad_accum=accum, optimizers=[opt], source=f"train.py {args.model}"))
+    for step in range(1, args.steps + 1):
+        loss = one_step(model)
         if step == 1 or step % 10 == 0 or step == args.steps:
-            event("step", step=step, loss=round(loss_sum / accum, 4), **memory(torch, device))
+            event("step", step=step, loss=round(loss, 4), **memory(torch, device))
 
 
-def train_absorbing(args, attempt, torch, device, model, opt, kind, classes) -> None:
-    """The same steps through vramfit.Step: an OOM inside a step halves the
+def train_step_api(args, attempt, torch, device, model, opt, kind, classes, amp, profiling) -> None:
+    """The steps through vramfit.Step: an OOM inside a step halves the
     micro-batch in this process (down to the job's minMicro), re-runs the
     step with the same global batch, and the helper publishes the new shape
-    (shape-<pid>.json) for the agent; no new pod."""
+    (shape-<pid>.json) for the agent; no new pod. Under VRAMFIT_PHASE=profile
+    the first `run` captures the step and ends the process."""
     import vramfit
 
     step_runner = vramfit.Step(model, opt, attempt=attempt)
     if kind != "tokens":
-        raise SystemExit("--absorb takes a language model")
+        raise SystemExit("--absorb and vramfit.Step here take a language model")
 
     def loss_fn(m, batch):
-        with torch.autocast(device.type, dtype=torch.bfloat16):
+        with torch.autocast(amp, dtype=torch.bfloat16):
             return m(input_ids=batch["ids"], labels=batch["ids"]).loss
 
     for step in range(1, args.steps + 1):
         ids = torch.randint(0, classes, (attempt.global_batch, args.seq_len), device=device)
+        if profiling and step == 1:
+            event("profile-capture", model=args.model, micro=step_runner.micro_batch,
+                  globalBatch=attempt.global_batch, api="vramfit.Step")
         result = step_runner.run({"ids": ids}, loss_fn)
         for oom in result.absorbed:
             event("absorbed", step=step, fromMicro=oom.from_micro, toMicro=oom.to_micro,
@@ -162,14 +222,14 @@ def train_absorbing(args, attempt, torch, device, model, opt, kind, classes) -> 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("--model", required=True, choices=["gpt2", "llama", "resnet50", "bypass"])
+    p.add_argument("--model", required=True, choices=["gpt2", "llama", "resnet50", "opt", "bypass"])
     p.add_argument("--steps", type=int, default=int(os.environ.get("VRAMFIT_DEMO_STEPS", "20")))
     p.add_argument("--seq-len", type=int, default=1024)
     p.add_argument("--image-size", type=int, default=224)
     p.add_argument("--hf-config", help="the model's Hugging Face config.json, as JSON text")
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
-    p.add_argument("--tiny", action="store_true", help="a small GPT-2 (with --device cpu)")
+    p.add_argument("--tiny", action="store_true", help="a small GPT-2 or OPT (with --device cpu)")
     p.add_argument("--bypass-bytes", type=int, default=0)
     p.add_argument("--bypass-attempts", type=int, default=1, help="attempts (from 1) that bypass; later ones train gpt2")
     p.add_argument("--hold-seconds", type=float, default=240)
@@ -177,14 +237,20 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     import vramfit
+    from vramfit.profile import profile_phase
 
+    # The controller's profile phase (model.auto): no GPU, the step captured on the CPU.
+    profiling = profile_phase()
     attempt = vramfit.configure(micro_batch=8, grad_accum=1)
     # What CDI gave this container: its GPU device nodes (or, on a machine
     # without GPUs, the simulated GPU's variable).
     devices = sorted(n for n in os.listdir("/dev") if n.startswith("nvidia"))
     event("start", model=args.model, attempt=attempt.attempt, micro=attempt.micro_batch,
           accum=attempt.grad_accum, budgetBytes=attempt.budget_bytes, enforcement=attempt.enforcement,
-          devices=devices, simulatedGpu=os.environ.get("VRAMFIT_SIMULATED_GPU"), capEff=cap_eff())
+          devices=devices, simulatedGpu=os.environ.get("VRAMFIT_SIMULATED_GPU"), capEff=cap_eff(),
+          phase="profile" if profiling else "train")
+    if args.model == "bypass" and profiling:
+        args.model = "gpt2"  # nothing to profile in an allocation outside PyTorch: its later attempts' model
     if args.model == "bypass":
         if attempt.attempt <= args.bypass_attempts:
             return bypass(args.bypass_bytes or 2 * (attempt.budget_bytes or 8 << 30), args.hold_seconds)
@@ -193,10 +259,10 @@ def main(argv=None) -> int:
     import torch
 
     torch.manual_seed(0)
-    device = torch.device(args.device)
+    device = torch.device("cpu" if profiling else args.device)
     with vramfit.oom_guard():
         try:
-            train(args, attempt, torch, device)
+            train(args, attempt, torch, device, profiling)
         except BaseException as exc:  # the OOM's time; the guard then runs the exit protocol
             if vramfit.is_oom(exc):
                 # budgetOom: raised by vramfit's allocator at the budget (not
