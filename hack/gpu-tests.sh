@@ -4,6 +4,10 @@
 #
 #   hack/gpu-tests.sh build   build the agent (cuda feature) and its test binary into .devbin/
 #   hack/gpu-tests.sh run     on the GPU machine: run the ignored GPU tests and the probe
+#   hack/gpu-tests.sh ptx     on the GPU machine: compile agent/src/cuda/probe_kernels.cu
+#                             to the PTX the agent loads (compute_75: any GPU from Turing (T4) on, the oldest CUDA 13 compiles for;
+#                             the driver compiles it for the GPU it runs on), with the
+#                             source's hash on its first line (checked by the agent's tests)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/vramfit/target}
@@ -23,11 +27,23 @@ for line in sys.stdin:
     ls -la .devbin
     ;;
   run)
-    # NVRTC for the probe kernels: the toolkit's, or the one PyTorch ships.
-    nvrtc=$(find /usr/local/cuda*/lib64 /usr/local/cuda*/targets /opt /usr/lib -name 'libnvrtc.so*' 2>/dev/null | head -1)
-    [[ -n $nvrtc ]] && export LD_LIBRARY_PATH="$(dirname "$nvrtc"):${LD_LIBRARY_PATH:-}"
+    # The probe kernels are PTX built ahead of time: no NVRTC needed.
     .devbin/agent-tests --ignored --test-threads 1
     .devbin/vramfit-agent probe -o json
     ;;
-  *) sed -n '2,7p' "$0"; exit 2 ;;
+  ptx)
+    src=agent/src/cuda/probe_kernels.cu
+    out=agent/src/cuda/probe_kernels.ptx
+    hash=$(python3 -c 'import sys
+h = 0xcbf29ce484222325
+for b in open(sys.argv[1], "rb").read():
+    h = ((h ^ b) * 0x100000001b3) % (1 << 64)
+print(f"{h:016x}")' "$src")
+    nvcc --version | tail -2
+    { echo "// source fnv1a64 $hash ($src, nvcc -ptx -arch=compute_75)"
+      nvcc -ptx -arch=compute_75 -o - "$src"; } >"$out.tmp"
+    mv "$out.tmp" "$out"
+    head -20 "$out"
+    ;;
+  *) sed -n '2,11p' "$0"; exit 2 ;;
 esac

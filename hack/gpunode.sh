@@ -477,10 +477,6 @@ up() {
   echo "$vb" >"$dir/vramfit-bin"
   export RUST_LOG=${RUST_LOG:-info,kube=warn}
   if [[ -e /dev/nvidiactl ]]; then
-    # NVRTC for the agent's probe kernels: the toolkit's, or the one PyTorch ships.
-    local nvrtc
-    nvrtc=$(find /usr/local/cuda*/lib64 /usr/local/cuda*/targets /opt /usr/lib -name 'libnvrtc.so*' 2>/dev/null | head -1)
-    [[ -n $nvrtc ]] && export LD_LIBRARY_PATH="$(dirname "$nvrtc"):${LD_LIBRARY_PATH:-}"
     # A status write at least every 3 s (default 10 s): the demo samples the
     # GpuNode for the training processes' allocator and shape figures, and the
     # shortest jobs train for about 10 s.

@@ -57,3 +57,26 @@ fn unknown_models_are_not_judged_on_bandwidth() {
     });
     assert!(result.ok);
 }
+
+/// The PTX the agent loads was compiled from the CUDA C beside it: its
+/// first line records the source's hash (`hack/gpu-tests.sh ptx`), so a
+/// change to the kernels without a new PTX fails here, on a machine
+/// without nvcc.
+#[test]
+fn the_probe_ptx_is_compiled_from_the_kernels_beside_it() {
+    let source = include_bytes!("cuda/probe_kernels.cu");
+    let ptx = include_str!("cuda/probe_kernels.ptx");
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in source {
+        hash ^= u64::from(*byte);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    let first = ptx.lines().next().unwrap_or_default();
+    assert!(
+        first.starts_with(&format!("// source fnv1a64 {hash:016x} ")),
+        "probe_kernels.ptx is stale (its first line: {first:?}); run hack/gpu-tests.sh ptx on a GPU machine"
+    );
+    for kernel in ["fill_pattern", "check_pattern"] {
+        assert!(ptx.contains(&format!(".entry {kernel}(")), "{kernel}");
+    }
+}

@@ -27,20 +27,6 @@ pub fn require_driver() -> Result<(), AgentError> {
     }
 }
 
-/// Fails with [`AgentError::MissingLibrary`] unless NVRTC (`libnvrtc.so`,
-/// which compiles the probe kernels) can be loaded.
-pub fn require_nvrtc() -> Result<(), AgentError> {
-    // SAFETY: as in `require_driver`.
-    if unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-        Ok(())
-    } else {
-        Err(AgentError::MissingLibrary {
-            library: "NVRTC (libnvrtc.so), which compiles the probe kernels",
-            hint: "the CUDA toolkit or the nvidia-cuda-nvrtc wheel provides it; add its folder to LD_LIBRARY_PATH",
-        })
-    }
-}
-
 /// Wraps a driver error with the call that produced it.
 pub(crate) fn driver(call: &'static str) -> impl FnOnce(DriverError) -> AgentError {
     move |e| AgentError::Cuda {

@@ -6,44 +6,19 @@ use std::time::Instant;
 
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg, result};
-use cudarc::nvrtc::compile_ptx;
+use cudarc::nvrtc::Ptx;
 
-use super::{driver, require_driver, require_nvrtc};
+use super::{driver, require_driver};
+use crate::Result;
 use crate::probe::{ProbeResult, expected_bandwidth_gbps, judge};
-use crate::{AgentError, Result};
 
-/// CUDA C of the probe kernels, compiled with NVRTC at run time. The pattern
-/// is a hash of the word's index and a seed, so a stuck bit, an address-line
-/// fault or a stale page all show up as mismatches.
-const KERNELS: &str = r#"
-__device__ __forceinline__ unsigned int pattern(unsigned long long i, unsigned int seed) {
-    unsigned int x = (unsigned int)i * 2654435761u ^ (unsigned int)(i >> 32) ^ seed;
-    x ^= x >> 16; x *= 0x7feb352du; x ^= x >> 15; x *= 0x846ca68bu; x ^= x >> 16;
-    return x;
-}
-
-extern "C" __global__ void fill_pattern(unsigned int* p, unsigned long long n, unsigned int seed) {
-    unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
-    for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-        p[i] = pattern(i, seed);
-    }
-}
-
-extern "C" __global__ void check_pattern(const unsigned int* p, unsigned long long n, unsigned int seed,
-                                         unsigned long long* errors) {
-    unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
-    unsigned long long bad = 0;
-    for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-        bad += p[i] != pattern(i, seed);
-    }
-    for (int offset = 16; offset > 0; offset >>= 1) {
-        bad += __shfl_down_sync(0xffffffffu, bad, offset);
-    }
-    if ((threadIdx.x & 31) == 0 && bad != 0) {
-        atomicAdd(errors, bad);
-    }
-}
-"#;
+/// The probe kernels as PTX, compiled ahead of time from
+/// `probe_kernels.cu` by `hack/gpu-tests.sh ptx` (nvcc, compute_75): the
+/// driver compiles it for the GPU it runs on, so the agent needs no NVRTC
+/// (which its image does not carry). The pattern is a hash of the word's
+/// index and a seed, so a stuck bit, an address-line fault or a stale page
+/// all show up as mismatches.
+pub const PTX: &str = include_str!("probe_kernels.ptx");
 
 /// How hard to probe.
 #[derive(Debug, Clone, Copy)]
@@ -139,7 +114,6 @@ fn launch_over(
 /// Runs the probe on one GPU.
 pub fn run_probe(options: ProbeOptions) -> Result<ProbeResult> {
     require_driver()?;
-    require_nvrtc()?;
     let started = Instant::now();
     let ctx = CudaContext::new(options.device).map_err(driver("cuCtxCreate"))?;
     let stream = ctx.default_stream();
@@ -147,8 +121,9 @@ pub fn run_probe(options: ProbeOptions) -> Result<ProbeResult> {
     let (free, total) = result::mem_get_info().map_err(driver("cuMemGetInfo"))?;
     let (free, total) = (free as u64, total as u64);
 
-    let ptx = compile_ptx(KERNELS).map_err(|e| AgentError::Kernel(e.to_string()))?;
-    let module = ctx.load_module(ptx).map_err(driver("cuModuleLoadData"))?;
+    let module = ctx
+        .load_module(Ptx::from_src(PTX))
+        .map_err(driver("cuModuleLoadData"))?;
     let fill = module
         .load_function("fill_pattern")
         .map_err(driver("cuModuleGetFunction"))?;

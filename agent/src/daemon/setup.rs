@@ -30,18 +30,12 @@ fn cuda_uuid(ctx: &cudarc::driver::CudaContext) -> Option<String> {
 }
 
 /// What keeps the agent from using CUDA, in words for its log and its
-/// status: `None` when the driver library (and, for probes, NVRTC) loads.
-/// Checked before every path into cudarc, which panics without them.
+/// status: `None` when the driver library loads. Checked before every path
+/// into cudarc, which panics without it. (The probe kernels are PTX built
+/// ahead of time: no NVRTC is needed.)
 #[cfg(feature = "cuda")]
-pub fn cuda_unavailable(what: &str, with_nvrtc: bool) -> Option<String> {
-    let check = crate::cuda::require_driver().and_then(|()| {
-        if with_nvrtc {
-            crate::cuda::require_nvrtc()
-        } else {
-            Ok(())
-        }
-    });
-    let error = check.err()?;
+pub fn cuda_unavailable(what: &str) -> Option<String> {
+    let error = crate::cuda::require_driver().err()?;
     let problem = format!("{what}: {error}");
     tracing::error!("{problem}; the agent reports Degraded");
     Some(problem)
@@ -57,7 +51,7 @@ pub fn context_overhead(
 ) -> (HashMap<String, u64>, Option<String>) {
     use cudarc::driver::CudaContext;
     let mut overhead = HashMap::new();
-    if let Some(problem) = cuda_unavailable("CUDA context overhead not measured", false) {
+    if let Some(problem) = cuda_unavailable("CUDA context overhead not measured") {
         return (overhead, Some(problem));
     }
     let (Some(api), Ok(count)) = (monitor.api(), CudaContext::device_count()) else {
@@ -118,7 +112,7 @@ pub fn probe(reading: &Reading, max_bytes: u64) -> (HashMap<String, ProbeStatus>
     use crate::cuda::{ProbeOptions, run_probe};
     use cudarc::driver::CudaContext;
     let mut results = HashMap::new();
-    if let Some(problem) = cuda_unavailable("GPUs not probed", true) {
+    if let Some(problem) = cuda_unavailable("GPUs not probed") {
         return (results, Some(problem));
     }
     let Ok(count) = CudaContext::device_count() else {
