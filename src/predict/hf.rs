@@ -258,10 +258,10 @@ pub fn arch_from_hugging_face(spec: &HuggingFaceSpec) -> Result<TransformerArch,
         }
         other => {
             return Err(PredictError::Unsupported(format!(
-                "huggingFace.config.model_type '{other}' is not supported (supported: {}); \
-                 run it with a budget you choose (spec.memory.request, e.g. 40Gi), or capture \
-                 its allocation profile on a CPU (python -m vramfit.profile) and name it in \
-                 spec.model.profile",
+                "huggingFace.config.model_type '{other}' is not described analytically \
+                 (supported: {}); the controller profiles such a job automatically on a CPU \
+                 from its own pod (phase Profiling) unless spec.memory.request gives its budget; \
+                 here, pass a captured profile with --profile FILE (python -m vramfit.profile)",
                 SUPPORTED_MODEL_TYPES.join(", ")
             )));
         }

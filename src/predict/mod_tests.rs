@@ -446,12 +446,13 @@ fn unknown_hugging_face_model_types_name_the_supported_ones() {
     let err = hugging_face_error(config);
     assert!(
         err.starts_with(
-            "huggingFace.config.model_type 't5' is not supported (supported: gpt2, llama, mistral, qwen2, qwen3, phi3, bert, roberta); "
+            "huggingFace.config.model_type 't5' is not described analytically (supported: gpt2, llama, mistral, qwen2, qwen3, phi3, bert, roberta); "
         ),
         "{err}"
     );
     assert!(err.contains("spec.memory.request"), "{err}");
-    assert!(err.contains("spec.model.profile"), "{err}");
+    assert!(err.contains("profiles such a job automatically"), "{err}");
+    assert!(err.contains("--profile FILE"), "{err}");
 }
 
 #[test]
@@ -1016,7 +1017,7 @@ fn auto_micro_batch_reports_a_models_own_error_instead_of_trying_smaller_batches
     .unwrap();
     let err = job::auto_micro_batch(&job, default_gpu(), u64::MAX, 0.05, None).unwrap_err();
     assert!(
-        err.to_string().contains("model_type 't5' is not supported"),
+        err.to_string().contains("model_type 't5' is not described analytically"),
         "{err}"
     );
 }

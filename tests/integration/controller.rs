@@ -427,8 +427,7 @@ async fn schema_valid_but_impossible_specs_get_an_invalid_condition() {
     // (A model_type the analytic path does not know is profiled
     // automatically instead: an_auto_job_is_profiled_...)
     let mut untyped = mlp_job("untyped", 64, 8, 1, None);
-    untyped["spec"]["model"] =
-        json!({"huggingFace": {"seqLen": 512, "config": {"d_model": 512}}});
+    untyped["spec"]["model"] = json!({"huggingFace": {"seqLen": 512, "config": {"d_model": 512}}});
     cluster.apply_job(untyped).await;
     let mut profiled = mlp_job("profiled", 64, 8, 1, None);
     profiled["spec"]["model"] =
