@@ -118,3 +118,20 @@ fn a_list_with_one_deep_job_reads_and_that_job_is_invalid() {
         "{predicted}"
     );
 }
+
+/// A free-form field that is not an object is refused with what was
+/// expected, as a typed map field would be.
+#[test]
+fn a_value_that_is_not_an_object_is_refused() {
+    for text in [
+        r#"{"config": "text"}"#,
+        r#"{"config": [1, 2]}"#,
+        r#"{"config": 3}"#,
+    ] {
+        let err = serde_json::from_str::<Holder>(text)
+            .err()
+            .expect(text)
+            .to_string();
+        assert!(err.contains("expected any JSON value"), "{text}: {err}");
+    }
+}
