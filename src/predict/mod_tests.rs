@@ -1017,7 +1017,8 @@ fn auto_micro_batch_reports_a_models_own_error_instead_of_trying_smaller_batches
     .unwrap();
     let err = job::auto_micro_batch(&job, default_gpu(), u64::MAX, 0.05, None).unwrap_err();
     assert!(
-        err.to_string().contains("model_type 't5' is not described analytically"),
+        err.to_string()
+            .contains("model_type 't5' is not described analytically"),
         "{err}"
     );
 }
