@@ -286,9 +286,11 @@ grep -q 'rbac.authorization.k8s.io/aggregate-to-edit: "true"' <<<"$tenancy" ||
 k create clusterrole chart-test-pods --verb=create,get,list --resource=pods --dry-run=client -o yaml | k apply -f - >/dev/null
 k create rolebinding alice-tj -n team-a --clusterrole="$release-trainingjobs-edit" --user=alice --dry-run=client -o yaml | k apply -f - >/dev/null
 k create rolebinding alice-pods -n team-a --clusterrole=chart-test-pods --user=alice --dry-run=client -o yaml | k apply -f - >/dev/null
-# tj NAME TEMPLATE-SPEC-YAML: a TrainingJob of team-a with that pod spec.
+# tj NAME TEMPLATE-SPEC-YAML [TEMPLATE-METADATA-YAML]: a TrainingJob of
+# team-a with that pod spec (and metadata).
 tj() {
-  printf 'apiVersion: vramfit.dev/v1alpha1\nkind: TrainingJob\nmetadata: {name: %s, namespace: team-a}\nspec:\n  batch: {global: 8, micro: 8}\n  model: {mlp: {layers: 2, hidden: 64}}\n  template:\n    spec: %s\n' "$1" "$2"
+  local metadata=${3:-'{}'}
+  printf 'apiVersion: vramfit.dev/v1alpha1\nkind: TrainingJob\nmetadata: {name: %s, namespace: team-a}\nspec:\n  batch: {global: 8, micro: 8}\n  model: {mlp: {layers: 2, hidden: 64}}\n  template:\n    metadata: %s\n    spec: %s\n' "$1" "$metadata" "$2"
 }
 # refused WHO WHY EXPECTED-TEXT KUBECTL-ARGS... (stdin: the object, if any)
 refused() {
@@ -314,6 +316,23 @@ tj caps '{initContainers: [{name: s, image: i, securityContext: {capabilities: {
   refused alice "SYS_ADMIN in an init container" "capabilities beyond the baseline set" apply -f -
 tj port '{containers: [{name: t, image: i, ports: [{containerPort: 22, hostPort: 22}]}]}' |
   refused alice "a hostPort" "hostPort is not allowed" apply -f -
+# The controls of baseline beyond the host: AppArmor (field and annotation),
+# SELinux, probe and lifecycle hook hosts; what baseline allows of them passes.
+tj aa '{securityContext: {appArmorProfile: {type: Unconfined}}, containers: [{name: t, image: i}]}' |
+  refused alice "AppArmor Unconfined" "appArmorProfile.type must be RuntimeDefault or Localhost" apply -f -
+tj aann "$plain" '{annotations: {container.apparmor.security.beta.kubernetes.io/t: unconfined}}' |
+  refused alice "the AppArmor annotation unconfined" "AppArmor profiles must be runtime/default or localhost/*" apply -f -
+tj spc '{initContainers: [{name: s, image: i, securityContext: {seLinuxOptions: {type: spc_t}}}], containers: [{name: t, image: i}]}' |
+  refused alice "SELinux type spc_t in an init container" "seLinuxOptions.type must be container_t" apply -f -
+tj seuser '{securityContext: {seLinuxOptions: {user: system_u}}, containers: [{name: t, image: i}]}' |
+  refused alice "an SELinux user" "SELinux user and role may not be set" apply -f -
+tj probe '{containers: [{name: t, image: i, livenessProbe: {httpGet: {host: 169.254.169.254, port: 80}}}]}' |
+  refused alice "a probe to another host" "probes and lifecycle hooks may not set host" apply -f -
+tj hook '{containers: [{name: t, image: i, lifecycle: {preStop: {tcpSocket: {host: 10.0.0.1, port: 80}}}}]}' |
+  refused alice "a preStop hook to another host" "probes and lifecycle hooks may not set host" apply -f -
+tj baseline '{securityContext: {appArmorProfile: {type: RuntimeDefault}, seLinuxOptions: {type: container_t, level: "s0:c1,c2"}, sysctls: [{name: net.ipv4.tcp_rmem, value: "4096 87380 6291456"}]}, containers: [{name: t, image: i, livenessProbe: {httpGet: {port: 8080, path: /healthz}}}]}' \
+  '{annotations: {container.apparmor.security.beta.kubernetes.io/t: runtime/default}}' |
+  allowed alice "what baseline allows of AppArmor, SELinux, sysctls and probes" apply -f -
 refused alice "a pod naming a GPU by the NRI plugin's annotation" "may not carry CDI device annotations" \
   -n team-a run gpu --image=i --annotations='cdi-devices.noderesource.dev/container.gpu=- nvidia.com/gpu=GPU-x'
 refused alice "a pod naming a GPU by containerd's CDI annotation" "may not carry CDI device annotations" \
