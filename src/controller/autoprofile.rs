@@ -97,12 +97,7 @@ pub fn profile_key(job: &TrainingJob, micro: u32) -> String {
         "gpus": job.spec.gpus,
     })
     .to_string();
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for byte in canonical.bytes() {
-        hash ^= u64::from(byte);
-        hash = hash.wrapping_mul(0x0100_0000_01b3);
-    }
-    format!("{hash:016x}")
+    crate::job::signature::stable_hash(&canonical)
 }
 
 /// The profiling pod's name for the job's current generation.

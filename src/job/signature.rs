@@ -16,8 +16,14 @@ pub fn model_signature(namespace: &str, spec: &TrainingJobSpec, micro: u32) -> S
         "gpus": spec.gpus,
     })
     .to_string();
+    stable_hash(&canonical)
+}
+
+/// FNV-1a (64 bits) of `text` as 16 hex digits: the same on every build and
+/// machine, unlike `std`'s hasher, so it can be stored and compared later.
+pub fn stable_hash(text: &str) -> String {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for byte in canonical.bytes() {
+    for byte in text.bytes() {
         hash ^= u64::from(byte);
         hash = hash.wrapping_mul(0x0100_0000_01b3);
     }

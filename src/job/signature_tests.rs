@@ -39,3 +39,12 @@ fn what_does_not_decide_memory_leaves_the_signature_alone() {
         .insert("metadata".into(), serde_json::json!({"labels": {"a": "b"}}));
     assert_eq!(base, model_signature("ml", &other, 8));
 }
+
+/// FNV-1a's published test vectors: the hash stored in status and in the
+/// profiles' ConfigMap names stays what it was.
+#[test]
+fn the_stable_hash_is_fnv1a_64() {
+    assert_eq!(stable_hash(""), "cbf29ce484222325");
+    assert_eq!(stable_hash("a"), "af63dc4c8601ec8c");
+    assert_eq!(stable_hash("foobar"), "85944171f73967e8");
+}
