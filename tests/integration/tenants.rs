@@ -1082,6 +1082,38 @@ async fn attack_2a_a_pod_naming_a_gpu_itself_is_refused() {
             )
             .await,
     );
+    // `kubectl debug` adds a container through the pods/ephemeralcontainers
+    // subresource, which the policy matches too (anyone granted it; here
+    // the admin, whom the policy holds as well).
+    let admin_pods: Api<Pod> = Api::namespaced(admin().await, ns);
+    let debug = |env: Value| {
+        Patch::Strategic(json!({"spec": {"ephemeralContainers": [
+            {"name": "debug", "image": "i", "env": env}]}}))
+    };
+    assert_refused_by(
+        "a debug container with NVIDIA_VISIBLE_DEVICES added through pods/ephemeralcontainers",
+        admin_pods
+            .patch_subresource(
+                "ephemeralcontainers",
+                "plain",
+                &dry_run_patch(),
+                &debug(env.clone()),
+            )
+            .await,
+        GPU_ACCESS,
+        visible,
+    );
+    assert_accepted(
+        "a debug container without it",
+        admin_pods
+            .patch_subresource(
+                "ephemeralcontainers",
+                "plain",
+                &dry_run_patch(),
+                &debug(json!([{"name": "TERM", "value": "xterm"}])),
+            )
+            .await,
+    );
 }
 
 /// Attack 2d: a tenant's pod grants itself a placement or a budget, which the
