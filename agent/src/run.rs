@@ -8,7 +8,7 @@ use anyhow::{Context as _, Result, bail};
 use clap::{Args, ValueEnum};
 use vramfit::cli::logging::{self, LogFormat, LogStream};
 use vramfit_agent::daemon::local::{parse_duration, parse_local_budget};
-use vramfit_agent::daemon::{RunOptions, run_real};
+use vramfit_agent::daemon::{RunOptions, metrics, run_real};
 use vramfit_agent::node::publish::PublishPolicy;
 use vramfit_agent::node::watchdog::WatchdogConfig;
 use vramfit_agent::sim::cluster::NodeResources;
@@ -111,6 +111,10 @@ pub struct RunArgs {
     /// Print each status written (JSON, one per line).
     #[arg(short, long, value_enum)]
     output: Option<RunOutput>,
+    /// Serve Prometheus metrics (/metrics) and /healthz on HOST:PORT, for
+    /// example 0.0.0.0:9465; empty: no server (docs/agent.md, "Metrics").
+    #[arg(long, value_name = "HOST:PORT", default_value = "")]
+    metrics_addr: String,
 }
 
 fn parse_labels(labels: &[String]) -> Result<BTreeMap<String, String>> {
@@ -155,6 +159,8 @@ impl RunArgs {
         options.print = self.output.is_some();
         options.status_file = self.status_file.clone();
         options.once = self.once;
+        options.metrics_addr =
+            metrics::parse_addr(&self.metrics_addr).map_err(anyhow::Error::msg)?;
         Ok(options)
     }
 
