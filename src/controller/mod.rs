@@ -29,6 +29,7 @@ pub mod status_patch;
 pub mod status_writer;
 pub mod supervise;
 pub mod transition;
+pub mod ui_auth;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -47,7 +48,7 @@ use tokio::sync::Notify;
 
 use crate::api::{GpuNode, TrainingJob};
 use crate::{Error, Result};
-pub use context::{Context, ControllerOptions, LeaseOptions};
+pub use context::{Context, ControllerOptions, LeaseOptions, UiAuthMode};
 pub use cycle::{CycleOutcome, run_cycle};
 use cycle::{scheduling_loop, wait_ready};
 use http::{UiSource, serve_metrics};
