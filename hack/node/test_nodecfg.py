@@ -8,6 +8,7 @@ import io
 import json
 import os
 import stat
+import subprocess
 import sys
 import tarfile
 import tomllib
@@ -97,6 +98,72 @@ def test_kubelet_config_rejects_static_cpu_on_one_cpu_and_unknown_policies():
 def test_cni_network_is_loopback_only():
     c = json.loads(nodecfg.cni_config())
     assert [p["type"] for p in c["plugins"]] == ["loopback"]
+
+
+def test_cni_bridge_network_needs_no_ip_binary_forwarding_or_nat():
+    c = json.loads(nodecfg.cni_bridge_config("vramfit0", "10.89.0.0/24", "/n/cni/ipam"))
+    assert c["cniVersion"] == "1.0.0" and c["name"] == "vramfit-bridge"
+    assert [p["type"] for p in c["plugins"]] == ["loopback", "bridge"]
+    br = c["plugins"][1]
+    assert br["bridge"] == "vramfit0"
+    # isGateway would turn on ip_forward, ipMasq needs iptables.
+    assert br["isGateway"] is False and br["isDefaultGateway"] is False and br["ipMasq"] is False
+    assert br["ipam"] == {"type": "host-local", "ranges": [[{"subnet": "10.89.0.0/24", "gateway": "10.89.0.1"}]],
+                          "routes": [{"dst": "0.0.0.0/0", "gw": "10.89.0.1"}], "dataDir": "/n/cni/ipam"}
+
+
+def test_cni_isolated_network_names_its_plugin():
+    c = json.loads(nodecfg.cni_isolated_config("10.89.1.0/24", "/n/cni/ipam"))
+    assert [p["type"] for p in c["plugins"]] == ["loopback", "vramfit-isolated"]
+    assert c["plugins"][1] == {"type": "vramfit-isolated", "subnet": "10.89.1.0/24", "dataDir": "/n/cni/ipam"}
+
+
+def test_cni_isolated_plugin_hands_out_and_takes_back_addresses(tmp_path):
+    plugin = Path(__file__).with_name("cni-isolated.py")
+    conf = json.dumps({"cniVersion": "1.0.0", "name": "vramfit-isolated", "type": "vramfit-isolated",
+                       "subnet": "10.89.1.0/24", "dataDir": str(tmp_path)})
+
+    def run(command, container):
+        env = dict(os.environ, CNI_COMMAND=command, CNI_CONTAINERID=container, CNI_IFNAME="eth0",
+                   CNI_NETNS="/proc/1/ns/net")
+        p = subprocess.run([sys.executable, str(plugin)], input=conf, env=env, capture_output=True, text=True)
+        assert p.returncode == 0, p.stdout + p.stderr
+        return json.loads(p.stdout) if p.stdout else None
+
+    a = run("ADD", "a")
+    assert a["ips"] == [{"address": "10.89.1.2/24", "interface": 0}] and a["interfaces"][0]["name"] == "eth0"
+    assert run("ADD", "b")["ips"][0]["address"] == "10.89.1.3/24"
+    assert run("ADD", "a")["ips"][0]["address"] == "10.89.1.2/24"   # the same container, the same address
+    run("DEL", "a")
+    assert run("ADD", "c")["ips"][0]["address"] == "10.89.1.2/24"
+    assert run("VERSION", "")["supportedVersions"] == ["0.4.0", "1.0.0"]
+
+
+def test_oci_netns_lists_the_pods_network_namespaces():
+    def info(ns):
+        return json.dumps({"ID": "x", "Spec": {"linux": {"namespaces": ns}}}, indent=2)
+
+    text = "\n".join([
+        info([{"type": "pid"}, {"type": "network", "path": "/var/run/netns/cni-aaa"}]),
+        info([{"type": "network", "path": "/var/run/netns/cni-aaa"}]),          # its containers join it too
+        info([{"type": "network", "path": "/run/netns/cni-bbb"}]),
+        info([{"type": "network", "path": "/proc/42/ns/net"}]),                 # not a bind mount of containerd's
+        info([{"type": "network", "path": "/run/netns/../etc"}]),
+        info([{"type": "network"}]),                                           # a new namespace, no path
+        json.dumps({"ID": "y"}),
+    ])
+    assert nodecfg.oci_netns(text) == ["/run/netns/cni-bbb", "/var/run/netns/cni-aaa"]
+
+
+def test_cni_command_line(capsys):
+    assert nodecfg.main(["cni", "--bridge", "br9", "--subnet", "10.9.0.0/24", "--data-dir", "/d"]) == 0
+    assert json.loads(capsys.readouterr().out)["plugins"][1]["bridge"] == "br9"
+    assert nodecfg.main(["cni", "--isolated", "--subnet", "10.9.1.0/24", "--data-dir", "/d"]) == 0
+    assert json.loads(capsys.readouterr().out)["name"] == "vramfit-isolated"
+    assert nodecfg.main(["cni"]) == 0
+    assert json.loads(capsys.readouterr().out)["name"] == "vramfit-lo"
+    assert nodecfg.main(["cni", "--bridge", "br9"]) == 1
+    assert "--data-dir" in capsys.readouterr().err
 
 
 def fake_driver(tmp_path: Path, gpus=((0, "GPU-aaaa-0000"), (1, "GPU-bbbb-1111")), uvm=True, libcuda=True):
@@ -517,3 +584,4 @@ def test_oci_devices_reads_ctr_container_info():
     assert nodecfg.oci_devices(text) == [
         "gpt2-a1: devices ['/dev/nvidia0 c 195:0']; allowed ['c 195:0 rwm']; CAP_SYS_ADMIN False"
     ]
+
