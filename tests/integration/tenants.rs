@@ -1681,11 +1681,8 @@ async fn attack_7_the_ui_shows_a_reader_only_what_they_may_list() {
     tenant_namespace(own, &[]).await;
     tenant_namespace(other, &[]).await;
     for (ns, name) in [(own, "tn7-mine"), (other, "tn7-theirs")] {
-        let job = training_job(
-            name,
-            json!({"gpus": 1, "template": plain_template(),
-            "memory": {"request": "20Gi"}}),
-        );
+        let mut job = training_job(name, plain_template());
+        job["spec"]["memory"] = json!({"request": "20Gi"});
         match training_jobs(&admin, ns)
             .create(&PostParams::default(), &dynamic(job))
             .await
@@ -1901,4 +1898,114 @@ async fn attack_7_the_ui_shows_a_reader_only_what_they_may_list() {
             );
         }
     }
+}
+
+/// Attack 9: a tenant puts its jobs ahead of everyone's in the queue with the
+/// highest `spec.priority` (jobs waiting for room are placed in priority
+/// order). Refused by `vramfit-trainingjob-bounds` above `tenancy.maxPriority`
+/// (0) unless an admin labels the namespace `vramfit.dev/max-priority`, which
+/// the tenant cannot do itself; an update that leaves the priority as it was
+/// passes after the admin lowers the label.
+#[tokio::test]
+async fn attack_9_a_tenant_cannot_jump_the_queue_with_its_priority() {
+    let ns = "tn-9";
+    tenant_namespace(ns, &[("alice-9", "edit")]).await;
+    let alice = tenant("alice-9").await;
+    let jobs = training_jobs(&alice, ns);
+    let job = |name: &str, priority: i64| {
+        let mut job = training_job(name, plain_template());
+        job["spec"]["priority"] = json!(priority);
+        dynamic(job)
+    };
+    let above = |p: i64, max: i64| {
+        format!("spec.priority {p} is above {max}, the highest namespace {ns} may use")
+    };
+    assert_refused_by(
+        "priority 1000000 by a tenant",
+        jobs.create(&dry_run(), &job("high", 1_000_000)).await,
+        BOUNDS,
+        &above(1_000_000, 0),
+    );
+    for p in [0, -5] {
+        assert_accepted(
+            &format!("priority {p}"),
+            jobs.create(&dry_run(), &job("plain", p)).await,
+        );
+    }
+    // The tenant cannot raise its own namespace's limit.
+    let namespaces: Api<Namespace> = Api::all(alice.clone());
+    let label = |max: &str| {
+        Patch::Merge(json!({"metadata": {"labels": {"vramfit.dev/max-priority": max}}}))
+    };
+    assert_forbidden(
+        "the tenant labels its namespace",
+        namespaces
+            .patch(ns, &PatchParams::default(), &label("1000000"))
+            .await,
+        "alice-9",
+        "patch",
+        "namespaces",
+    );
+    // An admin allows 500 in this namespace; the policy sees the label once
+    // the API server's namespace informer has it.
+    let admin_namespaces: Api<Namespace> = Api::all(admin().await);
+    admin_namespaces
+        .patch(ns, &PatchParams::default(), &label("500"))
+        .await
+        .expect("the admin labels the namespace");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let stored = loop {
+        match jobs
+            .create(&PostParams::default(), &job("urgent", 500))
+            .await
+        {
+            Ok(stored) => break stored,
+            Err(e) => assert!(
+                Instant::now() < deadline,
+                "priority 500 still refused with the label: {e}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_refused_by(
+        "priority 501 with a limit of 500",
+        jobs.create(&dry_run(), &job("more", 501)).await,
+        BOUNDS,
+        &above(501, 500),
+    );
+    // The admin lowers the limit: the stored job may still be updated as long
+    // as its priority stays, not raised again.
+    admin_namespaces
+        .patch(ns, &PatchParams::default(), &label("100"))
+        .await
+        .expect("the admin lowers the label");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match jobs.create(&dry_run(), &job("probe", 200)).await {
+            Err(_) => break,
+            Ok(_) => assert!(Instant::now() < deadline, "the lowered label never applied"),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let name = stored.metadata.name.clone().unwrap();
+    assert_accepted(
+        "an update that keeps priority 500",
+        jobs.patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {"note": "kept"}}})),
+        )
+        .await,
+    );
+    assert_refused_by(
+        "an update that moves priority 500 to 400",
+        jobs.patch(
+            &name,
+            &dry_run_patch(),
+            &Patch::Merge(json!({"spec": {"priority": 400}})),
+        )
+        .await,
+        BOUNDS,
+        &above(400, 100),
+    );
 }
