@@ -585,3 +585,115 @@ def test_oci_devices_reads_ctr_container_info():
         "gpt2-a1: devices ['/dev/nvidia0 c 195:0']; allowed ['c 195:0 rwm']; CAP_SYS_ADMIN False"
     ]
 
+
+# --- report.py: operating the release while the jobs run ------------------------------
+
+
+def _tj(name, ns="team-a", phase="Succeeded", attempt=1, history=None):
+    return {"metadata": {"name": name, "namespace": ns},
+            "status": {"phase": phase, "attempt": attempt, "history": history or []}}
+
+
+def _rec(ms, kind, name, ns="team-a", **kw):
+    return dict({"ms": ms, "type": "MODIFIED", "kind": kind, "name": name, "namespace": ns}, **kw)
+
+
+def test_operations_every_job_ends_once():
+    jobs = {"items": [_tj("a"), _tj("b")]}
+    recs = [_rec(1, "TrainingJob", "a", phase="Running"), _rec(2, "TrainingJob", "a", phase="Succeeded"),
+            _rec(1, "TrainingJob", "b", phase="Running"), _rec(3, "TrainingJob", "b", phase="Succeeded")]
+    ok, detail = report.jobs_once_check(jobs, recs)
+    assert ok, detail
+    # Running again after Succeeded: a controller that took over ran it twice.
+    ok, detail = report.jobs_once_check(jobs, recs + [_rec(4, "TrainingJob", "b", phase="Running")])
+    assert not ok and "team-a/b: Running -> Succeeded -> Running" in detail
+    ok, detail = report.jobs_once_check({"items": [_tj("a", phase="Failed")]}, recs)
+    assert not ok and "ended Failed" in detail
+
+
+def test_operations_one_pod_per_attempt():
+    jobs = {"items": [_tj("a", attempt=2, history=[{"attempt": 1}, {"attempt": 2}])]}
+    pods = [_rec(1, "Pod", "a-a1", job="a", attempt="1", uid="u1", type="ADDED"),
+            _rec(2, "Pod", "a-a1", job="a", attempt="1", uid="u1"),
+            _rec(3, "Pod", "a-a2", job="a", attempt="2", uid="u2", type="ADDED")]
+    ok, detail = report.attempt_pods_check(jobs, pods)
+    assert ok and "2 training pods for 2 attempts" in detail, detail
+    # The same attempt's pod deleted and created again: two UIDs.
+    ok, detail = report.attempt_pods_check(jobs, pods + [_rec(4, "Pod", "a-a2", job="a", attempt="2", uid="u3")])
+    assert not ok and "attempt 2: 2 pods" in detail
+    # An attempt more than the status says, or a history attempt twice.
+    ok, detail = report.attempt_pods_check({"items": [_tj("a", attempt=1)]}, pods)
+    assert not ok and "pods of attempts ['1', '2'], status.attempt 1" in detail
+    ok, detail = report.attempt_pods_check(
+        {"items": [_tj("a", attempt=2, history=[{"attempt": 1}, {"attempt": 1}])]}, pods)
+    assert not ok and "history attempts [1, 1]" in detail
+
+
+def test_operations_committed_never_over_capacity():
+    gn = {"status": {"gpus": [{"index": 0, "totalBytes": 100}, {"index": 1, "totalBytes": 100}]}}
+    samples = [{"status": dict(gn["status"], allocation={"committedBytes": 120})}]
+    recs = [_rec(1, "TrainingJob", "a", phase="Placed", gpu="0", budgetBytes=60),
+            _rec(2, "TrainingJob", "b", phase="Running", gpu="1", budgetBytes=60),
+            _rec(3, "TrainingJob", "a", phase="Succeeded", gpu="0", budgetBytes=60),
+            _rec(4, "TrainingJob", "c", phase="Placed", gpu="0", budgetBytes=90)]
+    ok, detail = report.committed_check(recs, samples, gn)
+    assert ok and "GPU 0: at most" in detail, detail
+    # Two jobs holding GPU 0 at once past its memory.
+    ok, detail = report.committed_check(recs[:2] + [recs[3]], samples, gn)
+    assert not ok and "GPU 0" in detail
+    over = [{"status": dict(gn["status"], allocation={"committedBytes": 201}, heartbeat="t")}]
+    ok, detail = report.committed_check(recs, over, gn)
+    assert not ok and "committedBytes 201 > 200" in detail
+    # A GpuNode whose GPUs went (an agent without NVML): the samples' GPUs.
+    ok, detail = report.committed_check(recs, samples, {"status": {}})
+    assert ok and "GPU 0: at most" in detail and "(of -)" not in detail, detail
+
+
+def test_operations_events_once_each():
+    jobs = {"items": [_tj("a", attempt=2)]}
+
+    def ev(reason, count=None):
+        e = {"involvedObject": {"kind": "TrainingJob", "name": "a", "namespace": "team-a"}, "reason": reason}
+        if count:
+            e["count"] = count
+        return e
+
+    ok, detail = report.events_check(jobs, {"items": [ev("Placed"), ev("Placed"), ev("Succeeded"), ev("Retrying")]})
+    assert ok and "a Placed x2, Succeeded x1" in detail, detail
+    ok, detail = report.events_check(jobs, {"items": [ev("Placed", 2), ev("Succeeded", 2)]})
+    assert not ok and "2 Succeeded (want 1)" in detail
+    ok, detail = report.events_check(jobs, {"items": [ev("Placed", 3), ev("Succeeded"), ev("PodRejected")]})
+    assert not ok and "3 Placed (want 2)" in detail and "1 PodRejected" in detail
+    assert report.events_check(jobs, None) == (False, "no events recorded")
+
+
+def test_operations_checks_fail_when_nothing_was_done():
+    jobs = {"items": [_tj("a")]}
+    recs = [_rec(1, "TrainingJob", "a", phase="Succeeded"), _rec(1, "Pod", "a-a1", job="a", attempt="1", uid="u")]
+    events = {"items": [{"involvedObject": {"kind": "TrainingJob", "name": "a", "namespace": "team-a"}, "reason": r}
+                        for r in ("Placed", "Succeeded")]}
+    gn = {"status": {"gpus": [{"index": 0, "totalBytes": 100}]}}
+    done = report.operations_checks({"applyMs": 0, "leader": {"ms": 2000}, "upgrade": {"ms": 5000}}, jobs, recs,
+                                    [], gn, events)
+    assert [ok for _, ok, _ in done] == [True, True, False, True]   # no sample and no placement: nothing to judge
+    assert "across the leader's pod deleted at 2.0 s, helm upgrade at 5.0 s after the apply" in done[0][0]
+    nothing = report.operations_checks({"applyMs": 0}, jobs, recs, [], gn, events)
+    assert all(ok is False and "no operation was done" in d for _, ok, d in nothing)
+
+
+def test_peaks_kept_across_the_agents_replacement():
+    def snap(peak, pid=7, measured=5, phase="Running"):
+        proc = {"pid": pid, "usedBytes": 1, "peakBytes": peak, "podName": "a-a1", "podUid": "u1"}
+        return {"gpunode": {"status": {"gpus": [{"uuid": "GPU-1", "processes": [proc]}]}},
+                "jobs": {"items": [{"metadata": {"name": "a", "namespace": "team-a"},
+                                    "status": {"phase": phase, "measuredPeakBytes": measured}}]}}
+
+    ok, detail = report.peaks_kept(snap(10 << 30), snap(11 << 30, measured=6))
+    assert ok and "peaks of 1 processes kept" in detail and "measuredPeakBytes kept" in detail, detail
+    ok, detail = report.peaks_kept(snap(10 << 30), snap(2 << 30))
+    assert not ok and "a-a1 (pid 7): peak 10.0 -> 2.0 GiB" in detail
+    ok, detail = report.peaks_kept(snap(10 << 30), snap(10 << 30, measured=4))
+    assert not ok and "measuredPeakBytes 5 -> 4" in detail
+    # The process gone (another pid) by the new agent's first status: nothing to compare.
+    ok, detail = report.peaks_kept(snap(10 << 30), snap(10 << 30, pid=8))
+    assert not ok and "nothing to compare" in detail
