@@ -76,6 +76,11 @@ refuse "misspelt value" "additional properties 'replica' not allowed" --set cont
 refuse "relative kubelet root" "/kubeletRoot" --set kubeletRoot=var/lib/kubelet
 refuse "two active controllers" "needs controller.leaderElection" --set controller.leaderElection=false
 refuse "unknown GPU access" "/agent/gpuAccess" --set agent.gpuAccess=privileged
+refuse "/ui off loopback without authentication" "is off loopback: /ui would show every namespace" \
+  --set controller.ui.address=0.0.0.0:8081
+refuse "/ui on the metrics port" "give /ui a port of its own" \
+  --set controller.ui.authentication=kubernetes --set controller.ui.address=0.0.0.0:8080
+refuse "unknown /ui authentication" "/controller/ui/authentication" --set controller.ui.authentication=basic
 refuse "ServiceMonitor without a Service" "needs metrics.service.enabled" \
   --set serviceMonitor.enabled=true --set metrics.service.enabled=false
 "$helm" template "$release" "$chart" --kube-version "$kube_version" --set controller.leaderElection=false \
@@ -89,6 +94,20 @@ out=$(render --set kubeletRoot=/srv/kubelet/)
 grep -q -- '- --kubelet-root=/srv/kubelet$' <<<"$out" || fail "the agent's --kubelet-root is not /srv/kubelet"
 grep -q 'path: /srv/kubelet/pods$' <<<"$out" || fail "the agent's hostPath is not <kubeletRoot>/pods"
 grep -q -- '--stats-root' <<<"$out" && fail "a --stats-root is still passed"
+passed=$((passed + 1))
+
+log "/ui: loopback and no authentication by default; behind TokenReview and SubjectAccessReview on request"
+out=$(render)
+grep -q -- '- --ui-addr=127.0.0.1:8081$' <<<"$out" || fail "the default /ui is not on loopback"
+grep -q -- '- --ui-auth=none$' <<<"$out" || fail "the default /ui authentication is not none"
+grep -q 'name: system:auth-delegator' <<<"$out" && fail "auth-delegator bound without /ui authentication"
+out=$(render --set controller.ui.authentication=kubernetes --set controller.ui.address=0.0.0.0:8081 \
+  --set 'controller.ui.tokenAudiences={vramfit-ui}')
+grep -q -- '- --ui-auth=kubernetes$' <<<"$out" || fail "no --ui-auth=kubernetes"
+grep -q -- '- --ui-token-audience=vramfit-ui$' <<<"$out" || fail "no --ui-token-audience"
+grep -q 'name: system:auth-delegator' <<<"$out" || fail "the controller is not bound to system:auth-delegator"
+grep -q "name: $release-vramfit-ui\$\|name: $release-ui\$" <<<"$out" || fail "no /ui Service with the address off loopback"
+grep -q 'containerPort: 8081' <<<"$out" || fail "no ui container port"
 passed=$((passed + 1))
 
 log "the agent reaches the GPUs as configured"
