@@ -476,8 +476,10 @@ json.dump(d, sys.stdout)' "$1" "$n" >"$part"
     cfail "operations: no record of them ($dir/operate.txt)"
   fi
   cp "$dir/ops.json" "$out/ops.json" 2>/dev/null || true
-  python3 "$here/node/report.py" operations --ops "$dir/ops.json" --jobs "$dir/tj.json" --gpunode "$dir/gpunode.json" \
-    --watch "$out/watch.jsonl" --samples "$dir/gpunode-samples.jsonl" --events "$dir/events.json" 2>>"$out/chart.log" | clines || true
+  # (Not a pipe: clines counts in this shell.)
+  clines < <(python3 "$here/node/report.py" operations --ops "$dir/ops.json" --jobs "$dir/tj.json" \
+    --gpunode "$dir/gpunode.json" --watch "$out/watch.jsonl" --samples "$dir/gpunode-samples.jsonl" \
+    --events "$dir/events.json" 2>>"$out/chart.log")
   # Attack e's job, once the demo's jobs are done (its placement would take
   # room from them): bob's template that restricted refuses runs nothing.
   python3 "$here/node/attacks.py" restricted-job --release "$release" --image "$TRAIN_IMAGE" \
