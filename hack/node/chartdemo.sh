@@ -109,10 +109,17 @@ print(int(dt.datetime.fromisoformat(t).timestamp() * 1000) if t else "")'
 
 # gn_snapshot FILE: the GpuNode and the demo's jobs, for report.py peaks.
 gn_snapshot() {
+  kubectl get gpunode "$node" -o json >"$1.gn" 2>/dev/null
+  demo_get tj >"$1.tj"
   python3 -c '
 import json, sys
-json.dump({"gpunode": json.loads(sys.argv[1] or "{}"), "jobs": json.loads(sys.argv[2] or "{}")}, open(sys.argv[3], "w"))' \
-    "$(kubectl get gpunode "$node" -o json 2>/dev/null)" "$(demo_get tj)" "$1"
+def load(f):
+    try:
+        return json.load(open(f))
+    except (OSError, ValueError):
+        return {}
+json.dump({"gpunode": load(sys.argv[1] + ".gn"), "jobs": load(sys.argv[1] + ".tj")}, open(sys.argv[1], "w"))' "$1"
+  rm -f "$1.gn" "$1.tj"
 }
 
 # chart_operate HELM APPLY_MS: what a platform team does to a release
