@@ -48,6 +48,11 @@ pub const USED_REFRESH: Duration = Duration::from_secs(60);
 /// Allocation writes in flight at once.
 pub const WRITE_CONCURRENCY: usize = 4;
 
+/// Shortest time between two computations of the wanted allocations (linear
+/// in jobs and nodes): wake-ups in between (a burst of placements seen by the
+/// watch, one per job) wait for its end and are served by one computation.
+pub const MIN_RECOMPUTE: Duration = Duration::from_secs(1);
+
 /// How long the task sleeps when nothing is due and nothing wakes it; the
 /// heartbeat-driven parts of the allocation (a node going stale frees none
 /// of its memory) change without a scheduling cycle.
@@ -155,11 +160,14 @@ pub async fn run(
     let api: Api<GpuNode> = Api::all(client);
     let mut states: HashMap<String, NodeState> = HashMap::new();
     let mut next = Instant::now() + IDLE_RECHECK;
+    let mut computed: Option<Instant> = None;
     loop {
         tokio::select! {
             () = wake.notified() => {}
             () = tokio::time::sleep_until(next) => {}
         }
+        tokio::time::sleep_until(earliest_computation(computed, Instant::now())).await;
+        computed = Some(Instant::now());
         fence.check()?;
         let job_list = jobs.state();
         let node_list = gpu_nodes.state();
@@ -188,6 +196,12 @@ pub async fn run(
             .await;
         record(&mut states, results, &in_status, now);
     }
+}
+
+/// When the next computation may run, woken at `now` after the last one at
+/// `last`.
+pub fn earliest_computation(last: Option<Instant>, now: Instant) -> Instant {
+    last.map_or(now, |at| (at + MIN_RECOMPUTE).max(now))
 }
 
 /// The writes due at `now` (node, allocation) and when the task should look

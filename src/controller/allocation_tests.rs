@@ -367,3 +367,18 @@ fn the_writer_wakes_when_a_recorded_placement_changes() {
     watch.observe(&Event::InitDone);
     assert!(watch.observe(&Event::Apply(b)));
 }
+
+#[test]
+fn computations_are_at_least_a_second_apart() {
+    let t0 = Instant::now();
+    let ms = Duration::from_millis;
+    let cases = [
+        (None, t0, t0),
+        (Some(t0), t0 + ms(200), t0 + MIN_RECOMPUTE),
+        (Some(t0), t0 + ms(999), t0 + MIN_RECOMPUTE),
+        (Some(t0), t0 + ms(1500), t0 + ms(1500)),
+    ];
+    for (last, now, want) in cases {
+        assert_eq!(earliest_computation(last, now), want, "{last:?} {now:?}");
+    }
+}
