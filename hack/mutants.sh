@@ -78,7 +78,7 @@ if [[ ${MUTANTS_SKIP_DEV_AGENT:-0} == 1 ]]; then
   backup=$(mktemp -d)
   cp Cargo.toml Cargo.lock "$backup/"
   trap 'cp "$backup/Cargo.toml" "$backup/Cargo.lock" . && rm -r "$backup"' EXIT
-  sed -i '/^vramfit-agent = { path = "agent" }$/d' Cargo.toml
+  sed -i '/^vramfit-agent = { path = "agent"[,}]/d' Cargo.toml
 fi
 
 # Each mutant is one incremental build whose link dominates: link with mold
