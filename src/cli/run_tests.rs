@@ -1,12 +1,16 @@
 use super::*;
 
 fn job(global: u32, micro: u32, min_micro: u32, gpus: u32, retries: u32) -> TrainingJob {
-    parse_training_job(&format!(
-            "apiVersion: vramfit.dev/v1alpha1\nkind: TrainingJob\nmetadata: {{name: t}}\n\
-             spec:\n  gpus: {gpus}\n  maxOOMRetries: {retries}\n  batch: {{global: {global}, micro: {micro}, minMicro: {min_micro}}}\n  \
-             model: {{mlp: {{layers: 2, hidden: 64}}, precision: fp32, optimizer: sgd}}\n  template: {{spec: {{containers: []}}}}\n"
-        ))
-        .expect("job parses")
+    let manifest = TrainingJob::test("t")
+        .gpus(gpus)
+        .max_oom_retries(retries)
+        .batch(global, micro)
+        .min_micro(min_micro)
+        .model(serde_json::json!({"mlp": {"layers": 2, "hidden": 64},
+                                  "precision": "fp32", "optimizer": "sgd"}))
+        .template_spec(serde_json::json!({"containers": []}))
+        .manifest();
+    parse_training_job(&manifest.to_string()).expect("job parses")
 }
 
 fn exited(code: i32) -> ExitStatus {
