@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Checks of charts/vramfit: the CRDs match crds/, every value is documented,
 # helm lint, the schema refuses bad values, the agent's NRI sidecar as
-# rendered (probes, the socket's folder mounted into it alone), the rendered manifests pass
+# rendered (probes, the socket's folder mounted into it alone), the agent's
+# metrics as rendered (port, probes, headless Service, ServiceMonitor), the rendered manifests pass
 # `kubectl apply --dry-run=server` against the local control plane, each
 # ServiceAccount can do what it needs and nothing it must not (`kubectl auth can-i`),
 # and a real `helm install`, `helm upgrade` and `helm uninstall` leave what they
@@ -75,6 +76,11 @@ refuse "misspelt value" "additional properties 'replica' not allowed" --set cont
 refuse "relative kubelet root" "/kubeletRoot" --set kubeletRoot=var/lib/kubelet
 refuse "two active controllers" "needs controller.leaderElection" --set controller.leaderElection=false
 refuse "unknown GPU access" "/agent/gpuAccess" --set agent.gpuAccess=privileged
+refuse "/ui off loopback without authentication" "is off loopback: /ui would show every namespace" \
+  --set controller.ui.address=0.0.0.0:8081
+refuse "/ui on the metrics port" "give /ui a port of its own" \
+  --set controller.ui.authentication=kubernetes --set controller.ui.address=0.0.0.0:8080
+refuse "unknown /ui authentication" "/controller/ui/authentication" --set controller.ui.authentication=basic
 refuse "ServiceMonitor without a Service" "needs metrics.service.enabled" \
   --set serviceMonitor.enabled=true --set metrics.service.enabled=false
 "$helm" template "$release" "$chart" --kube-version "$kube_version" --set controller.leaderElection=false \
@@ -88,6 +94,20 @@ out=$(render --set kubeletRoot=/srv/kubelet/)
 grep -q -- '- --kubelet-root=/srv/kubelet$' <<<"$out" || fail "the agent's --kubelet-root is not /srv/kubelet"
 grep -q 'path: /srv/kubelet/pods$' <<<"$out" || fail "the agent's hostPath is not <kubeletRoot>/pods"
 grep -q -- '--stats-root' <<<"$out" && fail "a --stats-root is still passed"
+passed=$((passed + 1))
+
+log "/ui: loopback and no authentication by default; behind TokenReview and SubjectAccessReview on request"
+out=$(render)
+grep -q -- '- --ui-addr=127.0.0.1:8081$' <<<"$out" || fail "the default /ui is not on loopback"
+grep -q -- '- --ui-auth=none$' <<<"$out" || fail "the default /ui authentication is not none"
+grep -q 'name: system:auth-delegator' <<<"$out" && fail "auth-delegator bound without /ui authentication"
+out=$(render --set controller.ui.authentication=kubernetes --set controller.ui.address=0.0.0.0:8081 \
+  --set 'controller.ui.tokenAudiences={vramfit-ui}')
+grep -q -- '- --ui-auth=kubernetes$' <<<"$out" || fail "no --ui-auth=kubernetes"
+grep -q -- '- --ui-token-audience=vramfit-ui$' <<<"$out" || fail "no --ui-token-audience"
+grep -q 'name: system:auth-delegator' <<<"$out" || fail "the controller is not bound to system:auth-delegator"
+grep -q "name: $release-vramfit-ui\$\|name: $release-ui\$" <<<"$out" || fail "no /ui Service with the address off loopback"
+grep -q 'containerPort: 8081' <<<"$out" || fail "no ui container port"
 passed=$((passed + 1))
 
 log "the agent reaches the GPUs as configured"
@@ -191,6 +211,75 @@ refuse "a relative NRI socket" "/nri/socket" --set nri.socket=nri.sock
 refuse "a one-digit plugin index" "/nri/pluginIndex" --set-string nri.pluginIndex=1
 refuse "a plugin index as a number" "/nri/pluginIndex" --set nri.pluginIndex=10
 refuse "a negative reconnect timeout" "/nri/reconnectTimeoutSeconds" --set nri.reconnectTimeoutSeconds=-1
+passed=$((passed + 1))
+
+log "the agent's metrics: its port, --metrics-addr, probes on /healthz, a headless Service, the agents' ServiceMonitor"
+# metrics_check PORT HELM-ARGS...: the agent as rendered with HELM-ARGS serves
+# /metrics on PORT (0: nothing of it rendered), with the ServiceMonitors on.
+metrics_check() {
+  local port=$1 rendered
+  shift
+  rendered=$(render --set serviceMonitor.enabled=true "$@")
+  RENDERED=$rendered python3 - "$port" "$@" <<'EOF2' || fail "the agent's metrics"
+import os, sys
+import yaml
+port = int(sys.argv[1])
+docs = [d for d in yaml.safe_load_all(os.environ["RENDERED"]) if d]
+def fail(why):
+    sys.exit(f"{why} (rendered with {sys.argv[2:]})")
+def one(kind, name):
+    found = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
+    return found[0] if found else None
+ds = one("DaemonSet", "vramfit-agent")
+[agent] = [c for c in ds["spec"]["template"]["spec"]["containers"] if c["name"] == "agent"]
+svc = one("Service", "vramfit-agent-metrics")
+mon = one("ServiceMonitor", "vramfit-agent")
+addr = [a for a in agent["args"] if a.startswith("--metrics-addr")]
+if port == 0:
+    if addr or agent.get("ports") or agent.get("livenessProbe") or svc or mon:
+        fail("agent.metricsPort=0 still renders a metrics port, flag, probe, Service or ServiceMonitor")
+    sys.exit(0)
+if addr != [f"--metrics-addr=0.0.0.0:{port}"]:
+    fail(f"the agent's --metrics-addr is {addr}, want 0.0.0.0:{port}")
+if agent.get("ports") != [{"name": "metrics", "containerPort": port, "protocol": "TCP"}]:
+    fail(f"the agent's ports are {agent.get('ports')}")
+for kind in ("livenessProbe", "readinessProbe"):
+    get = agent.get(kind, {}).get("httpGet")
+    if get != {"path": "/healthz", "port": "metrics"}:
+        fail(f"the agent's {kind} is {agent.get(kind)}, want GET /healthz on the metrics port")
+if svc is None:
+    fail("no Service vramfit-agent-metrics")
+if svc["spec"].get("clusterIP") != "None":
+    fail("the agents' metrics Service is not headless")
+if svc["spec"]["ports"] != [{"name": "metrics", "port": port, "targetPort": "metrics", "protocol": "TCP"}]:
+    fail(f"the agents' metrics Service ports: {svc['spec']['ports']}")
+pod_labels = ds["spec"]["template"]["metadata"]["labels"]
+if any(pod_labels.get(k) != v for k, v in svc["spec"]["selector"].items()):
+    fail(f"the Service selects {svc['spec']['selector']}, the agent pods are {pod_labels}")
+if mon is None:
+    fail("no ServiceMonitor vramfit-agent with serviceMonitor.enabled")
+if any(svc["metadata"]["labels"].get(k) != v for k, v in mon["spec"]["selector"]["matchLabels"].items()):
+    fail("the agents' ServiceMonitor does not select their Service")
+[ep] = mon["spec"]["endpoints"]
+if ep.get("port") != "metrics" or ep.get("path") != "/metrics" or ep.get("honorLabels") is not True:
+    fail(f"the agents' ServiceMonitor endpoint: {ep}")
+ctl = one("ServiceMonitor", "vramfit-controller")
+if ctl is None or ctl["spec"]["selector"]["matchLabels"].get("app.kubernetes.io/component") != "controller":
+    fail("the controller's ServiceMonitor is gone or selects the agents")
+EOF2
+}
+metrics_check 9465
+metrics_check 19465 --set agent.metricsPort=19465 --set agent.hostNetwork=true
+metrics_check 0 --set agent.metricsPort=0
+out=$(render --set metrics.agentService.enabled=false --set serviceMonitor.enabled=true)
+grep -q 'name: vramfit-agent-metrics$' <<<"$out" && fail "metrics.agentService.enabled=false still renders the Service"
+grep -q 'name: vramfit-agent$' <<<"$(grep -A3 'kind: ServiceMonitor' <<<"$out")" &&
+  fail "a ServiceMonitor for an agents' Service that is not there"
+grep -q -- '--metrics-addr=0.0.0.0:9465' <<<"$out" || fail "without the Service the agent no longer serves its metrics"
+out=$(render --set agent.enabled=false --set serviceMonitor.enabled=true)
+grep -q 'vramfit-agent-metrics' <<<"$out" && fail "agent.enabled=false still renders the agents' metrics Service"
+refuse "an agent metrics port out of range" "/agent/metricsPort" --set agent.metricsPort=70000
+refuse "a negative agent metrics port" "/agent/metricsPort" --set agent.metricsPort=-1
 passed=$((passed + 1))
 
 log "apiServer sets KUBERNETES_SERVICE_HOST/PORT in both containers, nothing by default"

@@ -2,7 +2,9 @@
 # A one-node Kubernetes cluster on this machine, from upstream components built
 # from their Go modules: etcd, kube-apiserver, kube-controller-manager and
 # kube-scheduler (hack/controlplane.sh --controllers),
-# containerd 2.2 with runc, the loopback CNI plugin and an NRI plugin that
+# containerd 2.2 with runc, the loopback, bridge and host-local CNI plugins
+# (with vramfit-podnet, which gives the bridge its address and tries the
+# network through netlink: no `ip` binary needed) and an NRI plugin that
 # hands pods their GPUs through CDI (containerd starts it; with --cluster-only
 # NRI is on but containerd starts none: the chart runs it, as the agent pod's
 # sidecar), and a kubelet registered with the API server; then the CRDs, the
@@ -17,15 +19,18 @@
 #   hack/gpunode.sh up   [--bundle F] [--dir D] [--node N]   bring the node up (from a bundle where Go is absent)
 #        [--cluster-only]  only the cluster: no CRDs, no vramfit controller or agent (hack/node-chart.sh installs the chart)
 #        [--pod-network]   pods off the host network get an address on a bridge (10.89.0.0/24,
-#                          gateway 10.89.0.1) and reach the API server there (it listens on 0.0.0.0)
+#                          gateway 10.89.0.1) and reach the API server there (it listens on 0.0.0.0);
+#                          the bridge and host-local CNI plugins, through netlink (no `ip` binary)
 #   hack/gpunode.sh demo [--out D] [--steps N]               run the demo jobs, print and record what happened
 #   hack/gpunode.sh down [--dir D]        stop everything `up` started
 #   hack/gpunode.sh all  [--bundle F] [--out D]              up, demo, down (what the GPU machine runs)
 #   hack/gpunode.sh all --chart [--images D] [--wheel F] [--venv V] [--host-network] [--bundle F] [--out D]
 #        the same with vramfit installed by helm (hack/node/chartdemo.sh): up --cluster-only (with
-#        --pod-network where `ip` can make a bridge), the images of D imported (hack/images.sh build;
+#        the pod network wherever vramfit-podnet's trial of it passes: two controller replicas; else
+#        the chart's pods on the host network, one replica), the images of D imported (hack/images.sh build;
 #        .oci.tar or .oci.tar.xz), a training image built here from V (default /opt/torch/.venv) and
-#        the wheel F (default: the one in D), the jobs applied by tenants, their attacks, helm uninstall;
+#        the wheel F (default: the one in D), the jobs applied by tenants, the release operated while
+#        they run (leader and agent pods deleted, helm upgrade), their attacks, helm uninstall;
 #        --host-network: the chart's pods on the host network even where a bridge could be made
 #   hack/gpunode.sh bundle-images [--images D] [--wheel F] [OUT]   the images (xz), the wheel and
 #        helm (xz) for a machine without cargo or Go: OUT (default .node-images/)
@@ -45,6 +50,8 @@ bundle=
 out=
 steps=${VRAMFIT_DEMO_STEPS:-30}
 cluster_only=0
+# 1: the bridge (fails `up` where it cannot be made), 0: none, auto: the
+# bridge where vramfit-podnet's trial passes, else none (all --chart).
 pod_network=0
 chart=0
 host_network=0
@@ -55,7 +62,7 @@ venv=/opt/torch/.venv
 pod_bridge=vramfit0
 pod_subnet=10.89.0.0/24
 pod_gateway=10.89.0.1
-# Without a bridge (--cluster-only where `ip` is missing): addresses no interface carries.
+# Without a bridge (--cluster-only where none can be made): addresses no interface carries.
 pod_isolated_subnet=10.89.1.0/24
 
 log() { printf 'gpunode: %s\n' "$*" >&2; }
@@ -112,9 +119,14 @@ build_runc() {
     -ldflags "-s -w -X main.version=${runc_version#v} -extldflags -static" -o "$nodebin/runc" github.com/opencontainers/runc)
 }
 
+# The upstream CNI plugins (loopback; bridge and host-local for the pod
+# network, netlink only, no `ip` binary) and vramfit-podnet (hack/node/cni/vramfit-podnet).
+cni_files=(loopback bridge host-local vramfit-podnet)
 build_cni() {
-  (cd "$here/node/cni" && go_static -ldflags "-s -w" -o "$nodebin/loopback" \
-    github.com/containernetworking/plugins/plugins/main/loopback)
+  (cd "$here/node/cni" && go_static -ldflags "-s -w" -o "$nodebin/" \
+    github.com/containernetworking/plugins/plugins/main/loopback \
+    github.com/containernetworking/plugins/plugins/main/bridge \
+    github.com/containernetworking/plugins/plugins/ipam/host-local ./vramfit-podnet)
 }
 
 pause_source() {
@@ -143,7 +155,7 @@ build() {
   [[ $want == *" etcd "* ]] && build_if etcd "$(stamp_of "$here/controlplane/etcd/go.sum" "$here/controlplane/etcd/main.go" <(echo "$flags"))" build_etcd
   [[ $want == *" containerd "* ]] && build_if containerd "$(stamp_of "$here/node/containerd/go.sum" "$here/node/containerd/nri-cdi/main.go" <(echo "$flags"))" build_containerd
   [[ $want == *" runc "* ]] && build_if runc "$(stamp_of "$here/node/runc/go.sum" <(echo "$flags"))" build_runc
-  [[ $want == *" cni "* ]] && build_if cni "$(stamp_of "$here/node/cni/go.sum" <(echo "$flags"))" build_cni
+  [[ $want == *" cni "* ]] && build_if cni "$(stamp_of "$here/node/cni/go.sum" "$here/node/cni/vramfit-podnet/main.go" <(echo "$flags"))" build_cni
   [[ $want == *" pause "* ]] && build_if pause "$(stamp_of "$(pause_source)" <(echo "$flags"))" build_pause
   kube_links "$nodebin"
   # `VRAMFIT_BIN=$nodebin hack/controlplane.sh` takes these as they are (up does so).
@@ -151,7 +163,7 @@ build() {
 }
 
 # The files of a bundle (links are made again when it is unpacked).
-bundle_files=(kube etcd containerd containerd-shim-runc-v2 ctr vramfit-nri-cdi runc loopback pause)
+bundle_files=(kube etcd containerd containerd-shim-runc-v2 ctr vramfit-nri-cdi runc "${cni_files[@]}" pause)
 
 bundle() {
   local dest=${1:-$repo/.node-bin}
@@ -315,6 +327,60 @@ print(json.dumps({"status": {"heartbeat": now, "gpuCount": 2, "model": "H200", "
   done
 }
 
+# cni_setup: the node's CNI network in $dir/cni (containerd's bin_dirs and
+# conf_dir), before the control plane, which listens where the pods can
+# reach it. With $pod_network 1 or auto the bridge network (the upstream
+# bridge and host-local plugins) is written and tried by vramfit-podnet:
+# the bridge made with its address, a throwaway network namespace attached,
+# its TCP connection to the gateway, detached again. On success
+# $pod_network is 1; where the trial fails, `up --pod-network` fails, and
+# with auto (all --chart) $pod_network becomes 0. Without the bridge,
+# --cluster-only gives pods the isolated network, else loopback only.
+# What was chosen and why is in $dir/pod-network-choice.
+cni_setup() {
+  local cd=$dir why
+  rm -rf "$cd/cni"
+  mkdir -p "$cd/cni/bin" "$cd/cni/net.d"
+  cp "$nodebin/loopback" "$cd/cni/bin/loopback"
+  if [[ $pod_network != 0 ]]; then
+    local conf=$cd/cni/net.d/10-vramfit-bridge.conflist f missing=
+    for f in bridge host-local vramfit-podnet; do [[ -x $nodebin/$f ]] || missing+=" $f"; done
+    if [[ -n $missing ]]; then
+      # A bundle from before the pod network travelled.
+      why="no$missing among the node's binaries (hack/gpunode.sh update bridge host-local vramfit-podnet)"
+    else
+      cp "$nodebin/bridge" "$nodebin/host-local" "$cd/cni/bin/"
+      python3 "$here/node/nodecfg.py" cni --bridge "$pod_bridge" --subnet "$pod_subnet" --data-dir "$cd/cni/ipam" >"$conf"
+    fi
+    if [[ -z $missing ]] && why=$("$nodebin/vramfit-podnet" up --bridge "$pod_bridge" --gateway "$pod_gateway/${pod_subnet#*/}" \
+      --conflist "$conf" --cni-bin "$cd/cni/bin" 2>&1); then
+      pod_network=1
+      log "pod network: $why"
+      printf 'bridge: %s\n' "$why" >"$dir/pod-network-choice"
+      return 0
+    fi
+    rm -f "$conf" "$cd/cni/bin/bridge" "$cd/cni/bin/host-local"
+    [[ $pod_network == auto ]] || die "pod network: $why"
+    pod_network=0
+    log "no pod network here ($why)"
+    printf 'none: %s\n' "$why" >"$dir/pod-network-choice"
+  else
+    echo "none: ${pod_network_off:-not asked for (up without --pod-network)}" >"$dir/pod-network-choice"
+  fi
+  if [[ $cluster_only == 1 ]]; then
+    # The chart's node without a bridge: its tenants' pods may not use the
+    # host network (Pod Security), and containerd wants an address for every
+    # other pod. They get `lo` alone and an address no interface carries
+    # (cni-isolated.py); the chart's own pods run on the host network.
+    log "pod network: isolated (lo only; each pod an address of $pod_isolated_subnet for its status)"
+    install -m 0755 "$here/node/cni-isolated.py" "$cd/cni/bin/vramfit-isolated"
+    python3 "$here/node/nodecfg.py" cni --isolated --subnet "$pod_isolated_subnet" --data-dir "$cd/cni/ipam" \
+      >"$cd/cni/net.d/10-vramfit-isolated.conflist"
+  else
+    python3 "$here/node/nodecfg.py" cni >"$cd/cni/net.d/10-vramfit-lo.conflist"
+  fi
+}
+
 up() {
   local t0
   t0=$(now_ms)
@@ -337,6 +403,8 @@ up() {
   fi
   export PATH=$nodebin:$PATH
   mkdir -p "$dir"
+  # The pod network first: whether there is one decides where the API server listens.
+  cni_setup
 
   log "control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler)"
   local pki=$dir/controlplane/pki
@@ -379,32 +447,16 @@ up() {
 
   log "containerd (CRI, overlayfs, cgroupfs, CDI, NRI)"
   local cd=$dir
-  rm -rf "$cd/cni" "$cd/nri" "$cd/cdi"
-  mkdir -p "$cd/containerd" "$cd/cni/bin" "$cd/cni/net.d" "$cd/nri/plugins" "$cd/nri/conf.d" "$cd/cdi" "$cd/images"
+  rm -rf "$cd/nri" "$cd/cdi"
+  mkdir -p "$cd/containerd" "$cd/nri/plugins" "$cd/nri/conf.d" "$cd/cdi" "$cd/images"
   python3 "$here/node/nodecfg.py" containerd --dir "$cd" --runc "$nodebin/runc" >"$cd/containerd/config.toml"
-  cp "$nodebin/loopback" "$cd/cni/bin/loopback"
   if [[ $pod_network == 1 ]]; then
-    log "pod network: bridge $pod_bridge, $pod_subnet, gateway $pod_gateway (hack/node/cni-bridge.py)"
-    install -m 0755 "$here/node/cni-bridge.py" "$cd/cni/bin/vramfit-bridge"
-    printf '{"cniVersion": "1.0.0", "name": "vramfit-bridge", "plugins": [{"type": "loopback"}, {"type": "vramfit-bridge", "bridge": "%s", "subnet": "%s", "dataDir": "%s"}]}\n' \
-      "$pod_bridge" "$pod_subnet" "$cd/cni/ipam" >"$cd/cni/net.d/10-vramfit-bridge.conflist"
+    log "pod network: bridge $pod_bridge, $pod_subnet, gateway $pod_gateway (the bridge and host-local CNI plugins)"
     local api_port
     api_port=$(kubectl config view -o jsonpath='{.clusters[0].cluster.server}')
     api_port=${api_port##*:}
     # What the chart's apiServer.host and apiServer.port take on this node.
     printf '%s %s\n' "$pod_gateway" "$api_port" >"$dir/pod-network"
-  elif [[ $cluster_only == 1 ]]; then
-    # The chart's node without a bridge (no `ip`): its tenants' pods may not
-    # use the host network (Pod Security baseline), and containerd wants an
-    # address for every other pod. They get `lo` alone and an address no
-    # interface carries (cni-bridge.py "isolated"); the chart's own pods run
-    # on the host network.
-    log "pod network: isolated (lo only; each pod an address of $pod_isolated_subnet for its status)"
-    install -m 0755 "$here/node/cni-bridge.py" "$cd/cni/bin/vramfit-bridge"
-    printf '{"cniVersion": "1.0.0", "name": "vramfit-isolated", "plugins": [{"type": "loopback"}, {"type": "vramfit-bridge", "isolated": true, "subnet": "%s", "dataDir": "%s"}]}\n' \
-      "$pod_isolated_subnet" "$cd/cni/ipam" >"$cd/cni/net.d/10-vramfit-isolated.conflist"
-  else
-    python3 "$here/node/nodecfg.py" cni >"$cd/cni/net.d/10-vramfit-lo.conflist"
   fi
   rm -f "$dir/nri-cdi.log" "$dir/nri-cdi.ready"
   if [[ $cluster_only == 1 ]]; then
@@ -522,8 +574,15 @@ down() {
   # The kubelet first (it would restart what containerd stops), then every
   # pod sandbox and container, then containerd.
   stop_pid kubelet
+  local netns=()
   if [[ -S $dir/containerd.sock && -x $b/ctr ]]; then
     local ctr=("$b/ctr" --address "$dir/containerd.sock" -n k8s.io) id
+    # The pods' network namespaces, from their sandboxes' specs: containerd
+    # keeps them under /run/netns, outside this folder, and a pod not removed
+    # through the kubelet (a run stopped halfway) leaves its namespace, and
+    # its veth, behind.
+    mapfile -t netns < <(for id in $("${ctr[@]}" containers ls -q 2>/dev/null); do
+      "${ctr[@]}" containers info "$id" 2>/dev/null; done | python3 "$here/node/nodecfg.py" oci-netns)
     for id in $("${ctr[@]}" tasks ls -q 2>/dev/null); do "${ctr[@]}" tasks kill -s KILL "$id" >/dev/null 2>&1 || true; done
     sleep 0.5
     for id in $("${ctr[@]}" tasks ls -q 2>/dev/null); do "${ctr[@]}" tasks delete -f "$id" >/dev/null 2>&1 || true; done
@@ -538,7 +597,7 @@ down() {
   # name this node's containerd socket.
   local p
   for p in /proc/[0-9]*; do
-    tr '\0' ' ' <"$p/cmdline" 2>/dev/null | grep -q "^[^ ]*containerd-shim-runc-v2 .*-address $dir/containerd.sock\( \|$\)" &&
+    tr '\0' ' ' 2>/dev/null <"$p/cmdline" | grep -q "^[^ ]*containerd-shim-runc-v2 .*-address $dir/containerd.sock\( \|$\)" &&
       kill -9 "${p#/proc/}" 2>/dev/null || true
   done
   # Mounts the kubelet and containerd left (pod volumes, rootfs, netns, shm).
@@ -546,13 +605,27 @@ down() {
   for m in $(awk -v d="$dir/" 'index($2, d) == 1 {print $2}' /proc/mounts | sort -r); do
     umount -l "$m" 2>/dev/null || true
   done
+  local n
+  for n in "${netns[@]}"; do
+    umount "$n" 2>/dev/null || true
+    rm -f "$n"
+  done
   "$here/controlplane.sh" down --dir "$dir/controlplane"
+  # containerd's images and snapshots: `up` imports every image again (the
+  # chart mode's training image alone takes 6-7 GB unpacked).
+  rm -rf "$dir/containerd/root"
   # The pod network's bridge, if this node made it (each pod's veth went with
-  # its namespace).
-  if [[ -f $dir/pod-network ]] && ip link show "$pod_bridge" >/dev/null 2>&1; then
-    ip link del "$pod_bridge" 2>/dev/null || true
+  # its namespace): through netlink (vramfit-podnet; the GPU machine has no
+  # `ip`), else with `ip` (a node brought up before vramfit-podnet).
+  if [[ -f $dir/pod-network || -f $dir/cni/net.d/10-vramfit-bridge.conflist ]]; then
+    if [[ -x $b/vramfit-podnet ]]; then
+      "$b/vramfit-podnet" down --bridge "$pod_bridge" || true
+    elif command -v ip >/dev/null && ip link show "$pod_bridge" >/dev/null 2>&1; then
+      ip link del "$pod_bridge" 2>/dev/null || true
+    fi
   fi
-  rm -rf "$dir/cni/ipam" "$dir/pod-network"
+  # Once only: a later `down` leaves a bridge another node made alone.
+  rm -rf "$dir/cni/ipam" "$dir/pod-network" "$dir/cni/net.d/10-vramfit-bridge.conflist"
 }
 
 # The end of every process's log, after the demo's own output (demo.log), so
@@ -610,19 +683,15 @@ bundle_images() {
 # all --chart: the node with vramfit installed by helm (hack/node/chartdemo.sh).
 all_chart() {
   cluster_only=1
-  # A bridge for the pods where `ip` can make one; else (the GPU machine) the
-  # chart's pods run on the host network.
-  if [[ $host_network == 0 ]] && command -v ip >/dev/null && command -v nsenter >/dev/null &&
-    ip link add vramfit-probe0 type bridge 2>/dev/null; then
-    ip link del vramfit-probe0
-    pod_network=1
-  fi
+  # The bridge for the pods wherever vramfit-podnet's trial of it passes
+  # (cni_setup); else the chart's pods run on the host network.
+  [[ $host_network == 1 ]] && pod_network_off="--host-network" || pod_network=auto
   [[ -n $wheel ]] || wheel=$(ls -t "$images"/vramfit-*.whl 2>/dev/null | head -1 || true)
   [[ -n $wheel ]] || wheel=$(ls -t "$HOME"/.cache/vramfit/wheels/vramfit-*.whl 2>/dev/null | head -1 || true)
   local t0
   t0=$(now_ms)
   up >/dev/null
-  log "node $(cat "$dir/node-name") up (cluster only, $([[ $pod_network == 1 ]] && echo "pod network" || echo "loopback network, host-network chart pods")) in $(( $(now_ms) - t0 ))ms"
+  log "node $(cat "$dir/node-name") up (cluster only, $([[ $pod_network == 1 ]] && echo "pod network" || echo "isolated network, host-network chart pods")) in $(( $(now_ms) - t0 ))ms"
   source "$here/node/demo.sh"
   source "$here/node/chartdemo.sh"
   demo_setup

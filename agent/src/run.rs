@@ -9,7 +9,7 @@ use clap::{Args, ValueEnum};
 use vramfit::cli::logging::{self, LogFormat, LogStream};
 use vramfit_agent::AgentError;
 use vramfit_agent::daemon::local::{parse_duration, parse_local_budget};
-use vramfit_agent::daemon::{RunOptions, run_real};
+use vramfit_agent::daemon::{RunOptions, metrics, run_real};
 use vramfit_agent::node::publish::PublishPolicy;
 use vramfit_agent::node::watchdog::WatchdogConfig;
 #[cfg(feature = "sim")]
@@ -99,6 +99,10 @@ pub struct RunArgs {
     /// Print each status written (JSON, one per line).
     #[arg(short, long, value_enum)]
     output: Option<RunOutput>,
+    /// Serve Prometheus metrics (/metrics) and /healthz on HOST:PORT, for
+    /// example 0.0.0.0:9465; empty: no server (docs/agent.md, "Metrics").
+    #[arg(long, value_name = "HOST:PORT", default_value = "")]
+    metrics_addr: String,
 }
 
 /// The simulated node's flags of `vramfit-agent run` (the `sim` feature).
@@ -174,6 +178,8 @@ impl RunArgs {
         options.print = self.output.is_some();
         options.status_file = self.status_file.clone();
         options.once = self.once;
+        options.metrics_addr =
+            metrics::parse_addr(&self.metrics_addr).map_err(anyhow::Error::msg)?;
         Ok(options)
     }
 

@@ -75,6 +75,8 @@ for p in json.load(sys.stdin)["items"]:
         print(p["metadata"]["name"])'
 }
 count_ready() { ready_pods "$1" | wc -l; }
+# lease_holder: the controller replica that holds the leader Lease (empty: none).
+lease_holder() { kubectl get lease "$release-controller" -n "$ns" -o jsonpath='{.spec.holderIdentity}' 2>/dev/null || true; }
 all_pods_count() { kubectl get pods -n "$ns" -l "app.kubernetes.io/instance=$release" --no-headers 2>/dev/null | wc -l; }
 # chart_all_ready CONTROLLERS AGENTS: that many Ready, and no other pod of the release.
 chart_all_ready() {

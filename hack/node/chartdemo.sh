@@ -2,10 +2,12 @@
 # --chart`, after `up --cluster-only`): vramfit installed by helm from
 # images imported into containerd, a training image built on the node from
 # its own Python environment and vramfit's wheel, the demo's jobs applied by
-# tenant users into namespaces under Pod Security (with a GPU, one of them,
-# auto-opt, profiled automatically on a CPU before it is placed), the
-# tenants' attacks tried for real, then `helm uninstall`. No vramfit process
-# is started by hand.
+# tenant users into namespaces under Pod Security (team-a baseline, team-b
+# restricted; with a GPU, one job, auto-opt, profiled automatically on a CPU
+# before it is placed), the release operated while they run (the leader's
+# pod deleted, the agent's pod deleted, `helm upgrade` with a changed value),
+# the tenants' attacks tried for real, then `helm uninstall`. No vramfit
+# process is started by hand.
 # See docs/gpu-node.md ("The chart on the GPU node").
 #
 # Uses from gpunode.sh: $dir, $node, $out, $repo, $here, $steps, $images,
@@ -27,7 +29,21 @@ chart_checks=0
 chart_failed=0
 cpass() { printf 'PASS: %s\n' "$*" | tee -a "$out/chart.log"; chart_checks=$((chart_checks + 1)); }
 cfail() { printf 'FAIL: %s\n' "$*" | tee -a "$out/chart.log"; chart_checks=$((chart_checks + 1)); chart_failed=$((chart_failed + 1)); }
+cskip() { printf 'SKIP: %s\n' "$*" | tee -a "$out/chart.log"; }
 ctime() { printf 'TIME: %s\n' "$*" | tee -a "$out/chart.log"; }
+cnote() { printf 'NETWORK: %s\n' "$*" | tee -a "$out/chart.log"; }
+# clines: PASS:/FAIL:/SKIP: lines on stdin, each counted as cpass/cfail/cskip.
+clines() {
+  local line
+  while IFS= read -r line; do
+    case $line in
+      PASS:*) cpass "${line#PASS: }" ;;
+      FAIL:*) cfail "${line#FAIL: }" ;;
+      SKIP:*) cskip "${line#SKIP: }" ;;
+      *) [[ -n $line ]] && printf '%s\n' "$line" | tee -a "$out/chart.log" ;;
+    esac
+  done
+}
 
 # The training image: written by trainimage.py straight into `ctr images
 # import` (a pipe: the image, several GB with torch and its CUDA libraries,
@@ -55,8 +71,190 @@ chart_train_image() {
   ctime "training image build and import: $(secs "$t0" "$(now_ms)")s ($bytes bytes)"
 }
 
+# --- operating the release while the jobs run ----------------------------------------
+
+# jobs_in PHASE...: how many of the demo's TrainingJobs are in one of the phases.
+jobs_in() {
+  demo_get tj | python3 -c '
+import json, sys
+want = set(sys.argv[1:])
+print(sum(1 for j in json.load(sys.stdin)["items"] if ((j.get("status") or {}).get("phase") or "Pending") in want))' "$@"
+}
+
+# The state a job is in while nothing is about to create one of its pods:
+# running (or done). Any other (Pending, Profiling, Placed, Retrying) means
+# the controller creates a pod soon.
+jobs_quiet() { [[ $(jobs_in Pending Profiling Placed Retrying) == 0 && $(jobs_in Running) -gt 0 ]]; }
+
+# pod_started_ms NAMESPACE POD CONTAINER: when the container started (ms), empty if not yet.
+pod_started_ms() {
+  kubectl get pod -n "$1" "$2" -o json 2>/dev/null | python3 -c '
+import datetime as dt, json, sys
+p = json.load(sys.stdin)
+for c in (p.get("status") or {}).get("containerStatuses") or []:
+    t = ((c.get("state") or {}).get("running") or {}).get("startedAt")
+    if c.get("name") == sys.argv[1] and t:
+        print(int(dt.datetime.fromisoformat(t.replace("Z", "+00:00")).timestamp() * 1000))' "$3"
+}
+
+# gn_heartbeat_ms: the GpuNode's heartbeat (ms), empty while there is none
+# (the agent writes nanoseconds, which Python before 3.11 does not parse).
+gn_heartbeat_ms() {
+  kubectl get gpunode "$node" -o jsonpath='{.status.heartbeat}' 2>/dev/null | python3 -c '
+import datetime as dt, re, sys
+t = re.sub(r"(\.\d{6})\d+", r"\1", sys.stdin.read().strip()).replace("Z", "+00:00")
+print(int(dt.datetime.fromisoformat(t).timestamp() * 1000) if t else "")'
+}
+
+# gn_snapshot FILE: the GpuNode and the demo's jobs, for report.py peaks.
+gn_snapshot() {
+  python3 -c '
+import json, sys
+json.dump({"gpunode": json.loads(sys.argv[1] or "{}"), "jobs": json.loads(sys.argv[2] or "{}")}, open(sys.argv[3], "w"))' \
+    "$(kubectl get gpunode "$node" -o json 2>/dev/null)" "$(demo_get tj)" "$1"
+}
+
+# chart_operate HELM APPLY_MS: what a platform team does to a release
+# while its jobs run, started in the background once the jobs are applied:
+#   1. the leader's pod deleted: the standby (or the replacement) takes the
+#      Lease, the Deployment is back to its replicas (SKIP with one replica:
+#      the host network, no standby);
+#   2. the agent's pod deleted at a moment no pod of a job is due (every job
+#      running or done): the DaemonSet's new pod Ready, its NRI sidecar
+#      registered, and its first status keeps the running processes' peaks
+#      (report.py peaks; SKIP without a GPU: the agent is off then);
+#   3. `helm upgrade` with the values files of the install and
+#      controller.policy changed: the Deployment rolls to pods with the new
+#      flag, one of them holds the Lease.
+# Each with the number of jobs Running when it was done (none: FAIL, nothing
+# was tried). PASS:/FAIL:/SKIP: lines on stdout; what was done and when in
+# $dir/ops.json, which report.py operations judges after the run (no job
+# lost, doubled or over-committed, the events).
+chart_operate() {
+  local helm=$1 apply_ms=$2 running holder took who policy=best-fit
+  local leader_ms= agent_ms= upgrade_ms= leader_json=null agent_json=null upgrade_json=null
+  poll 240 eval '[[ $(jobs_in Running) -gt 0 ]]' || echo "FAIL: operations: no job Running within 240 s of the apply"
+
+  # 1. The leader.
+  if ((controllers > 1)); then
+    poll 60 eval '[[ -n $(lease_holder) ]]' || true
+    holder=$(lease_holder)
+    local before
+    before=$(ready_pods controller)
+    if [[ -n $holder ]] && grep -qx "$holder" <<<"$before"; then
+      running=$(jobs_in Running)
+      leader_ms=$(now_ms)
+      kubectl delete pod -n "$ns" "$holder" --wait=false >/dev/null
+      new_holder() { local h; h=$(lease_holder); [[ -n $h && $h != "$holder" ]] && kubectl get pod -n "$ns" "$h" >/dev/null; }
+      if poll 90 new_holder; then
+        took=$(secs "$leader_ms" "$(now_ms)")
+        who="the replacement pod"
+        grep -qx "$(lease_holder)" <<<"$before" && who="the standby replica"
+        [[ $running -gt 0 ]] && echo "PASS: operations: the leader's pod $holder deleted with $running jobs Running: $(lease_holder), $who, took the Lease after ${took}s" ||
+          echo "FAIL: operations: the leader's pod $holder deleted, but no job was Running then (nothing tried)"
+      else
+        echo "FAIL: operations: the leader's pod $holder deleted: no other replica took the Lease within 90s (holder: $(lease_holder))"
+      fi
+      leader_json="{\"ms\": $leader_ms, \"old\": \"$holder\", \"new\": \"$(lease_holder)\", \"running\": $running}"
+      back() { [[ $(count_ready controller) == "$controllers" && $(kubectl get pods -n "$ns" -l "$(sel controller)" --no-headers 2>/dev/null | wc -l) == "$controllers" ]]; }
+      if poll 180 back; then
+        echo "PASS: operations: the controller Deployment back to $controllers Ready replicas $(secs "$leader_ms" "$(now_ms)")s after the leader's pod was deleted"
+      else
+        echo "FAIL: operations: the controller Deployment not back to $controllers Ready replicas within 180s: $(kubectl get pods -n "$ns" -l "$(sel controller)" --no-headers 2>&1 | paste -sd, -)"
+      fi
+    else
+      echo "FAIL: operations: the Lease $release-controller names '$holder', not one of the Ready replicas ($(paste -sd' ' <<<"$before"))"
+    fi
+  else
+    echo "SKIP: operations: the leader's pod deleted while the jobs run: one controller replica, no standby to take over (the chart's pods on the host network; no pod network: $no_bridge_why)"
+  fi
+
+  # 2. The agent.
+  if ((gpu)); then
+    local old new t_ready hb before_f=$dir/ops-agent-before.json after_f=$dir/ops-agent-after.json peaks
+    # A moment no pod of a job is due: the NRI plugin goes with the agent's
+    # pod, and a container created before the new pod's sidecar registers
+    # would get no GPU.
+    local quiet="no pod of a job due"
+    poll 60 jobs_quiet || quiet="after 60s still a pod of a job due: $(jobs_in Pending Profiling Placed Retrying) jobs Pending, Profiling, Placed or Retrying"
+    old=$(ready_pods agent | head -1)
+    running=$(jobs_in Running)
+    gn_snapshot "$before_f"
+    agent_ms=$(now_ms)
+    kubectl delete pod -n "$ns" "$old" --wait=false >/dev/null
+    new_agent() { new=$(ready_pods agent | head -1); [[ -n $new && $new != "$old" ]]; }
+    if poll 120 new_agent; then
+      t_ready=$(now_ms)
+      [[ $running -gt 0 ]] && echo "PASS: operations: the agent's pod $old deleted with $running jobs Running ($quiet): the DaemonSet's $new Ready after $(secs "$agent_ms" "$t_ready")s" ||
+        echo "FAIL: operations: the agent's pod $old deleted, but no job was Running then (nothing tried)"
+      local why
+      if why=$(nri_sidecar_check); then
+        echo "PASS: operations: the new agent pod's NRI sidecar registered: $why"
+      else
+        echo "FAIL: operations: the new agent pod's NRI sidecar: $why"
+      fi
+      # The new agent's first status: a heartbeat after its container started.
+      local started
+      started=$(pod_started_ms "$ns" "$new" agent)
+      new_status() { hb=$(gn_heartbeat_ms); [[ -n $hb && -n $started && $hb -gt $started ]]; }
+      if poll 90 new_status; then
+        gn_snapshot "$after_f"
+        if peaks=$(python3 "$here/node/report.py" peaks --before "$before_f" --after "$after_f"); then
+          echo "PASS: operations: the new agent's first status ($(secs "$agent_ms" "$hb")s after the old pod's deletion) keeps the peaks of the running processes: $peaks"
+        else
+          echo "FAIL: operations: the new agent's first status does not keep the running processes' peaks: $peaks"
+        fi
+      else
+        echo "FAIL: operations: no GpuNode status from the new agent $new within 90s (heartbeat $(kubectl get gpunode "$node" -o jsonpath='{.status.heartbeat}'))"
+      fi
+    else
+      echo "FAIL: operations: the agent's pod $old deleted: no new agent pod Ready within 120s"
+    fi
+    agent_json="{\"ms\": $agent_ms, \"old\": \"$old\", \"new\": \"${new:-}\", \"running\": $running, \"readyMs\": ${t_ready:-null}}"
+  else
+    echo "SKIP: operations: the agent's pod deleted while the jobs run: no GPU here, the agent is off and the GpuNode simulated (its pod replaced without jobs: hack/node-chart.sh)"
+  fi
+
+  # 3. helm upgrade with a changed value.
+  local agents_before agents_after
+  agents_before=$(kubectl get pods -n "$ns" -l "$(sel agent)" -o name 2>/dev/null | sort | paste -sd' ' -)
+  running=$(jobs_in Running)
+  upgrade_ms=$(now_ms)
+  # The node's values files as installed (without a GPU, the one that keeps
+  # the agent off too), the one value changed.
+  if (cd "$repo" && "$helm" upgrade "$release" charts/vramfit -n "$ns" "${values_files[@]}" --set controller.policy=$policy) >>"$dir/operate-helm.log" 2>&1; then
+    rolled() {
+      kubectl rollout status deployment "$release-controller" -n "$ns" --timeout=1s >/dev/null 2>&1 || return 1
+      [[ $(kubectl get pods -n "$ns" -l "$(sel controller)" --no-headers 2>/dev/null | wc -l) == "$controllers" ]] || return 1
+      local p
+      for p in $(ready_pods controller); do
+        kubectl get pod -n "$ns" "$p" -o jsonpath='{.spec.containers[0].args}' | grep -q -- "--policy=$policy" || return 1
+      done
+      [[ -n $(lease_holder) ]] && ready_pods controller | grep -qx "$(lease_holder)"
+    }
+    if poll 240 rolled; then
+      # The agent's pods are the same (none without a GPU): a changed
+      # controller value rolls no agent under running jobs.
+      agents_after=$(kubectl get pods -n "$ns" -l "$(sel agent)" -o name 2>/dev/null | sort | paste -sd' ' -)
+      if [[ $running -gt 0 && $agents_after == "$agents_before" ]]; then
+        echo "PASS: operations: helm upgrade --set controller.policy=$policy with $running jobs Running: the Deployment rolled to $controllers Ready pods with --policy=$policy after $(secs "$upgrade_ms" "$(now_ms)")s, the Lease held by $(lease_holder); the agent's pods unchanged (${agents_after:-none})"
+      elif [[ $running -gt 0 ]]; then
+        echo "FAIL: operations: helm upgrade --set controller.policy=$policy changed the agent's pods: '${agents_before:-none}' -> '${agents_after:-none}'"
+      else
+        echo "FAIL: operations: helm upgrade --set controller.policy=$policy rolled, but no job was Running then (nothing tried)"
+      fi
+    else
+      echo "FAIL: operations: helm upgrade --set controller.policy=$policy: the Deployment did not roll within 240s ($(kubectl get pods -n "$ns" -l "$(sel controller)" --no-headers 2>&1 | awk '{print $1 " " $2 " " $3}' | paste -sd, -); $(kubectl get events -n "$ns" --field-selector reason=FailedScheduling -o jsonpath='{.items[-1:].message}' 2>/dev/null))"
+    fi
+  else
+    echo "FAIL: operations: helm upgrade --set controller.policy=$policy: $(tail -3 "$dir/operate-helm.log" | paste -sd' ' -)"
+  fi
+  upgrade_json="{\"ms\": $upgrade_ms, \"running\": $running, \"set\": \"controller.policy=$policy\"}"
+  printf '{"applyMs": %s, "leader": %s, "agent": %s, "upgrade": %s}\n' "$apply_ms" "$leader_json" "$agent_json" "$upgrade_json" >"$dir/ops.json"
+}
+
 chart_demo() {
-  local version api_host api_port values t0 t_install controllers=2 gpu=1
+  local version api_host api_port values t0 t_install controllers=2 gpu=1 no_bridge_why= values_files=()
   [[ -e /dev/nvidiactl ]] || gpu=0
   export KUBECONFIG=$dir/controlplane/kubeconfig
   mkdir -p "$out"
@@ -75,13 +273,18 @@ chart_demo() {
   ctime "vramfit images import: $(secs "$t0" "$(now_ms)")s"
   chart_train_image || return 1
 
-  # The node's values: pods reach the API server on the bridge (--pod-network),
-  # else (no ip binary for a bridge: the GPU machine) from the host network,
-  # where one controller replica fits (each binds its metrics port).
-  local cvals="" avals
+  # The node's values: pods reach the API server on the bridge (the pod
+  # network, wherever vramfit-podnet's trial passed at `up`), else from the
+  # host network, where one controller replica fits (each binds its metrics
+  # port), so that there is no standby to take over from the leader.
+  local cvals="" avals choice
+  choice=$(cat "$dir/pod-network-choice" 2>/dev/null || echo "none: no record of the choice")
+  no_bridge_why=${choice#none: }
   if [[ $pod_network == 1 ]]; then
     read -r api_host api_port <"$dir/pod-network"
+    cnote "pod network: ${choice#bridge: }; the chart's pods on it, ${controllers} controller replicas with leader election"
   else
+    cnote "host network for the chart's pods, 1 controller replica (no pod network: $no_bridge_why); tenants' pods isolated (lo alone)"
     api_host=127.0.0.1
     api_port=$(kubectl config view -o jsonpath='{.clusters[0].cluster.server}')
     api_port=${api_port##*:}
@@ -102,7 +305,13 @@ print(json.dumps(["nvidia.com/gpu=" + n for n in names]))' "$dir/cdi/nvidia.json
     avals+=$'\n  gpuAccess: none'
   fi
   values=$out/values.yaml
+  values_files=(-f "$values")
   (cd "$repo" && chart_node_values "$api_host" "$api_port" "$version" "$cvals" "$avals") >"$values"
+  # The level every TrainingJob's template is held to at apply: one for the
+  # whole cluster (the chart's tenancy.podSecurity), the lower of the
+  # tenants' (team-a enforces baseline); Pod Security admission holds team-b's
+  # pods to restricted when the controller creates them.
+  printf 'tenancy:\n  podSecurity: baseline\n' >>"$values"
   log "values: $(tr '\n' ' ' <"$values")"
 
   # helm: on PATH, else the one bundle-images packed beside the images (the
@@ -170,7 +379,10 @@ print(json.dumps(["nvidia.com/gpu=" + n for n in names]))' "$dir/cdi/nvidia.json
     fi
     # No GPU: the agent off, two simulated H200s in the GpuNode, stand-in
     # device nodes for CDI (as hack/node-chart.sh does).
-    if (cd "$repo" && "$helm" upgrade "$release" charts/vramfit -n "$ns" -f "$values" --set agent.enabled=false) >>"$out/chart.log" 2>&1 &&
+    # A values file of its own, so that every later upgrade keeps it off.
+    printf 'agent:\n  enabled: false\n' >"$out/values-no-agent.yaml"
+    values_files+=(-f "$out/values-no-agent.yaml")
+    if (cd "$repo" && "$helm" upgrade "$release" charts/vramfit -n "$ns" "${values_files[@]}") >>"$out/chart.log" 2>&1 &&
       poll 60 eval '[[ -z $(kubectl get daemonset,pods -n "$ns" -l "$(sel agent)" -o name) ]]'; then
       log "no GPU: the agent turned off, two simulated GPUs in GpuNode $node"
     else
@@ -191,7 +403,7 @@ print(json.dumps(["nvidia.com/gpu=" + n for n in names]))' "$dir/cdi/nvidia.json
     fi
   fi
 
-  # Tenants: team-a (alice) and team-b (bob), Pod Security baseline enforced.
+  # Tenants: team-a (alice, Pod Security baseline enforced) and team-b (bob, restricted).
   python3 "$here/node/attacks.py" tenants 2>>"$out/chart.log" || { cfail "tenant namespaces and users"; return 1; }
   demo_namespaces=(team-a team-b)
   local jobs=$dir/demo-jobs.json
@@ -199,7 +411,8 @@ print(json.dumps(["nvidia.com/gpu=" + n for n in names]))' "$dir/cdi/nvidia.json
     --namespaces team-a,team-b --steps "$steps" $( ((gpu)) || echo --cpu) >"$jobs"
   # Each tenant applies the jobs of their own namespace.
   demo_apply() {
-    local user n part
+    local user n part t_apply
+    t_apply=$(now_ms)
     for pair in alice:team-a bob:team-b; do
       user=${pair%%:*} n=${pair#*:} part=$dir/demo-jobs-$n.json
       python3 -c '
@@ -215,6 +428,9 @@ json.dump(d, sys.stdout)' "$1" "$n" >"$part"
       --other-job "$(python3 -c 'import json,sys; print(next(j["metadata"]["name"] for j in json.load(open(sys.argv[1]))["items"] if j["metadata"]["namespace"] == "team-b"))' "$1")" \
       >"$dir/attacks.txt" 2>&1 &
     attacks_pid=$!
+    # The release operated while the jobs run (its lines in operate.txt).
+    chart_operate "$helm" "$t_apply" >"$dir/operate.txt" 2>>"$out/chart.log" &
+    operate_pid=$!
   }
   demo_vramfit() { kubectl exec -n "$ns" "deploy/$release-controller" -- vramfit "$@"; }
   # The run as the API server reports it, stamped with this clock (report.py
@@ -227,13 +443,38 @@ json.dump(d, sys.stdout)' "$1" "$n" >"$part"
   python3 "$here/node/report.py" watch --out "$watch" 2>>"$out/chart.log" &
   watch_pid=$!
   poll 15 grep -q '"WATCHING"' "$watch" || log "report.py watch did not start (see $out/chart.log)"
-  local rc=0 attacks_pid=
+  local rc=0 attacks_pid= operate_pid=
+  rm -f "$dir/operate.txt" "$dir/ops.json"
   demo_run "$jobs" "$cdi" --attacks --watch "$watch" || rc=$?
   kill "$watch_pid" 2>/dev/null || true
   wait "$watch_pid" 2>/dev/null || true
   cp "$watch" "$out/watch.jsonl" 2>/dev/null || true
   grep '^TIME: ' "$dir/summary.txt" >>"$out/chart.log" || true
   [[ -n $attacks_pid ]] && wait "$attacks_pid"
+  # The operations done while the jobs ran, then what they must not have
+  # cost, judged over the whole run.
+  [[ -n $operate_pid ]] && wait "$operate_pid"
+  echo
+  clines <"$dir/operate.txt"
+  cp "$dir/ops.json" "$out/ops.json" 2>/dev/null || true
+  python3 "$here/node/report.py" operations --ops "$dir/ops.json" --jobs "$dir/tj.json" --gpunode "$dir/gpunode.json" \
+    --watch "$out/watch.jsonl" --samples "$dir/gpunode-samples.jsonl" --events "$dir/events.json" 2>>"$out/chart.log" | clines
+  # Attack e's job, once the demo's jobs are done (its placement would take
+  # room from them): bob's template that restricted refuses runs nothing.
+  python3 "$here/node/attacks.py" restricted-job --release "$release" --image "$TRAIN_IMAGE" \
+    --out "$out/attacks-restricted.json" >>"$dir/attacks.txt" 2>&1
+  # team-b's pods, the controller's, admitted under restricted.
+  local bpods
+  bpods=$(python3 -c '
+import json, sys
+names = sorted({r["name"] for r in map(json.loads, open(sys.argv[1])) if r.get("kind") == "Pod" and r.get("namespace") == "team-b"
+                and r.get("type") == "ADDED"})
+print(len(names), " ".join(names))' "$out/watch.jsonl" 2>/dev/null || echo 0)
+  if [[ $(kubectl get ns team-b -o jsonpath='{.metadata.labels.pod-security\.kubernetes\.io/enforce}') == restricted && ${bpods%% *} -gt 0 ]]; then
+    cpass "team-b enforces Pod Security restricted: the controller's ${bpods%% *} pods there admitted (${bpods#* })"
+  else
+    cfail "team-b enforces Pod Security restricted, the controller's pods there admitted: label '$(kubectl get ns team-b -o jsonpath='{.metadata.labels.pod-security\.kubernetes\.io/enforce}')', pods seen: ${bpods}"
+  fi
   [[ -n $keepalive ]] && kill "$keepalive" 2>/dev/null
   if ((gpu)); then
     # Every training container's GPU came from the sidecar.

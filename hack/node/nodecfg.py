@@ -10,10 +10,13 @@ hack/node/test_nodecfg.py tests it (CI runs them).
     nodecfg.py kubelet --dir D --endpoint E --node N ...         KubeletConfiguration on stdout
     nodecfg.py kubeconfig --server S --pki D                     the kubelet's kubeconfig (node certificate)
     nodecfg.py cni                                               the loopback-only network
+    nodecfg.py cni --bridge B --subnet S --data-dir D            the pod network: loopback, bridge, host-local
+    nodecfg.py cni --isolated --subnet S --data-dir D            lo alone, an address no interface carries
     nodecfg.py cdi [--driver-root /usr/local/nvidia] [--dev /dev] [--proc /proc/driver/nvidia]
     nodecfg.py cdi-simulated --dev D < gpunode.json              the same for a simulating agent's GPUs
     nodecfg.py nri-config --log FILE                             the NRI plugin's configuration
     nodecfg.py image pause|train --out FILE [--pause BIN]        a docker-archive tarball
+    nodecfg.py oci-netns < ctr containers info ...                the pods' network namespaces (for down)
     nodecfg.py jobs --repo R --python P [--root D]... [--cpu]    the demo's TrainingJobs (a List)
                [--image I --namespaces A,B]                     ... from the training image, in tenant namespaces
 """
@@ -24,6 +27,7 @@ import argparse
 import dataclasses
 import hashlib
 import io
+import ipaddress
 import json
 import os
 import re
@@ -219,6 +223,55 @@ def cni_config() -> str:
         )
         + "\n"
     )
+
+
+def cni_bridge_config(bridge: str, subnet: str, data_dir: str) -> str:
+    """The pod network of `gpunode.sh up --pod-network`: each pod gets a veth
+    pair, its `eth0` an address of `subnet`, the other end on the Linux
+    bridge `bridge`, whose address is the subnet's first (the pods' gateway;
+    vramfit-podnet gives it to the bridge, and the API server listens there).
+    The upstream `bridge` and `host-local` plugins do it through netlink,
+    without the `ip` binary. isGateway stays false, since the plugin would
+    then turn on net.ipv4.ip_forward, and ipMasq false (iptables): no
+    forwarding, no NAT; the pods reach the host and each other, nothing else.
+    """
+    net = ipaddress.ip_network(subnet)
+    gateway = str(next(net.hosts()))
+    return json.dumps({
+        "cniVersion": "1.0.0",
+        "name": "vramfit-bridge",
+        "plugins": [
+            {"type": "loopback"},
+            {
+                "type": "bridge",
+                "bridge": bridge,
+                "isGateway": False,
+                "isDefaultGateway": False,
+                "ipMasq": False,
+                "hairpinMode": False,
+                "ipam": {
+                    "type": "host-local",
+                    "ranges": [[{"subnet": str(net), "gateway": gateway}]],
+                    "routes": [{"dst": "0.0.0.0/0", "gw": gateway}],
+                    "dataDir": data_dir,
+                },
+            },
+        ],
+    }, indent=2) + "\n"
+
+
+def cni_isolated_config(subnet: str, data_dir: str) -> str:
+    """Where no bridge can be made: the pod keeps `lo` alone (the loopback
+    plugin) and hack/node/cni-isolated.py reports an address of `subnet` that
+    no interface carries, which containerd wants for every sandbox."""
+    return json.dumps({
+        "cniVersion": "1.0.0",
+        "name": "vramfit-isolated",
+        "plugins": [
+            {"type": "loopback"},
+            {"type": "vramfit-isolated", "subnet": str(ipaddress.ip_network(subnet)), "dataDir": data_dir},
+        ],
+    }, indent=2) + "\n"
 
 
 # --- CDI ------------------------------------------------------------------
@@ -772,6 +825,37 @@ def oci_devices(text: str, container: str = "train") -> List[str]:
     return sorted(lines)
 
 
+def _json_docs(text: str) -> List[dict]:
+    dec = json.JSONDecoder()
+    docs, i = [], 0
+    while i < len(text):
+        if text[i] == "{":
+            doc, i = dec.raw_decode(text, i)
+            docs.append(doc)
+        else:
+            i += 1
+    return docs
+
+
+#: Where containerd's CRI keeps the pods' network namespaces (bind mounts).
+NETNS_DIRS = ("/var/run/netns/", "/run/netns/")
+
+
+def oci_netns(text: str) -> List[str]:
+    """The network namespaces the containers of a stream of `ctr containers
+    info` JSON documents join, those containerd made for pods (bind-mounted
+    under /run/netns): what `gpunode.sh down` unmounts after containerd is
+    stopped, so that no namespace, nor the veth of its pod network, outlives
+    the node."""
+    paths = set()
+    for d in _json_docs(text):
+        for n in (((d.get("Spec") or {}).get("linux") or {}).get("namespaces")) or []:
+            path = n.get("path") or ""
+            if n.get("type") == "network" and path.startswith(NETNS_DIRS) and "/" not in path.split("netns/", 1)[1]:
+                paths.add(path)
+    return sorted(paths)
+
+
 # --- command line ---------------------------------------------------------------
 
 
@@ -794,7 +878,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     kk = sub.add_parser("kubeconfig", help="the kubelet's kubeconfig with the node's certificate")
     kk.add_argument("--server", required=True)
     kk.add_argument("--pki", required=True, help="a folder with ca.crt, node.crt, node.key and node-name")
-    sub.add_parser("cni")
+    cn = sub.add_parser("cni", help="the CNI network: loopback only, a bridge (--bridge) or isolated (--isolated)")
+    cn.add_argument("--bridge", help="the pod network's bridge")
+    cn.add_argument("--isolated", action="store_true", help="lo alone and an address no interface carries")
+    cn.add_argument("--subnet", default="10.89.0.0/24")
+    cn.add_argument("--data-dir", help="where the addresses handed out are kept")
     d = sub.add_parser("cdi")
     d.add_argument("--driver-root", default="/usr/local/nvidia")
     d.add_argument("--dev", default="/dev")
@@ -810,6 +898,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     i.add_argument("--out", required=True)
     i.add_argument("--pause", help="the pause binary (for the pause image)")
     sub.add_parser("oci-devices", help="the device nodes of training containers (ctr containers info on stdin)")
+    sub.add_parser("oci-netns", help="the pods' network namespaces under /run/netns (ctr containers info on stdin)")
     ou = sub.add_parser("oci-uncompress", help="an OCI image archive with its gzip layers stored uncompressed")
     ou.add_argument("src")
     ou.add_argument("dst")
@@ -842,7 +931,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             sys.stdout.write(node_kubeconfig(args.server, str(pki / "ca.crt"), str(pki / "node.crt"),
                                              str(pki / "node.key"), (pki / "node-name").read_text().strip()))
         elif args.cmd == "cni":
-            sys.stdout.write(cni_config())
+            if (args.bridge or args.isolated) and not args.data_dir:
+                raise ValueError("--bridge and --isolated need --data-dir")
+            if args.bridge and args.isolated:
+                raise ValueError("--bridge or --isolated, not both")
+            if args.bridge:
+                sys.stdout.write(cni_bridge_config(args.bridge, args.subnet, args.data_dir))
+            elif args.isolated:
+                sys.stdout.write(cni_isolated_config(args.subnet, args.data_dir))
+            else:
+                sys.stdout.write(cni_config())
         elif args.cmd == "cdi":
             json.dump(cdi_spec(args.driver_root, args.dev, args.proc), sys.stdout, indent=2)
             sys.stdout.write("\n")
@@ -872,6 +970,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         elif args.cmd == "oci-devices":
             for line in oci_devices(sys.stdin.read()):
                 print(line)
+        elif args.cmd == "oci-netns":
+            for path in oci_netns(sys.stdin.read()):
+                print(path)
         elif args.cmd == "venv-base":
             base = venv_base_prefix(args.venv)
             if base:

@@ -476,8 +476,12 @@ def checks(summary: dict, gpu: bool) -> List[tuple]:
 
 #: The label of the controller's profiling pods and captured-profile ConfigMaps (the job's name).
 PROFILE_OF = "vramfit.dev/profile-of"
+#: The label of every training pod the controller creates (the job's name), and of its attempt.
+TRAINING_JOB = "vramfit.dev/training-job"
+ATTEMPT = "vramfit.dev/attempt"
 #: What `report.py watch` follows: (resource, label selector).
-WATCHED = (("trainingjobs.vramfit.dev", None), ("pods", PROFILE_OF), ("configmaps", PROFILE_OF))
+WATCHED = (("trainingjobs.vramfit.dev", None), ("pods", PROFILE_OF), ("pods", TRAINING_JOB),
+           ("configmaps", PROFILE_OF))
 #: The variables of a profiling pod the checks read.
 PROFILE_ENV = ("VRAMFIT_PHASE", "VRAMFIT_MICRO_BATCH", "VRAMFIT_GRAD_ACCUM", "VRAMFIT_GLOBAL_BATCH",
                "NVIDIA_VISIBLE_DEVICES")
@@ -534,7 +538,8 @@ def watch_record(doc: dict, ms: int) -> Optional[dict]:
         for cs in st.get("containerStatuses") or []:
             term = ((cs.get("state") or {}).get("terminated")) or term
         rec.update({
-            "profileOf": labels.get(PROFILE_OF), "phase": st.get("phase"), "nodeName": spec.get("nodeName"),
+            "profileOf": labels.get(PROFILE_OF), "job": labels.get(TRAINING_JOB), "attempt": labels.get(ATTEMPT),
+            "phase": st.get("phase"), "nodeName": spec.get("nodeName"),
             "env": {e["name"]: e.get("value") for c in containers for e in c.get("env") or []
                     if e.get("name") in PROFILE_ENV},
             "cdiAnnotations": sorted(k for k in (meta.get("annotations") or {}) if k.startswith(CDI_ANNOTATIONS)),
@@ -585,7 +590,7 @@ def watch(out: str, kubectl: str = "kubectl", stop_after: Optional[float] = None
 
     lock = threading.Lock()
     stopping = threading.Event()
-    procs: Dict[str, "subprocess.Popen[str]"] = {}
+    procs: Dict[tuple, "subprocess.Popen[str]"] = {}
     f = open(out, "w")
 
     def write(rec: dict) -> None:
@@ -604,7 +609,7 @@ def watch(out: str, kubectl: str = "kubectl", stop_after: Optional[float] = None
                 write({"ms": now_ms(), "type": "ERROR", "resource": resource, "error": str(exc)})
                 started.set()
                 return
-            procs[resource] = proc
+            procs[(resource, selector)] = proc
             started.set()
             stream = JsonStream()
             assert proc.stdout is not None
@@ -615,7 +620,8 @@ def watch(out: str, kubectl: str = "kubectl", stop_after: Optional[float] = None
                         write(rec)
             proc.wait()
             if not stopping.is_set():
-                write({"ms": now_ms(), "type": "RESTART", "resource": resource, "rc": proc.returncode})
+                write({"ms": now_ms(), "type": "RESTART", "resource": resource, "selector": selector,
+                       "rc": proc.returncode})
                 stopping.wait(1)
 
     def stop(*_args) -> None:
@@ -633,7 +639,7 @@ def watch(out: str, kubectl: str = "kubectl", stop_after: Optional[float] = None
         t.start()
         started.wait(10)
         threads.append(t)
-    write({"ms": now_ms(), "type": "WATCHING", "resources": [r for r, _ in WATCHED]})
+    write({"ms": now_ms(), "type": "WATCHING", "resources": [f"{r} -l {sel}" if sel else r for r, sel in WATCHED]})
     stopping.wait(stop_after)
     stop()
     for t in threads:
@@ -849,6 +855,212 @@ def auto_profile_checks(summary: dict, gpu: bool) -> List[tuple]:
                                     for p, e in sorted(alloc.items())) or "figures not seen")))
     return result
 
+# --- operating the release while the jobs run (hack/node/chartdemo.sh) -----------
+
+#: Phases in which a job holds its placement's budget on its GPUs.
+HOLDING_PHASES = ("Placed", "Running", "Retrying")
+TERMINAL_PHASES = ("Succeeded", "Failed")
+
+
+def event_count(ev: dict) -> int:
+    """How many times an Event happened (a repeated event is one object with a count)."""
+    return max(int(ev.get("count") or 0), int(((ev.get("series") or {}).get("count")) or 0), 1)
+
+
+def _ms(ops: dict, ms: Optional[int]) -> str:
+    return f"{(ms - ops['applyMs']) / 1000:.1f} s" if ms is not None and ops.get("applyMs") is not None else "?"
+
+
+#: The operations chartdemo.sh does, as the checks name them.
+OPERATIONS = (("leader", "the leader's pod deleted"), ("agent", "the agent's pod deleted"),
+              ("upgrade", "helm upgrade"))
+
+
+def jobs_once_check(jobs: dict, records: Sequence[dict]) -> tuple:
+    """Every job ended in its expected phase (Succeeded), and only once: once
+    the watch saw it Succeeded or Failed, it saw no other phase of it."""
+    bad, n = [], 0
+    seen = watch_jobs(records)
+    for j in jobs.get("items", []):
+        n += 1
+        key = f"{j['metadata'].get('namespace') or ''}/{j['metadata']['name']}"
+        phase = (j.get("status") or {}).get("phase")
+        phases = [p["phase"] for p in (seen.get(key) or {}).get("phases", [])]
+        ends = [i for i, p in enumerate(phases) if p in TERMINAL_PHASES]
+        if phase != "Succeeded":
+            bad.append(f"{key} ended {phase}")
+        elif not ends:
+            bad.append(f"{key}: the watch never saw it end ({' -> '.join(phases) or 'no phase'})")
+        elif ends[0] != len(phases) - 1:
+            bad.append(f"{key}: {' -> '.join(phases)}")
+    if not n:
+        return False, "no job"
+    return not bad, "; ".join(bad) or f"{n} jobs, each Succeeded once, nothing after"
+
+
+def attempt_pods_check(jobs: dict, records: Sequence[dict]) -> tuple:
+    """One pod per attempt: the training pods the watch saw, by job and
+    attempt, each attempt one pod (one UID: a pod deleted and created again
+    under the same name counts twice), and every job's attempts those of its
+    status (1..status.attempt, none missing, none more)."""
+    uids: Dict[tuple, set] = {}
+    for r in records:
+        if r.get("kind") == "Pod" and r.get("job") and r.get("attempt") and r.get("uid"):
+            uids.setdefault((r.get("namespace") or "", r["job"], str(r["attempt"])), set()).add(r["uid"])
+    bad, pods = [], 0
+    for j in jobs.get("items", []):
+        ns, name = j["metadata"].get("namespace") or "", j["metadata"]["name"]
+        want = {str(a) for a in range(1, int((j.get("status") or {}).get("attempt") or 0) + 1)}
+        have = {a for (n, job, a) in uids if n == ns and job == name}
+        if have != want:
+            bad.append(f"{ns}/{name}: pods of attempts {sorted(have) or 'none'}, status.attempt {len(want)}")
+        history = [h.get("attempt") for h in (j.get("status") or {}).get("history") or []]
+        if len(history) != len(set(history)):
+            bad.append(f"{ns}/{name}: history attempts {history}")
+    for (ns, job, attempt), u in sorted(uids.items()):
+        pods += len(u)
+        if len(u) > 1:
+            bad.append(f"{ns}/{job} attempt {attempt}: {len(u)} pods")
+    return not bad and bool(uids), "; ".join(bad) or f"{pods} training pods for {len(uids)} attempts, one each"
+
+
+def committed_check(records: Sequence[dict], samples: Sequence[dict], gpu_node: dict) -> tuple:
+    """The GpuNode's committed memory never over its capacity: in every
+    sample the controller's `allocation.committedBytes` at most the GPUs'
+    total, and, from the watch, the budgets of the jobs holding a placement
+    at each moment, summed per GPU, at most that GPU's memory."""
+    # The GPUs of the GpuNode at the end, else of the last sample that lists them.
+    listed = [((gpu_node.get("status") or {}).get("gpus") or [])] + [
+        (smp.get("status") or {}).get("gpus") or [] for smp in reversed(samples)]
+    gpus = {str(g.get("index")): int(g.get("totalBytes") or 0) for g in next((g for g in listed if g), [])}
+    capacity = sum(gpus.values())
+    bad = []
+    peak_committed = 0
+    for smp in samples:
+        st = smp.get("status") or {}
+        cap = sum(int(g.get("totalBytes") or 0) for g in st.get("gpus") or []) or capacity
+        committed = int(((st.get("allocation") or {}).get("committedBytes")) or 0)
+        peak_committed = max(peak_committed, committed)
+        if cap and committed > cap:
+            bad.append(f"allocation.committedBytes {committed} > {cap} at heartbeat {st.get('heartbeat')}")
+    state: Dict[str, tuple] = {}
+    peak: Dict[str, tuple] = {}
+    for r in sorted((r for r in records if r.get("kind") == "TrainingJob"), key=lambda r: r.get("ms") or 0):
+        key = f"{r.get('namespace')}/{r.get('name')}"
+        if r.get("type") == "DELETED":
+            state.pop(key, None)
+            continue
+        state[key] = (r.get("phase"), r.get("gpu"), int(r.get("budgetBytes") or 0))
+        per_gpu: Dict[str, int] = {}
+        for phase, gpu, budget in state.values():
+            if phase in HOLDING_PHASES and gpu:
+                for i in str(gpu).split(","):
+                    per_gpu[i.strip()] = per_gpu.get(i.strip(), 0) + budget
+        for i, total in per_gpu.items():
+            if total > peak.get(i, (0, 0))[0]:
+                peak[i] = (total, r.get("ms"))
+    for i, (total, ms) in sorted(peak.items()):
+        if i in gpus and total > gpus[i]:
+            bad.append(f"GPU {i}: budgets of the jobs holding it {gib(total)} GiB > {gib(gpus[i])} GiB")
+    if not samples and not peak:
+        return False, "no GpuNode sample and no placement seen"
+    detail = (f"{len(samples)} GpuNode samples, committed at most {gib(peak_committed)} of {gib(capacity)} GiB; "
+              + ", ".join(f"GPU {i}: at most {gib(t)} GiB of budgets at once (of {gib(gpus.get(i))})"
+                          for i, (t, _) in sorted(peak.items())))
+    return not bad, "; ".join(bad) or detail
+
+
+def events_check(jobs: dict, events: Optional[dict]) -> tuple:
+    """The jobs' Events: for each job one Succeeded, no Failed or
+    PodRejected, and as many Placed as it had attempts (a controller that
+    took over and placed or finished a job again would add one)."""
+    if not events:
+        return False, "no events recorded"
+    counts: Dict[tuple, int] = {}
+    for ev in events.get("items", []):
+        inv = ev.get("involvedObject") or ev.get("regarding") or {}
+        if inv.get("kind") != "TrainingJob":
+            continue
+        k = (inv.get("namespace") or "", inv.get("name"), ev.get("reason"))
+        counts[k] = counts.get(k, 0) + event_count(ev)
+    bad, summary = [], []
+    for j in jobs.get("items", []):
+        ns, name = j["metadata"].get("namespace") or "", j["metadata"]["name"]
+        attempts = int((j.get("status") or {}).get("attempt") or 0)
+        got = {reason: n for (n_, job, reason), n in counts.items() if n_ == ns and job == name}
+        want = {"Succeeded": 1, "Placed": attempts}
+        for reason, n in want.items():
+            if got.get(reason, 0) != n:
+                bad.append(f"{ns}/{name}: {got.get(reason, 0)} {reason} (want {n})")
+        for reason in ("Failed", "PodRejected"):
+            if got.get(reason):
+                bad.append(f"{ns}/{name}: {got[reason]} {reason}")
+        summary.append(f"{name} Placed x{got.get('Placed', 0)}, Succeeded x{got.get('Succeeded', 0)}")
+    return not bad, "; ".join(bad) or ", ".join(summary)
+
+
+def operations_checks(ops: dict, jobs: dict, records: Sequence[dict], samples: Sequence[dict],
+                      gpu_node: dict, events: Optional[dict]) -> List[tuple]:
+    """What operating the release while the jobs ran (ops: what was done and
+    when, from chartdemo.sh) must not have cost: each a (name, ok, detail)."""
+    done = [f"{words} at {_ms(ops, (ops.get(what) or {}).get('ms'))}" for what, words in OPERATIONS
+            if (ops.get(what) or {}).get("ms")]
+    across = f"across {', '.join(done)} after the apply" if done else "no operation was done"
+    result = [
+        (f"operations: every job ended once, Succeeded ({across})", *jobs_once_check(jobs, records)),
+        ("operations: one pod per attempt, no attempt doubled or lost", *attempt_pods_check(jobs, records)),
+        ("operations: the GpuNode's committed memory never over its capacity", *committed_check(records, samples, gpu_node)),
+        ("operations: the jobs' events, each once (Placed per attempt, one Succeeded, no Failed or PodRejected)",
+         *events_check(jobs, events)),
+    ]
+    if not done:
+        result = [(n, False, f"{d}; {across}") for n, ok, d in result]
+    return result
+
+
+def peaks_kept(before: dict, after: dict) -> tuple:
+    """The agent's replacement kept the peaks: every training process on a
+    GPU in the GpuNode before the agent's pod was deleted (`before`) and
+    still there in the new agent's first status (`after`) has a peak at
+    least the one it had, and every job Running in both has a
+    `measuredPeakBytes` at least the one it had. Each is {"gpunode": ...,
+    "jobs": a List of TrainingJobs}."""
+    def procs(snap: dict) -> Dict[tuple, dict]:
+        out = {}
+        for g in ((snap.get("gpunode") or {}).get("status") or {}).get("gpus") or []:
+            for p in g.get("processes") or []:
+                if p.get("podName"):
+                    out[(g.get("uuid"), p.get("pid"), p.get("podUid"))] = p
+        return out
+
+    def jobs(snap: dict) -> Dict[str, dict]:
+        return {f"{j['metadata'].get('namespace')}/{j['metadata']['name']}": (j.get("status") or {})
+                for j in (snap.get("jobs") or {}).get("items", [])}
+
+    b, a = procs(before), procs(after)
+    common = sorted(set(b) & set(a), key=lambda k: str(k))
+    bad, kept = [], []
+    for k in common:
+        pb, pa = int(b[k].get("peakBytes") or 0), int(a[k].get("peakBytes") or 0)
+        if pa < pb:
+            bad.append(f"{b[k].get('podName')} (pid {k[1]}): peak {gib(pb)} -> {gib(pa)} GiB")
+        else:
+            kept.append(f"{b[k].get('podName')} {gib(pb)} -> {gib(pa)} GiB")
+    jb, ja = jobs(before), jobs(after)
+    measured = []
+    for key in sorted(set(jb) & set(ja)):
+        if jb[key].get("phase") == "Running" and ja[key].get("phase") == "Running":
+            mb, ma = jb[key].get("measuredPeakBytes"), ja[key].get("measuredPeakBytes")
+            if mb and (ma or 0) < mb:
+                bad.append(f"{key}: measuredPeakBytes {mb} -> {ma}")
+            elif mb:
+                measured.append(f"{key.split('/')[-1]} {gib(mb)} -> {gib(ma)} GiB")
+    if not common:
+        return False, (f"no training process in both the last status before ({len(b)} processes) and the "
+                       f"new agent's first ({len(a)}): nothing to compare")
+    return not bad, "; ".join(bad) or (f"peaks of {len(kept)} processes kept: {', '.join(kept)}"
+                                       + (f"; jobs' measuredPeakBytes kept: {', '.join(measured)}" if measured else ""))
+
 
 def placement_lines(summary: dict) -> List[str]:
     """`TIME:` lines: for each job profiled automatically, apply to placement
@@ -880,6 +1092,38 @@ def gib(v) -> str:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["operations"]:
+        o = argparse.ArgumentParser(prog="report.py operations",
+                                    description="the checks of operating the release while the jobs ran")
+        o.add_argument("--ops", required=True, help="what was done and when (chartdemo.sh), JSON")
+        o.add_argument("--jobs", required=True)
+        o.add_argument("--gpunode", required=True)
+        o.add_argument("--watch", required=True)
+        o.add_argument("--samples", required=True)
+        o.add_argument("--events", required=True)
+        a = o.parse_args(argv[1:])
+        load = lambda f: json.loads(Path(f).read_text()) if Path(f).is_file() else None  # noqa: E731
+        samples = []
+        if Path(a.samples).is_file():
+            for line in Path(a.samples).read_text().splitlines():
+                try:
+                    samples.append(json.loads(line))
+                except ValueError:
+                    continue
+        records = read_watch(a.watch) if Path(a.watch).is_file() else []
+        results = operations_checks(load(a.ops) or {}, load(a.jobs) or {}, records, samples,
+                                    load(a.gpunode) or {}, load(a.events))
+        for n, ok, d in results:
+            print(f"{'PASS' if ok else 'FAIL'}: {n} ({d})")
+        return 1 if any(not ok for _, ok, _ in results) else 0
+    if argv[:1] == ["peaks"]:
+        k = argparse.ArgumentParser(prog="report.py peaks", description=peaks_kept.__doc__.split("\n\n")[0])
+        k.add_argument("--before", required=True)
+        k.add_argument("--after", required=True)
+        a = k.parse_args(argv[1:])
+        ok, detail = peaks_kept(json.loads(Path(a.before).read_text()), json.loads(Path(a.after).read_text()))
+        print(detail)
+        return 0 if ok else 1
     if argv[:1] == ["watch"]:
         w = argparse.ArgumentParser(prog="report.py watch", description=watch.__doc__.split("\n\n")[0])
         w.add_argument("--out", required=True)

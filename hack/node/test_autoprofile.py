@@ -166,9 +166,11 @@ def test_watch_follows_kubectl_and_stops(tmp_path):
     assert report.main(["watch", "--out", str(out), "--kubectl", str(kubectl), "--seconds", "1.5"]) == 0
     records = report.read_watch(str(out))
     assert any(r["type"] == "WATCHING" for r in records)
-    assert sorted(r["kind"] for r in records if r.get("kind")) == ["ConfigMap", "Pod", "TrainingJob"]
+    # Pods twice: the stand-in answers both pod watches (profiling pods, training pods) alike.
+    assert sorted(r["kind"] for r in records if r.get("kind")) == ["ConfigMap", "Pod", "Pod", "TrainingJob"]
     args = (tmp_path / "args").read_text()
     assert "pods -A --watch --output-watch-events -o json -l vramfit.dev/profile-of" in args
+    assert "pods -A --watch --output-watch-events -o json -l vramfit.dev/training-job" in args
     assert "trainingjobs.vramfit.dev -A --watch --output-watch-events -o json\n" in args
 
 

@@ -8,6 +8,7 @@ import io
 import json
 import os
 import stat
+import subprocess
 import sys
 import tarfile
 import tomllib
@@ -97,6 +98,72 @@ def test_kubelet_config_rejects_static_cpu_on_one_cpu_and_unknown_policies():
 def test_cni_network_is_loopback_only():
     c = json.loads(nodecfg.cni_config())
     assert [p["type"] for p in c["plugins"]] == ["loopback"]
+
+
+def test_cni_bridge_network_needs_no_ip_binary_forwarding_or_nat():
+    c = json.loads(nodecfg.cni_bridge_config("vramfit0", "10.89.0.0/24", "/n/cni/ipam"))
+    assert c["cniVersion"] == "1.0.0" and c["name"] == "vramfit-bridge"
+    assert [p["type"] for p in c["plugins"]] == ["loopback", "bridge"]
+    br = c["plugins"][1]
+    assert br["bridge"] == "vramfit0"
+    # isGateway would turn on ip_forward, ipMasq needs iptables.
+    assert br["isGateway"] is False and br["isDefaultGateway"] is False and br["ipMasq"] is False
+    assert br["ipam"] == {"type": "host-local", "ranges": [[{"subnet": "10.89.0.0/24", "gateway": "10.89.0.1"}]],
+                          "routes": [{"dst": "0.0.0.0/0", "gw": "10.89.0.1"}], "dataDir": "/n/cni/ipam"}
+
+
+def test_cni_isolated_network_names_its_plugin():
+    c = json.loads(nodecfg.cni_isolated_config("10.89.1.0/24", "/n/cni/ipam"))
+    assert [p["type"] for p in c["plugins"]] == ["loopback", "vramfit-isolated"]
+    assert c["plugins"][1] == {"type": "vramfit-isolated", "subnet": "10.89.1.0/24", "dataDir": "/n/cni/ipam"}
+
+
+def test_cni_isolated_plugin_hands_out_and_takes_back_addresses(tmp_path):
+    plugin = Path(__file__).with_name("cni-isolated.py")
+    conf = json.dumps({"cniVersion": "1.0.0", "name": "vramfit-isolated", "type": "vramfit-isolated",
+                       "subnet": "10.89.1.0/24", "dataDir": str(tmp_path)})
+
+    def run(command, container):
+        env = dict(os.environ, CNI_COMMAND=command, CNI_CONTAINERID=container, CNI_IFNAME="eth0",
+                   CNI_NETNS="/proc/1/ns/net")
+        p = subprocess.run([sys.executable, str(plugin)], input=conf, env=env, capture_output=True, text=True)
+        assert p.returncode == 0, p.stdout + p.stderr
+        return json.loads(p.stdout) if p.stdout else None
+
+    a = run("ADD", "a")
+    assert a["ips"] == [{"address": "10.89.1.2/24", "interface": 0}] and a["interfaces"][0]["name"] == "eth0"
+    assert run("ADD", "b")["ips"][0]["address"] == "10.89.1.3/24"
+    assert run("ADD", "a")["ips"][0]["address"] == "10.89.1.2/24"   # the same container, the same address
+    run("DEL", "a")
+    assert run("ADD", "c")["ips"][0]["address"] == "10.89.1.2/24"
+    assert run("VERSION", "")["supportedVersions"] == ["0.4.0", "1.0.0"]
+
+
+def test_oci_netns_lists_the_pods_network_namespaces():
+    def info(ns):
+        return json.dumps({"ID": "x", "Spec": {"linux": {"namespaces": ns}}}, indent=2)
+
+    text = "\n".join([
+        info([{"type": "pid"}, {"type": "network", "path": "/var/run/netns/cni-aaa"}]),
+        info([{"type": "network", "path": "/var/run/netns/cni-aaa"}]),          # its containers join it too
+        info([{"type": "network", "path": "/run/netns/cni-bbb"}]),
+        info([{"type": "network", "path": "/proc/42/ns/net"}]),                 # not a bind mount of containerd's
+        info([{"type": "network", "path": "/run/netns/../etc"}]),
+        info([{"type": "network"}]),                                           # a new namespace, no path
+        json.dumps({"ID": "y"}),
+    ])
+    assert nodecfg.oci_netns(text) == ["/run/netns/cni-bbb", "/var/run/netns/cni-aaa"]
+
+
+def test_cni_command_line(capsys):
+    assert nodecfg.main(["cni", "--bridge", "br9", "--subnet", "10.9.0.0/24", "--data-dir", "/d"]) == 0
+    assert json.loads(capsys.readouterr().out)["plugins"][1]["bridge"] == "br9"
+    assert nodecfg.main(["cni", "--isolated", "--subnet", "10.9.1.0/24", "--data-dir", "/d"]) == 0
+    assert json.loads(capsys.readouterr().out)["name"] == "vramfit-isolated"
+    assert nodecfg.main(["cni"]) == 0
+    assert json.loads(capsys.readouterr().out)["name"] == "vramfit-lo"
+    assert nodecfg.main(["cni", "--bridge", "br9"]) == 1
+    assert "--data-dir" in capsys.readouterr().err
 
 
 def fake_driver(tmp_path: Path, gpus=((0, "GPU-aaaa-0000"), (1, "GPU-bbbb-1111")), uvm=True, libcuda=True):
@@ -517,3 +584,116 @@ def test_oci_devices_reads_ctr_container_info():
     assert nodecfg.oci_devices(text) == [
         "gpt2-a1: devices ['/dev/nvidia0 c 195:0']; allowed ['c 195:0 rwm']; CAP_SYS_ADMIN False"
     ]
+
+
+# --- report.py: operating the release while the jobs run ------------------------------
+
+
+def _tj(name, ns="team-a", phase="Succeeded", attempt=1, history=None):
+    return {"metadata": {"name": name, "namespace": ns},
+            "status": {"phase": phase, "attempt": attempt, "history": history or []}}
+
+
+def _rec(ms, kind, name, ns="team-a", **kw):
+    return dict({"ms": ms, "type": "MODIFIED", "kind": kind, "name": name, "namespace": ns}, **kw)
+
+
+def test_operations_every_job_ends_once():
+    jobs = {"items": [_tj("a"), _tj("b")]}
+    recs = [_rec(1, "TrainingJob", "a", phase="Running"), _rec(2, "TrainingJob", "a", phase="Succeeded"),
+            _rec(1, "TrainingJob", "b", phase="Running"), _rec(3, "TrainingJob", "b", phase="Succeeded")]
+    ok, detail = report.jobs_once_check(jobs, recs)
+    assert ok, detail
+    # Running again after Succeeded: a controller that took over ran it twice.
+    ok, detail = report.jobs_once_check(jobs, recs + [_rec(4, "TrainingJob", "b", phase="Running")])
+    assert not ok and "team-a/b: Running -> Succeeded -> Running" in detail
+    ok, detail = report.jobs_once_check({"items": [_tj("a", phase="Failed")]}, recs)
+    assert not ok and "ended Failed" in detail
+
+
+def test_operations_one_pod_per_attempt():
+    jobs = {"items": [_tj("a", attempt=2, history=[{"attempt": 1}, {"attempt": 2}])]}
+    pods = [_rec(1, "Pod", "a-a1", job="a", attempt="1", uid="u1", type="ADDED"),
+            _rec(2, "Pod", "a-a1", job="a", attempt="1", uid="u1"),
+            _rec(3, "Pod", "a-a2", job="a", attempt="2", uid="u2", type="ADDED")]
+    ok, detail = report.attempt_pods_check(jobs, pods)
+    assert ok and "2 training pods for 2 attempts" in detail, detail
+    # The same attempt's pod deleted and created again: two UIDs.
+    ok, detail = report.attempt_pods_check(jobs, pods + [_rec(4, "Pod", "a-a2", job="a", attempt="2", uid="u3")])
+    assert not ok and "attempt 2: 2 pods" in detail
+    # An attempt more than the status says, or a history attempt twice.
+    ok, detail = report.attempt_pods_check({"items": [_tj("a", attempt=1)]}, pods)
+    assert not ok and "pods of attempts ['1', '2'], status.attempt 1" in detail
+    ok, detail = report.attempt_pods_check(
+        {"items": [_tj("a", attempt=2, history=[{"attempt": 1}, {"attempt": 1}])]}, pods)
+    assert not ok and "history attempts [1, 1]" in detail
+
+
+def test_operations_committed_never_over_capacity():
+    gn = {"status": {"gpus": [{"index": 0, "totalBytes": 100}, {"index": 1, "totalBytes": 100}]}}
+    samples = [{"status": dict(gn["status"], allocation={"committedBytes": 120})}]
+    recs = [_rec(1, "TrainingJob", "a", phase="Placed", gpu="0", budgetBytes=60),
+            _rec(2, "TrainingJob", "b", phase="Running", gpu="1", budgetBytes=60),
+            _rec(3, "TrainingJob", "a", phase="Succeeded", gpu="0", budgetBytes=60),
+            _rec(4, "TrainingJob", "c", phase="Placed", gpu="0", budgetBytes=90)]
+    ok, detail = report.committed_check(recs, samples, gn)
+    assert ok and "GPU 0: at most" in detail, detail
+    # Two jobs holding GPU 0 at once past its memory.
+    ok, detail = report.committed_check(recs[:2] + [recs[3]], samples, gn)
+    assert not ok and "GPU 0" in detail
+    over = [{"status": dict(gn["status"], allocation={"committedBytes": 201}, heartbeat="t")}]
+    ok, detail = report.committed_check(recs, over, gn)
+    assert not ok and "committedBytes 201 > 200" in detail
+    # A GpuNode whose GPUs went (an agent without NVML): the samples' GPUs.
+    ok, detail = report.committed_check(recs, samples, {"status": {}})
+    assert ok and "GPU 0: at most" in detail and "(of -)" not in detail, detail
+
+
+def test_operations_events_once_each():
+    jobs = {"items": [_tj("a", attempt=2)]}
+
+    def ev(reason, count=None):
+        e = {"involvedObject": {"kind": "TrainingJob", "name": "a", "namespace": "team-a"}, "reason": reason}
+        if count:
+            e["count"] = count
+        return e
+
+    ok, detail = report.events_check(jobs, {"items": [ev("Placed"), ev("Placed"), ev("Succeeded"), ev("Retrying")]})
+    assert ok and "a Placed x2, Succeeded x1" in detail, detail
+    ok, detail = report.events_check(jobs, {"items": [ev("Placed", 2), ev("Succeeded", 2)]})
+    assert not ok and "2 Succeeded (want 1)" in detail
+    ok, detail = report.events_check(jobs, {"items": [ev("Placed", 3), ev("Succeeded"), ev("PodRejected")]})
+    assert not ok and "3 Placed (want 2)" in detail and "1 PodRejected" in detail
+    assert report.events_check(jobs, None) == (False, "no events recorded")
+
+
+def test_operations_checks_fail_when_nothing_was_done():
+    jobs = {"items": [_tj("a")]}
+    recs = [_rec(1, "TrainingJob", "a", phase="Succeeded"), _rec(1, "Pod", "a-a1", job="a", attempt="1", uid="u")]
+    events = {"items": [{"involvedObject": {"kind": "TrainingJob", "name": "a", "namespace": "team-a"}, "reason": r}
+                        for r in ("Placed", "Succeeded")]}
+    gn = {"status": {"gpus": [{"index": 0, "totalBytes": 100}]}}
+    done = report.operations_checks({"applyMs": 0, "leader": {"ms": 2000}, "upgrade": {"ms": 5000}}, jobs, recs,
+                                    [], gn, events)
+    assert [ok for _, ok, _ in done] == [True, True, False, True]   # no sample and no placement: nothing to judge
+    assert "across the leader's pod deleted at 2.0 s, helm upgrade at 5.0 s after the apply" in done[0][0]
+    nothing = report.operations_checks({"applyMs": 0}, jobs, recs, [], gn, events)
+    assert all(ok is False and "no operation was done" in d for _, ok, d in nothing)
+
+
+def test_peaks_kept_across_the_agents_replacement():
+    def snap(peak, pid=7, measured=5, phase="Running"):
+        proc = {"pid": pid, "usedBytes": 1, "peakBytes": peak, "podName": "a-a1", "podUid": "u1"}
+        return {"gpunode": {"status": {"gpus": [{"uuid": "GPU-1", "processes": [proc]}]}},
+                "jobs": {"items": [{"metadata": {"name": "a", "namespace": "team-a"},
+                                    "status": {"phase": phase, "measuredPeakBytes": measured}}]}}
+
+    ok, detail = report.peaks_kept(snap(10 << 30), snap(11 << 30, measured=6))
+    assert ok and "peaks of 1 processes kept" in detail and "measuredPeakBytes kept" in detail, detail
+    ok, detail = report.peaks_kept(snap(10 << 30), snap(2 << 30))
+    assert not ok and "a-a1 (pid 7): peak 10.0 -> 2.0 GiB" in detail
+    ok, detail = report.peaks_kept(snap(10 << 30), snap(10 << 30, measured=4))
+    assert not ok and "measuredPeakBytes 5 -> 4" in detail
+    # The process gone (another pid) by the new agent's first status: nothing to compare.
+    ok, detail = report.peaks_kept(snap(10 << 30), snap(10 << 30, pid=8))
+    assert not ok and "nothing to compare" in detail

@@ -5,8 +5,17 @@ use std::time::Duration;
 
 use clap::Args;
 
-use crate::controller::{ControllerOptions, LeaseOptions};
+use crate::controller::{ControllerOptions, LeaseOptions, UiAuthMode};
 use crate::place::PolicyKind;
+
+/// Who may read `/ui` (see [`UiAuthMode`]).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UiAuthArg {
+    /// No authentication.
+    None,
+    /// TokenReview and SubjectAccessReview.
+    Kubernetes,
+}
 
 /// Arguments of `vramfit controller`.
 #[derive(Args, Debug)]
@@ -32,11 +41,22 @@ pub struct ControllerArgs {
     /// Address of the Prometheus `/metrics` endpoint (and `/healthz`).
     #[arg(long, default_value = "0.0.0.0:8080")]
     pub metrics_addr: SocketAddr,
-    /// Address of the `/ui` page. It shows every namespace to whoever reaches
-    /// it, so it stays on loopback unless you choose otherwise (`kubectl
-    /// port-forward` reaches it); the metrics address serves both.
+    /// Address of the `/ui` page. Without `--ui-auth kubernetes` it shows
+    /// every namespace to whoever reaches it, so it stays on loopback unless
+    /// you choose otherwise (`kubectl port-forward` reaches it); the metrics
+    /// address serves both.
     #[arg(long, default_value = "127.0.0.1:8081")]
     pub ui_addr: SocketAddr,
+    /// Who may read `/ui`: `none` (whoever reaches it sees everything) or
+    /// `kubernetes` (a bearer token the API server accepts; its user sees
+    /// the namespaces where they may list TrainingJobs, and the GPU nodes if
+    /// they may list GpuNodes).
+    #[arg(long, value_enum, default_value = "none")]
+    pub ui_auth: UiAuthArg,
+    /// With `--ui-auth kubernetes`: an audience the token must carry
+    /// (repeatable; none: the API server's own).
+    #[arg(long = "ui-token-audience")]
+    pub ui_token_audiences: Vec<String>,
     /// Run without leader election (a single replica).
     #[arg(long)]
     pub no_leader_election: bool,
@@ -68,6 +88,12 @@ impl ControllerArgs {
             cycle_interval: Duration::from_secs(self.cycle_seconds.max(1)),
             metrics_addr: Some(self.metrics_addr),
             ui_addr: Some(self.ui_addr),
+            ui_auth: match self.ui_auth {
+                UiAuthArg::None => UiAuthMode::None,
+                UiAuthArg::Kubernetes => UiAuthMode::Kubernetes {
+                    audiences: self.ui_token_audiences.clone(),
+                },
+            },
             lease: (!self.no_leader_election).then(|| LeaseOptions {
                 namespace: self.lease_namespace.clone(),
                 name: self.lease_name.clone(),

@@ -32,7 +32,8 @@ use tokio::time::Instant;
 
 use super::fence::Fence;
 use crate::Result;
-use crate::api::{GpuNode, NodeAllocation, TrainingJob};
+use crate::api::{GpuNode, NodeAllocation, PlacementStatus, TrainingJob};
+use kube::runtime::watcher::Event;
 
 /// Shortest time between two writes of one node's allocation.
 pub const MIN_INTERVAL: Duration = Duration::from_secs(5);
@@ -250,6 +251,56 @@ async fn write(api: &Api<GpuNode>, name: &str, allocation: &NodeAllocation) -> b
         Err(error) => {
             tracing::warn!(%error, node = name, "could not write the GpuNode allocation");
             false
+        }
+    }
+}
+
+/// The recorded placement of each job as the watch saw it last, so that a
+/// job placed, moved or ended wakes the writer as soon as its status is in
+/// the cache, instead of at the next scheduling cycle (the cycle that made
+/// the placement ran before its status was written, so `kubectl get gn`
+/// lagged by up to a cycle).
+#[derive(Default)]
+pub struct PlacementWatch {
+    placements: HashMap<String, PlacementStatus>,
+    /// The placements of a relist under way.
+    relisting: Option<HashMap<String, PlacementStatus>>,
+}
+
+impl PlacementWatch {
+    /// Takes in one watch event; true when a recorded placement changed
+    /// (or a relist ended), so the allocations may have.
+    pub fn observe(&mut self, event: &Event<TrainingJob>) -> bool {
+        fn placement(job: &TrainingJob) -> Option<PlacementStatus> {
+            job.status.as_ref()?.recorded_placement().cloned()
+        }
+        let uid = |job: &TrainingJob| job.metadata.uid.clone().unwrap_or_default();
+        match event {
+            Event::Apply(job) => {
+                let now = placement(job);
+                let before = match &now {
+                    Some(p) => self.placements.insert(uid(job), p.clone()),
+                    None => self.placements.remove(&uid(job)),
+                };
+                before != now
+            }
+            Event::Delete(job) => self.placements.remove(&uid(job)).is_some(),
+            Event::Init => {
+                self.relisting = Some(HashMap::new());
+                false
+            }
+            Event::InitApply(job) => {
+                if let Some(p) = placement(job) {
+                    self.relisting.get_or_insert_default().insert(uid(job), p);
+                }
+                false
+            }
+            Event::InitDone => {
+                if let Some(relist) = self.relisting.take() {
+                    self.placements = relist;
+                }
+                true
+            }
         }
     }
 }

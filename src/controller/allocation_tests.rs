@@ -275,3 +275,88 @@ fn each_reported_node_wants_its_allocation_and_its_gpus_measured_memory() {
     assert_eq!(got, expected);
     assert_eq!(got[0].1.allocation.free_bytes, 280 * GIB);
 }
+
+fn placed_on(name: &str, node: &str, budget: u64, attempt: u32) -> TrainingJob {
+    use crate::api::{AssignedGpu, Phase, TrainingJobStatus};
+    TrainingJob::test(name)
+        .status(TrainingJobStatus {
+            phase: Phase::Placed,
+            attempt,
+            placement: Some(PlacementStatus {
+                node: node.into(),
+                gpus: vec![AssignedGpu {
+                    index: 0,
+                    uuid: "GPU-0".into(),
+                }],
+                budget_bytes: budget,
+                memory_fraction: 0.1,
+                attempt,
+                gpu_model: None,
+                micro_batch: None,
+            }),
+            ..Default::default()
+        })
+        .build()
+}
+
+#[test]
+fn the_writer_wakes_when_a_recorded_placement_changes() {
+    use crate::api::Phase;
+    let mut watch = PlacementWatch::default();
+    let pending = TrainingJob::test("a").phase(Phase::Pending).build();
+    let placed = placed_on("a", "n1", 10 << 30, 1);
+    let cases: Vec<(&str, Event<TrainingJob>, bool)> = vec![
+        (
+            "a job with no placement",
+            Event::Apply(pending.clone()),
+            false,
+        ),
+        ("its placement recorded", Event::Apply(placed.clone()), true),
+        (
+            "the same placement again",
+            Event::Apply(placed.clone()),
+            false,
+        ),
+        (
+            "another budget",
+            Event::Apply(placed_on("a", "n1", 12 << 30, 1)),
+            true,
+        ),
+        (
+            "another node",
+            Event::Apply(placed_on("a", "n2", 12 << 30, 1)),
+            true,
+        ),
+        (
+            "back to waiting (an OOM retry)",
+            Event::Apply(pending.clone()),
+            true,
+        ),
+        ("still waiting", Event::Apply(pending.clone()), false),
+        ("placed again", Event::Apply(placed.clone()), true),
+        ("deleted while placed", Event::Delete(placed.clone()), true),
+        ("deleted again", Event::Delete(placed.clone()), false),
+        ("a relist starts", Event::Init, false),
+        (
+            "a placed job listed",
+            Event::InitApply(placed.clone()),
+            false,
+        ),
+        ("the relist ends", Event::InitDone, true),
+        (
+            "the listed job unchanged",
+            Event::Apply(placed.clone()),
+            false,
+        ),
+    ];
+    for (what, event, wakes) in cases {
+        assert_eq!(watch.observe(&event), wakes, "{what}");
+    }
+    // A job placed before a relist and gone from it is forgotten, so it wakes
+    // the writer when it comes back.
+    let b = placed_on("b", "n1", 1 << 30, 1);
+    assert!(watch.observe(&Event::Apply(b.clone())));
+    watch.observe(&Event::Init);
+    watch.observe(&Event::InitDone);
+    assert!(watch.observe(&Event::Apply(b)));
+}

@@ -31,16 +31,35 @@ pub struct ControllerOptions {
     pub cycle_interval: Duration,
     /// Where `/metrics` and `/healthz` are served (none when `None`).
     pub metrics_addr: Option<SocketAddr>,
-    /// Where the `/ui` page is served (none when `None`): it shows every
-    /// namespace and has no authentication of its own, so by default only
-    /// on loopback, reached through `kubectl port-forward`. The same address
-    /// as `metrics_addr` serves both on one listener.
+    /// Where the `/ui` page is served (none when `None`). Without
+    /// `ui_auth` it shows every namespace to whoever reaches it, so by
+    /// default only on loopback, reached through `kubectl port-forward`. The
+    /// same address as `metrics_addr` serves both on one listener.
     pub ui_addr: Option<SocketAddr>,
+    /// Who may read `/ui`.
+    pub ui_auth: UiAuthMode,
     /// Lease used for leader election (none: run without election).
     pub lease: Option<LeaseOptions>,
     /// Placed statuses written at once after their pods (`status_writer`);
     /// 0 writes each in its job's reconcile.
     pub status_writers: usize,
+}
+
+/// Who may read the `/ui` page.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub enum UiAuthMode {
+    /// Whoever reaches its address sees every namespace.
+    #[default]
+    None,
+    /// A bearer token the API server accepts (TokenReview); its user sees
+    /// the jobs of the namespaces where they may list TrainingJobs, and the
+    /// GPU nodes if they may list GpuNodes (SubjectAccessReview). The
+    /// token's audiences must include one of these (empty: the API
+    /// server's).
+    Kubernetes {
+        /// Accepted token audiences.
+        audiences: Vec<String>,
+    },
 }
 
 /// The Lease two replicas compete for.
@@ -64,6 +83,7 @@ impl Default for ControllerOptions {
             cycle_interval: Duration::from_secs(5),
             metrics_addr: None,
             ui_addr: None,
+            ui_auth: UiAuthMode::None,
             lease: None,
             status_writers: status_writer::DEFAULT_WRITERS,
         }

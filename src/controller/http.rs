@@ -9,12 +9,59 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::Client;
 use kube::runtime::reflector::Store;
 
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+
 use crate::api::{GpuNode, TrainingJob};
 use crate::status::ClusterStatus;
+use crate::status::access::{Access, restrict};
 
 use super::*;
 use crate::{Error, Result};
 use metrics::Metrics;
+use ui_auth::{Denial, Reviewer};
+
+/// A `/ui` request not served, and why.
+#[derive(Debug)]
+struct Refusal {
+    status: StatusCode,
+    message: String,
+}
+
+impl From<Denial> for Refusal {
+    fn from(denial: Denial) -> Self {
+        let (status, message) = match denial {
+            Denial::Unauthenticated(m) => (StatusCode::UNAUTHORIZED, m),
+            Denial::Forbidden(m) => (StatusCode::FORBIDDEN, m),
+            Denial::Busy => (
+                StatusCode::TOO_MANY_REQUESTS,
+                "too many requests are waiting for the API server's reviews; try again".into(),
+            ),
+            Denial::Api(m) => (StatusCode::BAD_GATEWAY, m),
+        };
+        Refusal { status, message }
+    }
+}
+
+impl Refusal {
+    /// The refusal as a response: a 401 says how to authenticate.
+    fn respond(self, body: impl IntoResponse) -> Response {
+        let mut response = (self.status, body).into_response();
+        if self.status == StatusCode::UNAUTHORIZED {
+            response.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                header::HeaderValue::from_static("Bearer realm=\"vramfit\""),
+            );
+        }
+        response
+    }
+}
+
+fn authorization(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+}
 
 /// What the `/ui` page reads: the same objects as `vramfit status`. The
 /// leader reads them from its watch caches once they exist; a standby (which
@@ -32,6 +79,8 @@ pub(super) struct UiSource {
     /// they are made.
     pub(super) caches: Arc<OnceLock<(Store<TrainingJob>, Store<GpuNode>)>>,
     pub(super) last: Arc<ViewCache>,
+    /// Reviews each reader's token and access; none: everyone sees all.
+    pub(super) auth: Option<Arc<Reviewer>>,
 }
 
 /// Seconds between the page's reloads.
@@ -71,13 +120,39 @@ impl ViewCache {
 impl UiSource {
     pub(super) fn new(client: Client, options: &ControllerOptions) -> Self {
         UiSource {
-            client,
+            client: client.clone(),
             namespace: options.namespace.clone(),
             node_selector: options.node_selector.clone(),
             heartbeat_ttl: options.heartbeat_ttl,
             caches: Arc::default(),
             last: Arc::default(),
+            auth: match &options.ui_auth {
+                UiAuthMode::None => None,
+                UiAuthMode::Kubernetes { audiences } => {
+                    Some(Arc::new(Reviewer::new(client.clone(), audiences.clone())))
+                }
+            },
         }
+    }
+
+    /// The view as the bearer of `authorization` (the header's value) may
+    /// see it.
+    async fn view_for(&self, authorization: Option<&str>) -> Result<ClusterStatus, Refusal> {
+        let view = self.view().await.map_err(|message| Refusal {
+            status: StatusCode::BAD_GATEWAY,
+            message,
+        })?;
+        let access = match &self.auth {
+            None => Access::everything(),
+            Some(reviewer) => {
+                let namespaces = view.phases_by_namespace.keys().cloned().collect();
+                reviewer
+                    .authorize(authorization, namespaces)
+                    .await
+                    .map_err(Refusal::from)?
+            }
+        };
+        Ok(restrict(view, &access))
     }
 
     async fn view(&self) -> View {
@@ -147,8 +222,7 @@ pub fn listeners(metrics: Option<SocketAddr>, ui: Option<SocketAddr>) -> Vec<(So
 
 /// The routes of `pages`.
 pub(super) fn router(pages: Pages, metrics: Arc<Metrics>, ui: UiSource) -> axum::Router {
-    use axum::http::{StatusCode, header};
-    use axum::response::{IntoResponse, Redirect};
+    use axum::response::Redirect;
     use axum::{Router, routing::get};
     let mut app = Router::new();
     if pages.metrics {
@@ -169,34 +243,39 @@ pub(super) fn router(pages: Pages, metrics: Arc<Metrics>, ui: UiSource) -> axum:
     app.route("/", get(|| async { Redirect::temporary("/ui") }))
         .route(
             "/ui",
-            get(move || {
+            get(move |headers: HeaderMap| {
                 let source = page_source.clone();
                 async move {
-                    match source.view().await {
+                    let html = [(header::CONTENT_TYPE, "text/html; charset=utf-8")];
+                    match source.view_for(authorization(&headers)).await {
                         Ok(view) => (
                             StatusCode::OK,
-                            [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+                            html,
                             crate::status::html::render(&view, UI_REFRESH_SECONDS),
                         )
                             .into_response(),
-                        Err(message) => (
-                            StatusCode::BAD_GATEWAY,
-                            [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
-                            crate::status::html::error_page(&message, UI_REFRESH_SECONDS),
-                        )
-                            .into_response(),
+                        Err(refusal) => {
+                            let page = crate::status::html::error_page(
+                                &refusal.message,
+                                UI_REFRESH_SECONDS,
+                            );
+                            refusal.respond((html, page))
+                        }
                     }
                 }
             }),
         )
         .route(
             "/ui/status.json",
-            get(move || {
+            get(move |headers: HeaderMap| {
                 let source = ui.clone();
                 async move {
-                    match source.view().await {
+                    match source.view_for(authorization(&headers)).await {
                         Ok(view) => axum::Json(view).into_response(),
-                        Err(message) => (StatusCode::BAD_GATEWAY, message).into_response(),
+                        Err(refusal) => {
+                            let message = refusal.message.clone();
+                            refusal.respond(message)
+                        }
                     }
                 }
             }),

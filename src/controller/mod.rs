@@ -29,6 +29,7 @@ pub mod status_patch;
 pub mod status_writer;
 pub mod supervise;
 pub mod transition;
+pub mod ui_auth;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -47,7 +48,7 @@ use tokio::sync::Notify;
 
 use crate::api::{GpuNode, TrainingJob};
 use crate::{Error, Result};
-pub use context::{Context, ControllerOptions, LeaseOptions};
+pub use context::{Context, ControllerOptions, LeaseOptions, UiAuthMode};
 pub use cycle::{CycleOutcome, run_cycle};
 use cycle::{scheduling_loop, wait_ready};
 use http::{UiSource, serve_metrics};
@@ -146,9 +147,13 @@ pub async fn run(client: Client, options: ControllerOptions) -> Result<()> {
     let wake = Arc::new(Notify::new());
     let held_predictions = Arc::new(held::HeldPredictions::default());
     let own_writes = Arc::new(held::OwnWrites::default());
+    // The GpuNodes' allocations follow the jobs' recorded placements.
+    let allocations = Arc::new(Notify::new());
     let job_stream = {
         let index = index.clone();
         let wake = wake.clone();
+        let allocations = allocations.clone();
+        let mut placements = allocation::PlacementWatch::default();
         let (held, own_writes) = (held_predictions.clone(), own_writes.clone());
         watcher(jobs_api, watcher::Config::default())
             // Nothing reads managedFields; dropping them keeps the cache small.
@@ -156,6 +161,9 @@ pub async fn run(client: Client, options: ControllerOptions) -> Result<()> {
             .reflect(job_writer)
             .inspect_ok(move |event| {
                 index.observe(event);
+                if placements.observe(event) {
+                    allocations.notify_one();
+                }
                 // A job gone frees its room once its pod is: the cycle
                 // deletes the pod and counts it until then.
                 if let watcher::Event::Delete(job) = event {
@@ -267,7 +275,6 @@ pub async fn run(client: Client, options: ControllerOptions) -> Result<()> {
             Ok(())
         });
     }
-    let allocations = Arc::new(Notify::new());
     tasks.spawn(
         "allocation writer",
         allocation::run(

@@ -2,6 +2,7 @@
 //! TrainingJobs and GpuNodes, drawn by `vramfit status` ([`text`]) and by the
 //! controller's `/ui` page ([`html`]).
 
+pub mod access;
 pub mod html;
 pub mod text;
 
@@ -36,6 +37,10 @@ pub struct ClusterStatus {
     pub phases: BTreeMap<String, usize>,
     /// Sums over the usable GPUs.
     pub totals: Totals,
+    /// Jobs by namespace, then phase: what [`access::restrict`] sums
+    /// `phases` from for a reader of some namespaces only. Not shown.
+    #[serde(skip)]
+    pub phases_by_namespace: BTreeMap<String, BTreeMap<String, usize>>,
 }
 
 /// Sums over the GPUs of nodes with a fresh heartbeat that are not faulty.
@@ -179,14 +184,21 @@ pub fn cluster_status<J: Borrow<TrainingJob>, N: Borrow<GpuNode>>(
     let (nodes, mut orphans) = node_views(jobs, gpu_nodes, now, heartbeat_ttl);
     let mut waiting = Vec::new();
     let mut retries = Vec::new();
-    let mut phases: BTreeMap<String, usize> = BTreeMap::new();
+    let mut phases_by_namespace: BTreeMap<String, BTreeMap<String, usize>> = BTreeMap::new();
     for job in jobs {
         let job = job.borrow();
+        let phase = match job.status.as_ref() {
+            Some(status) => format!("{:?}", status.phase),
+            None => "New".into(),
+        };
+        *phases_by_namespace
+            .entry(job.namespace().unwrap_or_default())
+            .or_default()
+            .entry(phase)
+            .or_default() += 1;
         let Some(status) = job.status.as_ref() else {
-            *phases.entry("New".into()).or_default() += 1;
             continue;
         };
-        *phases.entry(format!("{:?}", status.phase)).or_default() += 1;
         retries.extend(restart_retries(job));
         if job
             .status
@@ -216,17 +228,7 @@ pub fn cluster_status<J: Borrow<TrainingJob>, N: Borrow<GpuNode>>(
         retries.extend(absorbed_retries(node.borrow(), &by_pod));
     }
 
-    let mut totals = Totals::default();
-    for node in &nodes {
-        for gpu in &node.gpus {
-            if node.fresh && gpu.health != GpuHealth::Faulty {
-                totals.gpus += 1;
-                totals.capacity_bytes += gpu.capacity_bytes;
-                totals.committed_bytes += gpu.committed_bytes;
-                totals.measured_bytes += gpu.measured_bytes;
-            }
-        }
-    }
+    let totals = totals(&nodes);
     // The scheduler's order: higher priority first, then older first.
     waiting.sort_by(|a, b| {
         b.priority
@@ -250,9 +252,24 @@ pub fn cluster_status<J: Borrow<TrainingJob>, N: Borrow<GpuNode>>(
         orphans,
         waiting,
         retries,
-        phases,
+        phases: access::sum_phases(phases_by_namespace.values()),
         totals,
+        phases_by_namespace,
     }
+}
+
+/// Sums over the GPUs of fresh nodes that are not faulty.
+fn totals(nodes: &[NodeView]) -> Totals {
+    let mut totals = Totals::default();
+    for node in nodes.iter().filter(|n| n.fresh) {
+        for gpu in node.gpus.iter().filter(|g| g.health != GpuHealth::Faulty) {
+            totals.gpus += 1;
+            totals.capacity_bytes += gpu.capacity_bytes;
+            totals.committed_bytes += gpu.committed_bytes;
+            totals.measured_bytes += gpu.measured_bytes;
+        }
+    }
+    totals
 }
 
 /// The GPU nodes in name order, each GPU with the jobs placed on it (their

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::ConfigMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use kube::api::{Api, PostParams};
 use serde_json::json;
@@ -118,6 +118,58 @@ async fn job_goes_from_apply_to_placed_running_and_succeeded() {
     cluster.kubelet_exit("mlp-a1", 0, "").await;
     let job = cluster.wait_phase("mlp", Phase::Succeeded).await;
     assert_eq!(job.status.unwrap().history.len(), 1);
+}
+
+/// `kubectl get gn` follows a placement as soon as the job's status
+/// records it, not at the next scheduling cycle: with cycles a minute apart,
+/// the GpuNode's `status.allocation` shows the job's budget within seconds of
+/// its Placed status (it lagged by up to a cycle, since the cycle that
+/// places a job runs before its status is written).
+#[tokio::test]
+async fn the_gpunode_allocation_follows_a_placement_without_waiting_for_a_cycle() {
+    let cluster = TestCluster::new("gn-follows").await;
+    let node = cluster.add_gpu_node("n1", &[("H100-80GB", 80 * GIB)]).await;
+    let _controller = cluster.start_logged_controller(
+        &["--no-leader-election", "--cycle-seconds", "60"],
+        "127.0.0.1:0",
+    );
+    let gpu_nodes: kube::Api<vramfit::api::GpuNode> = kube::Api::all(cluster.client.clone());
+    let committed = || async {
+        gpu_nodes
+            .get_status(&node)
+            .await
+            .ok()
+            .and_then(|n| n.status?.allocation)
+            .map(|a| a.committed_bytes)
+    };
+    // The node's first allocation (nothing committed) is written at start;
+    // the next write may follow 5 s later (allocation::MIN_INTERVAL).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while committed().await.is_none() {
+        assert!(Instant::now() < deadline, "no allocation written at start");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    cluster
+        .apply_job(mlp_job("a", 64, 8, 1, Some("30Gi")))
+        .await;
+    cluster.wait_phase("a", Phase::Placed).await;
+    let placed = Instant::now();
+    loop {
+        if committed().await.is_some_and(|c| c >= 30 * GIB) {
+            break;
+        }
+        assert!(
+            placed.elapsed() < Duration::from_secs(10),
+            "GpuNode {node} still shows {:?} bytes committed 10 s after the job was placed",
+            committed().await
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    eprintln!(
+        "allocation shown {:.1} s after the Placed status",
+        placed.elapsed().as_secs_f64()
+    );
 }
 
 #[tokio::test]

@@ -453,8 +453,15 @@ impl TestCluster {
         stdout: Stdio,
         stderr: Stdio,
     ) -> ControllerProcess {
+        // A cycle a second unless the test sets its own.
+        let cycle: &[&str] = if extra.contains(&"--cycle-seconds") {
+            &[]
+        } else {
+            &["--cycle-seconds", "1"]
+        };
         let child = Command::new(vramfit_bin())
-            .args(["controller", "--cycle-seconds", "1"])
+            .arg("controller")
+            .args(cycle)
             .args(extra)
             .args(["--namespace", &self.namespace])
             .args([

@@ -135,6 +135,9 @@ fn install_chart(kubeconfig: &Path) {
                 KUBE_VERSION,
                 "--namespace",
                 RELEASE_NAMESPACE,
+                // /ui behind TokenReview and SubjectAccessReview (attack 7).
+                "--set",
+                "controller.ui.authentication=kubernetes",
             ]),
         None,
     )
@@ -1305,6 +1308,25 @@ async fn attack_2c_a_template_asking_for_gpus_by_other_keys_gets_only_the_placed
     }
 }
 
+/// A kubeconfig of the suite's control plane that impersonates `user`
+/// (removed when the returned path is dropped).
+fn impersonating(user: &str, name: &str) -> tempfile::TempPath {
+    let mut kubeconfig = Kubeconfig::read_from(plane()).expect("kubeconfig parses");
+    for named in &mut kubeconfig.auth_infos {
+        if let Some(auth) = named.auth_info.as_mut() {
+            auth.impersonate = Some(user.to_string());
+        }
+    }
+    let path = tempfile::Builder::new()
+        .prefix(&format!("vramfit-{name}-controller-"))
+        .suffix(".kubeconfig")
+        .tempfile()
+        .expect("a temporary file")
+        .into_temp_path();
+    std::fs::write(&path, serde_json::to_string(&kubeconfig).unwrap()).expect("kubeconfig");
+    path
+}
+
 /// A test cluster on the suite's control plane whose controller runs as the
 /// chart's ServiceAccount (a kubeconfig that impersonates it, removed when
 /// the returned path is dropped), under the chart's RBAC and admission
@@ -1317,19 +1339,7 @@ async fn controller_as_its_service_account(
     tempfile::TempPath,
 ) {
     let cluster = TestCluster::on(name, plane()).await;
-    let mut kubeconfig = Kubeconfig::read_from(plane()).expect("kubeconfig parses");
-    for named in &mut kubeconfig.auth_infos {
-        if let Some(auth) = named.auth_info.as_mut() {
-            auth.impersonate = Some(CONTROLLER_SA.to_string());
-        }
-    }
-    let path = tempfile::Builder::new()
-        .prefix(&format!("vramfit-{name}-controller-"))
-        .suffix(".kubeconfig")
-        .tempfile()
-        .expect("a temporary file")
-        .into_temp_path();
-    std::fs::write(&path, serde_json::to_string(&kubeconfig).unwrap()).expect("kubeconfig");
+    let path = impersonating(CONTROLLER_SA, name);
     let controller =
         cluster.start_logged_controller_via(&path, &["--no-leader-election"], "127.0.0.1:0");
     (cluster, controller, path)
@@ -1576,5 +1586,408 @@ async fn attack_5b_a_stored_deep_job_fails_alone_and_the_others_are_placed() {
     assert_eq!(
         view["nodes"][0]["gpus"][0]["jobs"][0]["name"], "plain",
         "{view}"
+    );
+}
+
+/// A token of ServiceAccount `name` in `ns` (created), as `kubectl create
+/// token` gets one.
+async fn service_account_token(ns: &str, name: &str) -> String {
+    use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    let accounts: Api<ServiceAccount> = Api::namespaced(admin().await, ns);
+    let account = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
+    match accounts.create(&PostParams::default(), &account).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        Err(e) => panic!("ServiceAccount {ns}/{name}: {e}"),
+    }
+    let request = TokenRequest {
+        spec: TokenRequestSpec {
+            audiences: Vec::new(),
+            expiration_seconds: Some(600),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    accounts
+        .create_token_request(name, &PostParams::default(), &request)
+        .await
+        .unwrap_or_else(|e| panic!("a token of {ns}/{name}: {e}"))
+        .status
+        .expect("a TokenRequest's status")
+        .token
+}
+
+/// GET `path` of the controller's /ui listener on `port` with `token`: the
+/// status code and body, or what went wrong (nothing listening yet, say).
+fn ui_get(port: u16, path: &str, token: Option<&str>) -> Result<(u16, String), String> {
+    use std::io::Read as _;
+    let mut stream =
+        std::net::TcpStream::connect(("127.0.0.1", port)).map_err(|e| format!("connect: {e}"))?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .map_err(|e| e.to_string())?;
+    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+    write!(
+        stream,
+        "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n{auth}\r\n"
+    )
+    .map_err(|e| format!("write: {e}"))?;
+    let mut text = String::new();
+    stream
+        .read_to_string(&mut text)
+        .map_err(|e| format!("read: {e}"))?;
+    let code = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| format!("no status line: {text}"))?;
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Ok((code, body))
+}
+
+/// Attack 7: the `/ui` page, reached by anyone who can reach its address,
+/// showed every namespace's jobs. With `--ui-auth kubernetes` (the chart's
+/// `controller.ui.authentication`), a request needs a bearer token the API
+/// server accepts, and its user sees only the jobs of the namespaces where
+/// they may list TrainingJobs, and the GPU nodes only if they may list
+/// GpuNodes. The controller runs cluster-wide as the chart's ServiceAccount
+/// (which may review tokens and access only through the chart's
+/// auth-delegator binding), as a standby: the Lease is held by another
+/// replica, so it places nothing and lists what the page shows.
+#[tokio::test]
+async fn attack_7_the_ui_shows_a_reader_only_what_they_may_list() {
+    use k8s_openapi::api::coordination::v1::Lease;
+    let admin = admin().await;
+    let (own, other) = ("tn7-a", "tn7-b");
+    tenant_namespace(own, &[]).await;
+    tenant_namespace(other, &[]).await;
+    for (ns, name) in [(own, "tn7-mine"), (other, "tn7-theirs")] {
+        let mut job = training_job(name, plain_template());
+        job["spec"]["memory"] = json!({"request": "20Gi"});
+        match training_jobs(&admin, ns)
+            .create(&PostParams::default(), &dynamic(job))
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(e) => panic!("job {ns}/{name}: {e}"),
+        }
+        // What a controller would have written: the page lists a waiting job
+        // by name.
+        let waiting = json!({"status": {"phase": "Pending", "attempt": 1,
+            "message": "waiting for a GPU with room"}});
+        training_jobs(&admin, ns)
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(waiting))
+            .await
+            .unwrap_or_else(|e| panic!("status of {ns}/{name}: {e}"));
+    }
+    let node = dynamic(GpuNode::test("tn7-node").manifest());
+    match gpu_nodes(&admin)
+        .create(&PostParams::default(), &node)
+        .await
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        Err(e) => panic!("GpuNode tn7-node: {e}"),
+    }
+    // The Lease, held for an hour by a replica that is not this one.
+    let leases: Api<Lease> = Api::namespaced(admin.clone(), RELEASE_NAMESPACE);
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let lease = serde_json::from_value(json!({
+        "metadata": {"name": "tn7-lease"},
+        "spec": {"holderIdentity": "another-replica", "leaseDurationSeconds": 3600,
+                 "acquireTime": now, "renewTime": now},
+    }))
+    .unwrap();
+    match leases.create(&PostParams::default(), &lease).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        Err(e) => panic!("Lease: {e}"),
+    }
+    let port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+        listener.local_addr().unwrap().port()
+    };
+    let kubeconfig = impersonating(CONTROLLER_SA, "tn7");
+    let controller = std::process::Command::new(vramfit_bin())
+        .args(["controller", "--lease-namespace", RELEASE_NAMESPACE])
+        .args(["--lease-name", "tn7-lease", "--metrics-addr", "127.0.0.1:0"])
+        .args([
+            "--ui-addr",
+            &format!("127.0.0.1:{port}"),
+            "--ui-auth",
+            "kubernetes",
+        ])
+        .env("KUBECONFIG", &kubeconfig)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("vramfit controller starts");
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _stop = Kill(controller);
+    // Identities: a viewer of the test's namespace, a ServiceAccount with no
+    // rights, and a reader of every namespace and of the GPU nodes.
+    let bind = |ns: String, subject: String, role: &'static str| {
+        let admin = admin.clone();
+        async move {
+            let bindings: Api<RoleBinding> = Api::namespaced(admin, &ns);
+            let binding = serde_json::from_value(json!({
+                "metadata": {"name": format!("{subject}-{role}")},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+                "subjects": [{"kind": "ServiceAccount", "name": subject, "namespace": ns}],
+            }))
+            .unwrap();
+            match bindings.create(&PostParams::default(), &binding).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(e)) if e.code == 409 => {}
+                Err(e) => panic!("binding {subject}: {e}"),
+            }
+        }
+    };
+    let viewer = service_account_token(own, "tn7-viewer").await;
+    bind(own.to_string(), "tn7-viewer".into(), "view").await;
+    let nobody = service_account_token(own, "tn7-nobody").await;
+    let reader = service_account_token(own, "tn7-reader").await;
+    {
+        use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+        let role = serde_json::from_value(json!({
+            "metadata": {"name": "tn7-reader"},
+            "rules": [{"apiGroups": ["vramfit.dev"], "resources": ["trainingjobs", "gpunodes"],
+                       "verbs": ["list"]}],
+        }))
+        .unwrap();
+        let binding = serde_json::from_value(json!({
+            "metadata": {"name": "tn7-reader"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "tn7-reader"},
+            "subjects": [{"kind": "ServiceAccount", "name": "tn7-reader", "namespace": own}],
+        }))
+        .unwrap();
+        let roles: Api<ClusterRole> = Api::all(admin.clone());
+        let bindings: Api<ClusterRoleBinding> = Api::all(admin.clone());
+        for answer in [
+            roles
+                .create(&PostParams::default(), &role)
+                .await
+                .map(|_| ()),
+            bindings
+                .create(&PostParams::default(), &binding)
+                .await
+                .map(|_| ()),
+        ] {
+            match answer {
+                Ok(()) => {}
+                Err(kube::Error::Api(e)) if e.code == 409 => {}
+                Err(e) => panic!("the reader's ClusterRole: {e}"),
+            }
+        }
+    }
+    for account in ["tn7-viewer", "tn7-reader"] {
+        wait_allowed(
+            &admin,
+            &format!("system:serviceaccount:{own}:{account}"),
+            own,
+            "list",
+        )
+        .await;
+    }
+
+    // The page once it serves the reader both jobs (the API server's
+    // authorizer has the bindings, the controller's caches both jobs).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let whole = loop {
+        if let Ok((200, body)) = ui_get(port, "/ui/status.json", Some(&reader))
+            && body.contains("tn7-theirs")
+            && body.contains("tn7-mine")
+        {
+            break body;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the reader never saw both jobs: {:?}",
+            ui_get(port, "/ui/status.json", Some(&reader))
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    let whole: Value = serde_json::from_str(&whole).expect("status.json is JSON");
+    let node_names = |v: &Value| -> Vec<String> {
+        v["nodes"].as_array().map_or(Vec::new(), |nodes| {
+            nodes
+                .iter()
+                .filter_map(|n| n["name"].as_str().map(str::to_string))
+                .collect()
+        })
+    };
+    assert!(
+        node_names(&whole).contains(&"tn7-node".to_string()),
+        "the reader of GpuNodes sees the nodes: {whole}"
+    );
+    let count = |v: &Value| -> u64 {
+        v["phases"]
+            .as_object()
+            .map_or(0, |m| m.values().filter_map(Value::as_u64).sum())
+    };
+
+    let (code, body) = ui_get(port, "/ui/status.json", Some(&viewer)).expect("an answer");
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("tn7-mine"), "the viewer sees its job: {body}");
+    assert!(
+        !body.contains("tn7-theirs") && !body.contains(other),
+        "the viewer sees nothing of the other namespace: {body}"
+    );
+    let seen: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(count(&seen), 1, "its namespace's one job only: {seen}");
+    assert!(
+        node_names(&seen).is_empty(),
+        "no GPU node for a reader who may not list them and runs nothing: {seen}"
+    );
+    // The same for the HTML page.
+    let (code, page) = ui_get(port, "/ui", Some(&viewer)).expect("an answer");
+    assert_eq!(code, 200, "{page}");
+    assert!(
+        page.contains("tn7-mine") && !page.contains("tn7-theirs"),
+        "{page}"
+    );
+
+    for (who, token, want) in [
+        ("no token", None, 401),
+        (
+            "a token the API server never issued",
+            Some("not-a-token"),
+            401,
+        ),
+        (
+            "a ServiceAccount with no rights",
+            Some(nobody.as_str()),
+            403,
+        ),
+    ] {
+        for path in ["/ui", "/ui/status.json"] {
+            let (code, body) = ui_get(port, path, token).expect("an answer");
+            assert_eq!(code, want, "{who} on {path}: {body}");
+            assert!(
+                !body.contains("tn7-mine") && !body.contains("tn7-theirs"),
+                "{who} on {path} sees no job: {body}"
+            );
+        }
+    }
+}
+
+/// Attack 9: a tenant puts its jobs ahead of everyone's in the queue with the
+/// highest `spec.priority` (jobs waiting for room are placed in priority
+/// order). Refused by `vramfit-trainingjob-bounds` above `tenancy.maxPriority`
+/// (0) unless an admin labels the namespace `vramfit.dev/max-priority`, which
+/// the tenant cannot do itself; an update that leaves the priority as it was
+/// passes after the admin lowers the label.
+#[tokio::test]
+async fn attack_9_a_tenant_cannot_jump_the_queue_with_its_priority() {
+    let ns = "tn-9";
+    tenant_namespace(ns, &[("alice-9", "edit")]).await;
+    let alice = tenant("alice-9").await;
+    let jobs = training_jobs(&alice, ns);
+    let job = |name: &str, priority: i64| {
+        let mut job = training_job(name, plain_template());
+        job["spec"]["priority"] = json!(priority);
+        dynamic(job)
+    };
+    let above = |p: i64, max: i64| {
+        format!("spec.priority {p} is above {max}, the highest namespace {ns} may use")
+    };
+    assert_refused_by(
+        "priority 1000000 by a tenant",
+        jobs.create(&dry_run(), &job("high", 1_000_000)).await,
+        BOUNDS,
+        &above(1_000_000, 0),
+    );
+    for p in [0, -5] {
+        assert_accepted(
+            &format!("priority {p}"),
+            jobs.create(&dry_run(), &job("plain", p)).await,
+        );
+    }
+    // The tenant cannot raise its own namespace's limit.
+    let namespaces: Api<Namespace> = Api::all(alice.clone());
+    let label = |max: &str| {
+        Patch::Merge(json!({"metadata": {"labels": {"vramfit.dev/max-priority": max}}}))
+    };
+    assert_forbidden(
+        "the tenant labels its namespace",
+        namespaces
+            .patch(ns, &PatchParams::default(), &label("1000000"))
+            .await,
+        "alice-9",
+        "patch",
+        "namespaces",
+    );
+    // An admin allows 500 in this namespace; the policy sees the label once
+    // the API server's namespace informer has it.
+    let admin_namespaces: Api<Namespace> = Api::all(admin().await);
+    admin_namespaces
+        .patch(ns, &PatchParams::default(), &label("500"))
+        .await
+        .expect("the admin labels the namespace");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let stored = loop {
+        match jobs
+            .create(&PostParams::default(), &job("urgent", 500))
+            .await
+        {
+            Ok(stored) => break stored,
+            Err(e) => assert!(
+                Instant::now() < deadline,
+                "priority 500 still refused with the label: {e}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_refused_by(
+        "priority 501 with a limit of 500",
+        jobs.create(&dry_run(), &job("more", 501)).await,
+        BOUNDS,
+        &above(501, 500),
+    );
+    // The admin lowers the limit: the stored job may still be updated as long
+    // as its priority stays, not raised again.
+    admin_namespaces
+        .patch(ns, &PatchParams::default(), &label("100"))
+        .await
+        .expect("the admin lowers the label");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match jobs.create(&dry_run(), &job("probe", 200)).await {
+            Err(_) => break,
+            Ok(_) => assert!(Instant::now() < deadline, "the lowered label never applied"),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let name = stored.metadata.name.clone().unwrap();
+    assert_accepted(
+        "an update that keeps priority 500",
+        jobs.patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {"note": "kept"}}})),
+        )
+        .await,
+    );
+    assert_refused_by(
+        "an update that moves priority 500 to 400",
+        jobs.patch(
+            &name,
+            &dry_run_patch(),
+            &Patch::Merge(json!({"spec": {"priority": 400}})),
+        )
+        .await,
+        BOUNDS,
+        &above(400, 100),
     );
 }

@@ -5,14 +5,18 @@
 //!
 //! Where the readings come from is a [`NodeBackend`]: NVML and `/proc` on a
 //! real node ([`RealNode`]), or the simulated node of `crate::sim`. Where the
-//! status goes is the API server or, standalone, stdout and a file.
+//! status goes is the API server or, standalone, stdout and a file. What
+//! each pass computed also goes to the Prometheus metrics of [`metrics`],
+//! served apart from the loop.
 
 pub mod api;
 pub mod local;
+pub mod metrics;
 pub mod pods;
 mod setup;
 
 use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -32,6 +36,7 @@ use crate::node::report::{OwnerLookup, ProcessOwner, StatusBuilder};
 use crate::node::watchdog::{StopOrder, Watchdog, WatchdogConfig};
 use api::{GpuNodeWriter, probe_requested};
 use local::{LocalOwners, PidFds, kill_processes};
+use metrics::AgentMetrics;
 use pods::PodOwners;
 
 /// How long the OOM report may take before the kill it announces goes ahead
@@ -70,6 +75,8 @@ pub struct RunOptions {
     pub status_file: Option<PathBuf>,
     /// One reading, printed, then exit.
     pub once: bool,
+    /// Serve `/metrics` and `/healthz` here (not with `once`).
+    pub metrics_addr: Option<SocketAddr>,
 }
 
 impl RunOptions {
@@ -90,6 +97,7 @@ impl RunOptions {
             print: false,
             status_file: None,
             once: false,
+            metrics_addr: None,
         }
     }
 }
@@ -279,6 +287,13 @@ pub async fn run_loop(
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let mut shutdown = std::pin::pin!(shutdown);
+    let mut metrics = AgentMetrics::new(&options.node, backend.mode(), options.interval);
+    // Up before the start-up measurements, so that /healthz answers during
+    // them; it reads snapshots the loop hands over and never holds the loop.
+    let _server = match options.metrics_addr {
+        Some(addr) if !options.once => Some(metrics::serve(addr, metrics.shared())?),
+        _ => None,
+    };
     let mut builder = StatusBuilder::new(backend.mode());
     let mut watchdog = Watchdog::new(options.watchdog);
     let writer = client
@@ -369,7 +384,9 @@ pub async fn run_loop(
             // The kill goes through the descriptor opened when the process
             // was seen (`PidFds`), so a PID reused meanwhile is not hit.
             if let Some(w) = &writer {
-                match tokio::time::timeout(REPORT_BEFORE_KILL, w.write(&status)).await {
+                let written = tokio::time::timeout(REPORT_BEFORE_KILL, w.write(&status)).await;
+                metrics.write_done(matches!(written, Ok(Ok(_))));
+                match written {
                     Ok(Ok(_)) => {}
                     Ok(Err(e)) => {
                         tracing::error!("cannot write the OOM report before stopping: {e}")
@@ -383,6 +400,7 @@ pub async fn run_loop(
         for order in &orders {
             backend.stop(order);
         }
+        metrics.pass_done(&status, &usage, &orders, now);
         if options.once {
             emit(&options, &status)?;
             if let Some(w) = &writer {
@@ -403,9 +421,13 @@ pub async fn run_loop(
         }
         emit(&options, &status)?;
         match &writer {
-            None => last = Some((status, now)),
+            None => {
+                metrics.write_done(true);
+                last = Some((status, now));
+            }
             Some(w) => match w.write(&status).await {
                 Ok(node) => {
+                    metrics.write_done(true);
                     if write_retry_at.take().is_some() {
                         tracing::info!("GpuNode status written again");
                     }
@@ -414,6 +436,7 @@ pub async fn run_loop(
                     last = Some((status, now));
                 }
                 Err(e) => {
+                    metrics.write_done(false);
                     let delay = write_backoff.next_delay();
                     write_retry_at = Some(now + delay);
                     tracing::warn!(

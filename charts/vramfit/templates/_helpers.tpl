@@ -87,3 +87,25 @@ app.kubernetes.io/component: {{ .component }}
   resources: ["events"]
   verbs: ["create", "patch"]
 {{- end }}
+
+{{/* The /ui page's port in the controller pod. */}}
+{{- define "vramfit.controller.uiPort" -}}
+{{- $parts := splitList ":" .Values.controller.ui.address -}}
+{{- last $parts -}}
+{{- end }}
+
+{{/*
+"true" when /ui listens off loopback. Only behind Kubernetes authentication:
+otherwise it would show every namespace's jobs to whoever reaches the pod.
+*/}}
+{{- define "vramfit.controller.uiExposed" -}}
+{{- $ui := .Values.controller.ui -}}
+{{- $loopback := hasPrefix "127." $ui.address -}}
+{{- if and (not $loopback) (ne $ui.authentication "kubernetes") -}}
+{{- fail (printf "controller.ui.address %s is off loopback: /ui would show every namespace's jobs to whoever reaches it; set controller.ui.authentication=kubernetes, or keep it on 127.0.0.1 and use kubectl port-forward" $ui.address) -}}
+{{- end -}}
+{{- if eq (include "vramfit.controller.uiPort" .) (toString .Values.controller.metricsPort) -}}
+{{- fail (printf "controller.ui.address %s uses metricsPort %v: give /ui a port of its own" $ui.address .Values.controller.metricsPort) -}}
+{{- end -}}
+{{- not $loopback -}}
+{{- end }}
