@@ -2,7 +2,10 @@
 # The chart as a platform team installs it, on the one-node cluster of
 # hack/gpunode.sh (a real kubelet, containerd and runc; no GPU needed): the
 # images imported into containerd (no registry), `helm install`, then the
-# pods must start and keep working. One PASS:/FAIL: line per check, a count at
+# pods must start and keep working, and a real Prometheus (hack/tools.sh
+# prometheus) that finds the controller's and the agent's metrics endpoints
+# through the API server must answer every query of the chart's Grafana
+# dashboard (hack/prom-check.py). One PASS:/FAIL: line per check, a count at
 # the end; exits non-zero on any FAIL. See docs/gpu-node.md.
 #
 #   hack/node-chart.sh --up [--dir D] [--images DIR]   bring the node up (cluster only,
@@ -61,7 +64,7 @@ while [[ $# -gt 0 ]]; do
     --up) bring_up=1; shift ;;
     --dir) dir=$2; shift 2 ;;
     --images) images=$2; shift 2 ;;
-    *) sed -n '2,21p' "$0"; exit 2 ;;
+    *) sed -n '2,24p' "$0"; exit 2 ;;
   esac
 done
 
@@ -86,6 +89,8 @@ for f in vramfit vramfit-agent; do
     { log "no $images/$f-$version.oci.tar (hack/images.sh build --profile dev --out $images)"; exit 1; }
 done
 helm=$(hack/tools.sh helm)
+# Built before the node is up (the first build takes minutes).
+prom=$(hack/tools.sh prometheus)
 nodebin=${VRAMFIT_BIN:-$HOME/.cache/vramfit/bin}/node
 [[ -x $dir/bin/kube ]] && nodebin=$dir/bin
 
@@ -94,6 +99,11 @@ values=
 on_exit() {
   local rc=$?
   [[ -n $values ]] && rm -f "$values"
+  if [[ -n ${prom_dir:-} ]]; then
+    [[ $failed -gt 0 || $rc -ne 0 ]] && [[ -f $prom_dir/prometheus.log ]] &&
+      { echo "--- Prometheus (last lines)"; tail -5 "$prom_dir/prometheus.log"; } >&2
+    python3 hack/prom-check.py stop --dir "$prom_dir" || true
+  fi
   [[ -n ${keepalive:-} ]] && kill "$keepalive" 2>/dev/null
   node_nri_plugin_stop
   if [[ $failed -gt 0 || $rc -ne 0 ]] && [[ -n ${KUBECONFIG:-} ]]; then
@@ -176,7 +186,7 @@ else
 fi
 ds=$(kubectl get daemonset "$release-agent" -n "$ns" -o jsonpath='{.status.desiredNumberScheduled} {.status.numberReady}' 2>/dev/null || true)
 if [[ $ds == "1 1" ]]; then
-  pass "DaemonSet $release-agent: 1 pod wanted, 1 Ready (the agent has no readiness probe: Ready is its container running and its nri-cdi sidecar registered)"
+  pass "DaemonSet $release-agent: 1 pod wanted, 1 Ready (its readiness probe, GET /healthz on the metrics port, passes and its nri-cdi sidecar registered)"
 else
   failc "DaemonSet $release-agent: wanted/ready $ds"
 fi
@@ -205,6 +215,40 @@ fi
 restarts=$(kubectl get pods -n "$ns" -o jsonpath='{range .items[*]}{.status.containerStatuses[*].restartCount} {.status.initContainerStatuses[*].restartCount}{"\n"}{end}' |
   awk '{for (i = 1; i <= NF; i++) s += $i} END {print s + 0}')
 [[ $restarts == 0 ]] && pass "no container restarted" || failc "containers restarted: $restarts"
+
+# --- Prometheus --------------------------------------------------------------------------
+# Started now, it scrapes through the pods' replacements below. It finds the
+# endpoints of the Services $release-metrics and $release-agent-metrics through
+# the API server (Kubernetes service discovery, the node's kubeconfig) and
+# scrapes the pods on the bridge. Each component's queries run while it has
+# data: the agent's before the agent is turned off (on this node without a
+# GPU its per-GPU and per-pod series are empty: prom-check says NEEDS GPU for
+# each, from sum(vramfit_agent_gpus) = 0), the controller's with the
+# TrainingJob placed on the simulated GPUs.
+prom_dir=$(mktemp -d /tmp/vramfit-prom.XXXXXX)
+prom_ok=0
+t_prom=$(now_ms)
+if python3 hack/prom-check.py start --prometheus "$prom" --kubeconfig "$KUBECONFIG" --dir "$prom_dir" \
+    --namespace "$ns" --release "$release"; then
+  prom_ok=1
+  pass "Prometheus (github.com/prometheus/prometheus $(awk '$1 == "github.com/prometheus/prometheus" {print $2}' hack/tools/prometheus/go.mod), built from its Go module) started after $(secs "$t_prom" "$(now_ms)")s, Kubernetes service discovery through the API server"
+else
+  failc "Prometheus did not start: $(tail -3 "$prom_dir/prometheus.log" 2>/dev/null)"
+fi
+# prom_check COMPONENT: its targets up, then every dashboard query of it
+# (hack/prom-check.py prints PASS:, FAIL:, NEEDS GPU: and NEEDS EVENT: lines;
+# the PASS and FAIL lines count here).
+prom_check() {
+  local out
+  [[ $prom_ok == 1 ]] || { failc "no Prometheus to check the $1's metrics with"; return; }
+  out=$({
+    python3 hack/prom-check.py targets --dir "$prom_dir" --component "$1" --wait 120
+    python3 hack/prom-check.py query --dir "$prom_dir" --component "$1" --wait 90
+  } || true)
+  printf '%s\n' "$out"
+  passed=$((passed + $(grep -c '^PASS: ' <<<"$out" || true)))
+  failed=$((failed + $(grep -c '^FAIL: ' <<<"$out" || true)))
+}
 
 # --- b. leader election ----------------------------------------------------------------
 lease_holder() { kubectl get lease "$release-controller" -n "$ns" -o jsonpath='{.spec.holderIdentity}' 2>/dev/null || true; }
@@ -289,6 +333,11 @@ poll 60 eval '[[ -n $(lease_holder) ]] && ready_pods controller | grep -qx "$(le
   pass "after the upgrade the Lease is held by a new pod: $(lease_holder)" ||
   failc "after the upgrade no new pod holds the Lease (holder: $(lease_holder))"
 
+# --- the agent's metrics ------------------------------------------------------------------
+# The agent (real, in its no-GPU mode) after its pod was replaced and the
+# release upgraded: its targets and the dashboard's agent queries.
+prom_check agent
+
 # --- a TrainingJob in a baseline namespace ------------------------------------------------
 # The node has no GPU, so the GpuNode's GPUs are simulated as in `gpunode.sh up`
 # without one: the agent is turned off (helm upgrade agent.enabled=false; it
@@ -345,6 +394,16 @@ EOF
     else
       failc "the node's NRI plugin logged no GPU for pod $tj_ns/$pod: $(tail -3 "$dir/nri-cdi.log" 2>/dev/null)"
     fi
+    # The controller's metrics with the job placed on the simulated GPUs,
+    # once Prometheus scraped the leader after the placement.
+    if [[ $prom_ok == 1 ]]; then
+      line=$(python3 hack/prom-check.py wait --dir "$prom_dir" --wait 60 \
+        --what "Prometheus shows the job placed on the simulated GPUs (the controller's own state)" \
+        --query 'sum(vramfit_trainingjobs{phase=~"Placed|Running"}) and (sum(vramfit_gpu_memory_committed_bytes) > 0)' || true)
+      echo "$line"
+      [[ $line == PASS:* ]] && passed=$((passed + 1)) || failed=$((failed + 1))
+    fi
+    prom_check controller
   else
     failc "TrainingJob $tj_ns/cpu-pause: no pod Running on $node within 90s (job: $(kubectl get trainingjob -n "$tj_ns" cpu-pause -o jsonpath='{.status.phase} {.status.message}' 2>&1); pods: $(kubectl get pods -n "$tj_ns" --no-headers 2>&1 | paste -sd, -); events: $(kubectl get events -n "$tj_ns" -o jsonpath='{range .items[*]}{.reason}: {.message}{"\n"}{end}' 2>&1 | tail -3 | paste -sd'|' -))"
   fi
