@@ -339,7 +339,7 @@ print(json.dumps({"status": {"heartbeat": now, "gpuCount": 2, "model": "H200", "
 # What was chosen and why is in $dir/pod-network-choice.
 cni_setup() {
   local cd=$dir why
-  rm -rf "$cd/cni"
+  rm -rf "$cd/cni" "$dir/pod-network-choice"
   mkdir -p "$cd/cni/bin" "$cd/cni/net.d"
   cp "$nodebin/loopback" "$cd/cni/bin/loopback"
   if [[ $pod_network != 0 ]]; then
@@ -739,7 +739,9 @@ case $cmd in
     out=${out:-$dir/demo-out}
     mkdir -p "$out"
     down >/dev/null 2>&1 || true
-    trap 'collect_logs; down >/dev/null 2>&1 || true' EXIT
+    # Each step of its own: a failing one (a `kubectl logs` of a pod that
+    # never started) must not end the trap before `down`.
+    trap 'collect_logs || true; down >/dev/null 2>&1 || true' EXIT
     if [[ $chart == 1 ]]; then
       all_chart
     else

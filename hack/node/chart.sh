@@ -5,6 +5,19 @@
 # folder), $node, $ns (the release's namespace) and $release; kubectl and ctr
 # are on PATH with KUBECONFIG set.
 
+# within SECONDS COMMAND...: runs COMMAND every 0.5 s until it succeeds (0)
+# or SECONDS of wall-clock time have passed (1), however long each run of
+# COMMAND takes (poll counts its tries). Its output is discarded.
+within() {
+  local deadline=$(($(date +%s) + $1))
+  shift
+  while :; do
+    "$@" >/dev/null 2>&1 && return 0
+    (($(date +%s) >= deadline)) && return 1
+    sleep 0.5
+  done
+}
+
 # The chart's version (the images' tag).
 chart_version() { sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1; }
 

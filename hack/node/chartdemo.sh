@@ -40,9 +40,10 @@ clines() {
       PASS:*) cpass "${line#PASS: }" ;;
       FAIL:*) cfail "${line#FAIL: }" ;;
       SKIP:*) cskip "${line#SKIP: }" ;;
-      *) [[ -n $line ]] && printf '%s\n' "$line" | tee -a "$out/chart.log" ;;
+      *) [[ -z $line ]] || printf '%s\n' "$line" | tee -a "$out/chart.log" ;;
     esac
   done
+  return 0
 }
 
 # The training image: written by trainimage.py straight into `ctr images
@@ -127,17 +128,20 @@ json.dump({"gpunode": json.loads(sys.argv[1] or "{}"), "jobs": json.loads(sys.ar
 #      controller.policy changed: the Deployment rolls to pods with the new
 #      flag, one of them holds the Lease.
 # Each with the number of jobs Running when it was done (none: FAIL, nothing
-# was tried). PASS:/FAIL:/SKIP: lines on stdout; what was done and when in
+# was tried); every wait bounded in wall-clock time (within). PASS:/FAIL:/SKIP: lines on stdout; what was done and when in
 # $dir/ops.json, which report.py operations judges after the run (no job
 # lost, doubled or over-committed, the events).
 chart_operate() {
+  # Its own background shell: a command that fails (an API call refused
+  # while a pod goes) is reported by the check, not the end of this shell.
+  set +e
   local helm=$1 apply_ms=$2 running holder took who policy=best-fit
   local leader_ms= agent_ms= upgrade_ms= leader_json=null agent_json=null upgrade_json=null
-  poll 240 eval '[[ $(jobs_in Running) -gt 0 ]]' || echo "FAIL: operations: no job Running within 240 s of the apply"
+  within 240 eval '[[ $(jobs_in Running) -gt 0 ]]' || echo "FAIL: operations: no job Running within 240 s of the apply"
 
   # 1. The leader.
   if ((controllers > 1)); then
-    poll 60 eval '[[ -n $(lease_holder) ]]' || true
+    within 60 eval '[[ -n $(lease_holder) ]]' || true
     holder=$(lease_holder)
     local before
     before=$(ready_pods controller)
@@ -146,7 +150,7 @@ chart_operate() {
       leader_ms=$(now_ms)
       kubectl delete pod -n "$ns" "$holder" --wait=false >/dev/null
       new_holder() { local h; h=$(lease_holder); [[ -n $h && $h != "$holder" ]] && kubectl get pod -n "$ns" "$h" >/dev/null; }
-      if poll 90 new_holder; then
+      if within 90 new_holder; then
         took=$(secs "$leader_ms" "$(now_ms)")
         who="the replacement pod"
         grep -qx "$(lease_holder)" <<<"$before" && who="the standby replica"
@@ -157,7 +161,7 @@ chart_operate() {
       fi
       leader_json="{\"ms\": $leader_ms, \"old\": \"$holder\", \"new\": \"$(lease_holder)\", \"running\": $running}"
       back() { [[ $(count_ready controller) == "$controllers" && $(kubectl get pods -n "$ns" -l "$(sel controller)" --no-headers 2>/dev/null | wc -l) == "$controllers" ]]; }
-      if poll 180 back; then
+      if within 180 back; then
         echo "PASS: operations: the controller Deployment back to $controllers Ready replicas $(secs "$leader_ms" "$(now_ms)")s after the leader's pod was deleted"
       else
         echo "FAIL: operations: the controller Deployment not back to $controllers Ready replicas within 180s: $(kubectl get pods -n "$ns" -l "$(sel controller)" --no-headers 2>&1 | paste -sd, -)"
@@ -176,14 +180,22 @@ chart_operate() {
     # pod, and a container created before the new pod's sidecar registers
     # would get no GPU.
     local quiet="no pod of a job due"
-    poll 60 jobs_quiet || quiet="after 60s still a pod of a job due: $(jobs_in Pending Profiling Placed Retrying) jobs Pending, Profiling, Placed or Retrying"
+    within 60 jobs_quiet || quiet="after 60s still a pod of a job due: $(jobs_in Pending Profiling Placed Retrying) jobs Pending, Profiling, Placed or Retrying"
     old=$(ready_pods agent | head -1)
     running=$(jobs_in Running)
     gn_snapshot "$before_f"
+    # Its sidecar's log (the GPUs it gave) goes with the pod: kept here, for
+    # the count of training containers given their GPU after the demo; again
+    # once the pod is being deleted (the sidecar stops last).
+    kubectl logs -n "$ns" "$old" -c nri-cdi >"$dir/nri-cdi-$old.log" 2>/dev/null
     agent_ms=$(now_ms)
     kubectl delete pod -n "$ns" "$old" --wait=false >/dev/null
+    kubectl logs -n "$ns" "$old" -c nri-cdi >"$dir/nri-cdi-$old.log.2" 2>/dev/null &&
+      [[ $(wc -l <"$dir/nri-cdi-$old.log.2") -ge $(wc -l <"$dir/nri-cdi-$old.log") ]] &&
+      mv "$dir/nri-cdi-$old.log.2" "$dir/nri-cdi-$old.log"
+    rm -f "$dir/nri-cdi-$old.log.2"
     new_agent() { new=$(ready_pods agent | head -1); [[ -n $new && $new != "$old" ]]; }
-    if poll 120 new_agent; then
+    if within 120 new_agent; then
       t_ready=$(now_ms)
       [[ $running -gt 0 ]] && echo "PASS: operations: the agent's pod $old deleted with $running jobs Running ($quiet): the DaemonSet's $new Ready after $(secs "$agent_ms" "$t_ready")s" ||
         echo "FAIL: operations: the agent's pod $old deleted, but no job was Running then (nothing tried)"
@@ -197,7 +209,7 @@ chart_operate() {
       local started
       started=$(pod_started_ms "$ns" "$new" agent)
       new_status() { hb=$(gn_heartbeat_ms); [[ -n $hb && -n $started && $hb -gt $started ]]; }
-      if poll 90 new_status; then
+      if within 90 new_status; then
         gn_snapshot "$after_f"
         if peaks=$(python3 "$here/node/report.py" peaks --before "$before_f" --after "$after_f"); then
           echo "PASS: operations: the new agent's first status ($(secs "$agent_ms" "$hb")s after the old pod's deletion) keeps the peaks of the running processes: $peaks"
@@ -232,7 +244,7 @@ chart_operate() {
       done
       [[ -n $(lease_holder) ]] && ready_pods controller | grep -qx "$(lease_holder)"
     }
-    if poll 240 rolled; then
+    if within 240 rolled; then
       # The agent's pods are the same (none without a GPU): a changed
       # controller value rolls no agent under running jobs.
       agents_after=$(kubectl get pods -n "$ns" -l "$(sel agent)" -o name 2>/dev/null | sort | paste -sd' ' -)
@@ -244,7 +256,9 @@ chart_operate() {
         echo "FAIL: operations: helm upgrade --set controller.policy=$policy rolled, but no job was Running then (nothing tried)"
       fi
     else
-      echo "FAIL: operations: helm upgrade --set controller.policy=$policy: the Deployment did not roll within 240s ($(kubectl get pods -n "$ns" -l "$(sel controller)" --no-headers 2>&1 | awk '{print $1 " " $2 " " $3}' | paste -sd, -); $(kubectl get events -n "$ns" --field-selector reason=FailedScheduling -o jsonpath='{.items[-1:].message}' 2>/dev/null))"
+      local hint=
+      ((controllers == 1)) && hint="one replica on the host network: the rolling update's new pod wants the old one's host ports; "
+      echo "FAIL: operations: helm upgrade --set controller.policy=$policy: the Deployment did not roll within 240s (${hint}$(kubectl get pods -n "$ns" -l "$(sel controller)" --no-headers 2>&1 | awk '{print $1 " " $2 " " $3}' | paste -sd, -); $(kubectl get events -n "$ns" --field-selector reason=FailedScheduling -o jsonpath='{.items[-1:].message}' 2>/dev/null))"
     fi
   else
     echo "FAIL: operations: helm upgrade --set controller.policy=$policy: $(tail -3 "$dir/operate-helm.log" | paste -sd' ' -)"
@@ -444,25 +458,30 @@ json.dump(d, sys.stdout)' "$1" "$n" >"$part"
   watch_pid=$!
   poll 15 grep -q '"WATCHING"' "$watch" || log "report.py watch did not start (see $out/chart.log)"
   local rc=0 attacks_pid= operate_pid=
-  rm -f "$dir/operate.txt" "$dir/ops.json"
+  rm -f "$dir/operate.txt" "$dir/ops.json" "$dir"/nri-cdi-*.log
   demo_run "$jobs" "$cdi" --attacks --watch "$watch" || rc=$?
   kill "$watch_pid" 2>/dev/null || true
   wait "$watch_pid" 2>/dev/null || true
   cp "$watch" "$out/watch.jsonl" 2>/dev/null || true
   grep '^TIME: ' "$dir/summary.txt" >>"$out/chart.log" || true
-  [[ -n $attacks_pid ]] && wait "$attacks_pid"
+  # (A FAIL among the attacks is counted below, from attacks.txt.)
+  [[ -z $attacks_pid ]] || wait "$attacks_pid" || true
   # The operations done while the jobs ran, then what they must not have
   # cost, judged over the whole run.
-  [[ -n $operate_pid ]] && wait "$operate_pid"
+  [[ -z $operate_pid ]] || wait "$operate_pid" || true
   echo
-  clines <"$dir/operate.txt"
+  if [[ -f $dir/operate.txt ]]; then
+    clines <"$dir/operate.txt"
+  else
+    cfail "operations: no record of them ($dir/operate.txt)"
+  fi
   cp "$dir/ops.json" "$out/ops.json" 2>/dev/null || true
   python3 "$here/node/report.py" operations --ops "$dir/ops.json" --jobs "$dir/tj.json" --gpunode "$dir/gpunode.json" \
-    --watch "$out/watch.jsonl" --samples "$dir/gpunode-samples.jsonl" --events "$dir/events.json" 2>>"$out/chart.log" | clines
+    --watch "$out/watch.jsonl" --samples "$dir/gpunode-samples.jsonl" --events "$dir/events.json" 2>>"$out/chart.log" | clines || true
   # Attack e's job, once the demo's jobs are done (its placement would take
   # room from them): bob's template that restricted refuses runs nothing.
   python3 "$here/node/attacks.py" restricted-job --release "$release" --image "$TRAIN_IMAGE" \
-    --out "$out/attacks-restricted.json" >>"$dir/attacks.txt" 2>&1
+    --out "$out/attacks-restricted.json" >>"$dir/attacks.txt" 2>&1 || true
   # team-b's pods, the controller's, admitted under restricted.
   local bpods
   bpods=$(python3 -c '
@@ -475,15 +494,18 @@ print(len(names), " ".join(names))' "$out/watch.jsonl" 2>/dev/null || echo 0)
   else
     cfail "team-b enforces Pod Security restricted, the controller's pods there admitted: label '$(kubectl get ns team-b -o jsonpath='{.metadata.labels.pod-security\.kubernetes\.io/enforce}')', pods seen: ${bpods}"
   fi
-  [[ -n $keepalive ]] && kill "$keepalive" 2>/dev/null
+  [[ -z $keepalive ]] || kill "$keepalive" 2>/dev/null || true
   if ((gpu)); then
-    # Every training container's GPU came from the sidecar.
-    local given
-    given=$(kubectl logs -n "$ns" "$agent_pod" -c nri-cdi 2>/dev/null | grep -c ' container [^ ]*: nvidia.com/gpu=GPU-' || true)
+    # Every training container's GPU came from the sidecar: of the agent
+    # pod now, and of those the operations deleted (their logs kept).
+    local given pods_now
+    pods_now=$(ready_pods agent | paste -sd' ' -)
+    given=$( { cat "$dir"/nri-cdi-*.log 2>/dev/null; for p in $pods_now; do kubectl logs -n "$ns" "$p" -c nri-cdi 2>/dev/null; done; } |
+      grep -c ' container [^ ]*: nvidia.com/gpu=GPU-' || true)
     if ((given > 0)); then
-      cpass "the agent pod's sidecar gave $given training containers their GPUs ($agent_pod, container nri-cdi)"
+      cpass "the agent pods' sidecars gave $given training containers their GPUs ($agent_pod, then ${pods_now:-none}; container nri-cdi)"
     else
-      cfail "no training container's GPU in the log of $agent_pod's nri-cdi"
+      cfail "no training container's GPU in the log of the agent pods' nri-cdi ($agent_pod, then ${pods_now:-none})"
     fi
   else
     node_nri_plugin_stop
