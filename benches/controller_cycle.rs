@@ -222,18 +222,22 @@ fn round(seconds: f64) -> f64 {
 }
 
 fn gpu_node(name: &str, gpus: usize, bytes: u64, now: Timestamp) -> Result<GpuNode> {
-    let devices: Vec<serde_json::Value> = (0..gpus)
-        .map(|i| {
-            json!({"index": i, "uuid": format!("GPU-{name}-{i}"), "model": "H100-80GB",
-                   "totalBytes": bytes, "usedBytes": 0, "health": "Healthy"})
-        })
-        .collect();
-    Ok(serde_json::from_value(json!({
-        "apiVersion": "vramfit.dev/v1alpha1", "kind": "GpuNode",
-        "metadata": {"name": name, "labels": {"vramfit.dev/pool": "bench"}}, "spec": {},
-        "status": {"gpus": devices, "gpuCount": gpus, "model": "H100-80GB",
-                   "heartbeat": now.to_string()}
-    }))?)
+    let node = (0..gpus).fold(
+        GpuNode::test(name)
+            .label("vramfit.dev/pool", "bench")
+            .gpus(json!([])),
+        |node, i| {
+            node.gpu("H100-80GB", bytes)
+                .uuid(&format!("GPU-{name}-{i}"))
+                .used(0)
+                .health("Healthy")
+        },
+    );
+    Ok(node
+        .status_fields(
+            json!({"gpuCount": gpus, "model": "H100-80GB", "heartbeat": now.to_string()}),
+        )
+        .build())
 }
 
 fn node(name: &str) -> Result<Node> {
@@ -247,23 +251,21 @@ fn node(name: &str) -> Result<Node> {
 /// A job as the controller's cache holds it after the prediction: phase
 /// Pending with its budget.
 fn predicted_job(i: usize, gpus: u32, request_gib: u64) -> Result<TrainingJob> {
-    Ok(serde_json::from_value(json!({
-        "apiVersion": "vramfit.dev/v1alpha1", "kind": "TrainingJob",
-        "metadata": {"name": format!("job-{i:05}"), "namespace": "bench",
-                     "uid": format!("00000000-0000-0000-0000-{i:012}"),
-                     "creationTimestamp": "2026-12-01T12:00:00Z",
-                     "finalizers": ["vramfit.dev/release-placement"]},
-        "spec": {
-            "gpus": gpus,
-            "batch": {"global": 64, "micro": 8},
-            "model": {"mlp": {"layers": 8, "hidden": 4096}, "precision": "fp32", "optimizer": "adamw"},
-            "memory": {"request": format!("{request_gib}Gi")},
-            "template": {"spec": {"containers": [{"name": "train", "image": "trainer",
-                "resources": {"requests": {"cpu": "4", "memory": "32Gi"}}}]}}
-        },
-        "status": {"phase": "Pending", "attempt": 1, "budgetBytes": request_gib * GIB,
-                   "microBatch": 8, "gradAccum": 1}
-    }))?)
+    Ok(TrainingJob::test(&format!("job-{i:05}"))
+        .namespace("bench")
+        .uid(&format!("00000000-0000-0000-0000-{i:012}"))
+        .meta("generation", serde_json::Value::Null)
+        .created("2026-12-01T12:00:00Z")
+        .meta("finalizers", json!(["vramfit.dev/release-placement"]))
+        .gpus(gpus)
+        .batch(64, 8)
+        .model(json!({"mlp": {"layers": 8, "hidden": 4096}, "precision": "fp32", "optimizer": "adamw"}))
+        .request(&format!("{request_gib}Gi"))
+        .template_spec(json!({"containers": [{"name": "train", "image": "trainer",
+            "resources": {"requests": {"cpu": "4", "memory": "32Gi"}}}]}))
+        .status_fields(json!({"phase": "Pending", "attempt": 1, "budgetBytes": request_gib * GIB,
+                              "microBatch": 8, "gradAccum": 1}))
+        .build())
 }
 
 /// (GPUs, `memory.request` GiB) per job: the mix of `controller_scale`

@@ -720,18 +720,14 @@ fn job_specs(args: &Args) -> Vec<(String, u32, u64)> {
 }
 
 fn job_json(name: &str, gpus: u32, request_gib: u64) -> Value {
-    json!({
-        "apiVersion": "vramfit.dev/v1alpha1", "kind": "TrainingJob",
-        "metadata": {"name": name},
-        "spec": {
-            "gpus": gpus,
-            "batch": {"global": 64, "micro": 8},
-            "model": {"mlp": {"layers": 8, "hidden": 4096}, "precision": "fp32", "optimizer": "adamw"},
-            "memory": {"request": format!("{request_gib}Gi")},
-            "template": {"spec": {"containers": [{"name": "train", "image": "trainer",
-                "resources": {"requests": {"cpu": "4", "memory": "32Gi"}}}]}}
-        }
-    })
+    TrainingJob::test(name)
+        .gpus(gpus)
+        .batch(64, 8)
+        .model(json!({"mlp": {"layers": 8, "hidden": 4096}, "precision": "fp32", "optimizer": "adamw"}))
+        .request(&format!("{request_gib}Gi"))
+        .template_spec(json!({"containers": [{"name": "train", "image": "trainer",
+            "resources": {"requests": {"cpu": "4", "memory": "32Gi"}}}]}))
+        .manifest()
 }
 
 /// Sums the placed budgets per GPU: (GPUs over capacity, highest ratio,

@@ -197,6 +197,14 @@ nri_check '{"socket": "/var/lib/vramfit-node/nri/nri.sock", "namespace": null, "
   --set-string nri.pluginIndex=05 --set nri.pluginName=gpus
 nri_check null --set nri.enabled=false
 nri_check null --set agent.simulate=2xH200
+# The shipped agent image has no simulated node: agent.simulate runs
+# agent.simulateImage, and only then.
+out=$(render --show-only templates/agent-daemonset.yaml)
+grep -q 'image: vramfit-agent:' <<<"$out" || fail "the agent does not run agent.image"
+grep -q 'vramfit-agent-sim' <<<"$out" && fail "the agent runs the simulator's image without agent.simulate"
+out=$(render --show-only templates/agent-daemonset.yaml --set agent.simulate=2xH200 --set agent.simulateImage.tag=t)
+grep -q 'image: vramfit-agent-sim:t$' <<<"$out" || fail "agent.simulate does not run agent.simulateImage"
+grep -q -- '- --simulate=2xH200' <<<"$out" || fail "agent.simulate passes no --simulate"
 out=$(render --show-only templates/agent-daemonset.yaml)
 grep -q 'kubectl.kubernetes.io/default-container: agent' <<<"$out" || fail "kubectl does not default to the agent container"
 refuse "a relative NRI socket" "/nri/socket" --set nri.socket=nri.sock

@@ -35,12 +35,13 @@ if [[ ${1:-} == --dev ]]; then
 fi
 bin=$CARGO_TARGET_DIR/$profile
 if [[ ! -x $bin/vramfit || ! -x $bin/vramfit-agent ]]; then
-  log "building vramfit and vramfit-agent ($profile) into $CARGO_TARGET_DIR: the first build compiles about 400 crates, 5 to 15 minutes; later runs take seconds"
+  log "building vramfit and vramfit-agent (sim feature, $profile) into $CARGO_TARGET_DIR: the first build compiles about 400 crates, 5 to 15 minutes; later runs take seconds"
 else
-  log "building vramfit and vramfit-agent ($profile, up to date unless the sources changed)"
+  log "building vramfit and vramfit-agent (sim feature, $profile, up to date unless the sources changed)"
 fi
 cargo build "${profile_flag[@]}" -p vramfit --bin vramfit
-cargo build "${profile_flag[@]}" -p vramfit-agent --bin vramfit-agent
+# The simulated node is not in the shipped agent: the `sim` feature adds it.
+cargo build "${profile_flag[@]}" -p vramfit-agent --features sim --bin vramfit-agent
 if [[ ! -x ${VRAMFIT_BIN:-$HOME/.cache/vramfit/bin}/node/kube ]]; then
   log "building kube (kube-apiserver and more) and etcd from their Go modules (once, about 10 minutes)"
 fi

@@ -5,11 +5,13 @@
 # tarballs that `ctr -n k8s.io images import` accepts. The Dockerfile builds the
 # same images where a registry is reachable.
 #
-#   hack/images.sh build [--profile release|dev] [--out DIR]   build both images
+#   hack/images.sh build [--profile release|dev] [--out DIR] [--sim]   build both images
+#                                        (--sim: also vramfit-agent-sim, below)
 #   hack/images.sh assemble [--profile release|dev] [--out DIR]
 #                                        the same from the Rust binaries cargo already built
 #                                        (no cargo run; vramfit-nri-cdi is built with Go)
-#   hack/images.sh check [--out DIR]     unpack each tarball and run its binaries (--version)
+#   hack/images.sh check [--out DIR]     unpack each tarball and run its binaries (--version;
+#                                        the shipped agent must refuse --simulate)
 #
 #   images: vramfit:<version>        the controller and CLI, user 65532 (non-root)
 #           vramfit-agent:<version>  the node agent (cuda feature), user 0 (the
@@ -17,6 +19,10 @@
 #                                    /usr/local/bin/vramfit-nri-cdi, the NRI plugin
 #                                    the chart runs beside it (static Go,
 #                                    hack/node/containerd/nri-cdi)
+#           vramfit-agent-sim:<version>  with --sim only: the agent built with its
+#                                    simulated node (the `sim` feature) for test
+#                                    clusters (the chart's agent.simulate), user
+#                                    65532; never the shipped agent
 #
 # Output: DIR (default ~/.cache/vramfit/images)/vramfit-<version>.oci.tar and
 # vramfit-agent-<version>.oci.tar. Import on a node with
@@ -42,10 +48,12 @@ cmd=${1:-}
 shift || true
 profile=release
 out=$HOME/.cache/vramfit/images
+sim=0
 while [[ $# -gt 0 ]]; do
   case $1 in
     --profile) profile=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
+    --sim) sim=1; shift ;;
     *) die "unknown argument $1" ;;
   esac
 done
@@ -160,12 +168,25 @@ EOF
 }
 
 build() {
-  local flag=(--release)
+  local flag=(--release) work
   [[ $profile == dev ]] && flag=()
+  if ((sim)); then
+    # First, so that the agent cargo leaves in the target folder is the
+    # shipped one (assemble packs what is there).
+    log "building vramfit-agent with the sim feature, profile $profile"
+    cargo build --locked "${flag[@]}" -p vramfit-agent --features sim --bin vramfit-agent
+    work=$(mktemp -d /tmp/vramfit-agent-sim.XXXXXX)
+    cleanup_dirs+=("$work")
+    cp "$CARGO_TARGET_DIR/$profile_dir/vramfit-agent" "$work/vramfit-agent"
+  fi
   log "building vramfit and vramfit-agent (cuda feature), profile $profile"
   cargo build --locked "${flag[@]}" --bin vramfit
   cargo build --locked "${flag[@]}" -p vramfit-agent --features cuda --bin vramfit-agent
   assemble
+  if ((sim)); then
+    crane=$(hack/tools.sh crane)
+    image vramfit-agent-sim "$work/vramfit-agent" 65532:65532 run
+  fi
 }
 
 # build_nri_plugin OUT: the NRI plugin (hack/node/containerd/nri-cdi) at OUT,
@@ -183,6 +204,10 @@ assemble() {
   for f in vramfit vramfit-agent; do
     [[ -x $bin/$f ]] || die "no $bin/$f (hack/images.sh build --profile $profile runs cargo)"
   done
+  # The shipped agent has no simulated node (a --sim build leaves the
+  # shipped one last, and a build by hand may not).
+  refuses_simulate "$bin/vramfit-agent" ||
+    die "$bin/vramfit-agent was built with the sim feature: the shipped agent is built without it (hack/images.sh build)"
   work=$(mktemp -d /tmp/vramfit-nri-cdi.XXXXXX)
   cleanup_dirs+=("$work")
   log "building vramfit-nri-cdi (Go, static)"
@@ -191,12 +216,24 @@ assemble() {
   image vramfit-agent "$bin/vramfit-agent" 0:0 run "$work/vramfit-nri-cdi"
 }
 
+# refuses_simulate COMMAND...: the agent COMMAND runs refuses --simulate as a
+# build without the sim feature does.
+refuses_simulate() {
+  local said
+  if said=$("$@" run --node n --once --simulate 1xH200 2>&1 >/dev/null); then
+    return 1
+  fi
+  [[ $said == *"built without the simulated node"* ]]
+}
+
 # Unpacks each tarball as containerd would (index -> manifest -> config and
 # layers), checks the config, and runs the binary in a chroot of the unpacked
 # layers, so nothing of this machine's libraries is used.
 check() {
-  local name user tarball dir
-  for pair in vramfit:65532:65532 vramfit-agent:0:0; do
+  local name user tarball dir pairs=(vramfit:65532:65532 vramfit-agent:0:0) checked=0
+  # The simulating agent's image where `build --sim` made one.
+  [[ -f $out/vramfit-agent-sim-$version.oci.tar ]] && pairs+=(vramfit-agent-sim:65532:65532)
+  for pair in "${pairs[@]}"; do
     name=${pair%%:*}
     user=${pair#*:}
     tarball=$out/$name-$version.oci.tar
@@ -219,17 +256,28 @@ with tarfile.open(tarball) as outer:
     config = json.loads(blob(manifest["config"]["digest"]))
     assert config["os"] == "linux" and config["architecture"] == "amd64", config
     assert config["config"]["User"] == user, config["config"]
-    assert config["config"]["Entrypoint"] == [f"/usr/local/bin/{name}"], config["config"]
+    binary = name.removesuffix("-sim")
+    assert config["config"]["Entrypoint"] == [f"/usr/local/bin/{binary}"], config["config"]
     for layer in manifest["layers"]:
         with tarfile.open(fileobj=io.BytesIO(blob(layer["digest"]))) as t:
             t.extractall(rootfs, filter="tar")
 EOF
-    local entry="/usr/local/bin/$name" got
+    local binary=${name%-sim} got
+    local entry="/usr/local/bin/$binary"
     got=$(chroot --userspec="$user" "$dir/rootfs" "$entry" --version) ||
       die "$name: $entry --version failed inside the image"
-    [[ $got == "$name $version" ]] || die "$name: --version printed '$got', not '$name $version'"
+    [[ $got == "$binary $version" ]] || die "$name: --version printed '$got', not '$binary $version'"
     log "$name-$version.oci.tar: user $user, $entry --version -> $got"
+    if [[ $name == vramfit-agent-sim ]]; then
+      got=$(chroot --userspec="$user" "$dir/rootfs" "$entry" run --node n --once --simulate 1xH200 -o json) ||
+        die "$name: $entry run --simulate failed inside the image"
+      [[ $got == *'"mode": "simulated"'* ]] || die "$name: run --simulate printed no simulated status: $got"
+      log "$name-$version.oci.tar: run --simulate 1xH200 --once -> a simulated status"
+    fi
     if [[ $name == vramfit-agent ]]; then
+      refuses_simulate chroot --userspec="$user" "$dir/rootfs" "$entry" ||
+        die "$name: $entry has the simulated node (the sim feature): the shipped agent is built without it"
+      log "$name-$version.oci.tar: run --simulate refused (no simulated node in the shipped agent)"
       # The NRI plugin the chart runs beside the agent, from the same image.
       local nri=/usr/local/bin/vramfit-nri-cdi
       [[ -x $dir/rootfs$nri ]] || die "$name: no $nri in the image"
@@ -242,13 +290,14 @@ EOF
       fi
       log "$name-$version.oci.tar: $nri --version -> $got; --probe fails while nothing is registered"
     fi
+    checked=$((checked + 1))
   done
-  echo "images: 2 passed, 0 failed"
+  echo "images: $checked passed, 0 failed"
 }
 
 case $cmd in
   build) build ;;
   assemble) assemble ;;
   check) check ;;
-  *) sed -n '2,24p' "$0"; exit 2 ;;
+  *) sed -n '2,29p' "$0"; exit 2 ;;
 esac

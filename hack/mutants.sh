@@ -23,11 +23,13 @@
 # outcomes.json; one log per mutant). Runs under nice: it is a long CPU job on
 # a shared machine. The lists of the recorded runs are in docs/mutants/.
 #
-# MUTANTS_SKIP_DEV_AGENT=1 drops the `vramfit-agent` dev-dependency from
-# Cargo.toml for the run (restored on exit, also on Ctrl-C): cargo builds every
+# MUTANTS_SKIP_DEV_AGENT=1 drops the `vramfit-agent` dev-dependency and the
+# crate's dev-dependency on itself (its `testing` fixtures) from Cargo.toml for
+# the run (restored on exit, also on Ctrl-C): cargo builds every
 # dev-dependency even for the library's unit tests, so each mutant otherwise
-# compiles the vramfit library twice (once for the agent) and the agent once.
-# The unit tests do not use the agent.
+# compiles the vramfit library twice (once for the agent and the fixtures) and
+# the agent once. The unit tests use neither (they have the fixtures through
+# cfg(test)).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -78,7 +80,7 @@ if [[ ${MUTANTS_SKIP_DEV_AGENT:-0} == 1 ]]; then
   backup=$(mktemp -d)
   cp Cargo.toml Cargo.lock "$backup/"
   trap 'cp "$backup/Cargo.toml" "$backup/Cargo.lock" . && rm -r "$backup"' EXIT
-  sed -i '/^vramfit-agent = { path = "agent" }$/d' Cargo.toml
+  sed -i -e '/^vramfit-agent = { path = "agent"[,}]/d' -e '/^vramfit = { path = "\."[,}]/d' Cargo.toml
 fi
 
 # Each mutant is one incremental build whose link dominates: link with mold

@@ -10,10 +10,10 @@ step() { printf '\n== %s\n' "$*"; }
 step "rustfmt"
 cargo fmt --all -- --check
 
-step "clippy"
+step "clippy (the agent with its simulated node: the vramfit crate's tests turn the agent's sim feature on)"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
-step "clippy (agent with the cuda feature; cudarc loads CUDA at run time, so this builds without it)"
+step "clippy (agent with the cuda feature and without sim, as shipped; cudarc loads CUDA at run time, so this builds without it)"
 cargo clippy -p vramfit-agent --features cuda --all-targets --locked -- -D warnings
 
 step "control plane binaries: kube (kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kubectl) and etcd"
@@ -38,7 +38,7 @@ hack/chart-test.sh
 step "tests (unit + integration against the local control plane)"
 cargo test --workspace --locked
 
-step "agent with the cuda feature as a process (no libcuda here: it must start Degraded, not panic)"
+step "agent with the cuda feature as a process, as shipped (no libcuda here: it must start Degraded, not panic; no sim feature: --simulate refused)"
 cargo test -p vramfit-agent --features cuda --locked --test cli
 
 step "container images without a registry (hack/images.sh, dev profile): build, unpack, run --version"

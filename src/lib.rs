@@ -6,7 +6,7 @@ pub mod api;
 pub mod cli;
 pub mod controller;
 pub mod crdgen;
-#[cfg(test)]
+#[cfg(any(test, feature = "testing"))]
 pub mod fixtures;
 pub mod job;
 pub mod place;

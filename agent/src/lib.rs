@@ -2,7 +2,9 @@
 //! `GpuNode` status and enforces pod budgets, probes of the GPU, the
 //! allocator's CUDA backend and the allocator benchmark. Everything that needs a GPU sits behind the
 //! `cuda` feature; the rest (result types, verdict rules, the benchmark's
-//! size mix) is plain code that builds and tests anywhere.
+//! size mix) is plain code that builds and tests anywhere. The simulated
+//! node (the `sim` module: `run --simulate`, `bench agents`) is for tests, benchmarks
+//! and the demo and sits behind the `sim` feature, off in the shipped agent.
 
 pub mod bench;
 #[cfg(feature = "cuda")]
@@ -11,6 +13,7 @@ pub mod daemon;
 pub mod gpu;
 pub mod node;
 pub mod probe;
+#[cfg(feature = "sim")]
 pub mod sim;
 
 /// The agent's one error type.
@@ -19,6 +22,16 @@ pub enum AgentError {
     /// The binary was built without GPU support.
     #[error("this vramfit-agent was built without the `cuda` feature")]
     NoCuda,
+    /// The binary was built without the simulated node.
+    #[error(
+        "{what}: this vramfit-agent was built without the simulated node (the `sim` feature); \
+         build one with `cargo build -p vramfit-agent --features sim`, or run the \
+         vramfit-agent-sim image"
+    )]
+    NoSim {
+        /// What asked for it (a flag, a subcommand).
+        what: &'static str,
+    },
     /// A CUDA library cudarc loads at run time is not there (cudarc would
     /// panic on its first call).
     #[error(

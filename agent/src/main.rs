@@ -54,7 +54,15 @@ enum BenchCommand {
     /// Many simulated agents against one API server: the requests they send
     /// per node per minute, from the API server's own counters
     /// (docs/benchmarks/agent-fleet.md).
+    #[cfg(feature = "sim")]
     Agents(run::FleetArgs),
+    /// Without the `sim` feature: refused, saying which build has it.
+    #[cfg(not(feature = "sim"))]
+    #[command(hide = true, disable_help_flag = true)]
+    Agents {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
+        args: Vec<String>,
+    },
     /// Allocation/free latency and throughput of the caching allocator
     /// (both policies) against raw cuMemAlloc/cuMemFree on one size mix.
     Alloc {
@@ -107,9 +115,16 @@ fn main() -> Result<()> {
                 std::process::exit(2);
             }
         }
+        #[cfg(feature = "sim")]
         Command::Bench {
             what: BenchCommand::Agents(args),
         } => run::bench_agents(args)?,
+        #[cfg(not(feature = "sim"))]
+        Command::Bench {
+            what: BenchCommand::Agents { .. },
+        } => Err(vramfit_agent::AgentError::NoSim {
+            what: "bench agents",
+        })?,
         Command::Bench {
             what:
                 BenchCommand::Alloc {

@@ -7,12 +7,13 @@ use std::time::Duration;
 use anyhow::{Context as _, Result, bail};
 use clap::{Args, ValueEnum};
 use vramfit::cli::logging::{self, LogFormat, LogStream};
+use vramfit_agent::AgentError;
 use vramfit_agent::daemon::local::{parse_duration, parse_local_budget};
 use vramfit_agent::daemon::{RunOptions, metrics, run_real};
 use vramfit_agent::node::publish::PublishPolicy;
 use vramfit_agent::node::watchdog::WatchdogConfig;
-use vramfit_agent::sim::cluster::NodeResources;
-use vramfit_agent::sim::{SimSpec, parse_sim_spec, run_simulated};
+#[cfg(feature = "sim")]
+use vramfit_agent::sim::{SimSpec, cluster::NodeResources, parse_sim_spec, run_simulated};
 
 /// What `--once` prints.
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -86,6 +87,28 @@ pub struct RunArgs {
     /// Most GiB the probe writes per GPU (it runs beside training jobs).
     #[arg(long, default_value_t = 2.0)]
     probe_gib: f64,
+    #[command(flatten)]
+    sim: SimArgs,
+    /// Take one reading, print the status and exit (without an API server
+    /// unless --write is given).
+    #[arg(long)]
+    once: bool,
+    /// With --once, also write the status to the API server.
+    #[arg(long, requires = "once")]
+    write: bool,
+    /// Print each status written (JSON, one per line).
+    #[arg(short, long, value_enum)]
+    output: Option<RunOutput>,
+    /// Serve Prometheus metrics (/metrics) and /healthz on HOST:PORT, for
+    /// example 0.0.0.0:9465; empty: no server (docs/agent.md, "Metrics").
+    #[arg(long, value_name = "HOST:PORT", default_value = "")]
+    metrics_addr: String,
+}
+
+/// The simulated node's flags of `vramfit-agent run` (the `sim` feature).
+#[cfg(feature = "sim")]
+#[derive(Args, Debug)]
+struct SimArgs {
     /// Simulate the node instead of reading NVML: COUNTxMODEL with a GPU
     /// model the predictor knows (8xH200, 2xA100-80GB). With an API server the
     /// agent also registers the Node and plays the kubelet for its pods.
@@ -101,20 +124,16 @@ pub struct RunArgs {
     /// Simulated mode: the Node's allocatable memory.
     #[arg(long, default_value = "512Gi")]
     sim_memory: String,
-    /// Take one reading, print the status and exit (without an API server
-    /// unless --write is given).
-    #[arg(long)]
-    once: bool,
-    /// With --once, also write the status to the API server.
-    #[arg(long, requires = "once")]
-    write: bool,
-    /// Print each status written (JSON, one per line).
-    #[arg(short, long, value_enum)]
-    output: Option<RunOutput>,
-    /// Serve Prometheus metrics (/metrics) and /healthz on HOST:PORT, for
-    /// example 0.0.0.0:9465; empty: no server (docs/agent.md, "Metrics").
-    #[arg(long, value_name = "HOST:PORT", default_value = "")]
-    metrics_addr: String,
+}
+
+/// Without the `sim` feature `--simulate` is still parsed, hidden, so that
+/// it is refused with a message that says which build has it rather than
+/// as an unknown flag.
+#[cfg(not(feature = "sim"))]
+#[derive(Args, Debug)]
+struct SimArgs {
+    #[arg(long, value_name = "COUNTxMODEL", hide = true)]
+    simulate: Option<String>,
 }
 
 fn parse_labels(labels: &[String]) -> Result<BTreeMap<String, String>> {
@@ -169,8 +188,13 @@ impl RunArgs {
     }
 
     fn check(&self) -> Result<()> {
-        if self.simulate.is_some() && !self.local_budgets.is_empty() {
-            bail!("--simulate and --local-budget do not go together");
+        if self.sim.simulate.is_some() {
+            if !cfg!(feature = "sim") {
+                return Err(AgentError::NoSim { what: "--simulate" }.into());
+            }
+            if !self.local_budgets.is_empty() {
+                bail!("--simulate and --local-budget do not go together");
+            }
         }
         Ok(())
     }
@@ -196,21 +220,18 @@ pub fn run(args: RunArgs) -> Result<()> {
             )
         };
         let standalone = client.is_none();
-        match args.simulate {
-            Some(spec) => {
-                tracing::info!(node = %options.node, gpus = spec.count, model = spec.profile.name, standalone, "simulated agent starts");
-                let resources = NodeResources {
-                    cpu: args.sim_cpu.clone(),
-                    memory: args.sim_memory.clone(),
-                    ..NodeResources::default()
-                };
-                run_simulated(options, spec, args.sim_run, resources, client, shutdown_signal()).await
-            }
-            None => {
-                tracing::info!(node = %options.node, mode = "nvml", standalone, "agent starts");
-                run_real(options, client, shutdown_signal()).await
-            }
+        #[cfg(feature = "sim")]
+        if let Some(spec) = args.sim.simulate {
+            tracing::info!(node = %options.node, gpus = spec.count, model = spec.profile.name, standalone, "simulated agent starts");
+            let resources = NodeResources {
+                cpu: args.sim.sim_cpu.clone(),
+                memory: args.sim.sim_memory.clone(),
+                ..NodeResources::default()
+            };
+            return run_simulated(options, spec, args.sim.sim_run, resources, client, shutdown_signal()).await;
         }
+        tracing::info!(node = %options.node, mode = "nvml", standalone, "agent starts");
+        run_real(options, client, shutdown_signal()).await
     })
 }
 
@@ -225,6 +246,7 @@ async fn shutdown_signal() {
 }
 
 /// Arguments of `vramfit-agent bench agents`.
+#[cfg(feature = "sim")]
 #[derive(Args, Debug)]
 pub struct FleetArgs {
     /// Kubeconfig of the API server (with the CRDs installed).
@@ -263,6 +285,7 @@ pub struct FleetArgs {
 }
 
 /// Runs `vramfit-agent bench agents` and prints its JSON report.
+#[cfg(feature = "sim")]
 pub fn bench_agents(args: FleetArgs) -> Result<()> {
     use kube::config::{KubeConfigOptions, Kubeconfig};
     use vramfit_agent::sim::fleet::{FleetOptions, bench_agents};

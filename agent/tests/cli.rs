@@ -1,5 +1,6 @@
-//! `vramfit-agent run` as a process: the simulated `--once` status, the
-//! daemon without NVML, and bad flags.
+//! `vramfit-agent run` as a process: the simulated `--once` status (with the
+//! `sim` feature; without it `--simulate` is refused), the daemon without
+//! NVML, and bad flags.
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -13,6 +14,7 @@ fn agent() -> Command {
     command
 }
 
+#[cfg(feature = "sim")]
 #[test]
 fn simulate_once_prints_the_gpu_node_status_without_an_api_server() {
     let output = agent()
@@ -79,9 +81,42 @@ fn without_nvml_the_agent_runs_degraded_and_stops_cleanly_on_sigterm() {
     assert!(exit.success(), "{exit:?}");
 }
 
+/// The shipped agent (no `sim` feature) has no simulated node: `--simulate`
+/// and `bench agents` are refused with a message that names the build that
+/// has them, and neither is in the help.
+#[cfg(not(feature = "sim"))]
+#[test]
+fn without_the_sim_feature_the_simulated_node_is_refused_and_not_offered() {
+    for args in [
+        &["run", "--node", "n", "--once", "--simulate", "2xH200"][..],
+        &["bench", "agents", "--agents", "3", "--simulate", "8xH200"][..],
+    ] {
+        let output = agent()
+            .args(args)
+            .env("RUST_BACKTRACE", "0")
+            .output()
+            .unwrap();
+        assert!(!output.status.success(), "{args:?}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            stderr.contains("built without the simulated node (the `sim` feature)"),
+            "{args:?}: {stderr}"
+        );
+    }
+    for args in [&["run", "--help"][..], &["bench", "--help"][..]] {
+        let help = agent().args(args).output().unwrap();
+        let help = String::from_utf8_lossy(&help.stdout);
+        assert!(
+            !help.contains("simulate") && !help.contains("agents"),
+            "{help}"
+        );
+    }
+}
+
 #[test]
 fn bad_flags_are_refused_with_a_clear_message() {
     for (args, says) in [
+        #[cfg(feature = "sim")]
         (vec!["--simulate", "4xB300"], "the predictor knows"),
         (vec!["--local-budget", "x=1Gi"], "not a PID"),
         (vec!["--interval", "10"], "give a unit"),

@@ -1,31 +1,19 @@
-//! The CUDA driver under the allocator: segments (`cuMemAlloc`), virtual
-//! ranges and pages (`cuMemAddressReserve`, `cuMemCreate`, `cuMemMap`), and
-//! events for blocks used on several streams and for unmapping pages in
-//! stream order ([`crate::fences`]).
-//!
+//! The CUDA driver under the allocator: segments, virtual ranges and pages
+//! through [`VmmMemory`] (shared with the agent; every call inside the
+//! device's primary context, pushed when it is not already current, since
 //! PyTorch calls the allocator on whatever thread allocates or frees, with
-//! whatever context is current there (a free may come for another device
-//! than the current one), so every driver call runs with the device's
-//! primary context pushed when it is not already current, and popped after.
+//! whatever context is current there), and events for blocks used on several
+//! streams and for unmapping pages in stream order ([`crate::fences`]).
 
 use cudarc::driver::sys::{self, CUresult, cudaError_enum};
 use std::time::Instant;
 
 use vramfit_alloc_core::{DeviceError, DeviceMemory, DevicePtr, MemInfo, StreamId};
-use vramfit_vmm::{Pages, check};
+pub use vramfit_vmm::Context;
+use vramfit_vmm::VmmMemory;
 
 use crate::fences::{FENCE_INTERVAL, FreeFences, QUIET_AFTER};
 use crate::state::StreamEvents;
-
-/// A device's primary context, retained once for the process.
-#[derive(Debug, Clone, Copy)]
-pub struct Context {
-    ctx: sys::CUcontext,
-    ordinal: i32,
-}
-
-// SAFETY: a CUcontext is a handle the driver lets any thread use.
-unsafe impl Send for Context {}
 
 fn code(result: CUresult, call: &str) -> Result<(), String> {
     if result == cudaError_enum::CUDA_SUCCESS {
@@ -35,74 +23,7 @@ fn code(result: CUresult, call: &str) -> Result<(), String> {
     }
 }
 
-impl Context {
-    /// Retains the primary context of device `ordinal` (initialising the
-    /// driver if PyTorch has not yet).
-    pub fn primary(ordinal: i32) -> Result<Self, String> {
-        // SAFETY: plain driver calls with valid out-parameters.
-        unsafe {
-            if !sys::is_culib_present() {
-                return Err("the CUDA driver library (libcuda.so) cannot be loaded".into());
-            }
-            code(sys::cuInit(0), "cuInit")?;
-            let mut dev: sys::CUdevice = 0;
-            code(sys::cuDeviceGet(&mut dev, ordinal), "cuDeviceGet")?;
-            let mut ctx: sys::CUcontext = std::ptr::null_mut();
-            code(
-                sys::cuDevicePrimaryCtxRetain(&mut ctx, dev),
-                "cuDevicePrimaryCtxRetain",
-            )?;
-            Ok(Self { ctx, ordinal })
-        }
-    }
-
-    /// Makes the context current for the guard's lifetime.
-    fn enter(&self) -> Result<CtxGuard, String> {
-        let mut current: sys::CUcontext = std::ptr::null_mut();
-        // SAFETY: valid out-parameter.
-        code(
-            unsafe { sys::cuCtxGetCurrent(&mut current) },
-            "cuCtxGetCurrent",
-        )?;
-        if current == self.ctx {
-            return Ok(CtxGuard { pushed: false });
-        }
-        // SAFETY: the context is retained for the process's lifetime.
-        code(
-            unsafe { sys::cuCtxPushCurrent_v2(self.ctx) },
-            "cuCtxPushCurrent",
-        )?;
-        Ok(CtxGuard { pushed: true })
-    }
-}
-
-struct CtxGuard {
-    pushed: bool,
-}
-
-impl Drop for CtxGuard {
-    fn drop(&mut self) {
-        if self.pushed {
-            let mut popped: sys::CUcontext = std::ptr::null_mut();
-            // SAFETY: pops exactly the context `enter` pushed.
-            unsafe { sys::cuCtxPopCurrent_v2(&mut popped) };
-        }
-    }
-}
-
-fn enter(ctx: &Context) -> Result<CtxGuard, DeviceError> {
-    ctx.enter().map_err(DeviceError::Driver)
-}
-
-/// Waits for all work queued on the device's context.
-fn wait_idle() -> Result<(), DeviceError> {
-    // SAFETY: synchronizes the current context (entered by the caller).
-    check(unsafe { sys::cuCtxSynchronize() }, 0, "cuCtxSynchronize")
-}
-
-/// [`DeviceMemory`] over the driver: segments by `cuMemAlloc`, pages by
-/// [`Pages`] (shared with the agent), every call inside the device's
-/// primary context.
+/// [`VmmMemory`] with the fences a page needs before it is unmapped.
 ///
 /// A page freed by PyTorch may still be read or written by kernels queued
 /// before the free (PyTorch frees when the host drops the tensor; reuse is
@@ -111,8 +32,7 @@ fn wait_idle() -> Result<(), DeviceError> {
 /// recorded on the freeing streams, or waits for the device first
 /// (`wait_frees`: `cuCtxSynchronize`) when a limit needs the others.
 pub struct CudaMemory {
-    ctx: Context,
-    pages: Pages,
+    memory: VmmMemory,
     fences: FreeFences<CudaEvents>,
 }
 
@@ -123,79 +43,52 @@ unsafe impl Send for CudaMemory {}
 impl CudaMemory {
     /// The backend of the device behind `ctx`.
     pub fn new(ctx: Context) -> Self {
-        let pages = {
-            let _ctx = ctx.enter();
-            Pages::new(ctx.ordinal)
-        };
         let fences = FreeFences::new(
             CudaEvents::new(ctx),
             FENCE_INTERVAL,
             QUIET_AFTER,
             Instant::now(),
         );
-        Self { ctx, pages, fences }
+        Self {
+            memory: VmmMemory::new(ctx),
+            fences,
+        }
     }
 }
 
 impl DeviceMemory for CudaMemory {
     fn malloc(&mut self, bytes: u64) -> Result<DevicePtr, DeviceError> {
-        let _ctx = enter(&self.ctx)?;
-        let mut ptr: sys::CUdeviceptr = 0;
-        // SAFETY: valid out-parameter; the context is current.
-        check(
-            unsafe { sys::cuMemAlloc_v2(&mut ptr, bytes as usize) },
-            bytes,
-            "cuMemAlloc",
-        )?;
-        Ok(ptr)
+        self.memory.malloc(bytes)
     }
 
-    fn free(&mut self, ptr: DevicePtr, _bytes: u64) -> Result<(), DeviceError> {
-        let _ctx = enter(&self.ctx)?;
-        // SAFETY: `ptr` came from `malloc` and is freed once.
-        check(unsafe { sys::cuMemFree_v2(ptr) }, 0, "cuMemFree")
+    fn free(&mut self, ptr: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
+        self.memory.free(ptr, bytes)
     }
 
     fn mem_info(&self) -> MemInfo {
-        let Ok(_ctx) = enter(&self.ctx) else {
-            return MemInfo::default();
-        };
-        let (mut free, mut total) = (0usize, 0usize);
-        // SAFETY: valid out-parameters; the context is current.
-        let result = unsafe { sys::cuMemGetInfo_v2(&mut free, &mut total) };
-        if result != cudaError_enum::CUDA_SUCCESS {
-            return MemInfo::default();
-        }
-        MemInfo {
-            free: free as u64,
-            total: total as u64,
-        }
+        self.memory.mem_info()
     }
 
     fn page_bytes(&self) -> u64 {
-        self.pages.page_bytes()
+        self.memory.page_bytes()
     }
 
     fn reserve_range(&mut self, bytes: u64) -> Result<DevicePtr, DeviceError> {
-        let _ctx = enter(&self.ctx)?;
-        self.pages.reserve(bytes)
+        self.memory.reserve_range(bytes)
     }
 
     fn map_pages(&mut self, at: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
-        let _ctx = enter(&self.ctx)?;
-        self.pages.map(at, bytes)
+        self.memory.map_pages(at, bytes)
     }
 
     // The policy unmaps only pages the device has passed (`frees_done`) or
     // waits first (`wait_frees`).
     fn unmap_pages(&mut self, at: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
-        let _ctx = enter(&self.ctx)?;
-        self.pages.unmap(at, bytes, false)
+        self.memory.unmap_pages(at, bytes)
     }
 
     fn park_pages(&mut self, at: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
-        let _ctx = enter(&self.ctx)?;
-        self.pages.unmap(at, bytes, true)
+        self.memory.park_pages(at, bytes)
     }
 
     fn note_free(&mut self, stream: StreamId, seq: u64) {
@@ -207,8 +100,7 @@ impl DeviceMemory for CudaMemory {
     }
 
     fn wait_frees(&mut self) -> Result<(), DeviceError> {
-        let _ctx = enter(&self.ctx)?;
-        wait_idle()?;
+        self.memory.synchronize()?;
         self.fences.all_done();
         Ok(())
     }
@@ -222,16 +114,11 @@ impl DeviceMemory for CudaMemory {
     }
 
     fn release_parked(&mut self) -> Result<(), DeviceError> {
-        if !self.pages.has_parked() {
-            return Ok(());
-        }
-        let _ctx = enter(&self.ctx)?;
-        self.pages.release_parked()
+        self.memory.release_parked()
     }
 
     fn release_range(&mut self, at: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
-        let _ctx = enter(&self.ctx)?;
-        self.pages.free_range(at, bytes)
+        self.memory.release_range(at, bytes)
     }
 }
 

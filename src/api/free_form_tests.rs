@@ -76,9 +76,9 @@ fn a_list_with_one_deep_job_reads_and_that_job_is_invalid() {
         }
         inner
     };
-    let plain = serde_json::to_value(crate::fixtures::job("plain").build()).unwrap();
+    let plain = serde_json::to_value(TrainingJob::test("plain").build()).unwrap();
     let mut bad = serde_json::to_value(
-        crate::fixtures::job("bad")
+        TrainingJob::test("bad")
             .model(
                 serde_json::json!({"huggingFace": {"seqLen": 8, "config": {"model_type": "gpt2"}}}),
             )

@@ -1,4 +1,5 @@
 use super::*;
+use crate::api::TrainingJob;
 
 fn args(file: PathBuf) -> PredictArgs {
     PredictArgs {
@@ -45,16 +46,13 @@ fn events_out_writes_a_profile_that_predicts_the_same_allocated_peak() {
 #[test]
 fn a_job_with_a_request_and_a_model_not_predicted_prints_the_budget_the_controller_uses() {
     let dir = tempfile::tempdir().unwrap();
-    let job = |memory: &str| {
-        format!(
-            "apiVersion: vramfit.dev/v1alpha1\nkind: TrainingJob\nmetadata: {{name: q3}}\nspec:\n  \
-             batch: {{global: 8, micro: 8}}\n{memory}  model:\n    huggingFace: {{seqLen: 512, \
-             config: {{model_type: t5, d_model: 512}}}}\n  template: {{spec: {{containers: \
-             [{{name: t, image: x}}]}}}}\n"
-        )
-    };
+    let job = TrainingJob::test("q3")
+        .model(serde_json::json!({"huggingFace": {"seqLen": 512,
+                                  "config": {"model_type": "t5", "d_model": 512}}}))
+        .template_spec(serde_json::json!({"containers": [{"name": "t", "image": "x"}]}));
     let with_request = dir.path().join("with.yaml");
-    std::fs::write(&with_request, job("  memory: {request: 20Gi}\n")).unwrap();
+    let manifest = job.clone().request("20Gi").manifest();
+    std::fs::write(&with_request, manifest.to_string()).unwrap();
     let out = run(&args(with_request.clone())).unwrap();
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["budgetBytes"], 20u64 << 30);
@@ -72,7 +70,7 @@ fn a_job_with_a_request_and_a_model_not_predicted_prints_the_budget_the_controll
 
     // Without a request the error stays, and names both ways out.
     let without = dir.path().join("without.yaml");
-    std::fs::write(&without, job("")).unwrap();
+    std::fs::write(&without, job.manifest().to_string()).unwrap();
     let err = format!("{:#}", run(&args(without)).unwrap_err());
     assert!(err.contains("spec.memory.request"), "{err}");
     assert!(err.contains("python -m vramfit.profile"), "{err}");
@@ -120,13 +118,11 @@ fn a_prediction_larger_than_the_gpu_warns_with_what_would_make_it_fit() {
 fn an_auto_job_is_predicted_from_the_profile_given_and_says_how_to_get_one() {
     let dir = tempfile::tempdir().unwrap();
     let job = dir.path().join("auto.yaml");
-    std::fs::write(
-        &job,
-        "apiVersion: vramfit.dev/v1alpha1\nkind: TrainingJob\nmetadata: {name: a}\nspec:\n  \
-         batch: {global: 8, micro: 8}\n  model: {auto: {}}\n  template: {spec: {containers: \
-         [{name: t, image: x}]}}\n",
-    )
-    .unwrap();
+    let manifest = TrainingJob::test("a")
+        .model(serde_json::json!({"auto": {}}))
+        .template_spec(serde_json::json!({"containers": [{"name": "t", "image": "x"}]}))
+        .manifest();
+    std::fs::write(&job, manifest.to_string()).unwrap();
     let err = format!("{:#}", run(&args(job.clone())).unwrap_err());
     assert!(
         err.contains("Profiling") && err.contains("--profile FILE"),

@@ -3,8 +3,10 @@
 //! OOM (exit 42 and PyTorch's text) half the micro-batch, twice the accumulation,
 //! start again -> stop at `batch.minMicro` or `maxOOMRetries`.
 //!
-//! The back-off is the controller's own [`after_oom`]; the budget is the
-//! controller's [`attempt_budget`]; the exit protocol is [`is_oom_exit`].
+//! What follows each attempt is the controller's own decision,
+//! [`next_attempt`] (its back-off is [`after_oom`](crate::job::backoff::after_oom));
+//! the budget is the controller's [`attempt_budget`]; the exit protocol is
+//! [`is_oom_exit`].
 //! On a GPU the budget is also enforced from outside, as on a cluster node:
 //! `vramfit-agent run --local-budget` watches each attempt's process tree
 //! ([`agent`]) and its OOM report makes the attempt an OOM.
@@ -24,7 +26,8 @@ use serde::Serialize;
 
 use super::{OutputFormat, read_text};
 use crate::api::{AbsorbedOom, TrainingJob};
-use crate::job::backoff::{BatchShape, OomDecision, after_oom};
+use crate::job::attempt::{AttemptEnd, NextAttempt, next_attempt};
+use crate::job::backoff::BatchShape;
 use crate::job::budget::attempt_budget;
 use crate::job::env::{self, Attempt, attempt_env};
 use crate::job::exit::{OOM_EXIT_CODE, first_line, is_oom_exit};
@@ -136,33 +139,12 @@ pub struct RunReport {
     pub message: Option<String>,
 }
 
-/// How one attempt's process ended.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ProcessOutcome {
-    /// Exit 0.
-    Succeeded,
-    /// The OOM protocol: the message's OOM line.
-    OutOfMemory(String),
-    /// Anything else, in words.
-    Failed(String),
-}
-
-impl ProcessOutcome {
-    fn name(&self) -> &'static str {
-        match self {
-            ProcessOutcome::Succeeded => "Succeeded",
-            ProcessOutcome::OutOfMemory(_) => "OutOfMemory",
-            ProcessOutcome::Failed(_) => "Failed",
-        }
-    }
-}
-
 /// Classifies an exit the way the controller classifies a pod.
-pub fn classify_exit(status: ExitStatus, termination_message: &str) -> ProcessOutcome {
+pub fn classify_exit(status: ExitStatus, termination_message: &str) -> AttemptEnd {
     match (status.code(), status.signal()) {
-        (Some(0), _) => ProcessOutcome::Succeeded,
+        (Some(0), _) => AttemptEnd::Succeeded,
         (Some(code), _) if is_oom_exit(code, termination_message) => {
-            ProcessOutcome::OutOfMemory(first_line(termination_message))
+            AttemptEnd::OutOfMemory(first_line(termination_message))
         }
         (Some(code), _) => {
             let detail = if termination_message.trim().is_empty() {
@@ -175,10 +157,10 @@ pub fn classify_exit(status: ExitStatus, termination_message: &str) -> ProcessOu
             } else {
                 ""
             };
-            ProcessOutcome::Failed(format!("exited with code {code}{hint}{detail}"))
+            AttemptEnd::Failed(format!("exited with code {code}{hint}{detail}"))
         }
-        (None, Some(signal)) => ProcessOutcome::Failed(format!("killed by signal {signal}")),
-        (None, None) => ProcessOutcome::Failed("ended without an exit code".into()),
+        (None, Some(signal)) => AttemptEnd::Failed(format!("killed by signal {signal}")),
+        (None, None) => AttemptEnd::Failed("ended without an exit code".into()),
     }
 }
 
@@ -189,11 +171,9 @@ pub fn outcome_of(
     status: ExitStatus,
     termination_message: &str,
     stopped_by_agent: Option<&str>,
-) -> ProcessOutcome {
-    match stopped_by_agent {
-        Some(reason) => ProcessOutcome::OutOfMemory(format!("stopped by vramfit-agent: {reason}")),
-        None => classify_exit(status, termination_message),
-    }
+) -> AttemptEnd {
+    classify_exit(status, termination_message)
+        .or_stopped_by_agent(stopped_by_agent.map(|r| format!("stopped by vramfit-agent: {r}")))
 }
 
 /// Everything an attempt's process gets in its environment.
@@ -258,43 +238,6 @@ impl AttemptPlan<'_> {
     /// Where the process writes its OOM message.
     pub fn termination_log(&self) -> PathBuf {
         self.dir.join("termination-log")
-    }
-}
-
-/// What follows an attempt: the controller's decision, over a local process.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum NextAttempt {
-    /// Run again with this shape.
-    Retry(BatchShape),
-    /// Stop: the job succeeded.
-    Done,
-    /// Stop: the job failed, with the reason.
-    Fail(String),
-}
-
-/// Decides what follows an attempt that ended with `outcome` at `shape` (the
-/// shape the process ended with, after any OOM it absorbed itself).
-pub fn next_attempt(
-    job: &TrainingJob,
-    shape: BatchShape,
-    outcome: &ProcessOutcome,
-    oom_retries_used: u32,
-) -> NextAttempt {
-    let spec = &job.spec;
-    match outcome {
-        ProcessOutcome::Succeeded => NextAttempt::Done,
-        ProcessOutcome::Failed(reason) => NextAttempt::Fail(reason.clone()),
-        ProcessOutcome::OutOfMemory(_) => match after_oom(
-            spec.batch.global,
-            spec.gpus,
-            shape,
-            spec.batch.min_micro,
-            oom_retries_used,
-            spec.max_oom_retries,
-        ) {
-            OomDecision::Retry(next) => NextAttempt::Retry(next),
-            OomDecision::Fail(reason) => NextAttempt::Fail(reason),
-        },
     }
 }
 
@@ -420,7 +363,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<RunReport> {
         attempt_report.predicted_bytes = budget.predicted;
         eprintln!("vramfit: {}", attempt_line(&attempt_report));
         report.attempts.push(attempt_report);
-        match next_attempt(&job, ended, &outcome, oom_retries) {
+        match next_attempt(&job.spec, ended, &outcome, oom_retries) {
             NextAttempt::Done => {
                 report.outcome = "Succeeded".into();
                 break;
@@ -477,7 +420,7 @@ fn run_attempt(
     plan: &AttemptPlan<'_>,
     args: &RunArgs,
     agent: Option<&Path>,
-) -> anyhow::Result<(AttemptReport, ProcessOutcome, BatchShape)> {
+) -> anyhow::Result<(AttemptReport, AttemptEnd, BatchShape)> {
     let (program, rest) = args.command.split_first().context("no command after --")?;
     let mut command = Command::new(program);
     command.args(rest).envs(plan.environment());
@@ -550,10 +493,7 @@ fn run_attempt(
         peak_source: peak.map(|(_, s)| s.name().to_string()),
         outcome: outcome.name().to_string(),
         exit_code: status.code(),
-        message: match &outcome {
-            ProcessOutcome::Succeeded => None,
-            ProcessOutcome::OutOfMemory(m) | ProcessOutcome::Failed(m) => Some(m.clone()),
-        },
+        message: outcome.message().map(str::to_string),
         stopped_by_agent,
         absorbed_ooms: reported.map(|(_, a)| a).unwrap_or_default(),
         final_shape: Some(ended.display()),

@@ -1,12 +1,16 @@
 use super::*;
 
 fn job(global: u32, micro: u32, min_micro: u32, gpus: u32, retries: u32) -> TrainingJob {
-    parse_training_job(&format!(
-            "apiVersion: vramfit.dev/v1alpha1\nkind: TrainingJob\nmetadata: {{name: t}}\n\
-             spec:\n  gpus: {gpus}\n  maxOOMRetries: {retries}\n  batch: {{global: {global}, micro: {micro}, minMicro: {min_micro}}}\n  \
-             model: {{mlp: {{layers: 2, hidden: 64}}, precision: fp32, optimizer: sgd}}\n  template: {{spec: {{containers: []}}}}\n"
-        ))
-        .expect("job parses")
+    let manifest = TrainingJob::test("t")
+        .gpus(gpus)
+        .max_oom_retries(retries)
+        .batch(global, micro)
+        .min_micro(min_micro)
+        .model(serde_json::json!({"mlp": {"layers": 2, "hidden": 64},
+                                  "precision": "fp32", "optimizer": "sgd"}))
+        .template_spec(serde_json::json!({"containers": []}))
+        .manifest();
+    parse_training_job(&manifest.to_string()).expect("job parses")
 }
 
 fn exited(code: i32) -> ExitStatus {
@@ -18,21 +22,21 @@ const TORCH: &str =
 
 #[test]
 fn exits_are_classified_like_pods() {
-    assert_eq!(classify_exit(exited(0), ""), ProcessOutcome::Succeeded);
+    assert_eq!(classify_exit(exited(0), ""), AttemptEnd::Succeeded);
     assert_eq!(
         classify_exit(exited(42), TORCH),
-        ProcessOutcome::OutOfMemory("CUDA out of memory. Tried to allocate 2.00 GiB.".into())
+        AttemptEnd::OutOfMemory("CUDA out of memory. Tried to allocate 2.00 GiB.".into())
     );
     match classify_exit(exited(42), "KeyError") {
-        ProcessOutcome::Failed(m) => assert!(m.contains("lacks \"CUDA out of memory\""), "{m}"),
+        AttemptEnd::Failed(m) => assert!(m.contains("lacks \"CUDA out of memory\""), "{m}"),
         other => panic!("{other:?}"),
     }
     match classify_exit(exited(1), TORCH) {
-        ProcessOutcome::Failed(m) => assert!(m.contains("code 1"), "{m}"),
+        AttemptEnd::Failed(m) => assert!(m.contains("code 1"), "{m}"),
         other => panic!("{other:?}"),
     }
     match classify_exit(ExitStatus::from_raw(9), "") {
-        ProcessOutcome::Failed(m) => assert!(m.contains("signal 9"), "{m}"),
+        AttemptEnd::Failed(m) => assert!(m.contains("signal 9"), "{m}"),
         other => panic!("{other:?}"),
     }
 }
@@ -41,7 +45,7 @@ fn exits_are_classified_like_pods() {
 fn the_agents_report_makes_any_exit_an_oom() {
     for status in [ExitStatus::from_raw(9), exited(0), exited(1)] {
         match outcome_of(status, "", Some("used 30 GiB over 20 GiB")) {
-            ProcessOutcome::OutOfMemory(m) => {
+            AttemptEnd::OutOfMemory(m) => {
                 assert_eq!(m, "stopped by vramfit-agent: used 30 GiB over 20 GiB")
             }
             other => panic!("{other:?}"),
@@ -49,38 +53,8 @@ fn the_agents_report_makes_any_exit_an_oom() {
     }
     assert!(matches!(
         outcome_of(ExitStatus::from_raw(9), "", None),
-        ProcessOutcome::Failed(_)
+        AttemptEnd::Failed(_)
     ));
-}
-
-#[test]
-fn oom_halves_micro_doubles_accumulation_and_stops_at_the_floor() {
-    let oom = ProcessOutcome::OutOfMemory("CUDA out of memory.".into());
-    let j = job(64, 32, 8, 1, 4);
-    let s = |micro, accum| BatchShape { micro, accum };
-    assert_eq!(
-        next_attempt(&j, s(32, 2), &oom, 0),
-        NextAttempt::Retry(s(16, 4))
-    );
-    assert_eq!(
-        next_attempt(&j, s(16, 4), &oom, 1),
-        NextAttempt::Retry(s(8, 8))
-    );
-    assert!(
-        matches!(next_attempt(&j, s(8, 8), &oom, 2), NextAttempt::Fail(m) if m.contains("minMicro 8"))
-    );
-    let few = job(64, 32, 1, 1, 1);
-    assert!(
-        matches!(next_attempt(&few, s(16, 4), &oom, 1), NextAttempt::Fail(m) if m.contains("maxOOMRetries 1"))
-    );
-    assert_eq!(
-        next_attempt(&j, s(32, 2), &ProcessOutcome::Succeeded, 0),
-        NextAttempt::Done
-    );
-    assert_eq!(
-        next_attempt(&j, s(32, 2), &ProcessOutcome::Failed("x".into()), 0),
-        NextAttempt::Fail("x".into())
-    );
 }
 
 #[test]

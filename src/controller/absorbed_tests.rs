@@ -2,12 +2,13 @@ use super::*;
 use serde_json::json;
 
 fn spec(global: u32, micro: u32, min_micro: u32, layers: u32) -> TrainingJobSpec {
-    serde_json::from_value(json!({
-        "batch": {"global": global, "micro": micro, "minMicro": min_micro},
-        "model": {"mlp": {"layers": layers, "hidden": 1024}},
-        "template": {}
-    }))
-    .unwrap()
+    TrainingJob::test("j")
+        .batch(global, micro)
+        .min_micro(min_micro)
+        .model(json!({"mlp": {"layers": layers, "hidden": 1024}}))
+        .template(json!({}))
+        .build()
+        .spec
 }
 
 fn oom(from: u32, to: u32, from_accum: u32, to_accum: u32, time: &str) -> AbsorbedOom {
@@ -29,11 +30,16 @@ fn observed(micro: u32, accum: u32, ooms: Vec<AbsorbedOom>) -> ObservedShape {
 }
 
 fn job(name: &str, spec: TrainingJobSpec, absorbed: Vec<AbsorbedOom>) -> TrainingJob {
-    let mut job = TrainingJob::new(name, spec);
-    job.status = Some(TrainingJobStatus {
-        absorbed_ooms: absorbed,
-        ..TrainingJobStatus::default()
-    });
+    let mut job = TrainingJob::test(name)
+        .meta("namespace", serde_json::Value::Null)
+        .meta("uid", serde_json::Value::Null)
+        .meta("generation", serde_json::Value::Null)
+        .status(TrainingJobStatus {
+            absorbed_ooms: absorbed,
+            ..TrainingJobStatus::default()
+        })
+        .build();
+    job.spec = spec;
     job
 }
 

@@ -245,22 +245,15 @@ fn a_pass_keeps_what_was_written_and_when_and_forgets_deleted_nodes() {
 
 #[test]
 fn each_reported_node_wants_its_allocation_and_its_gpus_measured_memory() {
-    let gpu = |index: u32, used: u64| {
-        serde_json::json!({"index": index, "uuid": format!("GPU-{index}"), "model": "H200",
-                               "totalBytes": 140 * GIB, "usedBytes": used, "health": "Healthy"})
+    let node = |name: &str, used: &[u64]| -> GpuNode {
+        used.iter()
+            .fold(
+                GpuNode::test(name).heartbeat("2026-12-01T08:00:00Z"),
+                |node, used| node.gpu("H200", 140 * GIB).used(*used).health("Healthy"),
+            )
+            .build()
     };
-    let node = |name: &str, gpus: Vec<serde_json::Value>| -> GpuNode {
-        serde_json::from_value(serde_json::json!({
-            "apiVersion": "vramfit.dev/v1alpha1", "kind": "GpuNode",
-            "metadata": {"name": name}, "spec": {},
-            "status": {"heartbeat": "2026-12-01T08:00:00Z", "gpus": gpus},
-        }))
-        .unwrap()
-    };
-    let nodes = [
-        node("a", vec![gpu(0, 3 * GIB), gpu(1, 5 * GIB)]),
-        node("b", vec![gpu(0, 7 * GIB)]),
-    ];
+    let nodes = [node("a", &[3 * GIB, 5 * GIB]), node("b", &[7 * GIB])];
     let now: Timestamp = "2026-12-01T08:00:10Z".parse().unwrap();
     let ttl = SignedDuration::from_secs(120);
     let got = super::wanted::<TrainingJob, _>(&[], &nodes, now, ttl);
@@ -285,7 +278,7 @@ fn each_reported_node_wants_its_allocation_and_its_gpus_measured_memory() {
 
 fn placed_on(name: &str, node: &str, budget: u64, attempt: u32) -> TrainingJob {
     use crate::api::{AssignedGpu, Phase, TrainingJobStatus};
-    crate::fixtures::job(name)
+    TrainingJob::test(name)
         .status(TrainingJobStatus {
             phase: Phase::Placed,
             attempt,
@@ -310,7 +303,7 @@ fn placed_on(name: &str, node: &str, budget: u64, attempt: u32) -> TrainingJob {
 fn the_writer_wakes_when_a_recorded_placement_changes() {
     use crate::api::Phase;
     let mut watch = PlacementWatch::default();
-    let pending = crate::fixtures::job("a").phase(Phase::Pending).build();
+    let pending = TrainingJob::test("a").phase(Phase::Pending).build();
     let placed = placed_on("a", "n1", 10 << 30, 1);
     let cases: Vec<(&str, Event<TrainingJob>, bool)> = vec![
         (

@@ -4,7 +4,6 @@ use base64::Engine;
 use k8s_openapi::api::core::v1::PodStatus;
 
 use super::*;
-use crate::fixtures;
 
 const PROFILE: &str = r#"{"format":"vramfit.profile/v1","microBatch":8,"sizes":[1024,4096],"events":[0,1,-2,1,-3,-1]}"#;
 
@@ -16,7 +15,7 @@ fn line(json: &str) -> String {
 }
 
 fn auto_job() -> TrainingJob {
-    fixtures::job("a")
+    TrainingJob::test("a")
         .model(serde_json::json!({"auto": {"deadlineSeconds": 120}}))
         .template_spec(serde_json::json!({
             "initContainers": [{"name": "fetch", "image": "busybox",

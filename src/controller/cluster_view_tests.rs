@@ -20,20 +20,20 @@ fn gpu_node(name: &str, age_s: i64, gpus: &[(&str, u64, &str)]) -> GpuNode {
         .checked_sub(SignedDuration::from_secs(age_s))
         .unwrap()
         .to_string();
-    let devices: Vec<Value> = gpus
-        .iter()
+    gpus.iter()
         .enumerate()
-        .map(|(i, (model, bytes, health))| {
-            json!({"index": i, "uuid": format!("GPU-{name}-{i}"), "model": model,
-                   "totalBytes": bytes, "usedBytes": 0, "health": health})
-        })
-        .collect();
-    serde_json::from_value(json!({
-        "apiVersion": "vramfit.dev/v1alpha1", "kind": "GpuNode",
-        "metadata": {"name": name}, "spec": {},
-        "status": {"gpus": devices, "gpuCount": gpus.len(), "heartbeat": heartbeat}
-    }))
-    .unwrap()
+        .fold(
+            GpuNode::test(name).gpus(json!([])),
+            |node, (i, (model, bytes, health))| {
+                node.gpu(model, *bytes)
+                    .uuid(&format!("GPU-{name}-{i}"))
+                    .used(0)
+                    .health(health)
+            },
+        )
+        .status_fields(json!({"gpuCount": gpus.len()}))
+        .heartbeat(&heartbeat)
+        .build()
 }
 
 fn node(name: &str, spec: Value) -> Node {
@@ -63,7 +63,7 @@ fn names(view: &ClusterView) -> Vec<&str> {
 }
 
 fn job(spec_extra: Value, template_spec: Value) -> TrainingJob {
-    crate::fixtures::job("j")
+    TrainingJob::test("j")
         .created("2026-01-01T00:00:00Z")
         .template_spec(template_spec)
         .spec(spec_extra)

@@ -4,7 +4,7 @@ use crate::place::{GpuSpec, Inventory, NodeSpec, Placement};
 const GIB: u64 = 1 << 30;
 
 fn job(phase: Option<Phase>) -> TrainingJob {
-    let job = crate::fixtures::job("j");
+    let job = TrainingJob::test("j");
     match phase {
         Some(phase) => job.phase(phase),
         None => job,

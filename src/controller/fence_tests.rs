@@ -94,13 +94,11 @@ async fn a_reconcile_behind_a_closed_fence_fails_before_any_request() {
         })
     };
     let job: Arc<TrainingJob> = Arc::new(
-        serde_json::from_value(serde_json::json!({
-            "apiVersion": "vramfit.dev/v1alpha1", "kind": "TrainingJob",
-            "metadata": {"name": "j", "namespace": "ml", "uid": "u-1"},
-            "spec": {"batch": {"global": 8, "micro": 8},
-                     "model": {"mlp": {"layers": 2, "hidden": 64}}, "template": {}}
-        }))
-        .unwrap(),
+        TrainingJob::test("j")
+            .uid("u-1")
+            .meta("generation", serde_json::Value::Null)
+            .template(serde_json::json!({}))
+            .build(),
     );
     let past = Fence::until(SystemTime::now() - Duration::from_secs(1));
     let error = reconcile::reconcile(job.clone(), context(past))

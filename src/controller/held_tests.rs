@@ -2,19 +2,14 @@ use super::*;
 use crate::api::Phase;
 
 fn job(uid: &str, version: &str) -> Arc<TrainingJob> {
-    let mut job: TrainingJob = serde_json::from_value(serde_json::json!({
-        "apiVersion": "vramfit.dev/v1alpha1",
-        "kind": "TrainingJob",
-        "metadata": {"name": uid, "namespace": "ns", "uid": uid, "resourceVersion": version},
-        "spec": {
-            "model": {"type": "gpt2"},
-            "batch": {"global": 8, "micro": 8},
-            "template": {"spec": {"containers": [{"name": "t", "image": "i"}]}}
-        }
-    }))
-    .expect("job");
-    job.status = None;
-    Arc::new(job)
+    Arc::new(
+        TrainingJob::test(uid)
+            .namespace("ns")
+            .uid(uid)
+            .resource_version(version)
+            .model(serde_json::json!({"type": "gpt2"}))
+            .build(),
+    )
 }
 
 fn held(version: &str, budget: u64) -> HeldPrediction {

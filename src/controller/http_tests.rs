@@ -79,7 +79,7 @@ async fn the_ui_reads_the_watch_caches_once_they_are_set() {
     assert!(source.compute().await.is_err(), "without caches it lists");
     let (jobs, mut job_writer) = kube::runtime::reflector::store::<TrainingJob>();
     let (nodes, _node_writer) = kube::runtime::reflector::store::<GpuNode>();
-    let job = crate::fixtures::job("a").namespace("team-a").build();
+    let job = TrainingJob::test("a").namespace("team-a").build();
     job_writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(job));
     assert!(source.caches.set((jobs, nodes)).is_ok());
     let view = source.compute().await.expect("served from the caches");

@@ -5,19 +5,21 @@ use crate::job::signature::model_signature;
 use serde_json::json;
 
 fn spec(global: u32, micro: u32, layers: u32) -> TrainingJobSpec {
-    serde_json::from_value(json!({
-        "batch": {"global": global, "micro": micro},
-        "model": {"mlp": {"layers": layers, "hidden": 1024}},
-        "template": {}
-    }))
-    .unwrap()
+    TrainingJob::test("j")
+        .batch(global, micro)
+        .model(json!({"mlp": {"layers": layers, "hidden": 1024}}))
+        .template(json!({}))
+        .build()
+        .spec
 }
 
 fn job(uid: &str, spec: TrainingJobSpec, status: TrainingJobStatus) -> TrainingJob {
-    let mut job = TrainingJob::new(&format!("job-{uid}"), spec);
-    job.metadata.uid = Some(uid.into());
-    job.metadata.namespace = Some("ml".into());
-    job.status = Some(status);
+    let mut job = TrainingJob::test(&format!("job-{uid}"))
+        .uid(uid)
+        .meta("generation", serde_json::Value::Null)
+        .status(status)
+        .build();
+    job.spec = spec;
     job
 }
 

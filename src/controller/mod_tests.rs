@@ -5,22 +5,20 @@ use k8s_openapi::jiff::Timestamp;
 const GIB: u64 = 1 << 30;
 
 fn reported_node(heartbeat: &str, used: u64, allocation: Option<&str>) -> GpuNode {
-    let mut status = serde_json::json!({
-        "gpus": [{"index": 0, "uuid": "GPU-0", "model": "H200", "totalBytes": 80 * GIB,
-                  "usedBytes": used, "health": "Healthy"}],
-        "gpuCount": 1, "heartbeat": heartbeat,
-    });
-    if let Some(committed) = allocation {
-        status["allocation"] = serde_json::json!({
+    let node = GpuNode::test("n")
+        .gpu("H200", 80 * GIB)
+        .used(used)
+        .health("Healthy")
+        .status_fields(serde_json::json!({"gpuCount": 1}))
+        .heartbeat(heartbeat);
+    match allocation {
+        Some(committed) => node.status_fields(serde_json::json!({"allocation": {
             "committedBytes": 1, "freeBytes": 2, "committed": committed, "free": "2 B",
             "used": "0 B", "gpuFree": "0:2B", "jobs": 1,
-        });
+        }})),
+        None => node,
     }
-    serde_json::from_value(serde_json::json!({
-        "apiVersion": "vramfit.dev/v1alpha1", "kind": "GpuNode",
-        "metadata": {"name": "n"}, "spec": {}, "status": status,
-    }))
-    .unwrap()
+    .build()
 }
 
 #[test]

@@ -3,20 +3,12 @@ use serde_json::json;
 use std::cell::Cell;
 
 fn node(name: &str, gpus: &[(&str, u64)], heartbeat: &str) -> GpuNode {
-    let gpus: Vec<_> = gpus
-            .iter()
-            .enumerate()
-            .map(|(i, (model, total))| {
-                json!({"index": i, "uuid": format!("GPU-{i}"), "model": model, "totalBytes": total})
-            })
-            .collect();
-    serde_json::from_value(json!({
-        "apiVersion": "vramfit.dev/v1alpha1", "kind": "GpuNode",
-        "metadata": {"name": name},
-        "spec": {},
-        "status": {"heartbeat": heartbeat, "gpus": gpus}
-    }))
-    .unwrap()
+    gpus.iter()
+        .fold(
+            GpuNode::test(name).heartbeat(heartbeat).gpus(json!([])),
+            |node, (model, total)| node.gpu(model, *total),
+        )
+        .build()
 }
 
 /// How many times each event sequence, followed by two lookups, computes

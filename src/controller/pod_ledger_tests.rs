@@ -8,7 +8,7 @@ use serde_json::json;
 const GIB: u64 = 1 << 30;
 
 fn job(name: &str) -> TrainingJob {
-    crate::fixtures::job(name)
+    TrainingJob::test(name)
         .template_spec(json!({"containers": [
             {"name": "t", "image": "i",
              "resources": {"requests": {"cpu": "1500m", "memory": "2Gi"}}},

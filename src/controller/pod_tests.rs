@@ -3,7 +3,7 @@ use crate::api::AssignedGpu;
 use serde_json::json;
 
 fn job() -> TrainingJob {
-    crate::fixtures::job("gpt2")
+    TrainingJob::test("gpt2")
         .meta("uid", json!("u-1"))
         .batch(64, 8)
         .spec(json!({"template": {"metadata": {"labels": {"team": "nlp"}},

@@ -1,7 +1,7 @@
 use super::*;
 
 fn job() -> TrainingJob {
-    crate::fixtures::job("j")
+    TrainingJob::test("j")
         .meta("uid", serde_json::json!("u-1"))
         .build()
 }

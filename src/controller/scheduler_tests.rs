@@ -6,7 +6,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 const GIB: u64 = 1 << 30;
 
 fn job(name: &str, priority: i32, created: &str, budget: u64) -> TrainingJob {
-    crate::fixtures::job(name)
+    TrainingJob::test(name)
         .priority(priority)
         .created(created)
         .budget(budget)

@@ -2,7 +2,7 @@ use super::*;
 use crate::api::Phase;
 
 fn job(version: &str) -> TrainingJob {
-    crate::fixtures::job("j")
+    TrainingJob::test("j")
         .namespace("ns")
         .meta("uid", serde_json::json!("u"))
         .meta("resourceVersion", serde_json::json!(version))

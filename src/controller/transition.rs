@@ -30,7 +30,8 @@ use super::status_patch::{
     CONDITION_COMPLETE, CONDITION_INVALID, CONDITION_PLACED, CONDITION_POD_REJECTED, reason,
     set_condition,
 };
-use crate::job::backoff::{BatchShape, OomDecision, after_oom};
+use crate::job::attempt::{AttemptEnd, NextAttempt, next_attempt};
+use crate::job::backoff::BatchShape;
 use crate::job::budget::{Budget, attempt_budget, gpu_model_budgets, oom_correction};
 use crate::job::exit::PodOutcome;
 use crate::job::keys::pod_name;
@@ -806,48 +807,30 @@ pub fn follow(
     } else {
         facts.outcome
     };
-    let (decision, requeue) = match outcome {
+    let end = match outcome {
         PodOutcome::Waiting => {
             status.phase = Phase::Placed;
-            ("pod-waiting", Requeue::After(POD_RESYNC))
+            return Transition {
+                decision: "pod-waiting",
+                status,
+                effects,
+                requeue: Requeue::After(POD_RESYNC),
+            };
         }
         PodOutcome::Running => {
             status.phase = Phase::Running;
-            ("running", Requeue::After(POD_RESYNC))
+            return Transition {
+                decision: "running",
+                status,
+                effects,
+                requeue: Requeue::After(POD_RESYNC),
+            };
         }
-        PodOutcome::Succeeded => {
-            finish(
-                job,
-                &mut status,
-                Phase::Succeeded,
-                "Succeeded",
-                None,
-                &mut effects,
-            );
-            ("succeeded", Requeue::AwaitChange)
-        }
-        PodOutcome::Failed(message) => {
-            finish(
-                job,
-                &mut status,
-                Phase::Failed,
-                "Failed",
-                Some(message),
-                &mut effects,
-            );
-            ("failed", Requeue::AwaitChange)
-        }
-        PodOutcome::OutOfMemory(message) => {
-            let decision = back_off(job, &mut status, &message, &mut effects);
-            if status.phase == Phase::Retrying {
-                effects.push(Effect::DeletePod(pod_name(
-                    job.metadata.name.as_deref().unwrap_or_default(),
-                    placement.attempt,
-                )));
-            }
-            (decision, Requeue::After(RETRY_DELAY))
-        }
+        PodOutcome::Succeeded => AttemptEnd::Succeeded,
+        PodOutcome::Failed(message) => AttemptEnd::Failed(message),
+        PodOutcome::OutOfMemory(message) => AttemptEnd::OutOfMemory(message),
     };
+    let (decision, requeue) = end_attempt(job, &mut status, placement, &end, &mut effects);
     Transition {
         decision,
         status,
@@ -938,14 +921,17 @@ fn finish(
     });
 }
 
-/// Backs off after an OOM: the next attempt at half the micro-batch, or a
-/// failure at the floor or past `maxOOMRetries`. Returns the decision's name.
-fn back_off(
+/// Ends the attempt as [`next_attempt`] decides (the decision `vramfit run
+/// --local` takes too): the job finishes, succeeded or failed, or after an
+/// OOM the next attempt starts at half the micro-batch and the pod is
+/// deleted. Returns the decision's name and when to look again.
+fn end_attempt(
     job: &TrainingJob,
     status: &mut TrainingJobStatus,
-    message: &str,
+    placement: &PlacementStatus,
+    end: &AttemptEnd,
     effects: &mut Vec<Effect>,
-) -> &'static str {
+) -> (&'static str, Requeue) {
     let spec = &job.spec;
     let current = BatchShape {
         micro: status.micro_batch.unwrap_or(spec.batch.micro),
@@ -956,77 +942,96 @@ fn back_off(
         .iter()
         .filter(|r| r.outcome == OUTCOME_OOM)
         .count() as u32;
-    effects.push(Effect::Event {
-        warning: true,
-        reason: reason::OUT_OF_MEMORY,
-        note: format!(
-            "attempt {} at micro-batch {}: {message}",
-            status.attempt, current.micro
-        ),
-    });
-    match after_oom(
-        spec.batch.global,
-        spec.gpus,
-        current,
-        spec.batch.min_micro,
-        used,
-        spec.max_oom_retries,
-    ) {
-        OomDecision::Retry(next) => {
-            status.history.push(AttemptRecord {
-                attempt: status.attempt,
-                micro_batch: current.micro,
-                grad_accum: current.accum,
-                outcome: OUTCOME_OOM.into(),
-                message: Some(message.to_string()),
-            });
-            let text = format!(
-                "out of memory at micro-batch {}; retrying with {} (global batch {} kept)",
-                current.micro,
-                next.display(),
-                spec.batch.global
-            );
-            status.attempt += 1;
-            status.phase = Phase::Retrying;
-            status.micro_batch = Some(next.micro);
-            status.grad_accum = Some(next.accum);
-            status.batch_shape = Some(next.display());
-            status.placement = None;
-            status.gpu = None;
-            status.pod_name = None;
-            status.budget_bytes = None;
-            status.measured_peak_bytes = None;
-            status.measured = None;
-            status.message = Some(text.clone());
-            set_condition(
-                &mut status.conditions,
-                CONDITION_PLACED,
-                false,
-                reason::RETRYING,
-                &text,
-                job.metadata.generation,
-            );
-            effects.push(Effect::CountOomRetry);
-            effects.push(Effect::WakeScheduler);
-            effects.push(Effect::Event {
-                warning: false,
-                reason: reason::RETRYING,
-                note: text,
-            });
-            "oom-retry"
+    if let AttemptEnd::OutOfMemory(message) = end {
+        effects.push(Effect::Event {
+            warning: true,
+            reason: reason::OUT_OF_MEMORY,
+            note: format!(
+                "attempt {} at micro-batch {}: {message}",
+                status.attempt, current.micro
+            ),
+        });
+    }
+    match next_attempt(spec, current, end, used) {
+        NextAttempt::Done => {
+            finish(job, status, Phase::Succeeded, end.name(), None, effects);
+            ("succeeded", Requeue::AwaitChange)
         }
-        OomDecision::Fail(reason_text) => {
+        NextAttempt::Fail(reason_text) => {
             finish(
                 job,
                 status,
                 Phase::Failed,
-                OUTCOME_OOM,
+                end.name(),
                 Some(reason_text),
                 effects,
             );
-            "oom-failed"
+            match end {
+                AttemptEnd::OutOfMemory(_) => ("oom-failed", Requeue::After(RETRY_DELAY)),
+                _ => ("failed", Requeue::AwaitChange),
+            }
+        }
+        NextAttempt::Retry(next) => {
+            retry(job, status, current, next, end.message(), effects);
+            effects.push(Effect::DeletePod(pod_name(
+                job.metadata.name.as_deref().unwrap_or_default(),
+                placement.attempt,
+            )));
+            ("oom-retry", Requeue::After(RETRY_DELAY))
         }
     }
+}
+
+/// The next attempt after an OOM at `current`, with the shape `next`.
+fn retry(
+    job: &TrainingJob,
+    status: &mut TrainingJobStatus,
+    current: BatchShape,
+    next: BatchShape,
+    message: Option<&str>,
+    effects: &mut Vec<Effect>,
+) {
+    let spec = &job.spec;
+    status.history.push(AttemptRecord {
+        attempt: status.attempt,
+        micro_batch: current.micro,
+        grad_accum: current.accum,
+        outcome: OUTCOME_OOM.into(),
+        message: message.map(str::to_string),
+    });
+    let text = format!(
+        "out of memory at micro-batch {}; retrying with {} (global batch {} kept)",
+        current.micro,
+        next.display(),
+        spec.batch.global
+    );
+    status.attempt += 1;
+    status.phase = Phase::Retrying;
+    status.micro_batch = Some(next.micro);
+    status.grad_accum = Some(next.accum);
+    status.batch_shape = Some(next.display());
+    status.placement = None;
+    status.gpu = None;
+    status.pod_name = None;
+    status.budget_bytes = None;
+    status.measured_peak_bytes = None;
+    status.measured = None;
+    status.message = Some(text.clone());
+    set_condition(
+        &mut status.conditions,
+        CONDITION_PLACED,
+        false,
+        reason::RETRYING,
+        &text,
+        job.metadata.generation,
+    );
+    effects.push(Effect::CountOomRetry);
+    effects.push(Effect::WakeScheduler);
+    effects.push(Effect::Event {
+        warning: false,
+        reason: reason::RETRYING,
+        note: text,
+    });
 }
 
 #[cfg(test)]

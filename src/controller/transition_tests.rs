@@ -6,7 +6,7 @@ const GIB: u64 = 1 << 30;
 
 /// A one-GPU MLP job, global batch 8, micro-batch 8, generation 1.
 fn job_with(spec_extra: serde_json::Value, status: Option<TrainingJobStatus>) -> TrainingJob {
-    let mut job = crate::fixtures::job("j").spec(spec_extra).build();
+    let mut job = TrainingJob::test("j").spec(spec_extra).build();
     job.status = status;
     job
 }

@@ -4,7 +4,7 @@ use serde_json::json;
 const GIB: u64 = 1 << 30;
 
 fn job(memory: serde_json::Value) -> TrainingJob {
-    let job = crate::fixtures::job("j")
+    let job = TrainingJob::test("j")
         .batch(64, 8)
         .model(json!({"mlp": {"layers": 4, "hidden": 1024}}));
     if memory.is_null() {
@@ -98,21 +98,20 @@ mod per_model {
     const GIB: u64 = 1 << 30;
 
     fn gpt2_job(auto: bool, gpu_models: Option<Vec<&str>>) -> TrainingJob {
-        let mut spec = json!({
-            "batch": {"global": 64, "micro": 32, "autoMicro": auto},
-            "model": {"transformer": {"layers": 12, "hidden": 768, "heads": 12,
-                                       "vocab": 50257, "seqLen": 1024},
-                      "precision": "amp-bf16"},
-            "template": {}
-        });
-        if let Some(models) = gpu_models {
-            spec["gpuModels"] = json!(models);
+        let job = TrainingJob::test("j")
+            .batch(64, 32)
+            .auto_micro(auto)
+            .model(
+                json!({"transformer": {"layers": 12, "hidden": 768, "heads": 12,
+                                          "vocab": 50257, "seqLen": 1024},
+                          "precision": "amp-bf16"}),
+            )
+            .template(json!({}));
+        match gpu_models {
+            Some(models) => job.spec(json!({ "gpuModels": models })),
+            None => job,
         }
-        serde_json::from_value(json!({
-            "apiVersion": "vramfit.dev/v1alpha1", "kind": "TrainingJob",
-            "metadata": {"name": "j", "namespace": "ml"}, "spec": spec
-        }))
-        .unwrap()
+        .build()
     }
 
     fn cluster() -> Vec<(String, u64)> {

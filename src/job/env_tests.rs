@@ -1,15 +1,13 @@
 use super::*;
-use crate::api::TrainingJobSpec;
-use serde_json::json;
+use crate::api::{TrainingJob, TrainingJobSpec};
 
 fn spec() -> TrainingJobSpec {
-    serde_json::from_value(json!({
-        "gpus": 1,
-        "model": {"mlp": {"layers": 2, "hidden": 64}},
-        "batch": {"global": 64, "micro": 8, "minMicro": 2},
-        "template": {"spec": {"containers": [{"name": "t", "image": "i"}]}}
-    }))
-    .unwrap()
+    TrainingJob::test("j")
+        .gpus(1)
+        .batch(64, 8)
+        .min_micro(2)
+        .build()
+        .spec
 }
 
 fn attempt<'a>() -> Attempt<'a> {

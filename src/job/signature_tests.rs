@@ -1,13 +1,13 @@
 use super::*;
 
 fn spec(layers: u32, gpus: u32) -> TrainingJobSpec {
-    serde_json::from_value(serde_json::json!({
-        "gpus": gpus,
-        "batch": {"global": 64, "micro": 8},
-        "model": {"mlp": {"layers": layers, "hidden": 1024}},
-        "template": {}
-    }))
-    .unwrap()
+    TrainingJob::test("j")
+        .gpus(gpus)
+        .batch(64, 8)
+        .model(serde_json::json!({"mlp": {"layers": layers, "hidden": 1024}}))
+        .template(serde_json::json!({}))
+        .build()
+        .spec
 }
 
 #[test]

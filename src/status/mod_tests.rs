@@ -2,6 +2,7 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use serde_json::{Value, json};
 
 use super::*;
+use crate::fixtures::JobBuilder;
 
 const GIB: u64 = 1 << 30;
 
@@ -14,12 +15,11 @@ fn ttl() -> SignedDuration {
 }
 
 fn gpu_node(name: &str, heartbeat: &str, gpus: Value) -> GpuNode {
-    serde_json::from_value(json!({
-        "apiVersion": "vramfit.dev/v1alpha1", "kind": "GpuNode",
-        "metadata": {"name": name}, "spec": {},
-        "status": {"heartbeat": heartbeat, "gpus": gpus, "agent": {"version": "0.1.0", "mode": "simulated"}},
-    }))
-    .unwrap()
+    GpuNode::test(name)
+        .heartbeat(heartbeat)
+        .gpus(gpus)
+        .status_fields(json!({"agent": {"version": "0.1.0", "mode": "simulated"}}))
+        .build()
 }
 
 fn h200(index: u32, used: u64) -> Value {
@@ -27,47 +27,15 @@ fn h200(index: u32, used: u64) -> Value {
            "totalBytes": 140 * GIB, "usedBytes": used, "health": "Healthy"})
 }
 
-/// A job builder: `job("a").placed("n1", &[0], 20).shape(8, 4).build()`.
-struct JobBuilder(Value);
-
+/// A pending job at attempt 1, 1e9 parameters, global batch 64 at 8:
+/// `job("a").placed("n1", &[0], 20 * GIB).build()`.
 fn job(name: &str) -> JobBuilder {
-    JobBuilder(json!({
-        "apiVersion": "vramfit.dev/v1alpha1", "kind": "TrainingJob",
-        "metadata": {"name": name, "namespace": "ml", "creationTimestamp": "2026-12-01T07:50:00Z"},
-        "spec": {"gpus": 1, "batch": {"global": 64, "micro": 8},
-                 "model": {"parameters": 1_000_000_000u64}, "template": {"spec": {"containers": []}}},
-        "status": {"phase": "Pending", "attempt": 1},
-    }))
-}
-
-impl JobBuilder {
-    fn status(mut self, patch: Value) -> Self {
-        for (k, v) in patch.as_object().unwrap() {
-            self.0["status"][k] = v.clone();
-        }
-        self
-    }
-    fn placed(self, node: &str, gpus: &[u32], budget_gib: u64) -> Self {
-        let attempt = self.0["status"]["attempt"].as_u64().unwrap();
-        let assigned: Vec<Value> = gpus
-            .iter()
-            .map(|i| json!({"index": i, "uuid": format!("GPU-{i}")}))
-            .collect();
-        self.status(json!({"phase": "Running", "placement": {
-            "node": node, "gpus": assigned, "budgetBytes": budget_gib * GIB,
-            "memoryFraction": 0.1, "attempt": attempt}}))
-    }
-    fn created(mut self, time: &str) -> Self {
-        self.0["metadata"]["creationTimestamp"] = json!(time);
-        self
-    }
-    fn priority(mut self, priority: i32) -> Self {
-        self.0["spec"]["priority"] = json!(priority);
-        self
-    }
-    fn build(self) -> TrainingJob {
-        serde_json::from_value(self.0).unwrap()
-    }
+    TrainingJob::test(name)
+        .created("2026-12-01T07:50:00Z")
+        .batch(64, 8)
+        .model(json!({"parameters": 1_000_000_000u64}))
+        .template_spec(json!({"containers": []}))
+        .status_fields(json!({"phase": "Pending", "attempt": 1}))
 }
 
 fn view(jobs: &[TrainingJob], nodes: &[GpuNode]) -> ClusterStatus {
@@ -82,17 +50,17 @@ fn committed_memory_is_the_sum_of_the_budgets_placed_on_each_gpu() {
         json!([h200(0, 0), h200(1, 0)]),
     )];
     let jobs = [
-        job("a").placed("n1", &[0], 20).build(),
-        job("b").placed("n1", &[0], 30).build(),
-        job("c").placed("n1", &[1], 50).build(),
+        job("a").placed("n1", &[0], 20 * GIB).build(),
+        job("b").placed("n1", &[0], 30 * GIB).build(),
+        job("c").placed("n1", &[1], 50 * GIB).build(),
         // Finished and earlier-attempt placements hold nothing.
         job("done")
-            .placed("n1", &[1], 40)
-            .status(json!({"phase": "Succeeded"}))
+            .placed("n1", &[1], 40 * GIB)
+            .status_fields(json!({"phase": "Succeeded"}))
             .build(),
         job("old")
-            .placed("n1", &[1], 40)
-            .status(json!({"attempt": 2, "phase": "Retrying"}))
+            .placed("n1", &[1], 40 * GIB)
+            .status_fields(json!({"attempt": 2, "phase": "Retrying"}))
             .build(),
     ];
     let status = view(&jobs, &nodes);
@@ -123,7 +91,7 @@ fn a_multi_gpu_job_commits_its_budget_on_each_of_its_gpus() {
         "2026-12-01T07:59:50Z",
         json!([h200(0, 0), h200(1, 0)]),
     )];
-    let jobs = [job("ddp").placed("n1", &[0, 1], 60).build()];
+    let jobs = [job("ddp").placed("n1", &[0, 1], 60 * GIB).build()];
     let status = view(&jobs, &nodes);
     assert_eq!(status.nodes[0].gpus[0].committed_bytes, 60 * GIB);
     assert_eq!(status.nodes[0].gpus[1].committed_bytes, 60 * GIB);
@@ -141,14 +109,14 @@ fn measured_is_what_the_agent_sees_the_pod_use_now_else_the_recorded_peak() {
     let nodes = [gpu_node("n1", "2026-12-01T07:59:50Z", json!([gpu]))];
     let jobs = [
         job("a")
-            .placed("n1", &[0], 20)
-            .status(json!({"podName": "a-1", "measuredPeakBytes": 15 * GIB}))
+            .placed("n1", &[0], 20 * GIB)
+            .status_fields(json!({"podName": "a-1", "measuredPeakBytes": 15 * GIB}))
             .build(),
         job("b")
-            .placed("n1", &[0], 20)
-            .status(json!({"podName": "b-1", "measuredPeakBytes": 4 * GIB}))
+            .placed("n1", &[0], 20 * GIB)
+            .status_fields(json!({"podName": "b-1", "measuredPeakBytes": 4 * GIB}))
             .build(),
-        job("c").placed("n1", &[0], 20).build(),
+        job("c").placed("n1", &[0], 20 * GIB).build(),
     ];
     let status = view(&jobs, &nodes);
     let on_gpu = &status.nodes[0].gpus[0];
@@ -165,14 +133,16 @@ fn waiting_jobs_come_in_scheduling_order_with_their_reason() {
     let jobs = [
         job("young")
             .created("2026-12-01T07:59:00Z")
-            .status(json!({"budgetBytes": 150 * GIB, "message": reason}))
+            .status_fields(json!({"budgetBytes": 150 * GIB, "message": reason}))
             .build(),
         job("old").created("2026-12-01T07:00:00Z").build(),
         job("urgent")
             .created("2026-12-01T07:59:30Z")
             .priority(10)
             .build(),
-        job("failed").status(json!({"phase": "Failed"})).build(),
+        job("failed")
+            .status_fields(json!({"phase": "Failed"}))
+            .build(),
     ];
     let status = view(&jobs, &nodes);
     let names: Vec<&str> = status.waiting.iter().map(|w| w.name.as_str()).collect();
@@ -211,8 +181,8 @@ fn stale_nodes_and_faulty_gpus_are_shown_but_not_counted_as_usable() {
 fn a_job_on_a_gpu_no_node_reports_is_listed_apart() {
     let nodes = [gpu_node("n1", "2026-12-01T07:59:50Z", json!([h200(0, 0)]))];
     let jobs = [
-        job("lost").placed("gone", &[0], 20).build(),
-        job("nogpu").placed("n1", &[3], 20).build(),
+        job("lost").placed("gone", &[0], 20 * GIB).build(),
+        job("nogpu").placed("n1", &[3], 20 * GIB).build(),
     ];
     let status = view(&jobs, &nodes);
     assert_eq!(status.orphans.len(), 2);
@@ -230,14 +200,14 @@ fn recent_retries_show_each_oom_with_the_shape_that_followed_newest_first() {
     let nodes = [gpu_node("n1", "2026-12-01T07:59:50Z", json!([gpu]))];
     let jobs = [
         job("a")
-            .status(json!({"phase": "Running", "attempt": 3, "microBatch": 2, "gradAccum": 32,
+            .status_fields(json!({"phase": "Running", "attempt": 3, "microBatch": 2, "gradAccum": 32,
                 "history": [
                     {"attempt": 1, "microBatch": 8, "gradAccum": 8, "outcome": "OutOfMemory", "message": "CUDA out of memory"},
                     {"attempt": 2, "microBatch": 4, "gradAccum": 16, "outcome": "OutOfMemory"}]}))
             .build(),
         job("b")
-            .placed("n1", &[0], 20)
-            .status(json!({"podName": "b-1", "history": [
+            .placed("n1", &[0], 20 * GIB)
+            .status_fields(json!({"podName": "b-1", "history": [
                 {"attempt": 1, "microBatch": 8, "gradAccum": 8, "outcome": "Failed"}]}))
             .build(),
     ];
@@ -269,7 +239,7 @@ fn only_the_most_recent_retries_are_kept() {
         .map(|a| json!({"attempt": a, "microBatch": 1, "gradAccum": 1, "outcome": "OutOfMemory"}))
         .collect();
     let jobs = [job("a")
-        .status(json!({"attempt": 16, "history": history}))
+        .status_fields(json!({"attempt": 16, "history": history}))
         .build()];
     let status = view(&jobs, &[]);
     assert_eq!(status.retries.len(), RECENT_RETRIES);
@@ -289,8 +259,8 @@ fn a_nodes_allocation_sums_its_gpus_and_counts_free_memory_on_usable_gpus_only()
         gpu_node("stale", "2026-12-01T07:00:00Z", json!([h200(0, 0)])),
     ];
     let jobs = [
-        job("ddp").placed("n1", &[0, 1], 40).build(),
-        job("one").placed("n1", &[0], 20).build(),
+        job("ddp").placed("n1", &[0, 1], 40 * GIB).build(),
+        job("one").placed("n1", &[0], 20 * GIB).build(),
     ];
     let status = view(&jobs, &nodes);
     let allocation = node_allocation(&status.nodes[0]);
@@ -320,8 +290,8 @@ fn bars_fill_in_proportion_and_mark_overcommitment() {
 fn text_has_colour_only_when_asked() {
     let nodes = [gpu_node("n1", "2026-12-01T07:59:50Z", json!([h200(0, 0)]))];
     let jobs = [job("a")
-        .placed("n1", &[0], 70)
-        .status(json!({"microBatch": 8, "gradAccum": 8}))
+        .placed("n1", &[0], 70 * GIB)
+        .status_fields(json!({"microBatch": 8, "gradAccum": 8}))
         .build()];
     let status = view(&jobs, &nodes);
     let plain = text::render(&status, false);
@@ -337,7 +307,7 @@ fn text_has_colour_only_when_asked() {
 #[test]
 fn the_page_escapes_what_users_wrote_and_reloads_itself() {
     let jobs = [job("a")
-        .status(json!({"message": "<script>alert(1)</script>"}))
+        .status_fields(json!({"message": "<script>alert(1)</script>"}))
         .build()];
     let page = html::render(&view(&jobs, &[]), 5);
     assert!(page.contains("&lt;script&gt;alert(1)&lt;/script&gt;"));
@@ -352,7 +322,7 @@ fn the_page_draws_committed_and_measured_bars_per_gpu() {
         "2026-12-01T07:59:50Z",
         json!([h200(0, 35 * GIB)]),
     )];
-    let jobs = [job("a").placed("n1", &[0], 70).build()];
+    let jobs = [job("a").placed("n1", &[0], 70 * GIB).build()];
     let page = html::render(&view(&jobs, &nodes), 5);
     assert!(page.contains("id=\"gpu-n1-0\""));
     assert!(page.contains("<div class=\"committed\" style=\"width:50.0%\">"));

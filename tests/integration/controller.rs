@@ -12,7 +12,7 @@ use vramfit::api::{AssignedGpu, GpuNode, Phase, PlacementStatus, TrainingJob};
 use vramfit::controller::pod::training_pod;
 use vramfit::job::backoff::BatchShape;
 
-use crate::driver::{GIB, TestCluster, mlp_job};
+use crate::driver::{GIB, TestCluster, mlp_job, trainer_template};
 
 fn phase(job: &TrainingJob) -> Phase {
     job.status.as_ref().map(|s| s.phase).unwrap_or_default()
@@ -754,17 +754,14 @@ async fn an_oom_the_agent_reports_backs_the_job_off_like_an_exit_42() {
 
 /// A GPT-2-small-shaped job whose micro-batch the controller chooses.
 fn auto_micro_job(name: &str, global: u32, micro: u32, min_micro: u32) -> serde_json::Value {
-    json!({
-        "apiVersion": "vramfit.dev/v1alpha1", "kind": "TrainingJob",
-        "metadata": {"name": name},
-        "spec": {
-            "batch": {"global": global, "micro": micro, "minMicro": min_micro, "autoMicro": true},
-            "model": {"transformer": {"layers": 12, "hidden": 768, "heads": 12, "vocab": 50257,
-                                      "seqLen": 1024}, "precision": "amp-bf16", "optimizer": "adamw"},
-            "template": {"spec": {"containers": [{"name": "train", "image": "trainer",
-                "resources": {"requests": {"cpu": "2", "memory": "8Gi"}}}]}}
-        }
-    })
+    TrainingJob::test(name)
+        .batch(global, micro)
+        .min_micro(min_micro)
+        .auto_micro(true)
+        .model(json!({"transformer": {"layers": 12, "hidden": 768, "heads": 12, "vocab": 50257,
+                                      "seqLen": 1024}, "precision": "amp-bf16", "optimizer": "adamw"}))
+        .template_spec(trainer_template())
+        .manifest()
 }
 
 #[tokio::test]

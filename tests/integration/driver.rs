@@ -578,19 +578,22 @@ pub fn mlp_job(
     min_micro: u32,
     request: Option<&str>,
 ) -> Value {
-    let mut job = json!({
-        "apiVersion": "vramfit.dev/v1alpha1", "kind": "TrainingJob",
-        "metadata": {"name": name},
-        "spec": {
-            "batch": {"global": global, "micro": micro, "minMicro": min_micro},
-            "model": {"mlp": {"layers": 8, "hidden": 4096}, "precision": "fp32", "optimizer": "adamw"},
-            "maxOOMRetries": 4,
-            "template": {"spec": {"containers": [{"name": "train", "image": "trainer",
-                "resources": {"requests": {"cpu": "2", "memory": "8Gi"}}}]}}
-        }
-    });
-    if let Some(request) = request {
-        job["spec"]["memory"] = json!({"request": request});
+    let job = TrainingJob::test(name)
+        .batch(global, micro)
+        .min_micro(min_micro)
+        .model(json!({"mlp": {"layers": 8, "hidden": 4096}, "precision": "fp32", "optimizer": "adamw"}))
+        .max_oom_retries(4)
+        .template_spec(trainer_template());
+    match request {
+        Some(request) => job.request(request),
+        None => job,
     }
-    job
+    .manifest()
+}
+
+/// The pod template's spec of the test jobs: one container `train` of
+/// image `trainer`, 2 CPUs, 8Gi.
+pub fn trainer_template() -> Value {
+    json!({"containers": [{"name": "train", "image": "trainer",
+        "resources": {"requests": {"cpu": "2", "memory": "8Gi"}}}]})
 }

@@ -5,7 +5,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use serde_json::Value;
+use serde_json::{Value, json};
+use vramfit::api::TrainingJob;
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -13,24 +14,18 @@ fn repo() -> PathBuf {
 
 fn write_job(dir: &Path, micro: u32, min_micro: u32, retries: u32) -> PathBuf {
     let path = dir.join("job.yaml");
-    std::fs::write(
-        &path,
-        format!(
-            "apiVersion: vramfit.dev/v1alpha1
-kind: TrainingJob
-metadata: {{name: local-tiny-decoder, namespace: ml}}
-spec:
-  maxOOMRetries: {retries}
-  batch: {{global: 64, micro: {micro}, minMicro: {min_micro}}}
-  model:
-    transformer: {{kind: decoder, layers: 2, hidden: 256, heads: 4, vocab: 1000, seqLen: 512}}
-    precision: fp32
-    optimizer: adamw
-  template: {{spec: {{containers: [{{name: train, image: x}}]}}}}
-"
-        ),
-    )
-    .unwrap();
+    let job = TrainingJob::test("local-tiny-decoder")
+        .namespace("ml")
+        .max_oom_retries(retries)
+        .batch(64, micro)
+        .min_micro(min_micro)
+        .model(
+            json!({"transformer": {"kind": "decoder", "layers": 2, "hidden": 256, "heads": 4,
+                                      "vocab": 1000, "seqLen": 512},
+                      "precision": "fp32", "optimizer": "adamw"}),
+        )
+        .template_spec(json!({"containers": [{"name": "train", "image": "x"}]}));
+    std::fs::write(&path, job.manifest().to_string()).unwrap();
     path
 }
 

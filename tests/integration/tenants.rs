@@ -38,7 +38,7 @@ use kube::core::{ApiResource, GroupVersionKind};
 use kube::{Client, Config};
 use serde_json::{Value, json};
 use vramfit::api::free_form::{MAX_DEPTH, too_deep};
-use vramfit::api::{Phase, TrainingJob};
+use vramfit::api::{GpuNode, Phase, TrainingJob};
 
 use crate::controlplane::{self, PrivateControlPlane};
 use crate::driver::{GIB, TestCluster, mlp_job, vramfit_bin};
@@ -216,8 +216,7 @@ fn wait_policies(kubeconfig: &Path) {
     let mut deep = training_job("probe", plain_template());
     deep["metadata"]["namespace"] = json!("tenants-probe");
     deep["spec"]["template"]["spec"]["x"] = nested(40);
-    let gpu_node = json!({"apiVersion": "vramfit.dev/v1alpha1", "kind": "GpuNode",
-        "metadata": {"name": "probe"}, "spec": {}});
+    let gpu_node = GpuNode::test("probe").manifest();
     let checks = [
         (GPU_ACCESS, gpu_pod, None),
         (POD_SECURITY, privileged, None),
@@ -356,15 +355,7 @@ fn plain_template() -> Value {
 
 /// A TrainingJob whose pod template's spec is `spec`.
 fn training_job(name: &str, spec: Value) -> Value {
-    json!({
-        "apiVersion": "vramfit.dev/v1alpha1", "kind": "TrainingJob",
-        "metadata": {"name": name},
-        "spec": {
-            "batch": {"global": 8, "micro": 8},
-            "model": {"mlp": {"layers": 2, "hidden": 64}},
-            "template": {"spec": spec}
-        }
-    })
+    TrainingJob::test(name).template_spec(spec).manifest()
 }
 
 fn pod(name: &str, spec: Value) -> Pod {
@@ -1383,10 +1374,7 @@ async fn attack_8_an_agent_writes_the_gpunode_of_its_own_node_only() {
     let admin = admin().await;
     let (a, b) = ("tn8-node-a", "tn8-node-b");
     for node in [a, b] {
-        let object = dynamic(
-            json!({"apiVersion": "vramfit.dev/v1alpha1", "kind": "GpuNode",
-            "metadata": {"name": node}, "spec": {}}),
-        );
+        let object = dynamic(GpuNode::test(node).manifest());
         match gpu_nodes(&admin)
             .create(&PostParams::default(), &object)
             .await
@@ -1426,10 +1414,7 @@ async fn attack_8_an_agent_writes_the_gpunode_of_its_own_node_only() {
         OWN_NODE,
         &other,
     );
-    let new = dynamic(
-        json!({"apiVersion": "vramfit.dev/v1alpha1", "kind": "GpuNode",
-        "metadata": {"name": "tn8-node-c"}, "spec": {}}),
-    );
+    let new = dynamic(GpuNode::test("tn8-node-c").manifest());
     assert_refused_by(
         "agent of a creates c",
         agent_a.create(&dry_run(), &new).await,
@@ -1700,10 +1685,7 @@ async fn attack_7_the_ui_shows_a_reader_only_what_they_may_list() {
             .await
             .unwrap_or_else(|e| panic!("status of {ns}/{name}: {e}"));
     }
-    let node = dynamic(
-        json!({"apiVersion": "vramfit.dev/v1alpha1", "kind": "GpuNode",
-        "metadata": {"name": "tn7-node"}, "spec": {}}),
-    );
+    let node = dynamic(GpuNode::test("tn7-node").manifest());
     match gpu_nodes(&admin)
         .create(&PostParams::default(), &node)
         .await

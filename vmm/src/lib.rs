@@ -4,12 +4,17 @@
 //! that any page can be given back on its own, and pages parked between an
 //! unmap and the next map (`cuMemUnmap` without `cuMemRelease`).
 //!
-//! Both users (`libvramfit_alloc.so` inside PyTorch, and the agent's
-//! allocator backend and benchmark) wrap a [`Pages`] in their
-//! `vramfit_alloc_core::DeviceMemory` backend. [`Pages`] makes no context
-//! current and never waits for the device: which context is current, and
-//! whether queued kernels may still use a page being unmapped, is the
-//! caller's business.
+//! [`VmmMemory`] is the one `vramfit_alloc_core::DeviceMemory` backend over
+//! them (with `cuMemAlloc` segments), every call inside the device's
+//! [`Context`]; both users, `libvramfit_alloc.so` inside PyTorch and the
+//! agent's allocator benchmark, wrap it (the first adds the fences that tell
+//! when a freed page is behind the device). [`Pages`] makes no context
+//! current and neither waits for the device: whether queued kernels may
+//! still use a page being unmapped is the caller's business.
+
+mod memory;
+
+pub use memory::{Context, CtxGuard, VmmMemory};
 
 use std::collections::HashMap;
 

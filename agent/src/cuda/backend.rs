@@ -1,36 +1,33 @@
-//! The allocator core's device backend on a real GPU.
+//! The allocator core's device backend on a real GPU: vmm's [`VmmMemory`]
+//! (the one `libvramfit_alloc.so` uses) on a cudarc context.
 
 use std::sync::Arc;
 
-use cudarc::driver::sys::cudaError_enum;
-use cudarc::driver::{CudaContext, result};
+use cudarc::driver::CudaContext;
 use vramfit::alloc::{DeviceError, DeviceMemory, DevicePtr, MemInfo};
-use vramfit_vmm::Pages;
+use vramfit_vmm::{Context, VmmMemory};
 
-/// [`DeviceMemory`] over the CUDA driver: `cuMemAlloc`/`cuMemFree` for
-/// segments, and the expandable policy's ranges and pages through
-/// [`Pages`] (shared with `libvramfit_alloc.so`). The backend's context is
-/// bound to the creating thread; nothing here launches kernels, so pages
-/// are unmapped without waiting for the device.
+/// [`DeviceMemory`] over the CUDA driver: [`VmmMemory`] (`cuMemAlloc`
+/// segments, the expandable policy's ranges and pages) inside the context
+/// of a cudarc [`CudaContext`], which it keeps alive. Nothing here launches
+/// kernels, so pages are unmapped without waiting for the device.
 pub struct CudaDeviceMemory {
     ctx: Arc<CudaContext>,
-    pages: Pages,
-}
-
-fn from_driver(e: result::DriverError, bytes: u64) -> DeviceError {
-    if e.0 == cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY {
-        DeviceError::OutOfMemory { bytes }
-    } else {
-        DeviceError::Driver(e.to_string())
-    }
+    memory: VmmMemory,
 }
 
 impl CudaDeviceMemory {
-    /// A backend on device `ordinal`, with its primary context bound to this thread.
+    /// A backend on `ctx`'s device, with the context bound to this thread
+    /// (calls from another thread make it current for their duration).
     pub fn new(ctx: Arc<CudaContext>) -> Result<Self, DeviceError> {
-        ctx.bind_to_thread().map_err(|e| from_driver(e, 0))?;
-        let pages = Pages::new(ctx.ordinal() as i32);
-        Ok(Self { ctx, pages })
+        ctx.bind_to_thread()
+            .map_err(|e| DeviceError::Driver(e.to_string()))?;
+        // SAFETY: `ctx` is kept alive in `self` as long as `memory` is used.
+        let raw = unsafe { Context::from_raw(ctx.cu_ctx(), ctx.ordinal() as i32) };
+        Ok(Self {
+            ctx,
+            memory: VmmMemory::new(raw),
+        })
     }
 
     /// The context, for kernels that run on what this backend hands out.
@@ -41,49 +38,42 @@ impl CudaDeviceMemory {
 
 impl DeviceMemory for CudaDeviceMemory {
     fn malloc(&mut self, bytes: u64) -> Result<DevicePtr, DeviceError> {
-        // SAFETY: the context is current on this thread (bound in `new`); the
-        // returned memory is owned by the caller until `free`.
-        unsafe { result::malloc_sync(bytes as usize) }.map_err(|e| from_driver(e, bytes))
+        self.memory.malloc(bytes)
     }
 
-    fn free(&mut self, ptr: DevicePtr, _bytes: u64) -> Result<(), DeviceError> {
-        // SAFETY: `ptr` came from `malloc` and the allocator frees it once.
-        unsafe { result::free_sync(ptr) }.map_err(|e| from_driver(e, 0))
+    fn free(&mut self, ptr: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
+        self.memory.free(ptr, bytes)
     }
 
     fn mem_info(&self) -> MemInfo {
-        let (free, total) = result::mem_get_info().unwrap_or((0, 0));
-        MemInfo {
-            free: free as u64,
-            total: total as u64,
-        }
+        self.memory.mem_info()
     }
 
     fn page_bytes(&self) -> u64 {
-        self.pages.page_bytes()
+        self.memory.page_bytes()
     }
 
     fn reserve_range(&mut self, bytes: u64) -> Result<DevicePtr, DeviceError> {
-        self.pages.reserve(bytes)
+        self.memory.reserve_range(bytes)
     }
 
     fn map_pages(&mut self, at: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
-        self.pages.map(at, bytes)
+        self.memory.map_pages(at, bytes)
     }
 
     fn unmap_pages(&mut self, at: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
-        self.pages.unmap(at, bytes, false)
+        self.memory.unmap_pages(at, bytes)
     }
 
     fn park_pages(&mut self, at: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
-        self.pages.unmap(at, bytes, true)
+        self.memory.park_pages(at, bytes)
     }
 
     fn release_parked(&mut self) -> Result<(), DeviceError> {
-        self.pages.release_parked()
+        self.memory.release_parked()
     }
 
     fn release_range(&mut self, at: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
-        self.pages.free_range(at, bytes)
+        self.memory.release_range(at, bytes)
     }
 }

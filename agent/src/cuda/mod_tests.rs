@@ -26,6 +26,28 @@ fn both_policies_allocate_and_free_real_device_memory() {
     }
 }
 
+/// The backend (vmm's, as libvramfit_alloc.so's) makes its context current
+/// for each call on a thread where it is not, and pages mapped there are
+/// usable: the expandable policy's path, from a second thread.
+#[test]
+#[ignore = "needs GPU"]
+fn the_backend_works_from_a_thread_where_its_context_is_not_current() {
+    let ctx = CudaContext::new(0).unwrap();
+    let backend = CudaDeviceMemory::new(ctx.clone()).unwrap();
+    std::thread::spawn(move || {
+        let mut allocator = new_allocator(Policy::Vramfit, backend, AllocatorConfig::default());
+        let ptr = allocator.allocate(64 << 20, 0).unwrap();
+        ctx.bind_to_thread().unwrap();
+        // SAFETY: `ptr` is a live block of at least 512 bytes.
+        unsafe { cudarc::driver::result::memset_d8_sync(ptr, 0xab, 512) }.unwrap();
+        allocator.free(ptr).unwrap();
+        allocator.empty_cache().unwrap();
+        assert_eq!(allocator.stats().allocated_bytes.current, 0);
+    })
+    .join()
+    .unwrap();
+}
+
 #[test]
 #[ignore = "needs GPU"]
 fn probe_finds_a_healthy_gpu() {
