@@ -798,16 +798,8 @@ def oci_devices(text: str, container: str = "train") -> List[str]:
     containers info` JSON documents: the pod, the device nodes of its OCI
     spec, the device-cgroup rules that allow something, and whether it has
     CAP_SYS_ADMIN (what CDI and the runtime actually gave it)."""
-    dec = json.JSONDecoder()
-    docs, i = [], 0
-    while i < len(text):
-        if text[i] == "{":
-            doc, i = dec.raw_decode(text, i)
-            docs.append(doc)
-        else:
-            i += 1
     lines = []
-    for d in docs:
+    for d in _json_docs(text):
         labels = d.get("Labels") or {}
         if labels.get("io.kubernetes.container.name") != container:
             continue
