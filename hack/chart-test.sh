@@ -96,6 +96,14 @@ grep -q 'path: /srv/kubelet/pods$' <<<"$out" || fail "the agent's hostPath is no
 grep -q -- '--stats-root' <<<"$out" && fail "a --stats-root is still passed"
 passed=$((passed + 1))
 
+log "controller on the host network: the rollout frees a pod's ports before its replacement comes"
+out=$(render)
+grep -q 'maxSurge: 0' <<<"$out" && fail "maxSurge 0 without hostNetwork"
+out=$(render --set controller.hostNetwork=true)
+grep -q 'maxSurge: 0' <<<"$out" || fail "no maxSurge 0 with controller.hostNetwork (a surge pod would wait for the old pod's ports)"
+grep -q 'maxUnavailable: 1' <<<"$out" || fail "no maxUnavailable 1 with controller.hostNetwork"
+passed=$((passed + 1))
+
 log "/ui: loopback and no authentication by default; behind TokenReview and SubjectAccessReview on request"
 out=$(render)
 grep -q -- '- --ui-addr=127.0.0.1:8081$' <<<"$out" || fail "the default /ui is not on loopback"
