@@ -597,3 +597,41 @@ pub fn trainer_template() -> Value {
     json!({"containers": [{"name": "train", "image": "trainer",
         "resources": {"requests": {"cpu": "2", "memory": "8Gi"}}}]})
 }
+
+/// A port nothing listens on now (bound and released).
+pub fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+    listener.local_addr().unwrap().port()
+}
+
+/// GET `path` from 127.0.0.1:`port` over plain HTTP/1.0 (the controller's
+/// local page server), with `Authorization: Bearer <token>` when given: the
+/// status code and body, or what went wrong (nothing listening yet, say).
+pub fn http_get(port: u16, path: &str, token: Option<&str>) -> Result<(u16, String), String> {
+    use std::io::{Read as _, Write as _};
+    let mut stream =
+        std::net::TcpStream::connect(("127.0.0.1", port)).map_err(|e| format!("connect: {e}"))?;
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(20)))
+        .map_err(|e| e.to_string())?;
+    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+    write!(
+        stream,
+        "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n{auth}\r\n"
+    )
+    .map_err(|e| format!("write: {e}"))?;
+    let mut text = String::new();
+    stream
+        .read_to_string(&mut text)
+        .map_err(|e| format!("read: {e}"))?;
+    let code = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| format!("no status line: {text}"))?;
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Ok((code, body))
+}

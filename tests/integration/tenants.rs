@@ -41,7 +41,7 @@ use vramfit::api::free_form::{MAX_DEPTH, too_deep};
 use vramfit::api::{GpuNode, Phase, TrainingJob};
 
 use crate::controlplane::{self, PrivateControlPlane};
-use crate::driver::{GIB, TestCluster, mlp_job, vramfit_bin};
+use crate::driver::{GIB, TestCluster, free_port, http_get, mlp_job, vramfit_bin};
 
 /// The release as `hack/chart-test.sh` installs it.
 const RELEASE_NAMESPACE: &str = "vramfit-system";
@@ -1618,37 +1618,6 @@ async fn service_account_token(ns: &str, name: &str) -> String {
         .token
 }
 
-/// GET `path` of the controller's /ui listener on `port` with `token`: the
-/// status code and body, or what went wrong (nothing listening yet, say).
-fn ui_get(port: u16, path: &str, token: Option<&str>) -> Result<(u16, String), String> {
-    use std::io::Read as _;
-    let mut stream =
-        std::net::TcpStream::connect(("127.0.0.1", port)).map_err(|e| format!("connect: {e}"))?;
-    stream
-        .set_read_timeout(Some(Duration::from_secs(20)))
-        .map_err(|e| e.to_string())?;
-    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
-    write!(
-        stream,
-        "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n{auth}\r\n"
-    )
-    .map_err(|e| format!("write: {e}"))?;
-    let mut text = String::new();
-    stream
-        .read_to_string(&mut text)
-        .map_err(|e| format!("read: {e}"))?;
-    let code = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .ok_or_else(|| format!("no status line: {text}"))?;
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    Ok((code, body))
-}
-
 /// Attack 7: the `/ui` page, reached by anyone who can reach its address,
 /// showed every namespace's jobs. With `--ui-auth kubernetes` (the chart's
 /// `controller.ui.authentication`), a request needs a bearer token the API
@@ -1708,10 +1677,7 @@ async fn attack_7_the_ui_shows_a_reader_only_what_they_may_list() {
         Err(kube::Error::Api(e)) if e.code == 409 => {}
         Err(e) => panic!("Lease: {e}"),
     }
-    let port = {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
-        listener.local_addr().unwrap().port()
-    };
+    let port = free_port();
     let kubeconfig = impersonating(CONTROLLER_SA, "tn7");
     let controller = std::process::Command::new(vramfit_bin())
         .args(["controller", "--lease-namespace", RELEASE_NAMESPACE])
@@ -1805,7 +1771,7 @@ async fn attack_7_the_ui_shows_a_reader_only_what_they_may_list() {
     // authorizer has the bindings, the controller's caches both jobs).
     let deadline = Instant::now() + Duration::from_secs(60);
     let whole = loop {
-        if let Ok((200, body)) = ui_get(port, "/ui/status.json", Some(&reader))
+        if let Ok((200, body)) = http_get(port, "/ui/status.json", Some(&reader))
             && body.contains("tn7-theirs")
             && body.contains("tn7-mine")
         {
@@ -1814,7 +1780,7 @@ async fn attack_7_the_ui_shows_a_reader_only_what_they_may_list() {
         assert!(
             Instant::now() < deadline,
             "the reader never saw both jobs: {:?}",
-            ui_get(port, "/ui/status.json", Some(&reader))
+            http_get(port, "/ui/status.json", Some(&reader))
         );
         std::thread::sleep(Duration::from_millis(300));
     };
@@ -1837,7 +1803,7 @@ async fn attack_7_the_ui_shows_a_reader_only_what_they_may_list() {
             .map_or(0, |m| m.values().filter_map(Value::as_u64).sum())
     };
 
-    let (code, body) = ui_get(port, "/ui/status.json", Some(&viewer)).expect("an answer");
+    let (code, body) = http_get(port, "/ui/status.json", Some(&viewer)).expect("an answer");
     assert_eq!(code, 200, "{body}");
     assert!(body.contains("tn7-mine"), "the viewer sees its job: {body}");
     assert!(
@@ -1851,7 +1817,7 @@ async fn attack_7_the_ui_shows_a_reader_only_what_they_may_list() {
         "no GPU node for a reader who may not list them and runs nothing: {seen}"
     );
     // The same for the HTML page.
-    let (code, page) = ui_get(port, "/ui", Some(&viewer)).expect("an answer");
+    let (code, page) = http_get(port, "/ui", Some(&viewer)).expect("an answer");
     assert_eq!(code, 200, "{page}");
     assert!(
         page.contains("tn7-mine") && !page.contains("tn7-theirs"),
@@ -1872,7 +1838,7 @@ async fn attack_7_the_ui_shows_a_reader_only_what_they_may_list() {
         ),
     ] {
         for path in ["/ui", "/ui/status.json"] {
-            let (code, body) = ui_get(port, path, token).expect("an answer");
+            let (code, body) = http_get(port, path, token).expect("an answer");
             assert_eq!(code, want, "{who} on {path}: {body}");
             assert!(
                 !body.contains("tn7-mine") && !body.contains("tn7-theirs"),

@@ -3,37 +3,16 @@
 //! GPU with its bars, the jobs, the waiting queue and the OOM retry, and the
 //! screenshot shows the bars in their colours.
 
-use std::io::{Read as _, Write as _};
-use std::net::TcpStream;
+use std::io::Read as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use vramfit::api::Phase;
 
-use crate::driver::{GIB, TestCluster, mlp_job};
+use crate::driver::{GIB, TestCluster, free_port, http_get, mlp_job};
 
 const OOM_TEXT: &str = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.";
-
-fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
-    listener.local_addr().unwrap().port()
-}
-
-/// GET over plain HTTP/1.0 (the page server is local); the body, or None
-/// while nothing listens.
-fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .ok()?;
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
-    let mut text = String::new();
-    stream.read_to_string(&mut text).ok()?;
-    let code = text.split_whitespace().nth(1)?.parse().ok()?;
-    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string())?;
-    Some((code, body))
-}
 
 fn chromium() -> PathBuf {
     for name in ["chromium", "chromium-browser"] {
@@ -223,7 +202,7 @@ async fn the_ui_page_shows_gpus_jobs_waiting_queue_and_retries_in_chromium() {
     // The JSON behind the page, once it has all of the above.
     let deadline = Instant::now() + Duration::from_secs(30);
     let view: serde_json::Value = loop {
-        if let Some((200, body)) = http_get(port, "/ui/status.json") {
+        if let Ok((200, body)) = http_get(port, "/ui/status.json", None) {
             let view: serde_json::Value = serde_json::from_str(&body).expect("status JSON");
             // The page shows the controller's nodes only (its --node-selector).
             assert_eq!(view["nodes"].as_array().unwrap().len(), 1, "{view}");
