@@ -129,3 +129,48 @@ def test_the_shape_file_is_refreshed_for_the_agent(tmp_path: Path) -> None:
         assert later > first
     finally:
         reporter.stop()
+
+
+@pytest.mark.parametrize(
+    "extra, devices, exits",
+    [
+        # Placed on a GPU, and the injection gave its device node.
+        ({"NVIDIA_VISIBLE_DEVICES": "GPU-1"}, ["nvidia0", "nvidiactl", "nvidia-uvm"], False),
+        ({"NVIDIA_VISIBLE_DEVICES": "GPU-1,GPU-2"}, ["nvidia3"], False),
+        # Placed on a GPU, and no device node: the injection did not run.
+        ({"NVIDIA_VISIBLE_DEVICES": "GPU-1"}, [], True),
+        # The control devices alone are no GPU.
+        ({"NVIDIA_VISIBLE_DEVICES": "GPU-1"}, ["nvidiactl", "nvidia-uvm", "nvidia-caps"], True),
+        # No GPU named: nothing to check.
+        ({}, [], False),
+        ({"NVIDIA_VISIBLE_DEVICES": "void"}, [], False),
+        # The CPU-only profile phase, and the development node's simulated GPU.
+        ({"NVIDIA_VISIBLE_DEVICES": "GPU-1", "VRAMFIT_PHASE": "profile"}, [], False),
+        ({"NVIDIA_VISIBLE_DEVICES": "GPU-1", "VRAMFIT_SIMULATED_GPU": "GPU-1"}, [], False),
+    ],
+)
+def test_a_container_without_its_gpu_exits_with_the_no_gpu_protocol(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, extra: dict, devices: List[str], exits: bool
+) -> None:
+    fake_allocator(monkeypatch, available=True)
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    for name in devices:
+        (dev / name).touch()
+    log = tmp_path / "termination-log"
+    env = dict(MANAGED, VRAMFIT_TERMINATION_LOG=str(log), **extra)
+    if not exits:
+        assert vramfit.configure(env=env, dev=str(dev)).managed
+        assert not log.exists()
+        return
+    with pytest.raises(SystemExit) as ended:
+        vramfit.configure(env=env, dev=str(dev))
+    assert ended.value.code == vramfit.NO_GPU_EXIT_CODE == 43
+    text = log.read_text()
+    assert text.startswith("vramfit: no GPU device"), text
+    assert "GPU-1" in text
+
+
+def test_outside_vramfit_a_missing_gpu_is_not_checked(tmp_path: Path) -> None:
+    env = {"NVIDIA_VISIBLE_DEVICES": "GPU-1"}
+    assert not vramfit.configure(micro_batch=8, grad_accum=1, env=env, dev=str(tmp_path)).managed

@@ -4,13 +4,23 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import sys
 import warnings
 from typing import Any, Mapping, Optional
 
 from . import state
 from .attempt import Attempt, ConfigError, from_env
+from .oom import write_termination_log
 from .shape import ShapeReporter
+
+#: Exit code of a process whose container lacks the GPU its attempt was
+#: placed on: the controller tries the attempt again at the same shape.
+NO_GPU_EXIT_CODE = 43
+#: What the termination message of :data:`NO_GPU_EXIT_CODE` says first.
+NO_GPU_MARK = "vramfit: no GPU device"
+#: Values of ``NVIDIA_VISIBLE_DEVICES`` that name no GPU.
+_NO_DEVICES = {"", "void", "none"}
 
 #: ``VRAMFIT_ALLOCATOR=native`` keeps PyTorch's own allocator even when vramfit's is installed.
 ALLOCATOR_VARIABLE = "VRAMFIT_ALLOCATOR"
@@ -24,6 +34,35 @@ def _install_allocator(budget_bytes: int, env: Mapping[str, str]) -> bool:
     except ImportError:
         return False
     return bool(allocator.install(budget_bytes))
+
+
+def missing_gpu(env: Mapping[str, str], dev: str = "/dev") -> Optional[str]:
+    """Why this container lacks the GPUs its attempt was placed on, or None.
+
+    vramfit names the placed GPUs in ``NVIDIA_VISIBLE_DEVICES``; the node's
+    device injection (CDI through the agent's NRI plugin, or the NVIDIA
+    runtime) then adds a ``/dev/nvidiaN`` node for each. A container created
+    while the injection was not running (its plugin's pod being replaced)
+    has none, and would fail later in CUDA for a reason the controller could
+    not tell from a bug. The profile phase (CPU only) and a simulated GPU
+    (``VRAMFIT_SIMULATED_GPU``, the development node's stand-in) expect no
+    device node.
+    """
+    visible = env.get("NVIDIA_VISIBLE_DEVICES", "").strip()
+    if visible.lower() in _NO_DEVICES or env.get("VRAMFIT_PHASE") == "profile":
+        return None
+    if env.get("VRAMFIT_SIMULATED_GPU"):
+        return None
+    try:
+        names = os.listdir(dev)
+    except OSError:
+        names = []
+    if any(re.fullmatch(r"nvidia[0-9]+", n) for n in names):
+        return None
+    return (
+        f"{NO_GPU_MARK}: the attempt was placed on {visible}, but this container has no "
+        f"{dev}/nvidiaN device (the node's device injection did not run for it)"
+    )
 
 
 def _nvidia_driver_present() -> bool:
@@ -73,6 +112,7 @@ def configure(
     device: Optional[int] = None,
     termination_log: Optional[str] = None,
     env: Optional[Mapping[str, str]] = None,
+    dev: str = "/dev",
 ) -> Attempt:
     """Reads the attempt's variables, applies the budget and returns the batch shape.
 
@@ -86,6 +126,11 @@ def configure(
     batch are enough).
 
     When ``VRAMFIT_STATS_DIR`` is set it publishes ``shape-<pid>.json`` there.
+
+    Under vramfit, a container that lacks the GPU its attempt was placed on
+    (:func:`missing_gpu`; ``dev`` is where device nodes are looked for) ends
+    here: the reason goes to the termination log and the process exits with
+    :data:`NO_GPU_EXIT_CODE`, which the controller retries at the same shape.
     """
     source: Mapping[str, str] = os.environ if env is None else env
     attempt = from_env(
@@ -96,6 +141,13 @@ def configure(
         min_micro_batch=min_micro_batch,
         termination_log=termination_log,
     )
+    if attempt.managed:
+        why = missing_gpu(source, dev)
+        if why is not None:
+            written = write_termination_log(why, attempt.termination_log)
+            where = f" (written to {written})" if written else ""
+            print(f"{why}; exiting with {NO_GPU_EXIT_CODE}{where}", file=sys.stderr)
+            raise SystemExit(NO_GPU_EXIT_CODE)
     enforcement = "none"
     if attempt.managed and (attempt.budget_bytes or attempt.memory_fraction):
         allocator_budget = attempt.allocator_budget_bytes

@@ -23,7 +23,7 @@ from . import state
 from .attempt import Attempt
 from .backoff import BatchShape, Fail, after_oom
 from .oom import exit_on_oom, is_oom, oom_message, release_memory
-from .shape import AbsorbedOom
+from .shape import AbsorbedOom, report_progress
 
 LossFn = Callable[[Any, Any], Any]
 
@@ -118,6 +118,11 @@ class Step:
 
     An OOM inside ``optimizer.step()`` cannot be retried (part of the parameters
     may have moved), so it follows the exit protocol.
+
+    Each optimizer step is reported as progress (:func:`vramfit.progress`):
+    ``steps`` counts from ``start_step`` (set it when resuming from a
+    checkpoint), of ``total_steps`` when given, so the controller can tell
+    when the job ends.
     """
 
     def __init__(
@@ -135,6 +140,8 @@ class Step:
         max_grad_norm: Optional[float] = None,
         backward: Optional[Callable[[Any], None]] = None,
         exit_on_failure: bool = True,
+        total_steps: Optional[int] = None,
+        start_step: int = 0,
     ) -> None:
         if reduction not in ("mean", "sum"):
             raise ValueError(f"reduction must be 'mean' or 'sum', not {reduction!r}")
@@ -153,6 +160,9 @@ class Step:
         self.backward = backward
         self.exit_on_failure = exit_on_failure
         self.absorbed: List[AbsorbedOom] = []
+        #: Optimizer steps done (from ``start_step``).
+        self.steps = start_step
+        self.total_steps = total_steps
         self._distributed = self._is_distributed()
         if self.world_size > 1 and not self._distributed:
             raise ValueError(
@@ -200,6 +210,8 @@ class Step:
             absorbed_here.append(self._back_off(failure, total))
         self._all_reduce_gradients()
         self._optimizer_step()
+        self.steps += 1
+        report_progress(self.steps, self.total_steps)
         assert loss is not None
         return StepResult(
             loss=float(loss),

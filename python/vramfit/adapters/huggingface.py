@@ -30,6 +30,7 @@ import transformers
 from .. import profile, state
 from ..attempt import Attempt, ConfigError
 from ..oom import oom_guard
+from ..shape import report_progress
 
 
 def training_args_kwargs(attempt: Optional[Attempt] = None) -> Dict[str, Any]:
@@ -55,6 +56,10 @@ class VramfitTrainerCallback(transformers.TrainerCallback):
     Under ``VRAMFIT_PHASE=profile`` it captures the Trainer's first two
     optimizer steps (from ``on_train_begin`` to the second ``on_step_end``),
     reports the profile and ends the process.
+
+    After each optimizer step it reports progress (:func:`vramfit.progress`):
+    ``state.global_step`` of ``state.max_steps``, which the Trainer sets from
+    ``max_steps`` or from the epochs and the data loader's length.
     """
 
     def __init__(self, attempt: Optional[Attempt] = None) -> None:
@@ -73,6 +78,8 @@ class VramfitTrainerCallback(transformers.TrainerCallback):
     def on_step_end(self, args: Any, state_: Any, control: Any, **kwargs: Any) -> None:
         if self._profiling is not None and state_.global_step - self._first_step >= 2:
             self._profiling.finish(args.per_device_train_batch_size, args.gradient_accumulation_steps)
+        total = getattr(state_, "max_steps", 0) or 0
+        report_progress(state_.global_step, total if total > 0 else None)
 
     def _check_shape(self, args: Any) -> None:
         current = self.attempt or state.attempt()

@@ -27,6 +27,7 @@ step cannot be re-run with smaller micro-batches from outside it. With
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Dict, Optional
 
 import lightning.pytorch as pl
@@ -34,6 +35,7 @@ import lightning.pytorch as pl
 from .. import profile, state
 from ..attempt import Attempt
 from ..oom import exit_on_oom, is_oom
+from ..shape import report_progress
 from ..step import Step, StepResult, batch_size
 
 
@@ -44,13 +46,19 @@ def trainer_kwargs(attempt: Optional[Attempt] = None) -> Dict[str, Any]:
 
 
 class VramfitCallback(pl.Callback):
-    """Takes accumulation from the attempt and follows the OOM exit protocol."""
+    """Takes accumulation from the attempt and follows the OOM exit protocol.
+
+    After each batch it reports progress (:func:`vramfit.progress`):
+    ``trainer.global_step`` (optimizer steps) of
+    ``trainer.estimated_stepping_batches`` when Lightning can tell it.
+    """
 
     def __init__(self, attempt: Optional[Attempt] = None, *, hard_exit: bool = True) -> None:
         self.attempt = attempt
         self.hard_exit = hard_exit
         self._profiling: Optional[profile.LoopProfile] = None
         self._first_step = 0
+        self._total_steps: Optional[int] = None
 
     def setup(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:
         current = self.attempt or state.attempt()
@@ -58,6 +66,7 @@ class VramfitCallback(pl.Callback):
             trainer.accumulate_grad_batches = current.grad_accum
 
     def on_train_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        self._total_steps = _total_steps(trainer)
         if profile.profile_phase() and not profile.capturing():
             self._profiling = profile.LoopProfile(f"lightning {type(pl_module).__name__}")
             self._first_step = trainer.global_step
@@ -65,6 +74,7 @@ class VramfitCallback(pl.Callback):
 
     def on_train_batch_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", outputs: Any,
                            batch: Any, batch_idx: int) -> None:
+        report_progress(trainer.global_step, self._total_steps)
         if self._profiling is None or trainer.global_step - self._first_step < 2:
             return
         current = self.attempt or state.attempt()
@@ -80,6 +90,23 @@ class VramfitCallback(pl.Callback):
             self._profiling.fail(exception)
         if is_oom(exception):
             exit_on_oom(exception, hard=self.hard_exit)
+
+
+def _total_steps(trainer: "pl.Trainer") -> Optional[int]:
+    """``trainer.estimated_stepping_batches`` when it is a finite count
+    (it is infinite without ``max_steps`` or ``max_epochs``, and some
+    loaders have no length)."""
+    try:
+        total = trainer.estimated_stepping_batches
+    except Exception:  # noqa: BLE001 - an estimate is optional
+        return None
+    if isinstance(total, float) and not math.isfinite(total):
+        return None
+    try:
+        total = int(total)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return total if total > 0 else None
 
 
 _STEP_ATTRIBUTE = "_vramfit_step"
@@ -104,6 +131,11 @@ def oom_safe_step(
         optimizer = module.optimizers()
         if isinstance(optimizer, list):
             raise ValueError("oom_safe_step drives one optimizer; the module has several")
+        trainer = getattr(module, "_trainer", None)
+        if trainer is not None:
+            # Progress as the callback reports it: the trainer's step count.
+            step_options.setdefault("total_steps", _total_steps(trainer))
+            step_options.setdefault("start_step", trainer.global_step)
         step = Step(module, optimizer, attempt=attempt, backward=module.manual_backward, **step_options)
         setattr(module, _STEP_ATTRIBUTE, step)
     return step.run(batch, loss_fn)
