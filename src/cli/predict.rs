@@ -203,26 +203,7 @@ fn shapes(
     gpu: &'static crate::predict::GpuProfile,
     profile: Option<&str>,
 ) -> anyhow::Result<String> {
-    use crate::predict::step_time::StepTimeCurve;
-    let kinds = crate::sim::kinds::parse_kinds(crate::sim::kinds::H200_STEP_TIMES, gpu)
-        .map_err(|e| anyhow::anyhow!("the measured step times: {e}"))?;
-    let measured = crate::sim::kinds::kind_for(&job.model)
-        .and_then(|name| kinds.into_iter().find(|k| k.name == name));
-    let (curve, source) = match measured {
-        Some(kind) => (
-            kind.curve,
-            format!(
-                "measured: {} on the H200 (docs/results/step-time/h200-2026-12-03.jsonl)",
-                kind.name
-            ),
-        ),
-        None => (
-            StepTimeCurve::new(vec![(job.batch.micro, 1.0)]).map_err(anyhow::Error::msg)?,
-            "bound: no measured curve for this model; a smaller micro-batch is taken to cost \
-             micro/smaller as much, a larger one to gain nothing"
-                .to_string(),
-        ),
-    };
+    let (curve, source) = crate::sim::kinds::curve_for(&job.model, job.batch.micro);
     let rows = crate::predict::shapes::shapes(job, gpu, profile, &curve)?;
     Ok(match args.output {
         OutputFormat::Json => serde_json::to_string_pretty(&serde_json::json!({

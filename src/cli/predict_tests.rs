@@ -48,7 +48,7 @@ fn a_job_with_a_request_and_a_model_not_predicted_prints_the_budget_the_controll
     let dir = tempfile::tempdir().unwrap();
     let job = TrainingJob::test("q3")
         .model(serde_json::json!({"huggingFace": {"seqLen": 512,
-                                  "config": {"model_type": "t5", "d_model": 512}}}))
+                                  "config": {"model_type": "falcon", "hidden_size": 512}}}))
         .template_spec(serde_json::json!({"containers": [{"name": "t", "image": "x"}]}));
     let with_request = dir.path().join("with.yaml");
     let manifest = job.clone().request("20Gi").manifest();
@@ -57,7 +57,7 @@ fn a_job_with_a_request_and_a_model_not_predicted_prints_the_budget_the_controll
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["budgetBytes"], 20u64 << 30);
     assert_eq!(v["source"], "request");
-    assert!(v["reason"].as_str().unwrap().contains("t5"), "{out}");
+    assert!(v["reason"].as_str().unwrap().contains("falcon"), "{out}");
     let table = run(&PredictArgs {
         output: OutputFormat::Table,
         ..args(with_request)

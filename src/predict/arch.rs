@@ -29,7 +29,8 @@ pub struct TransformerArch {
     pub vocab: u64,
     /// Tokens per sample in training.
     pub seq_len: u64,
-    /// Rows of the learned position table (0 for rotary).
+    /// Rows of the learned position table (0: none, as with rotary or
+    /// relative positions).
     pub positions: u64,
     /// Feed-forward kind.
     pub mlp: MlpKind,
@@ -48,18 +49,127 @@ pub struct TransformerArch {
     /// The Hugging Face implementation the model is built by (`None`: the
     /// repository's own reference transformer of scripts/gpu/calibrate_predictor.py).
     pub library: Option<HfImpl>,
+    /// What a Hugging Face family adds to the common shape (nothing for a
+    /// `transformer` spec and for GPT-2, LLaMA and BERT).
+    pub layout: Layout,
+}
+
+/// The structure a family adds to the common shape, as data: every field's
+/// default is "absent", so the original families leave it at
+/// `Layout::default()` and a new family is a row of values (predict/hf.rs).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Layout {
+    /// Width of the word table when the model projects it to the hidden
+    /// size and back (OPT's `word_embed_proj_dim`; 0: the hidden size):
+    /// `project_in` and `project_out`, without biases.
+    pub embed_dim: u64,
+    /// Bias of the attention's output projection when it differs from
+    /// `linear_bias` (LLaMA's and Gemma's `attention_bias`; GPT-NeoX's
+    /// feed-forward always has biases, its `dense` follows `attention_bias`).
+    pub out_bias: Option<bool>,
+    /// Rows of the learned position table before position 0 (OPT: 2).
+    pub position_offset: u64,
+    /// No final norm before the head (OPT with post-norm blocks).
+    pub no_final_norm: bool,
+    /// Norms of the attention and feed-forward outputs as well as of their
+    /// inputs (Gemma 2 and 3): two more per block.
+    pub sandwich_norms: bool,
+    /// The embeddings are multiplied by sqrt(hidden) (Gemma): one more
+    /// activation of the embeddings' size.
+    pub embed_scale: bool,
+    /// Tanh softcapping of the attention scores (Gemma 2): `scores / cap`,
+    /// `tanh`, `* cap` in eager attention, the tanh kept; the library runs
+    /// such a model with eager attention only.
+    pub attn_softcap: bool,
+    /// Tanh softcapping of the logits (Gemma 2): two more vocabulary-sized
+    /// tensors, the tanh kept for backward.
+    pub final_softcap: bool,
+    /// Attention and feed-forward read the same block input and are added
+    /// together (GPT-NeoX's `use_parallel_residual`).
+    pub parallel_residual: bool,
+    /// Width of each head's rotated part when only part of it is rotated
+    /// (GPT-NeoX's partial rotary; 0: all of `head_dim`).
+    pub rotary_dims: u64,
+    /// Query, key and value projections as separate `Linear`s (OPT, ViT)
+    /// in a LayerNorm family otherwise fused like GPT-2's `c_attn`.
+    pub separate_qkv: bool,
+    /// ReLU feed-forward (OPT, T5 v1.0): autograd keeps only its output.
+    pub relu: bool,
+    /// Mixture-of-experts feed-forward (Mixtral, Qwen2-MoE).
+    pub moe: Option<Moe>,
+    /// Encoder-decoder (T5): the last `decoder_layers` of the `layers`
+    /// blocks are decoder blocks, each with a cross-attention.
+    pub decoder_layers: u64,
+    /// T5's relative attention bias: `buckets x heads` in the first block of
+    /// each stack, added to the scores.
+    pub rel_buckets: u64,
+    /// DeBERTa-v2's disentangled attention.
+    pub disentangled: Option<Disentangled>,
+    /// An image model (ViT): patches in, a classifier out.
+    pub image: Option<Image>,
+}
+
+/// A mixture-of-experts feed-forward.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Moe {
+    /// Routed experts per block.
+    pub experts: u64,
+    /// Experts each token is routed to.
+    pub top_k: u64,
+    /// Feed-forward width of one expert (gated: gate, up, down).
+    pub expert_ffn: u64,
+    /// Width of the shared expert every token also goes through, with its
+    /// one-output sigmoid gate (Qwen2-MoE; 0: none).
+    pub shared_ffn: u64,
+    /// Blocks with a dense feed-forward of `ffn` instead (Qwen2-MoE's
+    /// `mlp_only_layers` and `decoder_sparse_step`).
+    pub dense_layers: Vec<u64>,
+}
+
+/// DeBERTa-v2's relative position embeddings and disentangled attention.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Disentangled {
+    /// Rows of the relative position table (`position_buckets x 2`, or
+    /// `max_relative_positions x 2`).
+    pub rel_rows: u64,
+    /// A LayerNorm over the relative table (`norm_rel_ebd` has `layer_norm`).
+    pub rel_norm: bool,
+    /// Content-to-position scores (`c2p` in `pos_att_type`).
+    pub c2p: bool,
+    /// Position-to-content scores (`p2c` in `pos_att_type`).
+    pub p2c: bool,
+    /// The position projections reuse the content's (`share_att_key`);
+    /// otherwise `pos_key_proj` (c2p) and `pos_query_proj` (p2c) of their own.
+    pub share_att_key: bool,
+}
+
+/// An image classifier's input and head.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Image {
+    /// Side of a square patch (the patch embedding is a convolution with
+    /// this kernel and stride).
+    pub patch: u64,
+    /// Input channels.
+    pub channels: u64,
+    /// Classes of the classifier (`num_labels`).
+    pub labels: u64,
 }
 
 /// Which `transformers` modelling code builds the model: the tensors its
 /// forward keeps differ by family (events/hf.rs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum HfFamily {
-    /// `GPT2LMHeadModel`: fused `c_attn` (Conv1D), LayerNorm, learned positions.
+    /// `GPT2LMHeadModel`: fused `c_attn` (Conv1D), LayerNorm, learned
+    /// positions. Also the pre-norm LayerNorm families that differ from it
+    /// by [`Layout`] data: GPT-NeoX, OPT, ViT.
     Gpt2,
     /// `LlamaForCausalLM`, `MistralForCausalLM`, `Qwen2ForCausalLM`: separate
-    /// q/k/v projections, RMSNorm with an fp32 upcast, rotary, SwiGLU.
+    /// q/k/v projections, RMSNorm with an fp32 upcast, rotary, SwiGLU. Also
+    /// the RMSNorm families that differ from it by [`Layout`] data: Gemma 2/3,
+    /// Mixtral, Qwen2-MoE, T5.
     Llama,
-    /// `BertForMaskedLM`: post-norm encoder with a transform + decoder head.
+    /// `BertForMaskedLM`: post-norm encoder with a transform + decoder head;
+    /// also DeBERTa-v2 (disentangled attention as [`Layout`] data).
     Bert,
 }
 
@@ -72,6 +182,13 @@ pub struct HfImpl {
     /// probabilities (GPT-2 and BERT default to 0.1): each keeps a one-byte
     /// mask per element for backward.
     pub dropout: bool,
+    /// Dropout with p > 0 on the attention probabilities (eager attention
+    /// keeps its mask and output): the family's attention key
+    /// (`attn_pdrop`, `attention_dropout`, `attention_probs_dropout_prob`),
+    /// which may be 0 while the hidden dropout is not (OPT: `dropout` 0.1,
+    /// `attention_dropout` 0.0), or the one rate of a family that has one
+    /// (T5's `dropout_rate`).
+    pub attn_dropout: bool,
     /// GPT-2's `gelu_new`, built from elementwise ops (pow, tanh, mul, add)
     /// whose intermediates autograd keeps; `false`: one fused activation.
     pub gelu_new: bool,
@@ -86,6 +203,8 @@ pub struct HfImpl {
 }
 
 /// A model the analytic predictor can handle.
+// One value per prediction: the size of the transformer variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq)]
 pub enum Arch {
     /// A transformer language model.
@@ -169,6 +288,7 @@ impl TransformerArch {
                 0
             },
             library: None,
+            layout: Layout::default(),
         };
         arch.check()?;
         Ok(arch)
@@ -191,10 +311,12 @@ impl TransformerArch {
                 )));
             }
         }
-        if self.positional == PositionalKind::Learned && self.seq_len > self.positions {
+        let usable = self.positions.saturating_sub(self.layout.position_offset);
+        if self.positional == PositionalKind::Learned && self.positions > 0 && self.seq_len > usable
+        {
             return Err(PredictError::Invalid(format!(
-                "{}: seqLen {} exceeds the {} learned positions",
-                self.family, self.seq_len, self.positions
+                "{}: seqLen {} exceeds the {usable} learned positions",
+                self.family, self.seq_len
             )));
         }
         Ok(())
@@ -239,17 +361,83 @@ impl TransformerArch {
         }
     }
 
+    /// The width of the word table: the hidden size unless the family
+    /// projects it ([`Layout::embed_dim`]).
+    pub fn embed_dim(&self) -> u64 {
+        match self.layout.embed_dim {
+            0 => self.hidden,
+            e => e,
+        }
+    }
+
+    /// Whether block `l` is a decoder block of an encoder-decoder.
+    pub fn is_cross_block(&self, l: u64) -> bool {
+        l + self.layout.decoder_layers >= self.layers && self.layout.decoder_layers > 0
+    }
+
+    /// Whether block `l` has the mixture-of-experts feed-forward.
+    pub fn is_moe_block(&self, l: u64) -> bool {
+        self.layout
+            .moe
+            .as_ref()
+            .is_some_and(|m| !m.dense_layers.contains(&l))
+    }
+
+    /// The attention's projections of block `l` (query, key, value, output;
+    /// `cross`: of the cross-attention).
+    fn attention_params(&self, layer: Option<u32>, out: &mut Vec<ParamTensor>) {
+        let h = self.hidden;
+        self.linear(
+            self.q_dim() + 2 * self.kv_dim(),
+            h,
+            self.qkv_bias,
+            layer,
+            out,
+        );
+        let out_bias = self.layout.out_bias.unwrap_or(self.linear_bias);
+        self.linear(h, self.q_dim(), out_bias, layer, out);
+    }
+
+    /// A feed-forward of width `ffn` (gated: three matrices).
+    fn ffn_params(&self, ffn: u64, layer: Option<u32>, out: &mut Vec<ParamTensor>) {
+        let h = self.hidden;
+        if self.mlp == MlpKind::Swiglu {
+            self.linear(ffn, h, self.linear_bias, layer, out);
+        }
+        self.linear(ffn, h, self.linear_bias, layer, out);
+        self.linear(h, ffn, self.linear_bias, layer, out);
+    }
+
     /// Parameter tensors in the order a PyTorch module creates them.
     pub fn param_tensors(&self) -> Vec<ParamTensor> {
         let mut p = Vec::new();
         let h = self.hidden;
-        p.push(ParamTensor {
-            rows: self.vocab,
-            cols: h,
-            layer: None,
-            matmul_weight: self.tied,
-        });
-        if self.positional == PositionalKind::Learned {
+        let lay = &self.layout;
+        if let Some(img) = lay.image {
+            // cls token, positions, the patch convolution (+ bias)
+            p.push(vector(h, None));
+            p.push(ParamTensor {
+                rows: self.positions,
+                cols: h,
+                layer: None,
+                matmul_weight: false,
+            });
+            p.push(ParamTensor {
+                rows: h,
+                cols: img.channels * img.patch * img.patch,
+                layer: None,
+                matmul_weight: true,
+            });
+            p.push(vector(h, None));
+        } else {
+            p.push(ParamTensor {
+                rows: self.vocab,
+                cols: self.embed_dim(),
+                layer: None,
+                matmul_weight: self.tied,
+            });
+        }
+        if self.positional == PositionalKind::Learned && self.positions > 0 && lay.image.is_none() {
             p.push(ParamTensor {
                 rows: self.positions,
                 cols: h,
@@ -257,48 +445,104 @@ impl TransformerArch {
                 matmul_weight: false,
             });
         }
-        if self.kind == TransformerKind::Encoder {
+        if self.embed_dim() != h {
+            // project_out, project_in
+            self.linear(self.embed_dim(), h, false, None, &mut p);
+            self.linear(h, self.embed_dim(), false, None, &mut p);
+        }
+        if self.kind == TransformerKind::Encoder && lay.image.is_none() {
+            if self.token_types > 0 {
+                p.push(ParamTensor {
+                    rows: self.token_types,
+                    cols: h,
+                    layer: None,
+                    matmul_weight: false,
+                });
+            }
+            self.norm_params(None, &mut p);
+        }
+        if let Some(d) = lay.disentangled {
             p.push(ParamTensor {
-                rows: self.token_types.max(1),
+                rows: d.rel_rows,
                 cols: h,
                 layer: None,
                 matmul_weight: false,
             });
-            self.norm_params(None, &mut p);
+            if d.rel_norm {
+                self.norm_params(None, &mut p);
+            }
         }
+        let encoder_layers = self.layers - lay.decoder_layers;
         for l in 0..self.layers {
             let layer = Some(l as u32);
             self.norm_params(layer, &mut p);
-            self.linear(
-                self.q_dim() + 2 * self.kv_dim(),
-                h,
-                self.qkv_bias,
-                layer,
-                &mut p,
-            );
-            self.linear(h, self.q_dim(), self.linear_bias, layer, &mut p);
+            self.attention_params(layer, &mut p);
+            if lay.rel_buckets > 0 && (l == 0 || l == encoder_layers) {
+                p.push(ParamTensor {
+                    rows: lay.rel_buckets,
+                    cols: self.heads,
+                    layer,
+                    matmul_weight: false,
+                });
+            }
+            if let Some(d) = lay.disentangled
+                && !d.share_att_key
+            {
+                for on in [d.c2p, d.p2c] {
+                    if on {
+                        self.linear(self.q_dim(), h, true, layer, &mut p);
+                    }
+                }
+            }
             if self.library.is_some_and(|l| l.qk_norm) {
                 p.push(vector(self.head_dim, layer));
                 p.push(vector(self.head_dim, layer));
             }
-            self.norm_params(layer, &mut p);
-            if self.mlp == MlpKind::Swiglu {
-                self.linear(self.ffn, h, self.linear_bias, layer, &mut p);
+            if self.is_cross_block(u64::from(l as u32)) {
+                self.norm_params(layer, &mut p);
+                self.attention_params(layer, &mut p);
             }
-            self.linear(self.ffn, h, self.linear_bias, layer, &mut p);
-            self.linear(h, self.ffn, self.linear_bias, layer, &mut p);
+            self.norm_params(layer, &mut p);
+            if lay.sandwich_norms {
+                self.norm_params(layer, &mut p);
+                self.norm_params(layer, &mut p);
+            }
+            match &lay.moe {
+                Some(m) if self.is_moe_block(l) => {
+                    // router, then the experts' fused gate/up and down
+                    self.linear(m.experts, h, false, layer, &mut p);
+                    for _ in 0..m.experts {
+                        self.ffn_params(m.expert_ffn, layer, &mut p);
+                    }
+                    if m.shared_ffn > 0 {
+                        self.ffn_params(m.shared_ffn, layer, &mut p);
+                        self.linear(1, h, false, layer, &mut p);
+                    }
+                }
+                _ => self.ffn_params(self.ffn, layer, &mut p),
+            }
+        }
+        if lay.decoder_layers > 0 {
+            // the encoder's final norm
+            self.norm_params(None, &mut p);
         }
         match self.kind {
+            TransformerKind::Decoder if lay.no_final_norm => {}
             TransformerKind::Decoder => self.norm_params(None, &mut p),
+            TransformerKind::Encoder if lay.image.is_some() => self.norm_params(None, &mut p),
             TransformerKind::Encoder => {
                 self.linear(h, h, true, None, &mut p);
                 self.norm_params(None, &mut p);
             }
         }
+        if let Some(img) = lay.image {
+            self.linear(img.labels, h, true, None, &mut p);
+            return p;
+        }
         if !self.tied {
             p.push(ParamTensor {
                 rows: self.vocab,
-                cols: h,
+                cols: self.embed_dim(),
                 layer: None,
                 matmul_weight: true,
             });

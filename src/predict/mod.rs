@@ -27,10 +27,10 @@ pub mod step_time;
 mod tests;
 
 use crate::alloc::ROUND_LARGE_BYTES;
-use crate::api::{MemoryBreakdown, ModelSpec};
+use crate::api::{MemoryBreakdown, ModelSpec, Precision};
 
 use allocator::{AllocatorModel, CachingAllocatorModel, ReplayOutcome};
-use arch::{Arch, TransformerArch};
+use arch::{Arch, HfFamily, TransformerArch};
 pub use gpu::{GPU_PROFILES, GpuProfile, default_gpu, gpu_profile};
 use sequence::{RunShape, training_events};
 
@@ -292,8 +292,8 @@ fn predict_arch(
     // That block is in the default stream's pool; blocks cached then for
     // other streams (FSDP's all-gather and reduce-scatter buffers) cannot
     // hold it, so they come on top.
-    let slack =
-        loss_block_bytes(&arch, job.micro_batch) + outcome.idle_other_streams_at_allocated_peak;
+    let slack = loss_block_bytes(&arch, job.micro_batch, run.precision)
+        + outcome.idle_other_streams_at_allocated_peak;
     if outcome.allocated_peak + slack > outcome.reserved_peak {
         outcome.reserved_peak = round_segment(outcome.allocated_peak + slack);
     }
@@ -317,12 +317,27 @@ fn predict_arch(
     Ok(p)
 }
 
-/// Bytes of one fp32 tensor of the loss's width (tokens x vocab for language
-/// models, batch x width for MLPs).
-fn loss_block_bytes(arch: &Arch, micro_batch: u32) -> u64 {
+/// Bytes of the largest tensor of the loss: tokens x vocab for language
+/// models (the class token's row per image for image classifiers), batch x
+/// width for MLPs, in the widest dtype the loss computes in. That is fp32
+/// wherever the loss upcasts (`logits.float()` of the causal-LM loss, the
+/// repository's transformers, autocast's fp32 log-softmax) or runs in fp32;
+/// BERT's `CrossEntropyLoss` on the logits of a pure bf16/fp16 model stays in
+/// that precision (log-softmax and its gradients included), so no fp32 block
+/// of that size is ever requested.
+fn loss_block_bytes(arch: &Arch, micro_batch: u32, precision: Precision) -> u64 {
     let b = u64::from(micro_batch);
     match arch {
-        Arch::Transformer(t) => b * t.seq_len * t.vocab * 4,
+        Arch::Transformer(t) => {
+            let rows = if t.layout.image.is_some() {
+                b
+            } else {
+                b * t.seq_len
+            };
+            let low_precision_loss = matches!(precision, Precision::Bf16 | Precision::Fp16)
+                && t.library.is_some_and(|lib| lib.family == HfFamily::Bert);
+            rows * t.vocab * if low_precision_loss { 2 } else { 4 }
+        }
         Arch::Mlp { hidden, .. } => b * hidden * 4,
     }
 }

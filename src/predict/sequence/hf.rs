@@ -38,7 +38,7 @@
 //! Backward frees each block's saved tensors newest first, with one gradient
 //! of each saved tensor's size alive at a time beside the residual gradient.
 
-use crate::api::Attention;
+use crate::api::{Attention, PositionalKind};
 use crate::predict::arch::{HfFamily, HfImpl, TransformerArch};
 
 use super::Gen;
@@ -104,7 +104,13 @@ impl Gen<'_> {
         let mut emb_saved: Vec<u32> = Vec::new();
         let x = match lib.family {
             HfFamily::Gpt2 => {
-                let tok = self.t.act(n * h * wd.w);
+                let e = t.embed_dim();
+                let mut tok = self.t.act(n * e * wd.w);
+                if e != h {
+                    // OPT's project_in keeps its input (a low-precision copy under autocast)
+                    self.autocast_input(tok, n * e, true, &mut emb_saved);
+                    tok = self.t.act(n * h * wd.c);
+                }
                 let pos = self.t.act(s * h * wd.w);
                 locals.extend([tok, pos]);
                 let sum = self.t.act(n * h * wd.w);
@@ -118,10 +124,24 @@ impl Gen<'_> {
                 }
             }
             HfFamily::Llama => {
-                let tok = self.t.act(n * h * wd.w);
-                // rotary cos and sin for the positions, in the embeddings' dtype
-                for _ in 0..2 {
-                    locals.push(self.t.act(s * t.head_dim * wd.w));
+                let mut tok = self.t.act(n * h * wd.w);
+                if t.layout.embed_scale {
+                    // Gemma: `hidden_states * normalizer` (sqrt(hidden))
+                    let scaled = self.t.act(n * h * wd.w);
+                    self.t.free(tok);
+                    tok = scaled;
+                }
+                if t.positional == PositionalKind::Rotary {
+                    // rotary cos and sin for the positions, in the embeddings' dtype
+                    for _ in 0..2 {
+                        locals.push(self.t.act(s * t.head_dim * wd.w));
+                    }
+                } else if t.layout.rel_buckets > 0 {
+                    // T5: each stack's position bias (1, heads, seq, seq),
+                    // reused by every block of the stack and kept for backward
+                    for _ in 0..2 {
+                        emb_saved.push(self.t.act(t.heads * s * s * wd.e));
+                    }
                 }
                 tok
             }
@@ -156,7 +176,7 @@ impl Gen<'_> {
             self.fsdp_gather(Some(l as u32));
             let casts = self.cast_weights(Some(l as u32));
             self.workspace(0);
-            let (saved, out) = self.hf_block_forward(t, lib, n, x);
+            let (saved, out) = self.hf_block_forward(t, lib, l, n, x);
             self.fsdp_post_forward(Some(l as u32));
             if self.run.checkpointing {
                 // Only the block input is kept; everything else is recomputed.
@@ -202,8 +222,22 @@ impl Gen<'_> {
                 self.t.act(n * h * wd.r)
             }
         };
-        if wd.amp {
-            head_saved.push(self.t.act(n * h * wd.c));
+        // An image classifier's head reads each image's first (class) token;
+        // OPT's project_out narrows the tokens to the word table's width.
+        let (rows, hw) = match t.layout.image {
+            Some(_) => (b, h),
+            None => (n, t.embed_dim()),
+        };
+        let head_in = if hw != h {
+            self.autocast_input(head_in, n * h, true, &mut head_saved);
+            self.t.act(n * hw * wd.c)
+        } else {
+            head_in
+        };
+        // Under autocast the head's matmul keeps its own low-precision copy;
+        // a head that reads some rows only (ViT's class token) keeps them.
+        if wd.amp || rows != n {
+            head_saved.push(self.t.act(rows * hw * wd.c));
             locals.push(head_in);
         } else {
             head_saved.push(head_in);
@@ -215,16 +249,25 @@ impl Gen<'_> {
         // kernel does from the low-precision input (`half_to_float`, no copy;
         // its backward writes the low-precision gradient directly), and in
         // pure bf16/fp16 it stays in that precision.
-        let logits = self.t.act(n * v * wd.c);
+        let mut logits = self.t.act(rows * v * wd.c);
+        if t.layout.final_softcap {
+            // Gemma 2: logits / cap, tanh (kept), * cap
+            let div = self.t.act(rows * v * wd.c);
+            self.t.free(logits);
+            let tanh = self.t.act(rows * v * wd.c);
+            self.t.free(div);
+            head_saved.push(tanh);
+            logits = self.t.act(rows * v * wd.c);
+        }
         let upcast = lib.family != HfFamily::Bert;
         let lsm_w = if upcast || wd.amp { 4 } else { wd.c };
         let lsm = if upcast && wd.c != 4 {
-            let up = self.t.act(n * v * 4);
-            let lsm = self.t.act(n * v * 4);
+            let up = self.t.act(rows * v * 4);
+            let lsm = self.t.act(rows * v * 4);
             self.t.free(up);
             lsm
         } else {
-            self.t.act(n * v * lsm_w)
+            self.t.act(rows * v * lsm_w)
         };
         let loss = self.t.act(512);
         self.t.free_all(&mut locals);
@@ -235,18 +278,18 @@ impl Gen<'_> {
         // backward through the loss
         self.fsdp_root_pre_backward(t.layers.checked_sub(1).map(|l| l as u32));
         self.workspace(1);
-        let g_nll = self.t.act(n * v * lsm_w);
-        let g_lsm = self.t.act(n * v * if upcast { 4 } else { wd.c });
+        let g_nll = self.t.act(rows * v * lsm_w);
+        let g_lsm = self.t.act(rows * v * if upcast { 4 } else { wd.c });
         self.t.free(g_nll);
         self.t.free(lsm);
         let g_logits = if upcast && wd.c != 4 {
-            let g = self.t.act(n * v * wd.c);
+            let g = self.t.act(rows * v * wd.c);
             self.t.free(g_lsm);
             g
         } else {
             g_lsm
         };
-        let g_head = self.t.act(n * h * wd.c);
+        let g_head = self.t.act(rows * hw * wd.c);
         let tied_contribution = self.hf_head_grads(t);
         self.t.free(g_logits);
         let mut g = self.t.act(n * h * wd.r);
@@ -265,7 +308,7 @@ impl Gen<'_> {
             if self.run.checkpointing {
                 casts = self.cast_weights(Some(l as u32));
                 let input = saved[0];
-                let (sv, out) = self.hf_block_forward(t, lib, n, input);
+                let (sv, out) = self.hf_block_forward(t, lib, l, n, input);
                 self.release(out);
                 saved = sv;
             }
@@ -459,9 +502,22 @@ impl Gen<'_> {
         &mut self,
         t: &TransformerArch,
         lib: HfImpl,
+        l: u64,
         n: u64,
         x: u32,
     ) -> (Vec<u32>, u32) {
+        // Softcapped and disentangled scores exist only in eager attention
+        // (transformers refuses SDPA for Gemma 2; DeBERTa has no other).
+        // T5's learned relative bias is SDPA's attention mask and needs its
+        // gradient: SDPA then keeps the whole scores as eager attention does
+        // (on the H200, T5 under SDPA predicted as fused was 22-30 % under).
+        let attention =
+            if t.layout.attn_softcap || t.layout.disentangled.is_some() || t.layout.rel_buckets > 0
+            {
+                Attention::Eager
+            } else {
+                self.run.attention
+            };
         let wd = self.widths();
         let (h, f, kvd) = (t.hidden, t.ffn, t.kv_dim());
         let b = self.run.micro_batch;
@@ -469,6 +525,7 @@ impl Gen<'_> {
         let lse = b * t.heads * t.seq_len * 4;
         let cache = lib.use_cache && !self.run.checkpointing;
         let mut saved: Vec<u32> = Vec::new();
+        let mut locals_of_block: Vec<u32> = Vec::new();
         let ckpt = self.run.checkpointing;
         let out = match lib.family {
             HfFamily::Gpt2 => {
@@ -481,13 +538,29 @@ impl Gen<'_> {
                     saved.push(ln1);
                     None
                 };
+                if wd.amp && t.layout.separate_qkv {
+                    // OPT, ViT: each projection casts the norm's output
+                    for _ in 0..2 {
+                        saved.push(self.t.act(n * h * wd.c));
+                    }
+                }
                 let qkv = self.t.act(n * (h + 2 * kvd) * wd.c);
+                if t.layout.rotary_dims > 0 {
+                    // GPT-NeoX: the rotated part of the queries and keys,
+                    // concatenated with the rest
+                    for _ in 0..2 {
+                        let part = self.t.act(n * t.heads * t.layout.rotary_dims * wd.c);
+                        let r = self.hf_rope(n * t.heads * t.layout.rotary_dims, part);
+                        saved.push(self.t.act(n * h * wd.e));
+                        self.t.free(r);
+                    }
+                }
                 if cache {
                     let kc = self.t.act(n * kvd * wd.c);
                     let vc = self.t.act(n * kvd * wd.c);
                     self.cache.extend([kc, vc]);
                 }
-                let o = match self.run.attention {
+                let o = match attention {
                     Attention::Sdpa | Attention::Flash => {
                         saved.push(qkv);
                         saved.push(self.t.act(n * h * wd.c));
@@ -502,6 +575,7 @@ impl Gen<'_> {
                         } else {
                             saved.push(qkv);
                         }
+                        self.hf_score_extras(t, s2, &mut saved);
                         self.hf_eager_scores(lib, s2, true, false, &mut saved);
                         true
                     }
@@ -514,7 +588,13 @@ impl Gen<'_> {
                 if let Some(l) = ln1_local {
                     self.t.free(l);
                 }
-                saved.push(x1);
+                if t.layout.parallel_residual {
+                    // GPT-NeoX: the feed-forward reads the block input; the
+                    // attention's sum is added at the end
+                    locals_of_block.push(x1);
+                } else {
+                    saved.push(x1);
+                }
                 saved.push(self.t.act(n * 8));
                 let ln2 = self.t.act(n * h * wd.r);
                 let ln2_local = if wd.amp {
@@ -552,6 +632,10 @@ impl Gen<'_> {
                     } else {
                         saved.push(y);
                     }
+                } else if t.layout.relu {
+                    // ReLU keeps its output only
+                    saved.push(self.t.act(n * f * wd.c));
+                    self.t.free(fc);
                 } else {
                     saved.push(fc);
                     saved.push(self.t.act(n * f * wd.c));
@@ -584,8 +668,11 @@ impl Gen<'_> {
                     q = self.hf_head_rmsnorm(n * t.heads, t.head_dim, q, &mut saved);
                     k = self.hf_head_rmsnorm(n * t.kv_heads, t.head_dim, k, &mut saved);
                 }
-                let qe = self.hf_rope(n * qd, q);
-                let ke = self.hf_rope(n * kvd, k);
+                let (qe, ke) = if t.positional == PositionalKind::Rotary {
+                    (self.hf_rope(n * qd, q), self.hf_rope(n * kvd, k))
+                } else {
+                    (q, k)
+                };
                 let (keys, values, owned) = if cache {
                     let kc = self.t.act(n * kvd * wd.e);
                     self.t.free(ke);
@@ -597,7 +684,7 @@ impl Gen<'_> {
                     (ke, v, true)
                 };
                 let gqa = t.kv_heads < t.heads;
-                let o = match self.run.attention {
+                let o = match attention {
                     Attention::Sdpa | Attention::Flash if !(wd.c == 4 && gqa) => {
                         self.autocast_input(qe, n * qd, true, &mut saved);
                         self.autocast_input(keys, n * kvd, owned, &mut saved);
@@ -625,13 +712,24 @@ impl Gen<'_> {
                     Attention::Eager => {
                         self.autocast_input(qe, n * qd, true, &mut saved);
                         self.hf_repeat_kv(gqa, keys, n * kvd, n * qd, owned, &mut saved);
+                        self.hf_score_extras(t, s2, &mut saved);
                         self.hf_eager_scores(lib, s2, false, true, &mut saved);
                         self.hf_repeat_kv(gqa, values, n * kvd, n * qd, owned, &mut saved);
                         true
                     }
                 };
                 self.hf_attention_output(o, n * qd, &mut saved);
-                let proj = self.t.act(n * h * wd.c);
+                let mut proj = self.t.act(n * h * wd.c);
+                if t.layout.sandwich_norms {
+                    // Gemma 2/3: post_attention_layernorm of the output
+                    let normed = self.hf_rmsnorm(n, h, &mut saved);
+                    self.t.free(proj);
+                    proj = normed;
+                }
+                if t.layout.rel_buckets > 0 {
+                    // T5's dropout of the residual branch
+                    proj = self.hf_dropout(lib, proj, n * h, wd.c, &mut saved);
+                }
                 let x1 = self.t.act(n * h * wd.r);
                 self.t.free(proj);
                 if let Some(l) = nrm_local {
@@ -645,6 +743,11 @@ impl Gen<'_> {
                 if wd.r == 4 {
                     saved.push(x1);
                 }
+                let x1 = if t.is_cross_block(l) {
+                    self.hf_cross_attention(t, lib, attention, n, x1, &mut saved)
+                } else {
+                    x1
+                };
                 let nrm2 = self.hf_rmsnorm(n, h, &mut saved);
                 let nrm2_local = if wd.amp {
                     saved.push(self.t.act(n * h * wd.c));
@@ -654,11 +757,14 @@ impl Gen<'_> {
                     saved.push(nrm2);
                     None
                 };
-                for _ in 0..4 {
-                    // gate, silu(gate), up, silu(gate) * up
-                    saved.push(self.t.act(n * f * wd.c));
+                self.hf_ffn(t, lib, l, n, &mut saved);
+                let mut down = self.t.act(n * h * wd.c);
+                if t.layout.sandwich_norms {
+                    // post_feedforward_layernorm
+                    let normed = self.hf_rmsnorm(n, h, &mut saved);
+                    self.t.free(down);
+                    down = normed;
                 }
-                let down = self.t.act(n * h * wd.c);
                 let out = self.t.act(n * h * wd.r);
                 self.t.free(down);
                 if let Some(l) = nrm2_local {
@@ -678,7 +784,7 @@ impl Gen<'_> {
                 let q = self.t.act(n * h * wd.c);
                 let k = self.t.act(n * h * wd.c);
                 let v = self.t.act(n * h * wd.c);
-                let o = match self.run.attention {
+                let o = match attention {
                     Attention::Sdpa | Attention::Flash => {
                         saved.extend([q, k, v]);
                         saved.push(self.t.act(n * h * wd.c));
@@ -687,6 +793,7 @@ impl Gen<'_> {
                     }
                     Attention::Eager => {
                         saved.extend([q, k]);
+                        self.hf_score_extras(t, s2, &mut saved);
                         self.hf_eager_scores(lib, s2, false, false, &mut saved);
                         saved.push(v);
                         true
@@ -725,10 +832,153 @@ impl Gen<'_> {
                 self.t.act(n * h * wd.r)
             }
         };
+        self.t.free_all(&mut locals_of_block);
         // the block input goes last so that the caller pops it after backward
         saved.retain(|&id| id != x);
         saved.push(x);
         (saved, out)
+    }
+
+    /// What eager scores keep besides the product, the scaling and the
+    /// softmax: Gemma 2's softcapping (`/ cap`, `tanh` kept, `* cap`) and
+    /// DeBERTa's content-to-position and position-to-content terms (the
+    /// relative table projected per block and kept by its product, the
+    /// `batch x heads x seq x rows` scores and their gather into the scores'
+    /// shape).
+    fn hf_score_extras(&mut self, t: &TransformerArch, s2: u64, saved: &mut Vec<u32>) {
+        let wd = self.widths();
+        if t.layout.attn_softcap {
+            let div = self.t.act(s2 * wd.c);
+            saved.push(self.t.act(s2 * wd.c));
+            self.t.free(div);
+        }
+        if let Some(d) = t.layout.disentangled {
+            let rows = d.rel_rows;
+            let per_row = s2 / t.seq_len.max(1);
+            for on in [d.c2p, d.p2c] {
+                if on {
+                    saved.push(self.t.act(rows * t.q_dim() * wd.c));
+                    let rel = self.t.act(per_row * rows * wd.c);
+                    let gathered = self.t.act(s2 * wd.c);
+                    self.t.free(rel);
+                    self.t.free(gathered);
+                }
+            }
+        }
+    }
+
+    /// The feed-forward of block `l` between its input's norm and its
+    /// output projection: what autograd keeps.
+    ///
+    /// - gated (SwiGLU, GeGLU): gate, act(gate), up, act(gate) * up;
+    /// - not gated: the first projection and its activation (ReLU: its
+    ///   output only), then T5's dropout;
+    /// - a mixture of experts: the router's logits (`tokens x experts`),
+    ///   their fp32 softmax and the top-k weights and indices, then for each
+    ///   expert its routed tokens' input, its gated tensors and its weighted
+    ///   output, for `tokens x top_k / experts` tokens each: the average
+    ///   when routing is balanced (a skewed router puts more on some
+    ///   experts, and the peak with them); Qwen2-MoE's shared expert sees
+    ///   every token, with its sigmoid gate.
+    fn hf_ffn(&mut self, t: &TransformerArch, lib: HfImpl, l: u64, n: u64, saved: &mut Vec<u32>) {
+        let wd = self.widths();
+        let h = t.hidden;
+        let gated = |g: &mut Self, rows: u64, f: u64, saved: &mut Vec<u32>| {
+            for _ in 0..4 {
+                saved.push(g.t.act(rows * f * wd.c));
+            }
+        };
+        match &t.layout.moe {
+            Some(m) if t.is_moe_block(l) => {
+                let logits = self.t.act(n * m.experts * wd.c);
+                saved.push(self.t.act(n * m.experts * 4));
+                self.t.free(logits);
+                saved.push(self.t.act(n * m.top_k * 4));
+                saved.push(self.t.act(n * m.top_k * 8));
+                let per = (n * m.top_k).div_ceil(m.experts);
+                for _ in 0..m.experts {
+                    saved.push(self.t.act(per * h * wd.c));
+                    gated(self, per, m.expert_ffn, saved);
+                    saved.push(self.t.act(per * h * wd.c));
+                }
+                if m.shared_ffn > 0 {
+                    gated(self, n, m.shared_ffn, saved);
+                    saved.push(self.t.act(n * wd.c));
+                    saved.push(self.t.act(n * h * wd.c));
+                }
+            }
+            _ if t.mlp == crate::api::MlpKind::Swiglu => gated(self, n, t.ffn, saved),
+            _ => {
+                let f = t.ffn;
+                let first = self.t.act(n * f * wd.c);
+                if t.layout.relu {
+                    saved.push(self.t.act(n * f * wd.c));
+                    self.t.free(first);
+                } else {
+                    saved.push(first);
+                    saved.push(self.t.act(n * f * wd.c));
+                }
+                if t.layout.rel_buckets > 0 && lib.dropout {
+                    saved.push(self.t.act(n * f));
+                    saved.push(self.t.act(n * f * wd.c));
+                }
+            }
+        }
+    }
+
+    /// A T5 decoder block's cross-attention over the encoder's output (of
+    /// the same length as the decoder's, `seqLen`): its norm, the queries
+    /// from the decoder and the keys and values projected from the encoder
+    /// output (each projection keeping its own low-precision copy under
+    /// autocast), the attention, the output projection and the residual
+    /// sum, returned.
+    fn hf_cross_attention(
+        &mut self,
+        t: &TransformerArch,
+        lib: HfImpl,
+        attention: Attention,
+        n: u64,
+        x1: u32,
+        saved: &mut Vec<u32>,
+    ) -> u32 {
+        let wd = self.widths();
+        let (h, qd, kvd) = (t.hidden, t.q_dim(), t.kv_dim());
+        let s2 = self.run.micro_batch * t.heads * t.seq_len * t.seq_len;
+        let nrm = self.hf_rmsnorm(n, h, saved);
+        self.autocast_input(nrm, n * h, true, saved);
+        for _ in 0..2 {
+            if wd.amp {
+                saved.push(self.t.act(n * h * wd.c));
+            }
+        }
+        let q = self.t.act(n * qd * wd.c);
+        let k = self.t.act(n * kvd * wd.c);
+        let v = self.t.act(n * kvd * wd.c);
+        let o = match attention {
+            Attention::Sdpa | Attention::Flash => {
+                saved.extend([q, k, v]);
+                saved.push(self.t.act(n * qd * wd.c));
+                saved.push(self.t.act(self.run.micro_batch * t.heads * t.seq_len * 4));
+                false
+            }
+            Attention::Eager => {
+                saved.extend([q, k]);
+                self.hf_eager_scores(lib, s2, false, true, saved);
+                saved.push(v);
+                true
+            }
+        };
+        self.hf_attention_output(o, n * qd, saved);
+        let proj = self.t.act(n * h * wd.c);
+        let proj = self.hf_dropout(lib, proj, n * h, wd.c, saved);
+        let sum = self.t.act(n * h * wd.r);
+        self.t.free(proj);
+        if wd.r == 4 {
+            saved.push(sum);
+        } else {
+            self.t.free(x1);
+        }
+        sum
     }
 
     /// The attention output as the output projection reads it,
@@ -796,8 +1046,8 @@ impl Gen<'_> {
         self.softmax.insert(p, (s2, wd.c, true));
         saved.push(p);
         self.t.free(masked);
-        let cast = (pw != wd.c && (cast_first || !lib.dropout)).then(|| self.t.act(s2 * wd.c));
-        if lib.dropout {
+        let cast = (pw != wd.c && (cast_first || !lib.attn_dropout)).then(|| self.t.act(s2 * wd.c));
+        if lib.attn_dropout {
             let width = if cast.is_some() { wd.c } else { pw };
             let d = self.t.act(s2 * width);
             saved.push(self.t.act(s2));

@@ -1125,3 +1125,228 @@ fn the_embedding_tables_get_their_gradients_last_from_the_embedding_backward() {
         }
     }
 }
+
+/// The description of a tiny model of `model_type` (hidden 24, 3 heads, 2
+/// blocks, vocabulary 1000) with `extra` keys.
+fn family(model_type: &str, extra: serde_json::Value) -> crate::predict::arch::TransformerArch {
+    let mut c = serde_json::json!({"model_type": model_type, "num_hidden_layers": 2,
+        "hidden_size": H, "num_attention_heads": HEADS, "num_key_value_heads": HEADS,
+        "intermediate_size": F, "ffn_dim": F, "vocab_size": V, "head_dim": HD,
+        "num_layers": 1, "d_model": H, "num_heads": HEADS, "d_kv": HD, "d_ff": F,
+        "num_local_experts": 4, "num_experts": 4, "moe_intermediate_size": 16,
+        "shared_expert_intermediate_size": 32, "num_experts_per_tok": 2});
+    c.as_object_mut()
+        .unwrap()
+        .extend(extra.as_object().unwrap().clone());
+    let model = ModelSpec {
+        hugging_face: Some(HuggingFaceSpec {
+            config: c.as_object().unwrap().clone(),
+            seq_len: SEQ as u32,
+        }),
+        ..ModelSpec::default()
+    };
+    match resolve_arch(&model).unwrap() {
+        Arch::Transformer(t) => t,
+        Arch::Mlp { .. } => unreachable!(),
+    }
+}
+
+fn family_events(
+    t: &crate::predict::arch::TransformerArch,
+    p: Precision,
+    a: Attention,
+) -> Vec<TensorEvent> {
+    training_events(&Arch::Transformer(t.clone()), &run(p, a))
+}
+
+/// The largest sum of live activations.
+fn activation_peak(evs: &[TensorEvent]) -> u64 {
+    let mut live = std::collections::HashMap::new();
+    let (mut now, mut peak) = (0u64, 0u64);
+    for e in evs {
+        match *e {
+            TensorEvent::Alloc {
+                id,
+                bytes,
+                category: Category::Activations,
+                ..
+            } => {
+                live.insert(id, bytes);
+                now += bytes;
+                peak = peak.max(now);
+            }
+            TensorEvent::Free { id } => now -= live.remove(&id).unwrap_or(0),
+            TensorEvent::Alloc { .. } => {}
+        }
+    }
+    peak
+}
+
+#[test]
+fn each_family_decision_changes_the_tensors_it_describes() {
+    use crate::predict::arch::{Disentangled, TransformerArch};
+    type Undo = fn(&mut TransformerArch);
+    let s2 = MICRO * HEADS * SEQ * SEQ;
+    // (family, extra keys, the decision undone, a tensor size (bytes under
+    // amp-bf16, SDPA requested) allocated more often with the decision;
+    // 0: the activation peak is higher with it instead)
+    let cases: Vec<(&str, serde_json::Value, Undo, u64)> = vec![
+        (
+            "gemma2",
+            serde_json::json!({}),
+            |t| t.layout.final_softcap = false,
+            N * V * 2,
+        ),
+        // softcapping runs eager attention even when SDPA is asked for
+        (
+            "gemma2",
+            serde_json::json!({}),
+            |t| t.layout.attn_softcap = false,
+            s2 * 2,
+        ),
+        (
+            "gemma3_text",
+            serde_json::json!({}),
+            |t| t.layout.embed_scale = false,
+            N * H * 4,
+        ),
+        (
+            "gemma3_text",
+            serde_json::json!({}),
+            |t| t.layout.sandwich_norms = false,
+            N * 4,
+        ),
+        // router softmax in fp32, tokens x experts
+        (
+            "mixtral",
+            serde_json::json!({}),
+            |t| t.layout.moe = None,
+            N * 4 * 4,
+        ),
+        // each expert's share of the routed tokens: 15 x 2 / 4 -> 8 tokens
+        (
+            "mixtral",
+            serde_json::json!({}),
+            |t| t.layout.moe = None,
+            8 * H * 2,
+        ),
+        (
+            "qwen2_moe",
+            serde_json::json!({}),
+            |t| t.layout.moe.as_mut().unwrap().shared_ffn = 0,
+            N * 32 * 2,
+        ),
+        // the stacks' position bias, heads x seq x seq in fp32
+        (
+            "t5",
+            serde_json::json!({}),
+            |t| t.layout.rel_buckets = 0,
+            HEADS * SEQ * SEQ * 4,
+        ),
+        (
+            "t5",
+            serde_json::json!({}),
+            |t| t.layout.decoder_layers = 0,
+            0,
+        ),
+        (
+            "gpt_neox",
+            serde_json::json!({}),
+            |t| t.layout.rotary_dims = 0,
+            0,
+        ),
+        (
+            "opt",
+            serde_json::json!({}),
+            |t| t.layout.separate_qkv = false,
+            N * H * 2,
+        ),
+        (
+            "opt",
+            serde_json::json!({"word_embed_proj_dim": 12}),
+            |t| t.layout.embed_dim = 0,
+            N * 12 * 2,
+        ),
+        (
+            "deberta-v2",
+            serde_json::json!({"relative_attention": true, "position_buckets": 4,
+                "pos_att_type": ["c2p", "p2c"], "share_att_key": true}),
+            |t| t.layout.disentangled = None,
+            s2 * 2,
+        ),
+        (
+            "deberta-v2",
+            serde_json::json!({"relative_attention": true, "position_buckets": 4,
+                "pos_att_type": ["c2p", "p2c"], "share_att_key": true}),
+            |t| {
+                t.layout.disentangled = Some(Disentangled {
+                    c2p: false,
+                    ..t.layout.disentangled.unwrap()
+                })
+            },
+            8 * HEADS * HD * 2,
+        ),
+    ];
+    for (i, (model_type, extra, undo, size)) in cases.into_iter().enumerate() {
+        let on = family(model_type, extra);
+        let mut off = on.clone();
+        undo(&mut off);
+        let (a, b) = (
+            family_events(&on, Precision::AmpBf16, Attention::Sdpa),
+            family_events(&off, Precision::AmpBf16, Attention::Sdpa),
+        );
+        if size == 0 {
+            assert!(
+                activation_peak(&a) > activation_peak(&b),
+                "case {i} ({model_type})"
+            );
+        } else {
+            let (ca, cb) = (count(&acts(&a), size), count(&acts(&b), size));
+            assert!(
+                ca > cb,
+                "case {i} ({model_type}): {ca} vs {cb} of {size} bytes"
+            );
+        }
+    }
+}
+
+#[test]
+fn decisions_that_lower_memory_lower_it() {
+    use crate::predict::arch::TransformerArch;
+    type Undo = fn(&mut TransformerArch);
+    // (family, the decision undone): the peak of live activations is lower with it
+    let cases: Vec<(&str, Undo)> = vec![
+        ("opt", |t| t.layout.relu = false),
+        ("gpt_neox", |t| t.layout.parallel_residual = false),
+    ];
+    for (model_type, undo) in cases {
+        let on = family(model_type, serde_json::json!({}));
+        let mut off = on.clone();
+        undo(&mut off);
+        let a = activation_peak(&family_events(&on, Precision::AmpBf16, Attention::Sdpa));
+        let b = activation_peak(&family_events(&off, Precision::AmpBf16, Attention::Sdpa));
+        assert!(a < b, "{model_type}: {a} vs {b}");
+    }
+}
+
+#[test]
+fn an_image_classifier_predicts_one_class_row_per_image_not_per_token() {
+    // 2 x 2 patches + the class token: 5 tokens, the run's sequence
+    let t = family(
+        "vit",
+        serde_json::json!({"image_size": 16, "patch_size": 8, "num_labels": 7}),
+    );
+    assert_eq!((t.seq_len, t.vocab), (SEQ, 7));
+    let sizes = acts(&family_events(&t, Precision::Fp32, Attention::Sdpa));
+    assert!(count(&sizes, MICRO * 7 * 4) > 0);
+    assert_eq!(count(&sizes, N * 7 * 4), 0);
+    // a sequence that is not the image's tokens is refused
+    let mut c = serde_json::json!({"model_type": "vit", "image_size": 16, "patch_size": 8});
+    let err = crate::predict::hf::arch_from_hugging_face(&HuggingFaceSpec {
+        config: c.as_object_mut().unwrap().clone(),
+        seq_len: 6,
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("seqLen must be 5"), "{err}");
+}

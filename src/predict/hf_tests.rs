@@ -1,0 +1,202 @@
+//! The Hugging Face families' configs: parameter counts against the models
+//! transformers builds from the same configs, and the keys each family reads.
+
+use super::*;
+use crate::predict::arch::Arch;
+
+/// tests/data/hf-param-counts.json, written by hack/hf_param_counts.py.
+fn fixture() -> Vec<serde_json::Value> {
+    let text = include_str!("../../tests/data/hf-param-counts.json");
+    let doc: serde_json::Value = serde_json::from_str(text).unwrap();
+    doc["rows"].as_array().unwrap().clone()
+}
+
+fn arch_of(config: &serde_json::Value, seq_len: u32) -> Result<TransformerArch, PredictError> {
+    arch_from_hugging_face(&HuggingFaceSpec {
+        config: config.as_object().unwrap().clone(),
+        seq_len,
+    })
+}
+
+#[test]
+fn every_family_counts_the_parameters_transformers_builds_from_the_config() {
+    let rows = fixture();
+    let mut wrong = Vec::new();
+    for row in &rows {
+        let name = row["name"].as_str().unwrap();
+        let want = row["params"].as_u64().unwrap();
+        let seq = row["seqLen"].as_u64().unwrap() as u32;
+        match arch_of(&row["config"], seq) {
+            Ok(a) => {
+                let got = Arch::Transformer(a).parameter_count();
+                if got != want {
+                    wrong.push(format!("{name}: {got} counted, transformers has {want}"));
+                }
+            }
+            Err(e) => wrong.push(format!("{name}: {e}")),
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+#[test]
+fn the_fixture_covers_every_family_small_and_with_its_defaults() {
+    let names: Vec<String> = fixture()
+        .iter()
+        .map(|r| r["name"].as_str().unwrap().to_string())
+        .collect();
+    for family in supported_model_types() {
+        for variant in ["small", "defaults"] {
+            let name = format!("{family}-{variant}");
+            assert!(names.contains(&name), "{name} missing from the fixture");
+        }
+    }
+    // the head_dim x heads != hidden case of the issue
+    let qwen = fixture()
+        .into_iter()
+        .find(|r| r["name"] == "qwen2-head-dim")
+        .unwrap();
+    assert_eq!(qwen["params"], 596_157_440u64);
+}
+
+#[test]
+fn deberta_v3_has_no_token_type_table_and_bert_must_have_one() {
+    let deberta = |types: serde_json::Value| {
+        serde_json::json!({"model_type": "deberta-v2", "hidden_size": 64, "num_hidden_layers": 2,
+            "num_attention_heads": 2, "intermediate_size": 128, "vocab_size": 1000, "type_vocab_size": types})
+    };
+    // DeBERTa-v3's configs say 0 (the H200 run of the families found it refused).
+    assert_eq!(
+        arch_of(&deberta(serde_json::json!(0)), 128)
+            .unwrap()
+            .token_types,
+        0
+    );
+    assert_eq!(
+        arch_of(&deberta(serde_json::json!(2)), 128)
+            .unwrap()
+            .token_types,
+        2
+    );
+    // BERT builds nn.Embedding(0, h) and fails on its first token type.
+    let bert = serde_json::json!({"model_type": "bert", "type_vocab_size": 0});
+    assert!(arch_of(&bert, 128).is_err());
+}
+
+#[test]
+fn the_attention_probabilities_get_dropout_from_the_attention_keys_or_the_one_rate() {
+    #[rustfmt::skip]
+    let cases: [(&[(&str, f64)], bool); 6] = [
+        // OPT's defaults: hidden 0.1, attention 0.0.
+        (&[("dropout", 0.1), ("attention_dropout", 0.0)], false),
+        (&[("dropout", 0.0), ("attention_dropout", 0.1)], true),
+        // GPT-2 with only attn_pdrop on, and with it off.
+        (&[("resid_pdrop", 0.0), ("embd_pdrop", 0.0), ("attn_pdrop", 0.1)], true),
+        (&[("resid_pdrop", 0.1), ("embd_pdrop", 0.1), ("attn_pdrop", 0.0)], false),
+        // T5's one rate covers the probabilities.
+        (&[("dropout_rate", 0.1)], true),
+        (&[("dropout_rate", 0.0)], false),
+    ];
+    for (probs, want) in cases {
+        assert_eq!(attention_dropout(probs), want, "{probs:?}");
+    }
+}
+
+/// Configs as transformers 5.17 writes them (`config.to_dict()`), the
+/// bookkeeping keys left out: what a user pastes from a model's config.json.
+fn full_config(model_type: &str) -> serde_json::Value {
+    let text = match model_type {
+        "llama" => {
+            r#"{"attention_bias":false,"attention_dropout":0.0,"bos_token_id":1,"eos_token_id":2,
+            "head_dim":64,"hidden_act":"silu","hidden_size":1024,"initializer_range":0.02,
+            "intermediate_size":2816,"max_position_embeddings":4096,"mlp_bias":false,
+            "model_type":"llama","num_attention_heads":16,"num_hidden_layers":8,
+            "num_key_value_heads":16,"pad_token_id":null,"pretraining_tp":1,"rms_norm_eps":1e-06,
+            "rope_parameters":{"rope_theta":10000.0,"rope_type":"default"},
+            "tie_word_embeddings":false,"use_cache":true,"vocab_size":32000}"#
+        }
+        "gpt2" => {
+            r#"{"activation_function":"gelu_new","attn_pdrop":0.1,"bos_token_id":50256,
+            "embd_pdrop":0.1,"eos_token_id":50256,"layer_norm_epsilon":1e-05,"model_type":"gpt2",
+            "n_embd":768,"n_head":12,"n_inner":null,"n_layer":12,"n_positions":1024,
+            "reorder_and_upcast_attn":false,"resid_pdrop":0.1,"scale_attn_weights":true,
+            "tie_word_embeddings":true,"use_cache":true,"vocab_size":50257}"#
+        }
+        other => panic!("no full config of {other}"),
+    };
+    serde_json::from_str(text).unwrap()
+}
+
+fn renamed(mut config: serde_json::Value, model_type: &str) -> serde_json::Value {
+    config["model_type"] = model_type.into();
+    config
+}
+
+/// The full LLaMA config also has every key Qwen2 and Qwen3 read (they read
+/// fewer: no `mlp_bias`, `attention_bias` or `pretraining_tp`), and those
+/// describe other models (Qwen2's query/key/value biases, Qwen3's q/k norms);
+/// LLaMA reads the most of it and serves it.
+#[test]
+fn an_unknown_model_type_with_every_key_of_one_family_is_served_by_that_family() {
+    for family in ["llama", "gpt2"] {
+        let config = full_config(family);
+        let known = arch_of(&config, 512).unwrap();
+        let served = arch_of(&renamed(config, "in_house_lm"), 512)
+            .unwrap_or_else(|e| panic!("{family} under another name: {e}"));
+        assert!(same_model(&known, &served), "{family}: a different model");
+        assert_eq!(
+            served.family,
+            format!("{family} (by the keys of model_type 'in_house_lm')")
+        );
+    }
+}
+
+#[test]
+fn an_unknown_model_type_is_refused_when_a_key_the_family_reads_is_missing() {
+    // Every key but one that every family of its kind reads: the default for
+    // it may not be the model's.
+    for (family, drop) in [("llama", "num_key_value_heads"), ("gpt2", "n_inner")] {
+        let mut config = renamed(full_config(family), "in_house_lm");
+        config.as_object_mut().unwrap().remove(drop);
+        let err = arch_of(&config, 512).unwrap_err().to_string();
+        assert!(
+            err.contains("no supported family reads only keys this config has")
+                && err.contains("supported: gpt2, llama")
+                && err.contains("Profiling")
+                && err.contains("memory.request"),
+            "{family} without {drop}: {err}"
+        );
+    }
+    // A known model_type reads the library's defaults for absent keys, as before.
+    let mut llama = full_config("llama");
+    llama.as_object_mut().unwrap().remove("mlp_bias");
+    assert!(arch_of(&llama, 512).is_ok());
+}
+
+#[test]
+fn an_unknown_model_type_whose_keys_fit_two_different_models_is_refused_naming_both() {
+    let mut both = full_config("llama");
+    for (k, v) in full_config("gpt2").as_object().unwrap() {
+        both.as_object_mut()
+            .unwrap()
+            .entry(k.clone())
+            .or_insert(v.clone());
+    }
+    let err = arch_of(&renamed(both, "hybrid"), 512)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("several families") && err.contains("gpt2") && err.contains("llama"),
+        "{err}"
+    );
+}
+
+#[test]
+fn families_that_describe_the_same_model_from_the_same_keys_are_one_match() {
+    let a = arch_of(&full_config("llama"), 512).unwrap();
+    let mut b = a.clone();
+    b.family = "another".into();
+    assert!(same_model(&a, &b));
+    b.layers += 1;
+    assert!(!same_model(&a, &b));
+}
