@@ -7,6 +7,11 @@ predictions against the GPU's measurements.
 Usage:
     PYTHONPATH=python python3 scripts/capture_library_profiles.py \
         data/calibration/h200-libraries.jsonl data/profiles/libraries [--only torchvision]
+
+The rows may also be a set's `--dry-run` listing (name, split, library,
+case, spec; no measurement), to capture before the GPU runs. A model the
+capture cannot take (an image model from transformers: it needs token ids)
+is reported and skipped.
 """
 
 import argparse
@@ -17,7 +22,12 @@ import time
 
 HF_CLASS = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM",
             "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-            "bert": "BertForMaskedLM"}
+            "bert": "BertForMaskedLM", "qwen3": "Qwen3ForCausalLM", "phi3": "Phi3ForCausalLM",
+            "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
+            "gpt_neox": "GPTNeoXForCausalLM", "opt": "OPTForCausalLM",
+            "mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
+            "roberta": "RobertaForMaskedLM", "t5": "T5ForConditionalGeneration",
+            "deberta-v2": "DebertaV2ForMaskedLM"}
 
 
 def main():
@@ -33,6 +43,10 @@ def main():
     for line in open(args.measured):
         row = json.loads(line)
         if row["split"] == "repeat" or (args.only and row["library"] != args.only):
+            continue
+        if row["library"] == "transformers" and row["case"]["model_type"] not in HF_CLASS:
+            print(f"{row['name']}: skipped, no token-id capture for {row['case']['model_type']}",
+                  flush=True)
             continue
         out = os.path.join(args.outdir, row["name"] + ".profile.json")
         if os.path.exists(out) and not args.force:

@@ -213,6 +213,147 @@ VALIDATION = [
     hf("bert", "bert", BERT_B, 512, 16, "bf16", "adagrad", "eager"),
 ]
 
+# The families added to the analytic `huggingFace` model after the runs above
+# (`--set families`, split `families`): small configs of each, AdamW, amp-bf16
+# and fp32, a few steps; the whole set takes about 4-5 minutes on one H200 at
+# --parallel 6. A family the installed transformers lacks is recorded as an
+# error row and the rest go on.
+GEMMA2_T = dict(num_hidden_layers=6, hidden_size=1024, num_attention_heads=8,
+                num_key_value_heads=4, head_dim=128, intermediate_size=4096,
+                vocab_size=256000)
+GEMMA3_T = dict(GEMMA2_T, vocab_size=262208)
+NEOX_T = dict(num_hidden_layers=8, hidden_size=1024, num_attention_heads=16,
+              intermediate_size=4096, vocab_size=50432)
+OPT_T = dict(num_hidden_layers=12, hidden_size=768, num_attention_heads=12, ffn_dim=3072,
+             vocab_size=50272)
+OPT_PROJ = dict(OPT_T, hidden_size=1024, num_attention_heads=16, ffn_dim=4096,
+                word_embed_proj_dim=512, do_layer_norm_before=False)
+MIXTRAL_T = dict(num_hidden_layers=4, hidden_size=1024, num_attention_heads=16,
+                 num_key_value_heads=4, intermediate_size=2048, vocab_size=32000,
+                 num_local_experts=8, num_experts_per_tok=2)
+QWEN2MOE_T = dict(num_hidden_layers=4, hidden_size=1024, num_attention_heads=16,
+                  num_key_value_heads=4, intermediate_size=2816, vocab_size=151936,
+                  num_experts=16, num_experts_per_tok=4, moe_intermediate_size=512,
+                  shared_expert_intermediate_size=2048)
+T5_S = dict(d_model=512, num_layers=6, num_heads=8, d_kv=64, d_ff=2048, vocab_size=32128,
+            decoder_start_token_id=0)
+T5_V11 = dict(T5_S, feed_forward_proj="gated-gelu", d_ff=1024, tie_word_embeddings=False)
+DEBERTA_V3 = dict(num_hidden_layers=6, hidden_size=768, num_attention_heads=12,
+                  intermediate_size=3072, vocab_size=128100, relative_attention=True,
+                  position_buckets=256, pos_att_type=["p2c", "c2p"],
+                  norm_rel_ebd="layer_norm", share_att_key=True, position_biased_input=False,
+                  max_relative_positions=-1)
+VIT_B = dict(num_hidden_layers=12, hidden_size=768, num_attention_heads=12,
+             intermediate_size=3072, image_size=224, patch_size=16, num_labels=1000)
+FAMILIES = [
+    hf("gemma2", "gemma2", GEMMA2_T, 1024, 4, "amp-bf16", "adamw", "eager"),
+    hf("gemma2", "gemma2", GEMMA2_T, 1024, 2, "fp32", "adamw", "eager"),
+    hf("gemma3", "gemma3_text", GEMMA3_T, 1024, 4, "amp-bf16", "adamw"),
+    hf("gemma3", "gemma3_text", GEMMA3_T, 1024, 2, "fp32", "adamw"),
+    hf("neox", "gpt_neox", NEOX_T, 2048, 4, "amp-bf16", "adamw"),
+    hf("neox", "gpt_neox", NEOX_T, 1024, 4, "fp32", "adamw"),
+    hf("opt", "opt", OPT_T, 2048, 4, "amp-bf16", "adamw"),
+    hf("opt", "opt", OPT_T, 1024, 4, "fp32", "adamw", "eager"),
+    hf("optproj", "opt", OPT_PROJ, 1024, 4, "amp-bf16", "adamw"),
+    hf("mixtral", "mixtral", MIXTRAL_T, 1024, 4, "amp-bf16", "adamw"),
+    hf("mixtral", "mixtral", MIXTRAL_T, 1024, 2, "fp32", "adamw"),
+    hf("qwen2moe", "qwen2_moe", QWEN2MOE_T, 1024, 4, "amp-bf16", "adamw"),
+    hf("qwen2moe", "qwen2_moe", QWEN2MOE_T, 1024, 2, "fp32", "adamw"),
+    hf("t5", "t5", T5_S, 512, 16, "amp-bf16", "adamw"),
+    hf("t5", "t5", T5_S, 512, 8, "fp32", "adamw", "eager"),
+    hf("t5v11", "t5", T5_V11, 512, 16, "amp-bf16", "adamw"),
+    hf("debertav3", "deberta-v2", DEBERTA_V3, 512, 16, "amp-bf16", "adamw", "eager"),
+    hf("debertav3", "deberta-v2", DEBERTA_V3, 512, 8, "fp32", "adamw", "eager"),
+    hf("vitb", "vit", VIT_B, 197, 64, "amp-bf16", "adamw"),
+    hf("vitb", "vit", VIT_B, 197, 32, "fp32", "adamw"),
+]
+
+# A fresh held-out set (`--set heldout`, split `heldout`), written after the
+# families above were calibrated: shapes and combinations that appear in no
+# set above, the configs as users paste them (only the keys they set), and
+# the long-context, large-vocabulary shapes of Llama 3. Its predictions, by
+# the analytic model and from CPU captures, are committed before the run
+# (data/calibration/heldout-predictions.jsonl); nothing is fitted on it.
+H_QWEN3 = dict(num_hidden_layers=6, hidden_size=1024, num_attention_heads=16,
+               num_key_value_heads=8, head_dim=128, intermediate_size=3072,
+               vocab_size=151936, tie_word_embeddings=True)
+H_PHI3 = dict(num_hidden_layers=8, hidden_size=1024, num_attention_heads=16,
+              intermediate_size=2816, vocab_size=32064)
+H_GEMMA2 = dict(num_hidden_layers=4, hidden_size=768, num_attention_heads=8,
+                num_key_value_heads=4, head_dim=128, intermediate_size=3072,
+                vocab_size=256000)
+H_GEMMA3 = dict(num_hidden_layers=4, hidden_size=640, num_attention_heads=4,
+                num_key_value_heads=1, head_dim=256, intermediate_size=2048,
+                vocab_size=262208)
+H_NEOX = dict(num_hidden_layers=12, hidden_size=1024, num_attention_heads=16,
+              intermediate_size=4096, vocab_size=50304)
+H_OPT = dict(num_hidden_layers=12, hidden_size=768, num_attention_heads=12, ffn_dim=3072)
+H_MIXTRAL = dict(num_hidden_layers=2, hidden_size=768, num_attention_heads=12,
+                 num_key_value_heads=4, intermediate_size=1536, vocab_size=32000,
+                 num_local_experts=4, num_experts_per_tok=2)
+H_QWEN2MOE = dict(num_hidden_layers=3, hidden_size=768, num_attention_heads=12,
+                  num_key_value_heads=4, vocab_size=151936, num_experts=8,
+                  num_experts_per_tok=2, moe_intermediate_size=768,
+                  shared_expert_intermediate_size=1536)
+H_ROBERTA = dict(num_hidden_layers=12, hidden_size=768, num_attention_heads=12,
+                 intermediate_size=3072, vocab_size=50265, max_position_embeddings=514,
+                 type_vocab_size=1, pad_token_id=1)
+H_T5 = dict(d_model=768, num_layers=4, num_heads=12, d_kv=64, d_ff=3072, vocab_size=32128,
+            decoder_start_token_id=0)
+H_DEBERTA = dict(num_hidden_layers=4, hidden_size=512, num_attention_heads=8,
+                 intermediate_size=2048, vocab_size=128100, relative_attention=True,
+                 position_buckets=256, pos_att_type=["p2c", "c2p"], norm_rel_ebd="layer_norm",
+                 share_att_key=True, position_biased_input=False, max_relative_positions=-1)
+H_VIT = dict(num_hidden_layers=8, hidden_size=512, num_attention_heads=8,
+             intermediate_size=2048, image_size=224, patch_size=16, num_labels=100)
+H_GPT2_6 = dict(n_layer=6, n_embd=768, n_head=12)
+H_LLAMA = dict(num_hidden_layers=10, hidden_size=1536, num_attention_heads=12,
+               num_key_value_heads=4, intermediate_size=4096)
+H_MISTRAL = dict(num_hidden_layers=6, hidden_size=1280, num_attention_heads=10,
+                 num_key_value_heads=2, intermediate_size=3584)
+H_QWEN2 = dict(num_hidden_layers=6, hidden_size=1024, num_attention_heads=16,
+               num_key_value_heads=2, head_dim=128, intermediate_size=2816)
+H_BERT_6 = dict(num_hidden_layers=6, hidden_size=512, num_attention_heads=8,
+                intermediate_size=2048)
+LLAMA3_1B = dict(num_hidden_layers=16, hidden_size=2048, num_attention_heads=32,
+                 num_key_value_heads=8, intermediate_size=8192, vocab_size=128256,
+                 max_position_embeddings=131072, rope_theta=500000.0,
+                 tie_word_embeddings=True, head_dim=64)
+LLAMA3_8B = dict(num_hidden_layers=32, hidden_size=4096, num_attention_heads=32,
+                 num_key_value_heads=8, intermediate_size=14336, vocab_size=128256,
+                 max_position_embeddings=131072, rope_theta=500000.0)
+HELDOUT = [
+    # built on the GPU in bf16 (an 8B model is not built on the CPU in fp32 first)
+    dict(hf("llama3-8b", "llama", LLAMA3_8B, 8192, 1, "bf16", "adamw", ckpt=True),
+         build_on_device=True, timeout=150),
+    hf("llama3-1b", "llama", LLAMA3_1B, 8192, 1, "bf16", "adamw", ckpt=True),
+    hf("qwen3", "qwen3", H_QWEN3, 1024, 4, "amp-bf16", "adamw"),
+    hf("phi3", "phi3", H_PHI3, 2048, 2, "bf16", "adamw", ckpt=True),
+    hf("gemma2", "gemma2", H_GEMMA2, 512, 4, "amp-bf16", "adamw", "eager"),
+    hf("gemma3", "gemma3_text", H_GEMMA3, 1024, 2, "bf16", "adamw"),
+    hf("neox", "gpt_neox", H_NEOX, 1024, 4, "amp-fp16", "adam"),
+    hf("opt", "opt", H_OPT, 1024, 8, "amp-bf16", "adamw", ckpt=True),
+    hf("mixtral", "mixtral", H_MIXTRAL, 2048, 2, "amp-bf16", "adamw"),
+    hf("qwen2moe", "qwen2_moe", H_QWEN2MOE, 1024, 2, "bf16", "adamw"),
+    hf("roberta", "roberta", H_ROBERTA, 512, 16, "amp-bf16", "adamw"),
+    hf("t5", "t5", H_T5, 256, 16, "amp-bf16", "adamw"),
+    hf("deberta", "deberta-v2", H_DEBERTA, 256, 16, "amp-bf16", "adamw", "eager"),
+    hf("vit", "vit", H_VIT, 197, 64, "fp32", "adamw"),
+    hf("gpt2l6", "gpt2", H_GPT2_6, 1024, 16, "amp-bf16", "adamw", ckpt=True),
+    hf("gpt2", "gpt2", dict(n_layer=12), 512, 16, "amp-fp16", "sgd-momentum"),
+    hf("llama", "llama", H_LLAMA, 1024, 4, "amp-bf16", "adamw", ckpt=True),
+    hf("mistral", "mistral", H_MISTRAL, 2048, 2, "bf16", "adam"),
+    hf("qwen2hd", "qwen2", H_QWEN2, 1024, 2, "amp-bf16", "adamw"),
+    hf("bert6", "bert", H_BERT_6, 128, 128, "fp32", "adamw"),
+    hf("bert", "bert", {}, 384, 24, "amp-bf16", "adagrad", "eager", ckpt=True),
+    tv("resnet34", 96, "amp-bf16", "sgd-momentum"),
+    tv("convnext_tiny", 48, "fp32", "adamw"),
+    tv("efficientnet_b1", 64, "amp-bf16", "adamw", image=240),
+    tv("regnet_y_800mf", 96, "amp-bf16", "sgd-momentum"),
+    tv("vgg11_bn", 32, "fp32", "sgd-momentum"),
+    tv("swin_t", 32, "amp-bf16", "adamw"),
+]
+
 # Run again alone at the end, to check that running side by side changes nothing.
 REPEATS = ["hf-gpt2-s1024-b8-ampbf16-adamw-sdpa", "tv-resnet50-i224-b128-ampbf16-sgdm",
            "hf-llama-s2048-b4-bf16-adamw-sdpa"]
@@ -284,23 +425,42 @@ def child(c, fd):
         import transformers
 
         cfg = transformers.AutoConfig.for_model(c["model_type"], **c["config"])
-        auto = (transformers.AutoModelForMaskedLM if c["model_type"] == "bert"
-                else transformers.AutoModelForCausalLM)
-        try:
-            model = auto.from_config(cfg, attn_implementation=c["attention"])
-        except TypeError:
-            cfg._attn_implementation = c["attention"]
-            model = auto.from_config(cfg)
-        model = model.float()
+        auto = {"bert": transformers.AutoModelForMaskedLM,
+                "deberta-v2": transformers.AutoModelForMaskedLM,
+                "roberta": transformers.AutoModelForMaskedLM,
+                "t5": transformers.AutoModelForSeq2SeqLM,
+                "vit": transformers.AutoModelForImageClassification,
+                }.get(c["model_type"], transformers.AutoModelForCausalLM)
+        if c.get("build_on_device"):
+            # Built where it trains, in its training dtype: what a user does
+            # with a model whose fp32 copy would not fit in host memory.
+            with torch.device(dev):
+                model = auto.from_config(cfg, attn_implementation=c["attention"],
+                                         dtype=pure or torch.float32)
+        else:
+            try:
+                model = auto.from_config(cfg, attn_implementation=c["attention"])
+            except TypeError:
+                cfg._attn_implementation = c["attention"]
+                model = auto.from_config(cfg)
+            model = model.float()
         info["attnImplementation"] = getattr(model.config, "_attn_implementation", None)
         info["hfConfig"] = json.loads(model.config.to_json_string(use_diff=False))
         info["modelClass"] = type(model).__name__
-        V, S = model.config.vocab_size, c["seq"]
+        V, S = getattr(model.config, "vocab_size", 0), c["seq"]
 
         def batch():  # what a tokenizer + collator hands the loop, on the CPU
+            if c["model_type"] == "vit":  # an image processor's pixels and labels
+                side = model.config.image_size
+                return {"pixel_values": torch.randn(B, model.config.num_channels, side, side,
+                                                    generator=g),
+                        "labels": torch.randint(0, model.config.num_labels, (B,), generator=g)}
             ids = torch.randint(0, V, (B, S), generator=g)
             b = {"input_ids": ids, "attention_mask": torch.ones(B, S, dtype=torch.long)}
-            if c["model_type"] == "bert":
+            if c["model_type"] == "t5":  # targets as long as the inputs (seqLen)
+                b["labels"] = torch.randint(0, V, (B, S), generator=g)
+                return b
+            if c["model_type"] in ("bert", "deberta-v2", "roberta"):
                 labels = ids.clone()
                 labels[torch.rand(B, S, generator=g) >= 0.15] = -100
                 b["token_type_ids"] = torch.zeros(B, S, dtype=torch.long)
@@ -370,6 +530,8 @@ def child(c, fd):
             b = {k: v.to(dev) for k, v in batch().items()}
             if pure is not None and "image" in b:
                 b["image"] = b["image"].to(pure)
+            if pure is not None and "pixel_values" in b:
+                b["pixel_values"] = b["pixel_values"].to(pure)
             mark(rec, "input")
             with torch.autocast(dev.type, dtype=amp or torch.bfloat16, enabled=amp is not None):
                 loss, outputs = forward(b)
@@ -532,8 +694,13 @@ def small(c):
     c = dict(c, device="cpu", micro=2)
     if c["library"] == "transformers":
         c["seq"] = 32
-        c["config"] = dict(c["config"], vocab_size=1000)
-        for k in ("n_layer", "num_hidden_layers"):
+        if c["model_type"] == "vit":
+            c["config"] = dict(c["config"], image_size=32, patch_size=16)
+        elif c["model_type"] == "phi3":
+            pass
+        else:
+            c["config"] = dict(c["config"], vocab_size=1000)
+        for k in ("n_layer", "num_hidden_layers", "num_layers"):
             if k in c["config"]:
                 c["config"][k] = 2
     elif not c["model"].startswith("vit"):
@@ -550,9 +717,16 @@ def main():
                     help="seconds after which no new case starts")
     ap.add_argument("--timeout", type=float, default=60.0, help="per case")
     ap.add_argument("--only", default="", help="comma-separated case names")
-    ap.add_argument("--set", default="calibration", choices=["calibration", "validation"],
-                    help="the calibration cases (fit/holdout) or the fresh validation set")
+    ap.add_argument("--set", default="calibration",
+                    choices=["calibration", "validation", "families", "heldout"],
+                    help="the calibration cases (fit/holdout), the fresh validation set, or "
+                         "the families added later (gemma2/3, gpt_neox, opt, mixtral, "
+                         "qwen2_moe, t5, deberta-v2, vit)")
     ap.add_argument("--no-repeats", action="store_true")
+    ap.add_argument("--predictions", help="recorded predictions (scripts/record_predictions.py): "
+                    "a case starts only while the predicted peaks of the running cases and its "
+                    "own stay within --budget-gib")
+    ap.add_argument("--budget-gib", type=float, default=120.0)
     ap.add_argument("--dry-run", action="store_true", help="list the cases without a GPU")
     ap.add_argument("--smoke", help="run these cases' code on the CPU, small (no figures)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -565,20 +739,22 @@ def main():
     if args.smoke:
         for name in args.smoke.split(","):
             print(name, flush=True)
-            child(small(next(x for x in CASES + VALIDATION if x["name"] == name)), None)
+            child(small(next(x for x in CASES + VALIDATION + FAMILIES + HELDOUT if x["name"] == name)), None)
         return
-    names = [c["name"] for c in CASES + VALIDATION]
+    names = [c["name"] for c in CASES + VALIDATION + FAMILIES + HELDOUT]
     assert len(names) == len(set(names)), "duplicate case names"
     assert all(r in names for r in REPEATS), "a repeat names no case"
-    validation = args.set == "validation"
-    chosen = VALIDATION if validation else CASES
+    validation = args.set != "calibration"
+    chosen = {"calibration": CASES, "validation": VALIDATION, "families": FAMILIES,
+              "heldout": HELDOUT}[args.set]
     cases = [c for c in chosen if not args.only or c["name"] in args.only.split(",")]
 
     def split_for(name):
-        return "validation" if validation else split_of(name)
+        return args.set if validation else split_of(name)
     if args.dry_run:
         for c in cases:
             print(json.dumps({"name": c["name"], "split": split_for(c["name"]),
+                              "library": c["library"], "case": describe(c),
                               "spec": job_spec(c)}))
         hold = [c for c in cases if split_for(c["name"]) == "holdout"]
         print(f"{len(cases)} cases, {len(hold)} held out "
@@ -604,8 +780,10 @@ def main():
     sampler = threading.Thread(target=nvml.sample_forever, daemon=True)
     sampler.start()
 
-    out_path = os.path.join(args.out, "libraries.jsonl")
-    prof_path = os.path.join(args.out, "profiles.jsonl")
+    stem = args.set if args.set in ("families", "heldout") else "libraries"
+    out_path = os.path.join(args.out, f"{stem}.jsonl")
+    prof_path = os.path.join(args.out, f"{stem}-profiles.jsonl" if stem != "libraries"
+                             else "profiles.jsonl")
     lock = threading.Lock()
     results = {}
     t_start = time.time()
@@ -614,7 +792,7 @@ def main():
 
     def one(c, split, concurrent):
         t0 = time.time()
-        stages, sampled, tail = run_case(c, nvml, args.timeout)
+        stages, sampled, tail = run_case(c, nvml, c.get("timeout", args.timeout))
         hf_cfg = stages.get("built", {}).get("hfConfig")
         line = {"name": c["name"] + ("-solo" if split == "repeat" else ""), "split": split,
                 "library": c["library"], "case": describe(c), "spec": job_spec(c, hf_cfg),
@@ -660,22 +838,34 @@ def main():
             else:
                 print(f"[{el:5.0f}s] {line['name']}: FAILED {line['error'][:400]}", flush=True)
 
+    expected = {}
+    if args.predictions:
+        for pl in open(args.predictions):
+            pr = json.loads(pl)
+            peaks = [pr.get(k, {}).get("peakBytes") for k in ("analytic", "profile")]
+            peaks = [x for x in peaks if x]
+            if peaks:
+                expected[pr["name"]] = max(peaks) / 2**30
+
     running = []
     skipped = []
     for c in cases:
         if time.time() - t_start > args.deadline:
             skipped.append(c["name"])
             continue
+        need = expected.get(c["name"], 12.0)
         while True:
-            running = [t for t in running if t.is_alive()]
-            if len(running) < args.parallel and nvml.free() > args.min_free_gib * 2**30:
+            running = [(t, g) for t, g in running if t.is_alive()]
+            planned = sum(g for _, g in running)
+            fits = not expected or not running or planned + need <= args.budget_gib
+            if len(running) < args.parallel and nvml.free() > args.min_free_gib * 2**30 and fits:
                 break
             time.sleep(0.05)
         t = threading.Thread(target=one, args=(c, split_for(c["name"]), len(running)))
         t.start()
-        running.append(t)
+        running.append((t, need))
         time.sleep(0.3)  # stagger the imports
-    for t in running:
+    for t, _ in running:
         t.join()
     if not args.no_repeats and not args.only and not validation:
         for name in REPEATS:
@@ -705,7 +895,7 @@ def main():
     retries = [r["name"] for r in ok if r["measured"]["allocRetries"] or r["measured"]["ooms"]]
     if retries:
         print("allocator retries (peaks may be distorted):", ", ".join(retries), flush=True)
-    for split in ("fit", "holdout", "validation"):
+    for split in ("fit", "holdout", "validation", "families", "heldout"):
         n = sum(r["split"] == split for r in ok)
         print(f"{split}: {n} measured", flush=True)
     sys.exit(0 if ok and len(failed) <= len(results) // 4 else 1)
