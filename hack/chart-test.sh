@@ -58,7 +58,13 @@ log "helm lint"
 "$helm" lint --strict --kube-version "$kube_version" "$chart" >/dev/null ||
   { "$helm" lint --strict --kube-version "$kube_version" "$chart"; fail "helm lint"; }
 "$helm" lint --strict --kube-version "$kube_version" "$chart" --set serviceMonitor.enabled=true --set controller.watchNamespace=ml \
-  --set agent.gpuAccess=cdi --set agent.simulate=2xH200 >/dev/null || fail "helm lint (all options on)"
+  --set agent.gpuAccess=cdi --set agent.simulate=2xH200 --set controller.elasticDefault=true >/dev/null || fail "helm lint (all options on)"
+# Rendered into a variable first: `helm template | grep -q` under pipefail
+# fails whenever grep exits before helm has written everything (SIGPIPE).
+rendered=$("$helm" template "$release" "$chart" --kube-version "$kube_version" --set controller.elasticDefault=true)
+grep -qx -- "        - --elastic-default" <<<"$rendered" || fail "controller.elasticDefault does not pass --elastic-default"
+rendered=$("$helm" template "$release" "$chart" --kube-version "$kube_version")
+! grep -q -- "--elastic-default" <<<"$rendered" || fail "--elastic-default passed without controller.elasticDefault"
 passed=$((passed + 1))
 
 log "the schema and the templates refuse bad values"
@@ -72,6 +78,7 @@ refuse() {
   grep -qF -- "$expect" <<<"$err" || fail "helm template refused $* for another reason than $why: $err"
 }
 refuse "unknown policy" "/controller/policy" --set controller.policy=fastest
+refuse "elasticDefault not a boolean" "/controller/elasticDefault" --set controller.elasticDefault=yes
 refuse "misspelt value" "additional properties 'replica' not allowed" --set controller.replica=3
 refuse "relative kubelet root" "/kubeletRoot" --set kubeletRoot=var/lib/kubelet
 refuse "two active controllers" "needs controller.leaderElection" --set controller.leaderElection=false

@@ -652,7 +652,8 @@ collect_logs() {
 }
 
 # bundle-images [OUT]: the vramfit images of $images, xz-compressed (chart
-# mode imports them as they are), and the wheel, for a machine without cargo.
+# mode imports them as they are), the wheel, helm and Prometheus, for a
+# machine without cargo or Go.
 bundle_images() {
   local dest=${1:-$repo/.node-images} version f w
   version=$(sed -n 's/^version = "\(.*\)"/\1/p' "$repo/Cargo.toml" | head -1)
@@ -675,6 +676,10 @@ bundle_images() {
   tmp=$(mktemp)
   cp "$helm" "$tmp" && strip "$tmp" 2>/dev/null || true
   nice -n 10 xz -9 -T2 -c "$tmp" >"$dest/helm.xz"
+  # Prometheus (hack/tools.sh builds it from its Go module), stripped: chart
+  # mode scrapes the release with it while the jobs run on the GPU.
+  cp "$("$here/tools.sh" prometheus)" "$tmp" && strip "$tmp" 2>/dev/null || true
+  nice -n 10 xz -9 -T2 -c "$tmp" >"$dest/prometheus.xz"
   rm -f "$tmp"
   du -b "$dest"/* | sort -k2
   du -cb "$dest"/* | tail -1

@@ -16,7 +16,8 @@ must return data from its HTTP API.
         run the dashboard's queries of that component (by the metrics each
         names: vramfit_agent_* are the agents') against /api/v1/query; one
         line per query: PASS (data), FAIL (an error, or no data), or NEEDS
-        GPU / NEEDS EVENT where no data is what this cluster can have (below)
+        GPU / NEEDS EVENT where no data is what this cluster can have (below);
+        --want-events asks the NEEDS EVENT ones again until the bound
   hack/prom-check.py wait --dir D --query Q [--at-least V] [--wait S] [--what TEXT]
         until the PromQL query Q returns at least V (default 1): a PASS or FAIL line
   hack/prom-check.py stop --dir D
@@ -32,7 +33,8 @@ when Prometheus itself shows the condition:
   NEEDS GPU    a per-GPU or per-pod series of the agents while they report no
                GPU at all (sum(vramfit_agent_gpus) == 0: a node without one),
                and the prediction error of finished attempts while none has
-               been measured (the measured peak comes from an agent's GPU);
+               been measured there (the measured peak comes from an agent's
+               GPU; where agents report GPUs, that is a NEEDS EVENT);
   NEEDS EVENT  with GPUs, the per-pod series while no pod runs a process on
                them, the allocator's OOMs while no process publishes its
                counters, the probe's figures while no GPU was probed; the
@@ -353,7 +355,9 @@ def why_empty(base, names):
         return None
     if any(n.startswith("vramfit_prediction_error_ratio") for n in names):
         if scalar(base, "sum(vramfit_prediction_error_ratio_count)") == 0:
-            return "NEEDS GPU", (
+            # With GPUs the measured attempt is an event still to come.
+            kind = "NEEDS EVENT" if (scalar(base, "sum(vramfit_agent_gpus)") or 0) > 0 else "NEEDS GPU"
+            return kind, (
                 "no finished attempt measured yet (sum(vramfit_prediction_error_ratio_count) = 0; "
                 "the measured peak is an agent's reading of a GPU)"
             )
@@ -402,7 +406,8 @@ def query(args):
         for what, expr in queries:
             if args.component != "all" and component_of(expr) != args.component:
                 continue
-            if verdicts.get(what, ("",))[0] in ("PASS", "NEEDS GPU", "NEEDS EVENT"):
+            done = ("PASS", "NEEDS GPU") if args.want_events else ("PASS", "NEEDS GPU", "NEEDS EVENT")
+            if verdicts.get(what, ("",))[0] in done:
                 continue
             q = substitute(expr, values, range_)
             data, err = api(base, "/api/v1/query", {"query": q})
@@ -425,7 +430,8 @@ def query(args):
     while True:
         run_variables()
         run_queries()
-        if time.time() >= deadline or all(v[0] != "FAIL" for v in verdicts.values()):
+        waiting = ("FAIL", "NEEDS EVENT") if args.want_events else ("FAIL",)
+        if time.time() >= deadline or all(v[0] not in waiting for v in verdicts.values()):
             break
         time.sleep(min(5, max(0, deadline - time.time())))
 
@@ -475,6 +481,9 @@ def main():
         p.add_argument("--component", choices=["agent", "controller", "all"], default="all")
         p.add_argument("--wait", type=float, default=90, help="seconds to wait for targets or data")
         p.add_argument("--dashboard", default=DASHBOARD)
+        if name == "query":
+            p.add_argument("--want-events", action="store_true",
+                           help="ask NEEDS EVENT queries again until the bound (where the events happen: jobs on GPUs)")
     p = sub.add_parser("wait")
     p.add_argument("--dir", required=True)
     p.add_argument("--query", required=True)

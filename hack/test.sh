@@ -22,7 +22,7 @@ hack/controlplane.sh build
 step "GPU node: the other binaries (cached in ~/.cache/vramfit/bin/node, kube and etcd with them), the NRI plugin, generated files and CDI spec"
 hack/gpunode.sh build
 (cd hack/node/containerd && go test ./nri-cdi)
-python3 -m pytest -q -p no:cacheprovider hack/node
+python3 -m pytest -q -p no:cacheprovider hack/node hack/test_hf_param_counts.py
 python3 -m pytest -q -p no:cacheprovider scripts/gpu/test_calibrate_zero.py scripts/gpu/test_alloc_checks.py
 
 step "generated CRDs are current"

@@ -72,6 +72,89 @@ chart_train_image() {
   ctime "training image build and import: $(secs "$t0" "$(now_ms)")s ($bytes bytes)"
 }
 
+# bundled_tool NAME: the path of a tool this machine lacks: the one
+# bundle-images packed beside the images (NAME.xz; the GPU machine has no Go
+# to build it), unpacked into $dir/bin, else hack/tools.sh builds it.
+bundled_tool() {
+  if [[ -f $images/$1.xz ]]; then
+    mkdir -p "$dir/bin"
+    python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
+      "$images/$1.xz" "$dir/bin/$1" && chmod 0755 "$dir/bin/$1" && echo "$dir/bin/$1"
+  else
+    "$here/tools.sh" "$1"
+  fi
+}
+
+# --- a real Prometheus scraping the release while the jobs run ----------------------
+# chart_prom_start: Prometheus started against the release (hack/prom-check.py:
+# Kubernetes service discovery of the metrics Services through the API
+# server); $prom_dir is its folder, empty when it did not start.
+chart_prom_start() {
+  local prom t
+  prom_dir=
+  prom=$(bundled_tool prometheus 2>>"$out/chart.log") ||
+    { cfail "Prometheus: no $images/prometheus.xz and hack/tools.sh prometheus could not build it"; return 1; }
+  prom_dir=$(mktemp -d /tmp/vramfit-prom.XXXXXX)
+  t=$(now_ms)
+  if python3 "$here/prom-check.py" start --prometheus "$prom" --kubeconfig "$KUBECONFIG" --dir "$prom_dir" \
+      --namespace "$ns" --release "$release" >>"$out/chart.log" 2>&1; then
+    cpass "Prometheus (github.com/prometheus/prometheus $(awk '$1 == "github.com/prometheus/prometheus" {print $2}' "$here/tools/prometheus/go.mod"), built from its Go module) started after $(secs "$t" "$(now_ms)")s, Kubernetes service discovery through the API server"
+  else
+    cfail "Prometheus did not start: $(tail -3 "$prom_dir/prometheus.log" 2>/dev/null | paste -sd' ' -)"
+    prom_dir=
+    return 1
+  fi
+}
+
+# chart_prom_check: once a training pod's process runs on a GPU, every target
+# of the controller and the agent up, then every query of the dashboard
+# (PASS:, FAIL:, NEEDS GPU: and NEEDS EVENT: lines on stdout).
+chart_prom_check() {
+  [[ -n $prom_dir ]] || { echo "FAIL: no Prometheus to check the release's metrics with"; return; }
+  gpu_process() { [[ -n $(kubectl get gpunode "$node" -o jsonpath='{.status.gpus[*].processes[*].podName}' 2>/dev/null) ]]; }
+  within 240 gpu_process || echo "FAIL: Prometheus: no training process on a GPU within 240s (the per-pod series need one)"
+  python3 "$here/prom-check.py" targets --dir "$prom_dir" --component all --wait 120 || true
+  python3 "$here/prom-check.py" query --dir "$prom_dir" --component all --wait 150 --want-events || true
+}
+
+# --- the memory-elastic pair, once the demo's jobs are done ----------------------------
+# chart_elastic: two identical memory-elastic GPT-2 jobs (nodecfg.py
+# elastic-jobs) whose preferred shape does not fit twice on the empty GPU,
+# applied by alice: one must take its preferred shape, the other start at
+# the same time with a smaller micro-batch (the same global batch), and both
+# end with the same held-out loss (report.py elastic: PASS:/FAIL: lines on
+# stdout).
+chart_elastic() {
+  local jobs=$dir/elastic-jobs.json n pod ns_e=team-a logs=()
+  python3 "$here/node/nodecfg.py" elastic-jobs --repo "$repo" --python "$venv/bin/python" --image "$TRAIN_IMAGE" \
+    --namespace "$ns_e" >"$jobs" || { echo "FAIL: elastic pair: nodecfg.py elastic-jobs"; return; }
+  # The GPU empty first: every budget of the demo released.
+  local committed='{.status.allocation.committedBytes}'
+  empty() { [[ $(kubectl get gpunode "$node" -o jsonpath="$committed" 2>/dev/null) == 0 ]]; }
+  within 120 empty || echo "elastic: the GPU still has budgets committed: $(kubectl get gpunode "$node" -o jsonpath="$committed")" >&2
+  kubectl --as alice apply -n "$ns_e" -f "$jobs" >&2 || { echo "FAIL: elastic pair: kubectl --as alice apply"; return; }
+  done_or_failed() {
+    local p
+    for n in elastic-a elastic-b; do
+      p=$(kubectl get tj -n "$ns_e" "$n" -o jsonpath='{.status.phase}' 2>/dev/null)
+      [[ $p == Succeeded || $p == Failed ]] || return 1
+    done
+  }
+  within 420 done_or_failed || echo "elastic: not both ended within 420s" >&2
+  kubectl get tj -n "$ns_e" elastic-a elastic-b -o json >"$dir/elastic-tj.json" 2>/dev/null
+  kubectl get events -n "$ns_e" -o json >"$dir/elastic-events.json" 2>/dev/null
+  for n in elastic-a elastic-b; do
+    pod=$(kubectl get tj -n "$ns_e" "$n" -o jsonpath='{.status.podName}' 2>/dev/null)
+    [[ -n $pod ]] || pod=$n-a$(kubectl get tj -n "$ns_e" "$n" -o jsonpath='{.status.attempt}' 2>/dev/null)
+    kubectl logs -n "$ns_e" "$pod" -c train >"$dir/elastic-$n.log" 2>/dev/null || true
+    logs+=(--log "$n=$dir/elastic-$n.log")
+  done
+  cp "$dir/elastic-tj.json" "$out/elastic-tj.json" 2>/dev/null || true
+  python3 "$here/node/report.py" elastic --jobs "$dir/elastic-tj.json" --events "$dir/elastic-events.json" "${logs[@]}" || true
+  kubectl get tj -n "$ns_e" elastic-a elastic-b -o custom-columns=NAME:.metadata.name,PHASE:.status.phase,SHAPE:.status.batchShape,BUDGET:.status.budgetBytes >&2 || true
+  kubectl delete tj -n "$ns_e" elastic-a elastic-b --wait=false >/dev/null 2>&1 || true
+}
+
 # --- operating the release while the jobs run ----------------------------------------
 
 # jobs_in PHASE...: how many of the demo's TrainingJobs are in one of the phases.
@@ -338,16 +421,7 @@ print(json.dumps(["nvidia.com/gpu=" + n for n in names]))' "$dir/cdi/nvidia.json
   # helm: on PATH, else the one bundle-images packed beside the images (the
   # GPU machine has no Go to build it), else hack/tools.sh builds it.
   local helm=helm
-  if ! command -v helm >/dev/null; then
-    if [[ -f $images/helm.xz ]]; then
-      helm=$dir/bin/helm
-      mkdir -p "$dir/bin"
-      python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' "$images/helm.xz" "$helm"
-      chmod 0755 "$helm"
-    else
-      helm=$("$here/tools.sh" helm) || helm=
-    fi
-  fi
+  command -v helm >/dev/null || helm=$(bundled_tool helm) || helm=
   [[ -n $helm ]] || { cfail "helm: not on PATH, no $images/helm.xz, and hack/tools.sh helm could not build it"; return 1; }
   t_install=$(now_ms)
   if ! (cd "$repo" && "$helm" install "$release" charts/vramfit -n "$ns" --create-namespace -f "$values") >>"$out/chart.log" 2>&1; then
@@ -424,6 +498,9 @@ print(json.dumps(["nvidia.com/gpu=" + n for n in names]))' "$dir/cdi/nvidia.json
     fi
   fi
 
+  local prom_dir= prom_pid=
+  ((gpu)) && chart_prom_start
+
   # Tenants: team-a (alice, Pod Security baseline enforced) and team-b (bob, restricted).
   python3 "$here/node/attacks.py" tenants 2>>"$out/chart.log" || { cfail "tenant namespaces and users"; return 1; }
   demo_namespaces=(team-a team-b)
@@ -452,6 +529,12 @@ json.dump(d, sys.stdout)' "$1" "$n" >"$part"
     # The release operated while the jobs run (its lines in operate.txt).
     chart_operate "$helm" "$t_apply" >"$dir/operate.txt" 2>>"$out/chart.log" &
     operate_pid=$!
+    # With a GPU: the dashboard's every query against the real Prometheus
+    # while the jobs run (without one, hack/node-chart.sh checks it in CI).
+    if ((gpu)); then
+      chart_prom_check >"$dir/prom.txt" 2>>"$out/chart.log" &
+      prom_pid=$!
+    fi
   }
   demo_vramfit() { kubectl exec -n "$ns" "deploy/$release-controller" -- vramfit "$@"; }
   # The run as the API server reports it, stamped with this clock (report.py
@@ -465,7 +548,7 @@ json.dump(d, sys.stdout)' "$1" "$n" >"$part"
   watch_pid=$!
   poll 15 grep -q '"WATCHING"' "$watch" || log "report.py watch did not start (see $out/chart.log)"
   local rc=0 attacks_pid= operate_pid=
-  rm -f "$dir/operate.txt" "$dir/ops.json" "$dir"/nri-cdi-*.log
+  rm -f "$dir/operate.txt" "$dir/ops.json" "$dir/prom.txt" "$dir"/nri-cdi-*.log
   demo_run "$jobs" "$cdi" --attacks --watch "$watch" || rc=$?
   kill "$watch_pid" 2>/dev/null || true
   wait "$watch_pid" 2>/dev/null || true
@@ -483,6 +566,15 @@ json.dump(d, sys.stdout)' "$1" "$n" >"$part"
     cfail "operations: no record of them ($dir/operate.txt)"
   fi
   cp "$dir/ops.json" "$out/ops.json" 2>/dev/null || true
+  if ((gpu)); then
+    [[ -z $prom_pid ]] || wait "$prom_pid" || true
+    if [[ -s $dir/prom.txt ]]; then
+      clines <"$dir/prom.txt"
+    else
+      cfail "Prometheus: no check of the release's metrics ran ($dir/prom.txt)"
+    fi
+    [[ -z $prom_dir ]] || python3 "$here/prom-check.py" stop --dir "$prom_dir" >/dev/null 2>&1 || true
+  fi
   # (Not a pipe: clines counts in this shell.)
   clines < <(python3 "$here/node/report.py" operations --ops "$dir/ops.json" --jobs "$dir/tj.json" \
     --gpunode "$dir/gpunode.json" --watch "$out/watch.jsonl" --samples "$dir/gpunode-samples.jsonl" \
@@ -491,6 +583,11 @@ json.dump(d, sys.stdout)' "$1" "$n" >"$part"
   # room from them): bob's template that restricted refuses runs nothing.
   python3 "$here/node/attacks.py" restricted-job --release "$release" --image "$TRAIN_IMAGE" \
     --out "$out/attacks-restricted.json" >>"$dir/attacks.txt" 2>&1 || true
+  # The memory-elastic pair on the empty GPU (issue: elastic placement).
+  if ((gpu)); then
+    clines < <(chart_elastic 2>>"$out/chart.log")
+    cp "$dir"/elastic-elastic-*.log "$out/" 2>/dev/null || true
+  fi
   # team-b's pods, the controller's, admitted under restricted.
   local bpods
   bpods=$(python3 -c '

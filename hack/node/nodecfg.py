@@ -793,6 +793,31 @@ def demo_jobs(
     return jobs
 
 
+#: The elastic pair's names (hack/node/chartdemo.sh runs them once the demo's jobs are done).
+ELASTIC_JOBS = ("elastic-a", "elastic-b")
+
+
+def elastic_jobs(repo: str, python: str, image: str, namespace: str = "team-a", steps: int = 5) -> List[dict]:
+    """Two identical memory-elastic GPT-2 jobs (`batch.elastic`) in fp32
+    whose preferred shape (micro 32 x 2, predicted about 72 GB on an H200)
+    does not fit twice on one GPU: on an empty H200 one takes it and the
+    other starts at once with a smaller micro-batch and more accumulation,
+    the same global batch. train.py --exact makes the maths independent of
+    the shape, so their held-out losses must agree within 1e-3."""
+    gpt2 = _load_yaml_docs(Path(repo) / "examples" / "gpt2-small-amp.yaml")[0]
+    train = [python, IMAGE_TRAIN_PATH, "--model", "gpt2", "--exact", "--steps", str(steps)]
+    jobs = []
+    for name in ELASTIC_JOBS:
+        j = json.loads(json.dumps(gpt2))
+        j["metadata"] = {"name": name, "namespace": namespace, "labels": {"vramfit.dev/demo": "gpunode-elastic"}}
+        j["spec"]["batch"] = {"global": 64, "micro": 32, "minMicro": 1, "elastic": True}
+        j["spec"]["model"]["precision"] = "fp32"
+        j["spec"]["model"]["huggingFace"]["config"].update({"resid_pdrop": 0, "embd_pdrop": 0, "attn_pdrop": 0})
+        j["spec"]["template"] = image_template(train, image)
+        jobs.append(j)
+    return jobs
+
+
 def oci_devices(text: str, container: str = "train") -> List[str]:
     """One line per container named `container` in a stream of `ctr
     containers info` JSON documents: the pod, the device nodes of its OCI
@@ -906,6 +931,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     j.add_argument("--image", help="run the training image (hack/node/trainimage.py) instead of mounting the node's "
                                    "folders; --python is then the interpreter inside it")
     j.add_argument("--namespaces", default="ml", help="comma-separated namespaces the jobs go to in turn")
+    e = sub.add_parser("elastic-jobs", help="the two memory-elastic GPT-2 jobs of the chart run")
+    e.add_argument("--repo", required=True)
+    e.add_argument("--python", required=True, help="the interpreter inside the training image")
+    e.add_argument("--image", required=True)
+    e.add_argument("--namespace", default="team-a")
+    e.add_argument("--steps", type=int, default=5)
     args = p.parse_args(argv)
     try:
         if args.cmd == "containerd":
@@ -955,6 +986,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             jobs = demo_jobs(args.repo, args.python, args.root, args.steps, gpu=not args.cpu,
                              allocator_lib=args.allocator_lib, image=args.image,
                              namespaces=[n for n in args.namespaces.split(",") if n])
+            json.dump({"apiVersion": "v1", "kind": "List", "items": jobs}, sys.stdout, indent=1)
+            sys.stdout.write("\n")
+        elif args.cmd == "elastic-jobs":
+            jobs = elastic_jobs(args.repo, args.python, args.image, args.namespace, args.steps)
             json.dump({"apiVersion": "v1", "kind": "List", "items": jobs}, sys.stdout, indent=1)
             sys.stdout.write("\n")
         elif args.cmd == "oci-uncompress":

@@ -1022,8 +1022,9 @@ def peaks_kept(before: dict, after: dict) -> tuple:
     """The agent's replacement kept the peaks: every training process on a
     GPU in the GpuNode before the agent's pod was deleted (`before`) and
     still there in the new agent's first status (`after`) has a peak at
-    least the one it had, and every job Running in both has a
-    `measuredPeakBytes` at least the one it had. Each is {"gpunode": ...,
+    least the one it had, and every job Running in both, at the same
+    attempt, has a `measuredPeakBytes` at least the one it had (a new
+    attempt starts its own peak). Each is {"gpunode": ...,
     "jobs": a List of TrainingJobs}."""
     def procs(snap: dict) -> Dict[tuple, dict]:
         out = {}
@@ -1049,7 +1050,8 @@ def peaks_kept(before: dict, after: dict) -> tuple:
     jb, ja = jobs(before), jobs(after)
     measured = []
     for key in sorted(set(jb) & set(ja)):
-        if jb[key].get("phase") == "Running" and ja[key].get("phase") == "Running":
+        if (jb[key].get("phase") == "Running" and ja[key].get("phase") == "Running"
+                and jb[key].get("attempt") == ja[key].get("attempt")):
             mb, ma = jb[key].get("measuredPeakBytes"), ja[key].get("measuredPeakBytes")
             if mb and (ma or 0) < mb:
                 bad.append(f"{key}: measuredPeakBytes {mb} -> {ma}")
@@ -1060,6 +1062,63 @@ def peaks_kept(before: dict, after: dict) -> tuple:
                        f"new agent's first ({len(a)}): nothing to compare")
     return not bad, "; ".join(bad) or (f"peaks of {len(kept)} processes kept: {', '.join(kept)}"
                                        + (f"; jobs' measuredPeakBytes kept: {', '.join(measured)}" if measured else ""))
+
+
+# --- the memory-elastic pair (hack/node/chartdemo.sh, after the demo) ------------
+
+#: The held-out losses of one job's shapes agree within this (scripts/gpu/recovery_check.py's LOSS_RTOL).
+ELASTIC_LOSS_RTOL = 1e-3
+
+
+def elastic_checks(jobs: dict, events: Optional[dict], logs: Dict[str, str], global_batch: int = 64) -> List[tuple]:
+    """The elastic pair (nodecfg.py elastic-jobs): both Succeeded; they ran
+    at the same time (their processes' start-to-done intervals overlap); one
+    at the preferred shape, the other at a smaller micro-batch with the same
+    global batch, its placement saying why and an `ElasticShape` event with
+    the figures; each process trained at its placement's shape; and their
+    held-out losses (train.py --exact) agree within ELASTIC_LOSS_RTOL.
+    `logs`: job name -> the training container's log of its last attempt."""
+    by = {j["metadata"]["name"]: j for j in jobs.get("items", [])}
+    out: List[tuple] = []
+    names = sorted(logs) or sorted(by)
+    status = {n: (by.get(n) or {}).get("status") or {} for n in names}
+    phases = {n: status[n].get("phase") for n in names}
+    out.append(("elastic pair: both jobs Succeeded", len(names) == 2 and all(p == "Succeeded" for p in phases.values()),
+                ", ".join(f"{n} {p}" for n, p in phases.items())))
+    evs = {n: parse_events(logs.get(n) or "") for n in names}
+    start = {n: (first(evs[n], "start") or {}).get("unixMs") for n in names}
+    done = {n: first(evs[n], "done") or {} for n in names}
+    spans = {n: (start[n], done[n].get("unixMs")) for n in names}
+    overlap = len(names) == 2 and all(a and b for a, b in spans.values()) and \
+        max(a for a, _ in spans.values()) < min(b for _, b in spans.values())
+    out.append(("elastic pair: both trained at the same time on the GPU", overlap,
+                "; ".join(f"{n} from {spans[n][0]} to {spans[n][1]} ms" for n in names)))
+    shapes = {n: (status[n].get("microBatch"), status[n].get("gradAccum")) for n in names}
+    elastic = [n for n in names if ((status[n].get("placement") or {}).get("elastic"))]
+    preferred = [n for n in names if n not in elastic]
+    same_global = all(m and a and m * a == global_batch for m, a in shapes.values())
+    ok = (len(elastic) == 1 and len(preferred) == 1 and same_global
+          and (shapes[elastic[0]][0] or 0) < (shapes[preferred[0]][0] or 0))
+    out.append(("elastic pair: one at its preferred shape, the other smaller with the same global batch", ok,
+                ", ".join(f"{n} {m}x{a}{' (elastic)' if n in elastic else ''}" for n, (m, a) in shapes.items())
+                + f"; global {global_batch}"))
+    notes = [e.get("note") or e.get("message") or "" for e in (events or {}).get("items", [])
+             if (e.get("involvedObject") or {}).get("name") in elastic and e.get("reason") == "ElasticShape"]
+    out.append(("elastic pair: an ElasticShape event with the preferred and chosen shapes and the step time",
+                len(notes) == 1 and "preferred" in notes[0] and "step time" in notes[0],
+                "; ".join(notes) or "no ElasticShape event"))
+    ran = {n: (done[n].get("micro"), done[n].get("accum")) for n in names}
+    out.append(("elastic pair: each process trained at its placement's shape", ran == shapes,
+                f"processes {ran}, status {shapes}"))
+    losses = {n: done[n].get("evalLoss") for n in names}
+    if len(names) == 2 and all(isinstance(v, (int, float)) for v in losses.values()):
+        a, b = (losses[n] for n in names)
+        rel = abs(a - b) / abs(a) if a else float("inf")
+        out.append((f"elastic pair: the same held-out loss at both shapes (relative difference <= {ELASTIC_LOSS_RTOL})",
+                    rel <= ELASTIC_LOSS_RTOL, f"{', '.join(f'{n} {v:.6f}' for n, v in losses.items())}; {rel:.2e}"))
+    else:
+        out.append(("elastic pair: the same held-out loss at both shapes", False, f"held-out losses {losses}"))
+    return out
 
 
 def placement_lines(summary: dict) -> List[str]:
@@ -1113,6 +1172,21 @@ def main(argv=None) -> int:
         records = read_watch(a.watch) if Path(a.watch).is_file() else []
         results = operations_checks(load(a.ops) or {}, load(a.jobs) or {}, records, samples,
                                     load(a.gpunode) or {}, load(a.events))
+        for n, ok, d in results:
+            print(f"{'PASS' if ok else 'FAIL'}: {n} ({d})")
+        return 1 if any(not ok for _, ok, _ in results) else 0
+    if argv[:1] == ["elastic"]:
+        e = argparse.ArgumentParser(prog="report.py elastic", description=elastic_checks.__doc__.split("\n\n")[0])
+        e.add_argument("--jobs", required=True)
+        e.add_argument("--events", required=True)
+        e.add_argument("--log", action="append", default=[], help="JOB=FILE: its training container's log")
+        a = e.parse_args(argv[1:])
+        load = lambda f: json.loads(Path(f).read_text()) if Path(f).is_file() else None  # noqa: E731
+        logs = {}
+        for item in a.log:
+            name, _, path = item.partition("=")
+            logs[name] = Path(path).read_text() if Path(path).is_file() else ""
+        results = elastic_checks(load(a.jobs) or {}, load(a.events), logs)
         for n, ok, d in results:
             print(f"{'PASS' if ok else 'FAIL'}: {n} ({d})")
         return 1 if any(not ok for _, ok, _ in results) else 0

@@ -682,11 +682,11 @@ def test_operations_checks_fail_when_nothing_was_done():
 
 
 def test_peaks_kept_across_the_agents_replacement():
-    def snap(peak, pid=7, measured=5, phase="Running"):
+    def snap(peak, pid=7, measured=5, phase="Running", attempt=1):
         proc = {"pid": pid, "usedBytes": 1, "peakBytes": peak, "podName": "a-a1", "podUid": "u1"}
         return {"gpunode": {"status": {"gpus": [{"uuid": "GPU-1", "processes": [proc]}]}},
                 "jobs": {"items": [{"metadata": {"name": "a", "namespace": "team-a"},
-                                    "status": {"phase": phase, "measuredPeakBytes": measured}}]}}
+                                    "status": {"phase": phase, "measuredPeakBytes": measured, "attempt": attempt}}]}}
 
     ok, detail = report.peaks_kept(snap(10 << 30), snap(11 << 30, measured=6))
     assert ok and "peaks of 1 processes kept" in detail and "measuredPeakBytes kept" in detail, detail
@@ -694,6 +694,48 @@ def test_peaks_kept_across_the_agents_replacement():
     assert not ok and "a-a1 (pid 7): peak 10.0 -> 2.0 GiB" in detail
     ok, detail = report.peaks_kept(snap(10 << 30), snap(10 << 30, measured=4))
     assert not ok and "measuredPeakBytes 5 -> 4" in detail
+    # A later attempt of the job starts its own peak.
+    ok, detail = report.peaks_kept(snap(10 << 30), snap(10 << 30, measured=None, attempt=2))
+    assert ok and "measuredPeakBytes kept" not in detail, detail
     # The process gone (another pid) by the new agent's first status: nothing to compare.
     ok, detail = report.peaks_kept(snap(10 << 30), snap(10 << 30, pid=8))
     assert not ok and "nothing to compare" in detail
+
+
+def test_elastic_checks_of_the_pair():
+    def tj(name, micro, accum, elastic, phase="Succeeded"):
+        placement = {"node": "vm", "microBatch": micro}
+        if elastic:
+            placement["elastic"] = {"preferredMicroBatch": 32, "relativeStepTime": 1.06}
+        return {"metadata": {"name": name}, "status": {"phase": phase, "microBatch": micro, "gradAccum": accum,
+                                                         "placement": placement}}
+
+    def log(start, end, micro, accum, loss):
+        return "".join(f"2026-12-04T08:00:00Z stdout F vramfit-train: {json.dumps(e)}\n" for e in (
+            {"event": "start", "unixMs": start},
+            {"event": "done", "unixMs": end, "micro": micro, "accum": accum, "evalLoss": loss}))
+
+    event = {"involvedObject": {"name": "elastic-b"}, "reason": "ElasticShape",
+             "message": "preferred 32x2 needs 75.9 GiB per GPU, placed 16x4 in 39.0 GiB, predicted 1.04x step time"}
+    jobs = {"items": [tj("elastic-a", 32, 2, False), tj("elastic-b", 16, 4, True)]}
+    logs = {"elastic-a": log(1000, 9000, 32, 2, 10.5), "elastic-b": log(2000, 12000, 16, 4, 10.5003)}
+
+    def run(jobs=jobs, events={"items": [event]}, logs=logs):
+        return {n.split(": ", 1)[1].split(" (")[0]: ok for n, ok, _ in report.elastic_checks(jobs, events, logs)}
+
+    assert all(run().values()), report.elastic_checks(jobs, {"items": [event]}, logs)
+    # Each decision fails its own check.
+    assert not run(logs=dict(logs, **{"elastic-b": log(9500, 12000, 16, 4, 10.5003)}))[
+        "both trained at the same time on the GPU"]
+    assert not run(logs=dict(logs, **{"elastic-b": log(2000, 12000, 16, 4, 10.6)}))[
+        "the same held-out loss at both shapes"]
+    assert not run(jobs={"items": [tj("elastic-a", 32, 2, False), tj("elastic-b", 32, 2, False)]})[
+        "one at its preferred shape, the other smaller with the same global batch"]
+    assert not run(jobs={"items": [tj("elastic-a", 32, 2, False), tj("elastic-b", 16, 2, True)]})[
+        "one at its preferred shape, the other smaller with the same global batch"]
+    assert not run(events={"items": []})[
+        "an ElasticShape event with the preferred and chosen shapes and the step time"]
+    assert not run(logs=dict(logs, **{"elastic-b": log(2000, 12000, 32, 2, 10.5003)}))[
+        "each process trained at its placement's shape"]
+    assert not run(jobs={"items": [tj("elastic-a", 32, 2, False), tj("elastic-b", 16, 4, True, "Failed")]})[
+        "both jobs Succeeded"]

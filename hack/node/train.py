@@ -9,6 +9,16 @@ CUDA OOM into the exit protocol (exit 42, message in /dev/termination-log).
     train.py --model gpt2|llama|resnet50 [--steps N] [--seq-len L] [--hf-config F]
     train.py --model opt [--steps N] [--seq-len L]   OPT-125m's shape, stepped by vramfit.Step
     train.py --model bypass --bypass-bytes B      allocates outside PyTorch (cuMemAlloc), then waits
+    train.py --model gpt2 --exact [--steps N]     the same maths at any batch shape (below)
+
+`--exact` (GPT-2): fp32 with TF32 off, no dropout, each optimizer step's
+global batch drawn on the CPU from a generator seeded by the step and split
+into the attempt's micro-batches, and a held-out loss after the steps (on a
+batch drawn the same way, in the `done` event as `evalLoss`): two runs of
+one job at different micro-batch x accumulation shapes differ only in the
+order of floating-point sums, so their held-out losses agree within 1e-3
+(the in-process recovery test's tolerance). The elastic check of the chart
+run compares them.
 
 `--model opt` (and `--absorb`) train through `vramfit.Step`; the other
 models through a plain loop. Under VRAMFIT_PHASE=profile (the controller's
@@ -44,10 +54,13 @@ def build_model(args, torch):
     if args.model == "gpt2":
         from transformers import GPT2Config, GPT2LMHeadModel
 
+        # --exact: no dropout, so that the shape alone cannot change the maths.
+        drop = {"resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0} if args.exact else {}
         if args.tiny:  # the CPU run on a machine without a GPU
-            config = GPT2Config(n_positions=args.seq_len, n_embd=64, n_layer=2, n_head=2, vocab_size=1000)
+            config = GPT2Config(n_positions=args.seq_len, n_embd=64, n_layer=2, n_head=2, vocab_size=1000, **drop)
         else:
-            config = GPT2Config(n_positions=args.seq_len, n_embd=768, n_layer=12, n_head=12, vocab_size=50257)
+            config = GPT2Config(n_positions=args.seq_len, n_embd=768, n_layer=12, n_head=12, vocab_size=50257,
+                                **drop)
         config._attn_implementation = "sdpa"
         return GPT2LMHeadModel(config), "tokens", config.vocab_size
     if args.model == "llama":
@@ -144,7 +157,8 @@ def make_optimizer(args, torch, model, kind, device):
 
 def train(args, attempt, torch, device, profiling=False) -> None:
     """Trains; with `profiling` (VRAMFIT_PHASE=profile) captures the first
-    step instead and ends the process (never returns)."""
+    step instead and ends the process (never returns). The caller prints the
+    `done` event, except with --exact, which prints its own."""
     if profiling:
         # No weights in memory: the capture gives the parameters fake storage.
         with torch.device("meta"):
@@ -160,6 +174,8 @@ def train(args, attempt, torch, device, profiling=False) -> None:
     if args.absorb or args.model == "opt":
         return train_step_api(args, attempt, torch, device, model, opt, kind, classes, amp, profiling)
     micro, accum = attempt.micro_batch, attempt.grad_accum
+    if args.exact:
+        return train_exact(args, torch, device, model, opt, classes, micro, accum)
 
     def one_step(m) -> float:
         opt.zero_grad(set_to_none=True)
@@ -188,6 +204,39 @@ def train(args, attempt, torch, device, profiling=False) -> None:
         loss = one_step(model)
         if step == 1 or step % 10 == 0 or step == args.steps:
             event("step", step=step, loss=round(loss, 4), **memory(torch, device))
+
+
+def exact_batch(torch, seed: int, rows: int, seq_len: int, classes: int):
+    """`rows` samples of token ids from a CPU generator seeded by `seed`:
+    the same samples whatever the micro-batch that will consume them."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, classes, (rows, seq_len), generator=g)
+
+
+def train_exact(args, torch, device, model, opt, classes, micro, accum) -> None:
+    """--exact: fp32, TF32 off, each step's global batch drawn on the CPU
+    and split into `accum` micro-batches of `micro`, a held-out loss at the
+    end (event `done`, `evalLoss`)."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    rows = micro * accum
+    for step in range(1, args.steps + 1):
+        batch = exact_batch(torch, 1000 + step, rows, args.seq_len, classes)
+        opt.zero_grad(set_to_none=True)
+        loss_sum = 0.0
+        for chunk in batch.split(micro):
+            ids = chunk.to(device)
+            # Each micro-batch's mean loss weighted by its share of the step's samples.
+            loss = model(input_ids=ids, labels=ids).loss * (len(chunk) / rows)
+            loss.backward()
+            loss_sum += loss.item()
+        opt.step()
+        event("step", step=step, loss=round(loss_sum, 6), micro=micro, accum=accum, **memory(torch, device))
+    model.eval()
+    held = exact_batch(torch, 7, rows, args.seq_len, classes)
+    with torch.no_grad():
+        total = sum(model(input_ids=c.to(device), labels=c.to(device)).loss.item() * len(c) for c in held.split(micro))
+    event("done", steps=args.steps, evalLoss=total / rows, micro=micro, accum=accum, **memory(torch, device))
 
 
 def train_step_api(args, attempt, torch, device, model, opt, kind, classes, amp, profiling) -> None:
@@ -234,6 +283,8 @@ def main(argv=None) -> int:
     p.add_argument("--bypass-attempts", type=int, default=1, help="attempts (from 1) that bypass; later ones train gpt2")
     p.add_argument("--hold-seconds", type=float, default=240)
     p.add_argument("--absorb", action="store_true", help="absorb OOMs in the process (vramfit.Step)")
+    p.add_argument("--exact", action="store_true",
+                   help="GPT-2: the same maths at any batch shape, a held-out loss at the end")
     args = p.parse_args(argv)
 
     import vramfit
@@ -271,7 +322,8 @@ def main(argv=None) -> int:
 
                 event("oom", micro=attempt.micro_batch, budgetOom=is_budget_oom(exc))
             raise
-    event("done", steps=args.steps, **memory(torch, device))
+    if not args.exact:
+        event("done", steps=args.steps, **memory(torch, device))
     return 0
 
 
