@@ -1,7 +1,8 @@
 //! The controller's scheduling cycle in one process, without an API server:
 //! N GpuNodes and Nodes, M predicted TrainingJobs and their pods built in
 //! memory as the watch caches hold them, then the cycle the controller runs
-//! (`vramfit::controller::run_cycle`) and the allocation writer's computation
+//! (`vramfit::controller::run_cycle`, with the state it keeps from one cycle
+//! to the next) and the allocation writer's computation
 //! (`allocation::wanted`), timed.
 //!
 //! ```sh
@@ -24,7 +25,7 @@ use vramfit::api::{GpuNode, Phase, TrainingJob};
 use vramfit::controller::allocation;
 use vramfit::controller::pod::training_pod;
 use vramfit::controller::scheduler::Assignments;
-use vramfit::controller::{CycleOutcome, run_cycle};
+use vramfit::controller::{CycleOutcome, CycleState, run_cycle};
 use vramfit::job::backoff::BatchShape;
 use vramfit::place::PolicyKind;
 use vramfit::place::bench::parse_vm_hwm_bytes;
@@ -72,12 +73,20 @@ struct Report {
     burst_cycle_seconds: f64,
     burst_placed: usize,
     burst_waiting: usize,
+    /// The first cycle once every placement is recorded in status and every
+    /// pod is cached: every job and pod changed since the last cycle.
+    catch_up_cycle_seconds: f64,
     /// A cycle once every placement is recorded in status and nothing waits
     /// (the cycle a heartbeat or a new job triggers), mean and largest.
     steady_cycle_seconds_mean: f64,
     steady_cycle_seconds_max: f64,
+    /// A cycle like those, where a tenth of the GpuNodes carry a new
+    /// heartbeat (a new object each, nothing else changed).
+    heartbeat_cycle_seconds: f64,
     /// A cycle with 1% new jobs waiting on the full cluster.
     one_percent_new_cycle_seconds: f64,
+    /// The next cycle, with another 1% new jobs.
+    second_one_percent_new_cycle_seconds: f64,
     /// The allocation writer's computation for every node.
     allocation_seconds: f64,
     peak_rss_bytes: u64,
@@ -106,10 +115,19 @@ fn main() -> Result<()> {
 
     // The burst: every job predicted and waiting.
     let assignments = Assignments::default();
+    let mut state = CycleState::default();
     let (burst_seconds, burst_placed, burst_waiting) = {
-        let job_refs: Vec<&TrainingJob> = jobs.iter().map(|j| j.as_ref()).collect();
         let started = Instant::now();
-        let outcome = cycle(&assignments, &job_refs, &gpu_nodes, &nodes, now, ttl);
+        let outcome = cycle(
+            &mut state,
+            &assignments,
+            &jobs,
+            &[],
+            &gpu_nodes,
+            &nodes,
+            now,
+            ttl,
+        );
         let seconds = started.elapsed().as_secs_f64();
         let placed = outcome.changed.len();
         (seconds, placed, outcome.waiting - placed)
@@ -135,26 +153,74 @@ fn main() -> Result<()> {
     }
     let rss_bytes_with_caches = rss();
 
-    let job_refs: Vec<&TrainingJob> = jobs.iter().map(|j| j.as_ref()).collect();
+    let catch_up_cycle_seconds = steady_cycle_seconds(
+        &mut state,
+        &assignments,
+        &jobs,
+        &pods,
+        &gpu_nodes,
+        &nodes,
+        now,
+        ttl,
+    );
     let mut steady = Vec::new();
     for _ in 0..args.repeat.max(1) {
-        let started = Instant::now();
-        let outcome = cycle(&assignments, &job_refs, &gpu_nodes, &nodes, now, ttl);
-        steady.push(started.elapsed().as_secs_f64());
-        assert_eq!(outcome.waiting, 0, "nothing waits in the steady state");
+        steady.push(steady_cycle_seconds(
+            &mut state,
+            &assignments,
+            &jobs,
+            &pods,
+            &gpu_nodes,
+            &nodes,
+            now,
+            ttl,
+        ));
     }
 
-    // 1% more jobs arrive.
-    let extra: Vec<TrainingJob> = job_specs(args.jobs / 100, 7)
-        .into_iter()
-        .enumerate()
-        .map(|(i, (gpus, request))| predicted_job(args.jobs + i, gpus, request))
-        .collect::<Result<_>>()?;
-    let mut with_new = job_refs.clone();
-    with_new.extend(extra.iter());
-    let started = Instant::now();
-    let _ = cycle(&assignments, &with_new, &gpu_nodes, &nodes, now, ttl);
-    let one_percent_new_cycle_seconds = started.elapsed().as_secs_f64();
+    // A tenth of the agents report.
+    let later = now.checked_add(SignedDuration::from_secs(1))?.to_string();
+    let mut beating = gpu_nodes.clone();
+    for node in beating.iter_mut().step_by(10) {
+        if let Some(status) = Arc::make_mut(node).status.as_mut() {
+            status.heartbeat = Some(later.clone());
+        }
+    }
+    let heartbeat_cycle_seconds = steady_cycle_seconds(
+        &mut state,
+        &assignments,
+        &jobs,
+        &pods,
+        &beating,
+        &nodes,
+        now,
+        ttl,
+    );
+
+    // 1% more jobs arrive, twice.
+    let mut with_new = jobs.clone();
+    let mut one_percent = Vec::new();
+    for (round, seed) in [7, 8].into_iter().enumerate() {
+        let first = args.jobs + round * (args.jobs / 100);
+        let extra: Vec<Arc<TrainingJob>> = job_specs(args.jobs / 100, seed)
+            .into_iter()
+            .enumerate()
+            .map(|(i, (gpus, request))| predicted_job(first + i, gpus, request))
+            .map(|r| r.map(Arc::new))
+            .collect::<Result<_>>()?;
+        with_new.extend(extra);
+        let started = Instant::now();
+        let _ = cycle(
+            &mut state,
+            &assignments,
+            &with_new,
+            &pods,
+            &gpu_nodes,
+            &nodes,
+            now,
+            ttl,
+        );
+        one_percent.push(started.elapsed().as_secs_f64());
+    }
 
     let started = Instant::now();
     let wanted = allocation::wanted(&jobs, &gpu_nodes, now, ttl);
@@ -172,9 +238,12 @@ fn main() -> Result<()> {
         burst_cycle_seconds: round(burst_seconds),
         burst_placed,
         burst_waiting,
+        catch_up_cycle_seconds: round(catch_up_cycle_seconds),
         steady_cycle_seconds_mean: round(steady.iter().sum::<f64>() / steady.len() as f64),
         steady_cycle_seconds_max: round(steady.iter().copied().fold(0.0, f64::max)),
-        one_percent_new_cycle_seconds: round(one_percent_new_cycle_seconds),
+        heartbeat_cycle_seconds: round(heartbeat_cycle_seconds),
+        one_percent_new_cycle_seconds: round(one_percent[0]),
+        second_one_percent_new_cycle_seconds: round(one_percent[1]),
         allocation_seconds: round(allocation_seconds),
         peak_rss_bytes: parse_vm_hwm_bytes(&std::fs::read_to_string("/proc/self/status")?)
             .unwrap_or(0),
@@ -184,22 +253,43 @@ fn main() -> Result<()> {
     Ok(())
 }
 
-fn cycle<'a>(
+/// Seconds of one cycle of the steady state, in which nothing waits.
+#[allow(clippy::too_many_arguments)]
+fn steady_cycle_seconds(
+    state: &mut CycleState,
     assignments: &Assignments,
-    jobs: &[&'a TrainingJob],
+    jobs: &[Arc<TrainingJob>],
+    pods: &[Arc<Pod>],
+    gpu_nodes: &[Arc<GpuNode>],
+    nodes: &[Arc<Node>],
+    now: Timestamp,
+    ttl: SignedDuration,
+) -> f64 {
+    let started = Instant::now();
+    let outcome = cycle(state, assignments, jobs, pods, gpu_nodes, nodes, now, ttl);
+    let seconds = started.elapsed().as_secs_f64();
+    assert_eq!(outcome.waiting, 0, "nothing waits in the steady state");
+    seconds
+}
+
+#[allow(clippy::too_many_arguments)]
+fn cycle<'a>(
+    state: &mut CycleState,
+    assignments: &Assignments,
+    jobs: &'a [Arc<TrainingJob>],
+    pods: &[Arc<Pod>],
     gpu_nodes: &[Arc<GpuNode>],
     nodes: &[Arc<Node>],
     now: Timestamp,
     ttl: SignedDuration,
 ) -> CycleOutcome<'a> {
-    let gpu_nodes: Vec<&GpuNode> = gpu_nodes.iter().map(|n| n.as_ref()).collect();
-    let nodes: Vec<&Node> = nodes.iter().map(|n| n.as_ref()).collect();
     run_cycle(
+        state,
         assignments,
         jobs,
-        &[],
-        &gpu_nodes,
-        &nodes,
+        pods,
+        gpu_nodes,
+        nodes,
         now,
         ttl,
         PolicyKind::Vramfit,

@@ -148,6 +148,16 @@ impl JobBuilder {
         self.batch_fields(json!({ "autoMicro": auto }))
     }
 
+    /// Memory-elastic placement (`spec.batch.elastic`).
+    pub fn elastic(self, elastic: bool) -> Self {
+        self.batch_fields(json!({ "elastic": elastic }))
+    }
+
+    /// The user's estimate of the run time (`spec.expectedDuration`).
+    pub fn expected_duration(self, duration: &str) -> Self {
+        self.spec(json!({ "expectedDuration": duration }))
+    }
+
     /// The model description (`spec.model`).
     pub fn model(self, model: Value) -> Self {
         self.spec(json!({ "model": model }))

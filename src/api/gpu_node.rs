@@ -82,7 +82,7 @@ pub enum GpuHealth {
 }
 
 /// A process using a GPU.
-#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq)]
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct GpuProcess {
     /// Host PID.
@@ -147,7 +147,7 @@ pub struct AllocatorStats {
 }
 
 /// The batch shape a training process reports through the helper.
-#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq, Default)]
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct ObservedShape {
     /// Micro-batch per GPU now.
@@ -157,6 +157,26 @@ pub struct ObservedShape {
     /// OOMs the helper absorbed inside the process, oldest first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub absorbed_ooms: Vec<AbsorbedOom>,
+    /// How far the training has come, when the helper reports it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<ReportedProgress>,
+}
+
+/// A training process's progress as the helper reports it: optimizer steps
+/// done, the total when the script knows it, and a smoothed step time.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct ReportedProgress {
+    /// Optimizer steps done by this process.
+    pub steps: u64,
+    /// Optimizer steps the process will run in all, when it knows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub total_steps: Option<u64>,
+    /// Seconds per optimizer step, smoothed over the recent steps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seconds_per_step: Option<f64>,
+    /// When `steps` was counted (RFC 3339).
+    pub time: String,
 }
 
 /// One OOM absorbed inside the training process: the step ran again with a

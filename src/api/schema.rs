@@ -33,3 +33,17 @@ pub fn quantity(_: &mut SchemaGenerator) -> Schema {
         }],
     })
 }
+
+/// A duration such as `2h`, `90m` or `1d12h`: whole numbers with units `d`,
+/// `h`, `m` or `s`, at most four of them, the first not zero
+/// (`crate::controller::progress::parse_duration` reads it).
+pub fn duration(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "string",
+        "maxLength": 32,
+        "pattern": DURATION_PATTERN,
+    })
+}
+
+/// The pattern of [`duration`].
+pub const DURATION_PATTERN: &str = "^[1-9][0-9]{0,6}[dhms]([0-9]{1,7}[dhms]){0,3}$";

@@ -45,6 +45,19 @@ use super::model::{MemoryBreakdown, ModelSpec};
         description = "measured peak GPU memory"
     ),
     printcolumn(
+        name = "Progress",
+        type_ = "string",
+        json_path = ".status.progress.done",
+        description = "optimizer steps done (of the total, when the training reports one)"
+    ),
+    printcolumn(
+        name = "Expected-End",
+        type_ = "string",
+        json_path = ".status.progress.expectedEnd",
+        description = "when the running attempt is expected to end",
+        priority = "1"
+    ),
+    printcolumn(
         name = "Age",
         type_ = "date",
         json_path = ".metadata.creationTimestamp"
@@ -77,6 +90,15 @@ pub struct TrainingJobSpec {
     #[serde(default)]
     #[schemars(range(min = -1000000, max = 1000000))]
     pub priority: i32,
+    /// How long the job is expected to run at its preferred shape, as the
+    /// user estimates it (like Slurm's `--time`, but never enforced): whole
+    /// numbers with units `d`, `h`, `m` or `s`, such as `2h`, `90m` or
+    /// `1d12h`. Elastic placement weighs it against the wait for the
+    /// preferred shape, and it gives a running job an expected end until
+    /// the training reports its own progress.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::api::schema::duration")]
+    pub expected_duration: Option<String>,
     /// The pod that runs the training (a PodTemplateSpec); vramfit adds the
     /// node, the GPU and the `VRAMFIT_*` variables.
     #[schemars(schema_with = "crate::api::schema::pod_template")]
@@ -114,6 +136,13 @@ pub struct BatchSpec {
     /// prediction plus headroom fits that GPU. The OOM back-off still applies.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub auto_micro: bool,
+    /// Memory-elastic placement: when the attempt's shape (micro-batch x
+    /// accumulation) fits no GPU now, start at once with a smaller
+    /// micro-batch and more accumulation (the same global batch) where that
+    /// fits, if finishing slower beats waiting. A running job is never
+    /// moved. Absent: the controller's default (`--elastic-default`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub elastic: Option<bool>,
 }
 
 fn default_min_micro() -> u32 {
@@ -275,9 +304,54 @@ pub struct PlacementStatus {
     /// GPU model of the placement, when the budget was predicted per model.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu_model: Option<String>,
-    /// Micro-batch chosen for that GPU model (`batch.autoMicro`).
+    /// Micro-batch chosen for that GPU model (`batch.autoMicro`), or the
+    /// smaller one elastic placement chose (`elastic`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub micro_batch: Option<u32>,
+    /// Set when elastic placement started the attempt with a smaller shape
+    /// than it prefers, because the preferred one fit no GPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub elastic: Option<ElasticPlacement>,
+}
+
+/// Why an attempt runs with a smaller shape than it prefers: the figures of
+/// elastic placement's choice (`spec.batch.elastic`).
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ElasticPlacement {
+    /// The micro-batch the attempt prefers.
+    pub preferred_micro_batch: u32,
+    /// Its gradient accumulation.
+    pub preferred_grad_accum: u32,
+    /// Budget per GPU in bytes the preferred shape needs, which fit no GPU.
+    pub preferred_budget_bytes: u64,
+    /// Predicted step time of the chosen shape over the preferred one's.
+    pub relative_step_time: f64,
+    /// Seconds the preferred shape was expected to wait for room; absent
+    /// when no running job's expected end would make room.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expected_wait_seconds: Option<f64>,
+}
+
+/// One smaller shape an elastic job may start with, predicted like the
+/// attempt's own budget.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ShapeBudget {
+    /// GPU model the prediction is for (absent: the default GPU profile, as
+    /// `budgetBytes` of the status).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_model: Option<String>,
+    /// Micro-batch per GPU.
+    pub micro_batch: u32,
+    /// Gradient accumulation that keeps the global batch.
+    pub grad_accum: u32,
+    /// Predicted peak per GPU in bytes.
+    pub predicted_bytes: u64,
+    /// Budget per GPU in bytes (prediction + headroom).
+    pub budget_bytes: u64,
+    /// Predicted step time over the attempt's preferred shape's (above 1).
+    pub relative_step_time: f64,
 }
 
 /// The prediction of the current attempt for one GPU model of the cluster.
@@ -304,11 +378,44 @@ pub struct AttemptRecord {
     pub micro_batch: u32,
     /// Gradient accumulation of that attempt.
     pub grad_accum: u32,
-    /// `Succeeded`, `OutOfMemory` or `Failed`.
+    /// `Succeeded`, `OutOfMemory`, `NoGpu` (its container started without
+    /// its GPU) or `Failed`.
     pub outcome: String,
     /// What the pod or the agent said.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+}
+
+/// The running attempt's progress and expected end.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct JobProgress {
+    /// The attempt this describes.
+    pub attempt: u32,
+    /// Optimizer steps done, as the training reports them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub steps: Option<u64>,
+    /// Optimizer steps in all, when the training knows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub total_steps: Option<u64>,
+    /// Smoothed seconds per optimizer step, as the training measures it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seconds_per_step: Option<f64>,
+    /// When the training counted `steps` (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reported: Option<String>,
+    /// `steps/totalSteps` or `steps` (for `kubectl get`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub done: Option<String>,
+    /// When the attempt is expected to end (RFC 3339); absent when unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expected_end: Option<String>,
+    /// What `expectedEnd` comes from: `progress` (steps, total and step
+    /// time reported) or `expectedDuration` (the pod's start plus
+    /// `spec.expectedDuration`, times the relative step time of an elastic
+    /// placement).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
 }
 
 /// The controller's view of the job.
@@ -335,6 +442,10 @@ pub struct TrainingJobStatus {
     /// scheduler gives the job the budget of the model it places it on.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gpu_model_budgets: Vec<GpuModelBudget>,
+    /// Elastic jobs only: the smaller shapes the current attempt may start
+    /// with when its own fits no GPU now, each with its budget.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub elastic_shapes: Vec<ShapeBudget>,
     /// Where the budget came from: `model`, `profile`, `measured` (a finished
     /// job with the same model signature) or `request`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -361,6 +472,12 @@ pub struct TrainingJobStatus {
     /// `micro x accum` (for `kubectl get`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub batch_shape: Option<String>,
+    /// The micro-batch the current attempt prefers, while elastic placement
+    /// runs it with a smaller one: an attempt that follows without an OOM
+    /// starts from it again (one that follows an OOM halves the shape that
+    /// ran).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preferred_micro_batch: Option<u32>,
     /// Current attempt, from 1.
     #[serde(default)]
     pub attempt: u32,
@@ -381,6 +498,11 @@ pub struct TrainingJobStatus {
     /// `gradAccum` show the shape it runs with since.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub absorbed_ooms: Vec<crate::api::AbsorbedOom>,
+    /// How far the running attempt has come and when it is expected to end,
+    /// from the training's own report (through the node agent) or from
+    /// `spec.expectedDuration`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<JobProgress>,
     /// Standard conditions (`Placed`, `Invalid`, ...), each with observedGeneration.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,

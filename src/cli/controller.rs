@@ -70,6 +70,11 @@ pub struct ControllerArgs {
     /// pods (0: each in its job's reconcile, right after its pod).
     #[arg(long, default_value_t = crate::controller::status_writer::DEFAULT_WRITERS)]
     pub status_writers: usize,
+    /// Memory-elastic placement for jobs that do not set
+    /// `spec.batch.elastic`: a job whose shape fits no GPU now starts at once
+    /// with a smaller micro-batch (the same global batch) where one fits.
+    #[arg(long, env = "VRAMFIT_ELASTIC_DEFAULT")]
+    pub elastic_default: bool,
     /// Log lines as text (colour only on a terminal) or as JSON objects.
     #[arg(long, value_enum, env = "VRAMFIT_LOG_FORMAT", default_value = "text")]
     pub log_format: crate::cli::logging::LogFormat,
@@ -100,6 +105,7 @@ impl ControllerArgs {
                 identity,
             }),
             status_writers: self.status_writers,
+            elastic_default: self.elastic_default,
         }
     }
 }

@@ -26,7 +26,7 @@ use serde::Serialize;
 
 use super::{OutputFormat, read_text};
 use crate::api::{AbsorbedOom, TrainingJob};
-use crate::job::attempt::{AttemptEnd, NextAttempt, next_attempt};
+use crate::job::attempt::{AttemptEnd, NextAttempt, RetriesUsed, next_attempt};
 use crate::job::backoff::BatchShape;
 use crate::job::budget::attempt_budget;
 use crate::job::env::{self, Attempt, attempt_env};
@@ -333,12 +333,12 @@ pub fn run(args: &RunArgs) -> anyhow::Result<RunReport> {
         outcome: "Failed".into(),
         message: None,
     };
-    let mut oom_retries = 0;
+    let mut used = RetriesUsed::default();
     for attempt in 1.. {
         let capacity = gpus.iter().map(|g| g.total_bytes).min();
         let budget = attempt_budget(&job, shape.micro, profile.as_deref(), None)
             .map_err(anyhow::Error::msg)?
-            .after_ooms(oom_retries, job.spec.headroom(), capacity);
+            .after_ooms(used.oom, job.spec.headroom(), capacity);
         if let Some(small) = gpus.iter().find(|g| g.total_bytes < budget.budget) {
             bail!(
                 "the budget of {} at micro-batch {} does not fit GPU {} ({})",
@@ -363,7 +363,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<RunReport> {
         attempt_report.predicted_bytes = budget.predicted;
         eprintln!("vramfit: {}", attempt_line(&attempt_report));
         report.attempts.push(attempt_report);
-        match next_attempt(&job.spec, ended, &outcome, oom_retries) {
+        match next_attempt(&job.spec, ended, &outcome, used) {
             NextAttempt::Done => {
                 report.outcome = "Succeeded".into();
                 break;
@@ -379,7 +379,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<RunReport> {
                     next.display()
                 );
                 shape = next;
-                oom_retries += 1;
+                used.oom += 1;
             }
         }
     }

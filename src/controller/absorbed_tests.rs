@@ -26,6 +26,7 @@ fn observed(micro: u32, accum: u32, ooms: Vec<AbsorbedOom>) -> ObservedShape {
         micro_batch: micro,
         grad_accum: accum,
         absorbed_ooms: ooms,
+        progress: None,
     }
 }
 

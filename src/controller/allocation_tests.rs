@@ -293,6 +293,7 @@ fn placed_on(name: &str, node: &str, budget: u64, attempt: u32) -> TrainingJob {
                 attempt,
                 gpu_model: None,
                 micro_batch: None,
+                elastic: None,
             }),
             ..Default::default()
         })

@@ -13,7 +13,7 @@ use crate::place::{
 use crate::quantity::parse_quantity;
 
 /// The cluster as the engine sees it, plus the GPUs that are held back.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone, PartialEq)]
 pub struct ClusterView {
     /// Nodes with a fresh `GpuNode` heartbeat, in name order.
     pub inventory: Inventory,
@@ -21,6 +21,32 @@ pub struct ClusterView {
     pub reserved: Vec<Placement>,
     /// GPU UUIDs by (node, index), for the pod's `NVIDIA_VISIBLE_DEVICES`.
     pub uuids: BTreeMap<(String, u32), String>,
+}
+
+/// What one usable GPU node adds to the view: its [`NodeSpec`], the
+/// reservations of its faulty GPUs and its GPUs' UUIDs by index. Depends
+/// only on the `GpuNode` and its `Node`, not on the time (the heartbeat's
+/// freshness is [`gpu_node_is_live`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodePart {
+    /// The node as the engine sees it.
+    pub spec: NodeSpec,
+    /// Placements that hold its faulty GPUs back.
+    pub reserved: Vec<Placement>,
+    /// Its GPUs' UUIDs by index.
+    pub uuids: Vec<(u32, String)>,
+}
+
+impl ClusterView {
+    /// Appends a node's part; nodes are pushed in name order.
+    pub fn push(&mut self, part: &NodePart) {
+        for (index, uuid) in &part.uuids {
+            self.uuids
+                .insert((part.spec.name.clone(), *index), uuid.clone());
+        }
+        self.reserved.extend(part.reserved.iter().cloned());
+        self.inventory.nodes.push(part.spec.clone());
+    }
 }
 
 /// Builds the view from the `GpuNode`s whose heartbeat is younger than
@@ -41,61 +67,94 @@ pub fn cluster_view(
     sorted.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
     let mut view = ClusterView::default();
     for gpu_node in sorted {
-        let Some(name) = gpu_node.metadata.name.clone() else {
+        let Some(name) = gpu_node.metadata.name.as_deref() else {
             continue;
         };
-        let Some(status) = gpu_node.status.as_ref() else {
+        if !gpu_node_is_live(gpu_node, heartbeat(gpu_node).as_ref(), now, heartbeat_ttl) {
+            continue;
+        }
+        let Some(node) = nodes_by_name.get(name) else {
             continue;
         };
-        if gpu_node.spec.cordoned
-            || !heartbeat_is_fresh(status.heartbeat.as_deref(), now, heartbeat_ttl)
-        {
-            continue;
+        if let Some(part) = node_part(gpu_node, node) {
+            view.push(&part);
         }
-        let Some(node) = nodes_by_name.get(name.as_str()) else {
-            continue;
-        };
-        if node
-            .spec
-            .as_ref()
-            .and_then(|s| s.unschedulable)
-            .unwrap_or(false)
-        {
-            continue;
-        }
-        let allocatable = node.status.as_ref().and_then(|s| s.allocatable.as_ref());
-        let quantity = |key: &str, scale: u64| {
-            allocatable
-                .and_then(|a| a.get(key))
-                .and_then(|q| parse_quantity(&q.0, scale))
-                .unwrap_or(0)
-        };
-        let mut gpus: Vec<_> = status.gpus.iter().collect();
-        gpus.sort_by_key(|g| g.index);
-        // The engine addresses GPUs by position; keep positions equal to NVML indices.
-        if gpus
-            .iter()
-            .enumerate()
-            .any(|(pos, g)| g.index as usize != pos)
-        {
-            continue;
-        }
-        for gpu in &gpus {
-            view.uuids
-                .insert((name.clone(), gpu.index), gpu.uuid.clone());
-            if gpu.health == GpuHealth::Faulty {
-                view.reserved.push(Placement {
-                    job_id: format!("faulty-gpu/{name}/{}", gpu.index),
-                    node: name.clone(),
-                    gpu_indices: vec![gpu.index],
-                    gpu_budget: gpu.total_bytes,
-                    cpu_milli: 0,
-                    memory_bytes: 0,
-                });
-            }
-        }
-        view.inventory.nodes.push(NodeSpec {
-            name,
+    }
+    view
+}
+
+/// The `GpuNode`'s last heartbeat, if it has a status with one that parses.
+pub fn heartbeat(gpu_node: &GpuNode) -> Option<Timestamp> {
+    gpu_node
+        .status
+        .as_ref()?
+        .heartbeat
+        .as_deref()?
+        .parse::<Timestamp>()
+        .ok()
+}
+
+/// True when the `GpuNode` may be used now, as far as it alone says: it has
+/// a status, is not cordoned and its `heartbeat` ([`heartbeat`]) is no older
+/// than `ttl`.
+pub fn gpu_node_is_live(
+    gpu_node: &GpuNode,
+    heartbeat: Option<&Timestamp>,
+    now: Timestamp,
+    ttl: SignedDuration,
+) -> bool {
+    gpu_node.status.is_some()
+        && !gpu_node.spec.cordoned
+        && heartbeat.is_some_and(|h| now.duration_since(*h) <= ttl)
+}
+
+/// The node's part of the view, or `None` when it cannot be used whatever
+/// the time: no name or status, the `Node` unschedulable, or GPU indices that
+/// do not match their positions (the engine addresses GPUs by position).
+pub fn node_part(gpu_node: &GpuNode, node: &Node) -> Option<NodePart> {
+    let name = gpu_node.metadata.name.clone()?;
+    let status = gpu_node.status.as_ref()?;
+    if node
+        .spec
+        .as_ref()
+        .and_then(|s| s.unschedulable)
+        .unwrap_or(false)
+    {
+        return None;
+    }
+    let allocatable = node.status.as_ref().and_then(|s| s.allocatable.as_ref());
+    let quantity = |key: &str, scale: u64| {
+        allocatable
+            .and_then(|a| a.get(key))
+            .and_then(|q| parse_quantity(&q.0, scale))
+            .unwrap_or(0)
+    };
+    let mut gpus: Vec<_> = status.gpus.iter().collect();
+    gpus.sort_by_key(|g| g.index);
+    // The engine addresses GPUs by position; keep positions equal to NVML indices.
+    if gpus
+        .iter()
+        .enumerate()
+        .any(|(pos, g)| g.index as usize != pos)
+    {
+        return None;
+    }
+    let reserved = gpus
+        .iter()
+        .filter(|gpu| gpu.health == GpuHealth::Faulty)
+        .map(|gpu| Placement {
+            job_id: format!("faulty-gpu/{name}/{}", gpu.index),
+            node: name.clone(),
+            gpu_indices: vec![gpu.index],
+            gpu_budget: gpu.total_bytes,
+            cpu_milli: 0,
+            memory_bytes: 0,
+        })
+        .collect();
+    Some(NodePart {
+        uuids: gpus.iter().map(|g| (g.index, g.uuid.clone())).collect(),
+        reserved,
+        spec: NodeSpec {
             cpu_milli: quantity("cpu", 1000),
             memory_bytes: quantity("memory", 1),
             taints: node_taints(node),
@@ -106,15 +165,9 @@ pub fn cluster_view(
                     capacity: g.total_bytes,
                 })
                 .collect(),
-        });
-    }
-    view
-}
-
-fn heartbeat_is_fresh(heartbeat: Option<&str>, now: Timestamp, ttl: SignedDuration) -> bool {
-    heartbeat
-        .and_then(|h| h.parse::<Timestamp>().ok())
-        .is_some_and(|h| now.duration_since(h) <= ttl)
+            name,
+        },
+    })
 }
 
 fn node_taints(node: &Node) -> Vec<Taint> {

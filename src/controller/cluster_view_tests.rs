@@ -316,6 +316,7 @@ fn a_recorded_placement_holds_its_budget_on_each_of_its_gpus() {
         attempt: 1,
         gpu_model: None,
         micro_batch: None,
+        elastic: None,
     };
     let p = recorded_placement(&job, &placement);
     assert_eq!(

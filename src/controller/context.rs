@@ -43,6 +43,9 @@ pub struct ControllerOptions {
     /// Placed statuses written at once after their pods (`status_writer`);
     /// 0 writes each in its job's reconcile.
     pub status_writers: usize,
+    /// Memory-elastic placement for jobs that do not set
+    /// `spec.batch.elastic`.
+    pub elastic_default: bool,
 }
 
 /// Who may read the `/ui` page.
@@ -86,6 +89,7 @@ impl Default for ControllerOptions {
             ui_auth: UiAuthMode::None,
             lease: None,
             status_writers: status_writer::DEFAULT_WRITERS,
+            elastic_default: false,
         }
     }
 }
@@ -120,6 +124,9 @@ pub struct Context {
     /// The pod creates in flight, which the status writer and the event
     /// sender give way to.
     pub pods_first: Arc<pods_first::PodsFirst>,
+    /// Memory-elastic placement for jobs that do not set
+    /// `spec.batch.elastic` (`--elastic-default`).
+    pub elastic_default: bool,
 }
 
 impl Context {

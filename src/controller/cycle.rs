@@ -13,13 +13,14 @@ use tokio::sync::Notify;
 
 use super::*;
 use crate::api::{GpuNode, Phase, TrainingJob};
-use crate::place::{Policy, PolicyKind};
+use crate::place::PolicyKind;
 use crate::{Error, Result};
-use cluster_view::{ClusterView, cluster_view};
+use cluster_view::ClusterView;
+use kept_view::KeptView;
+use ledger::Ledger;
 use metrics::{Metrics, PhaseLabel};
-use scheduler::{
-    Assignments, Verdict, current_attempt, is_waiting, plan_cycle, recorded_placements,
-};
+use scheduler::{Assignments, Verdict, current_attempt, plan_on};
+use standing::StandingPlacer;
 
 /// How long the first cycle waits after the caches are listed, for writes
 /// an earlier controller had in flight to reach the watches.
@@ -49,22 +50,23 @@ pub(super) async fn scheduling_loop(
     tracing::debug!("caches ready; scheduling starts");
     let ttl = heartbeat_ttl(&options);
     let mut deleting = HashMap::new();
+    let mut state = CycleState::default();
     loop {
         // A replica past its Lease decides nothing more (and the process ends).
         ctx.fence.check()?;
         let started = Instant::now();
         // Jobs whose prediction is held (not yet written) are placed on it.
         let job_list = ctx.held.overlay_all(jobs.state());
-        let job_refs: Vec<&TrainingJob> = job_list.iter().map(|j| j.as_ref()).collect();
         let gpu_node_list = gpu_nodes.state();
         let node_list = nodes.state();
         let pod_list = ctx.pods.state();
         let outcome = run_cycle(
+            &mut state,
             &ctx.assignments,
-            &job_refs,
-            &pod_list.iter().map(|p| p.as_ref()).collect::<Vec<_>>(),
-            &gpu_node_list.iter().map(|n| n.as_ref()).collect::<Vec<_>>(),
-            &node_list.iter().map(|n| n.as_ref()).collect::<Vec<_>>(),
+            &job_list,
+            &pod_list,
+            &gpu_node_list,
+            &node_list,
             Timestamp::now(),
             ttl,
             options.policy,
@@ -73,8 +75,12 @@ pub(super) async fn scheduling_loop(
             let _ = trigger.unbounded_send(ObjectRef::from_obj(*job));
         }
         delete_orphans(&ctx, outcome.orphans.clone(), &mut deleting);
-        let (view, ledger) = (outcome.view, outcome.ledger);
-        update_gauges(&ctx.metrics, &job_refs, &view, &ledger);
+        update_gauges(
+            &ctx.metrics,
+            &outcome.phases,
+            &outcome.view,
+            outcome.committed_bytes,
+        );
         // A replica past its Lease decides nothing more (and the process ends).
         ctx.fence.check()?;
         // The GpuNodes' allocations follow on their own task.
@@ -154,11 +160,17 @@ async fn delete_orphan(ctx: &Context, orphan: &pod_ledger::OrphanPod) -> Result<
 
 /// What one scheduling cycle decided.
 pub struct CycleOutcome<'a> {
-    /// The inventory it placed on.
-    pub view: ClusterView,
-    /// Every placement after the cycle: recorded in status, assigned and not
-    /// yet recorded, and made by this cycle.
-    pub ledger: Vec<crate::place::Placement>,
+    /// The inventory it placed on (the same `Arc` as the last cycle's when
+    /// it did not change).
+    pub view: Arc<ClusterView>,
+    /// Placements that hold memory after the cycle: recorded in status,
+    /// assigned and not yet recorded (this cycle's included), and held by
+    /// pods of deleted jobs.
+    pub placed: usize,
+    /// GPU memory they hold.
+    pub committed_bytes: u64,
+    /// Jobs by phase.
+    pub phases: HashMap<Phase, i64>,
     /// Jobs that were waiting.
     pub waiting: usize,
     /// Jobs whose verdict changed (their reconcile must run).
@@ -167,87 +179,193 @@ pub struct CycleOutcome<'a> {
     pub orphans: Vec<pod_ledger::OrphanPod>,
 }
 
-/// One scheduling cycle over a snapshot of the caches: rebuilds the ledger
-/// (from the jobs' status, the cycle's own decisions not yet written and the
-/// pods that neither records, `pod_ledger`), places the waiting jobs and
-/// records the verdicts in `assignments`.
+/// What the cycle keeps from one run to the next: the inventory view, the
+/// ledger and the placement engine, each following what changed
+/// (`kept_view`, `ledger`, `standing`).
+#[derive(Default)]
+pub struct CycleState {
+    view: KeptView,
+    ledger: Ledger,
+    standing: Option<StandingPlacer>,
+    /// The view the engine holds (the last cycle's).
+    standing_view: Option<Arc<ClusterView>>,
+    cycles: u64,
+}
+
+/// How often a debug build checks the kept ledger and engine against a full
+/// rebuild: the first cycle and every this many after.
+#[cfg(debug_assertions)]
+const CHECK_EVERY: u64 = 8;
+
+/// One scheduling cycle over a snapshot of the caches: brings the ledger
+/// (the jobs' status, the cycle's own decisions not yet written and the
+/// pods that neither records, `pod_ledger`) up to date with what changed,
+/// places the waiting jobs and records the verdicts in `assignments`.
 #[allow(clippy::too_many_arguments)]
 pub fn run_cycle<'a>(
+    state: &mut CycleState,
     assignments: &Assignments,
-    jobs: &[&'a TrainingJob],
-    pods: &[&Pod],
-    gpu_nodes: &[&GpuNode],
-    nodes: &[&Node],
+    jobs: &'a [Arc<TrainingJob>],
+    pods: &[Arc<Pod>],
+    gpu_nodes: &[Arc<GpuNode>],
+    nodes: &[Arc<Node>],
     now: Timestamp,
     ttl: SignedDuration,
     policy: PolicyKind,
 ) -> CycleOutcome<'a> {
-    let view = cluster_view(gpu_nodes, nodes, now, ttl);
+    state.cycles += 1;
+    let view = state.view.update(gpu_nodes, nodes, now, ttl);
     let mut changed = Vec::new();
-    let from_pods = pod_ledger::read_pods(jobs, pods, |uid, attempt| {
-        assignments.placement(uid, attempt).is_some()
-    });
-    if !from_pods.unrecorded.is_empty() {
+    let ledger = &mut state.ledger;
+    ledger.sync(jobs, pods, &mut assignments.lock());
+    let unrecorded = ledger.unrecorded();
+    if !unrecorded.is_empty() {
         // A pod created before a stop that kept its placement from status:
         // the cycle takes it as its own decision, which the job's reconcile
         // then writes.
-        let by_uid: HashMap<&str, &'a TrainingJob> = jobs
-            .iter()
-            .filter_map(|j| j.metadata.uid.as_deref().map(|uid| (uid, *j)))
-            .collect();
-        for (uid, attempt, placement) in from_pods.unrecorded {
+        for (uid, attempt, placement) in unrecorded {
             assignments.record(&uid, attempt, scheduler::Verdict::Place(placement));
-            if let Some(job) = by_uid.get(uid.as_str()) {
-                changed.push(*job);
+            if let Some(job) = ledger.job(&uid, jobs) {
+                changed.push(job);
             }
         }
+        ledger.refresh(&mut assignments.lock());
     }
-    let mut ledger = recorded_placements(jobs.iter().copied());
-    ledger.extend(assignments.pending_ledger(jobs));
-    ledger.extend(from_pods.orphaned);
-    let waiting: Vec<&'a TrainingJob> = jobs
-        .iter()
-        .copied()
-        .filter(|job| {
-            let uid = job.metadata.uid.as_deref().unwrap_or_default();
-            is_waiting(
-                job,
-                assignments.placement(uid, current_attempt(job)).is_some(),
-            )
-        })
-        .collect();
+    // The view of the last cycle (the same `Arc`) is the one the engine was
+    // built for or followed; another is compared.
+    let same_view = state
+        .standing_view
+        .as_ref()
+        .is_some_and(|v| Arc::ptr_eq(v, &view));
+    state.standing_view = Some(view.clone());
+    let standing = match state.standing.take() {
+        Some(mut standing) if (same_view || standing.fits(&view)) && standing.kind() == policy => {
+            standing.follow(ledger);
+            Ok(standing)
+        }
+        _ => {
+            ledger.take_changed();
+            StandingPlacer::build(&view, ledger, policy)
+        }
+    };
+    let waiting = ledger.waiting(jobs);
     tracing::debug!(
         nodes = view.inventory.nodes.len(),
         placed = ledger.len(),
         waiting = waiting.len(),
         "scheduling cycle"
     );
-    if !waiting.is_empty() {
+    let mut standing = match standing {
+        Ok(standing) => Some(standing),
+        Err(error) => {
+            let verdicts = scheduler::unusable_inventory(&error, &waiting);
+            for (job, (_, verdict)) in waiting.iter().zip(verdicts) {
+                record_verdict(assignments, job, verdict, &mut changed);
+            }
+            None
+        }
+    };
+    if let (false, Some(placer)) = (waiting.is_empty(), standing.as_mut()) {
         let by_key: HashMap<String, &'a TrainingJob> = waiting
             .iter()
             .map(|j| (cluster_view::job_key(j), *j))
             .collect();
-        let verdicts = plan_cycle(&view, &ledger, &waiting, Policy::new(policy, 42));
-        for (key, verdict) in verdicts {
-            let Some(job) = by_key.get(&key) else {
-                continue;
-            };
-            let uid = job.metadata.uid.as_deref().unwrap_or_default();
-            if let Verdict::Place(p) = &verdict {
-                ledger.push(cluster_view::recorded_placement(job, p));
-            }
-            if assignments.record(uid, current_attempt(job), verdict) {
-                changed.push(*job);
+        // Elastic placement weighs a wait by the running jobs' expected ends.
+        let job_refs: Vec<&TrainingJob> = jobs.iter().map(|j| j.as_ref()).collect();
+        let ends = progress::expected_ends(&job_refs, now);
+        let verdicts = plan_on(placer.placer_mut(), &view, &waiting, &ends);
+        for (key, verdict) in &verdicts {
+            if let Some(job) = by_key.get(key) {
+                record_verdict(assignments, job, verdict.clone(), &mut changed);
             }
         }
+        ledger.refresh(&mut assignments.lock());
+        placer.follow(ledger);
+        placer.settle(ledger, &verdicts);
+    } else {
+        ledger.refresh(&mut assignments.lock());
     }
+    state.standing = standing;
+    #[cfg(debug_assertions)]
+    if state.cycles % CHECK_EVERY == 1
+        && let Err(difference) = check(state, assignments, jobs, pods, &view)
+            .and_then(|()| check_view(&view, gpu_nodes, nodes, now, ttl))
+    {
+        tracing::error!(%difference, "the kept ledger differs from a full rebuild");
+        panic!("the kept ledger differs from a full rebuild: {difference}");
+    }
+    let ledger = &state.ledger;
     CycleOutcome {
+        placed: ledger.len(),
+        committed_bytes: ledger.committed_bytes(),
+        phases: ledger.phase_counts().clone(),
         view,
-        ledger,
         waiting: waiting.len(),
         changed,
-        orphans: from_pods.to_delete,
+        orphans: ledger.to_delete(),
     }
+}
+
+/// Records one verdict; the job is told (`changed`) when it changed.
+fn record_verdict<'a>(
+    assignments: &Assignments,
+    job: &'a TrainingJob,
+    verdict: Verdict,
+    changed: &mut Vec<&'a TrainingJob>,
+) {
+    let uid = job.metadata.uid.as_deref().unwrap_or_default();
+    if assignments.record(uid, current_attempt(job), verdict) {
+        changed.push(job);
+    }
+}
+
+/// Compares the kept ledger, and the standing engine, with a full rebuild
+/// over the same objects (`ledger::full_rebuild`); `Err` says what differs.
+/// The assignments stay locked throughout, so a reconcile's change cannot
+/// fall between the two.
+pub fn check(
+    state: &mut CycleState,
+    assignments: &Assignments,
+    jobs: &[Arc<TrainingJob>],
+    pods: &[Arc<Pod>],
+    view: &ClusterView,
+) -> std::result::Result<(), String> {
+    let mut locked = assignments.lock();
+    let ledger = &mut state.ledger;
+    ledger.refresh(&mut locked);
+    let job_refs: Vec<&TrainingJob> = jobs.iter().map(|j| j.as_ref()).collect();
+    let pod_refs: Vec<&Pod> = pods.iter().map(|p| p.as_ref()).collect();
+    let full = ledger::full_rebuild(&job_refs, &pod_refs, &locked);
+    let kept = ledger.snapshot();
+    if kept != full {
+        return Err(format!("kept {kept:?}\nfull rebuild {full:?}"));
+    }
+    if let Some(standing) = state.standing.as_mut() {
+        standing.follow(ledger);
+        let differences = standing.differences(view, ledger);
+        if !differences.is_empty() {
+            return Err(differences.join("; "));
+        }
+    }
+    Ok(())
+}
+
+/// Compares the kept view with one built from every object
+/// (`cluster_view::cluster_view`); `Err` says what differs.
+pub fn check_view(
+    view: &ClusterView,
+    gpu_nodes: &[Arc<GpuNode>],
+    nodes: &[Arc<Node>],
+    now: Timestamp,
+    ttl: SignedDuration,
+) -> std::result::Result<(), String> {
+    let gpu_nodes: Vec<&GpuNode> = gpu_nodes.iter().map(|n| n.as_ref()).collect();
+    let nodes: Vec<&Node> = nodes.iter().map(|n| n.as_ref()).collect();
+    let full = cluster_view::cluster_view(&gpu_nodes, &nodes, now, ttl);
+    if *view != full {
+        return Err(format!("kept view {view:?}\nfull rebuild {full:?}"));
+    }
+    Ok(())
 }
 
 /// Waits for a reflector's first complete list. The store's readiness signal
@@ -274,15 +392,10 @@ where
 
 fn update_gauges(
     metrics: &Metrics,
-    jobs: &[&TrainingJob],
+    counts: &HashMap<Phase, i64>,
     view: &ClusterView,
-    ledger: &[crate::place::Placement],
+    committed: u64,
 ) {
-    let mut counts: HashMap<Phase, i64> = HashMap::new();
-    for job in jobs {
-        let phase = job.status.as_ref().map(|s| s.phase).unwrap_or_default();
-        *counts.entry(phase).or_default() += 1;
-    }
     for phase in [
         Phase::Pending,
         Phase::Placed,
@@ -305,10 +418,6 @@ fn update_gauges(
         .iter()
         .flat_map(|n| n.gpus.iter())
         .map(|g| g.capacity)
-        .sum();
-    let committed: u64 = ledger
-        .iter()
-        .map(|p| p.gpu_budget * p.gpu_indices.len() as u64)
         .sum();
     metrics
         .total_bytes

@@ -1,5 +1,6 @@
 use super::*;
 use crate::place::{GpuSpec, Inventory, NodeSpec, Placement};
+use k8s_openapi::api::core::v1::Node;
 
 const GIB: u64 = 1 << 30;
 
@@ -26,7 +27,12 @@ fn gauges_count_jobs_by_phase_and_gpu_memory_committed_and_total() {
         job(Some(Phase::Running)),
         job(Some(Phase::Failed)),
     ];
-    let refs: Vec<&TrainingJob> = jobs.iter().collect();
+    let mut counts: HashMap<Phase, i64> = HashMap::new();
+    for job in &jobs {
+        *counts
+            .entry(job.status.as_ref().map(|s| s.phase).unwrap_or_default())
+            .or_default() += 1;
+    }
     let node = |name: &str, gpus: &[u64]| NodeSpec {
         name: name.into(),
         cpu_milli: 1000,
@@ -56,7 +62,8 @@ fn gauges_count_jobs_by_phase_and_gpu_memory_committed_and_total() {
     };
     let ledger = [placement(vec![0, 1], 10 * GIB), placement(vec![0], 3 * GIB)];
     let metrics = Metrics::default();
-    update_gauges(&metrics, &refs, &view, &ledger);
+    let committed = ledger.iter().map(ledger::held_bytes).sum();
+    update_gauges(&metrics, &counts, &view, committed);
     let text = metrics.encode();
     for (phase, count) in [
         ("Pending", 2),
@@ -80,7 +87,8 @@ fn gauges_count_jobs_by_phase_and_gpu_memory_committed_and_total() {
     );
 
     // A later cycle overwrites the gauges instead of adding to them.
-    update_gauges(&metrics, &refs[..1], &ClusterView::default(), &[]);
+    let pending = HashMap::from([(Phase::Pending, 1)]);
+    update_gauges(&metrics, &pending, &ClusterView::default(), 0);
     let text = metrics.encode();
     assert_eq!(
         gauge(&text, "vramfit_trainingjobs{phase=\"Running\"}"),
@@ -91,4 +99,122 @@ fn gauges_count_jobs_by_phase_and_gpu_memory_committed_and_total() {
         Some(1)
     );
     assert_eq!(gauge(&text, "vramfit_gpu_memory_total_bytes"), Some(0));
+}
+
+fn gpu_node(name: &str, now: Timestamp) -> GpuNode {
+    GpuNode::test(name)
+        .gpus(serde_json::json!([]))
+        .gpu("H100-80GB", 80 * GIB)
+        .uuid(&format!("GPU-{name}-0"))
+        .used(0)
+        .health("Healthy")
+        .gpu("H100-80GB", 80 * GIB)
+        .uuid(&format!("GPU-{name}-1"))
+        .used(0)
+        .health("Healthy")
+        .status_fields(serde_json::json!({"gpuCount": 2, "model": "H100-80GB",
+            "heartbeat": now.to_string()}))
+        .build()
+}
+
+fn node(name: &str) -> Node {
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name},
+        "spec": {},
+        "status": {"allocatable": {"cpu": "64", "memory": "512Gi"}}
+    }))
+    .unwrap()
+}
+
+fn predicted(name: &str, gib: u64) -> Arc<TrainingJob> {
+    Arc::new(
+        TrainingJob::test(name)
+            .created("2026-12-04T00:00:00Z")
+            .template_spec(
+                serde_json::json!({"containers": [{"name": "t", "image": "i",
+                "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}]}),
+            )
+            .status_fields(serde_json::json!({"phase": "Pending", "attempt": 1,
+                "budgetBytes": gib * GIB}))
+            .build(),
+    )
+}
+
+/// The job with the cycle's placement written to its status.
+fn recorded_by(job: &TrainingJob, assignments: &Assignments) -> Arc<TrainingJob> {
+    let uid = job.metadata.uid.as_deref().unwrap();
+    let mut job = job.clone();
+    let status = job.status.get_or_insert_default();
+    status.phase = Phase::Placed;
+    status.placement = assignments.placement(uid, 1);
+    Arc::new(job)
+}
+
+#[test]
+fn cycles_that_keep_their_ledger_place_as_a_full_rebuild_would_and_never_twice() {
+    let now = Timestamp::now();
+    let ttl = SignedDuration::from_secs(120);
+    let gpu_nodes = [Arc::new(gpu_node("n1", now)), Arc::new(gpu_node("n2", now))];
+    let mut nodes = vec![Arc::new(node("n1")), Arc::new(node("n2"))];
+    let assignments = Assignments::default();
+    let mut state = CycleState::default();
+    let mut jobs: Vec<Arc<TrainingJob>> = (0..6).map(|i| predicted(&format!("j{i}"), 50)).collect();
+    let cycle = |state: &mut CycleState, jobs: &[Arc<TrainingJob>], nodes: &[Arc<Node>]| {
+        let outcome = run_cycle(
+            state,
+            &assignments,
+            jobs,
+            &[],
+            &gpu_nodes,
+            nodes,
+            now,
+            ttl,
+            PolicyKind::Vramfit,
+        );
+        let (placed, committed, waiting) =
+            (outcome.placed, outcome.committed_bytes, outcome.waiting);
+        check(state, &assignments, jobs, &[], &outcome.view).unwrap();
+        check_view(&outcome.view, &gpu_nodes, nodes, now, ttl).unwrap();
+        (placed, committed / GIB, waiting)
+    };
+    // Four GPUs of 80 GiB, six jobs of 50 GiB: four placed.
+    assert_eq!(cycle(&mut state, &jobs, &nodes), (4, 200, 6));
+    // The same caches again: the four stay, two wait.
+    assert_eq!(cycle(&mut state, &jobs, &nodes), (4, 200, 2));
+    // The statuses land; one placed job is deleted and frees its GPU.
+    for job in jobs.iter_mut() {
+        if assignments
+            .placement(job.metadata.uid.as_deref().unwrap(), 1)
+            .is_some()
+        {
+            *job = recorded_by(job, &assignments);
+        }
+    }
+    let gone = jobs
+        .iter()
+        .position(|j| j.status.as_ref().is_some_and(|s| s.placement.is_some()))
+        .unwrap();
+    jobs.remove(gone);
+    assert_eq!(cycle(&mut state, &jobs, &nodes), (4, 200, 2));
+    // A node leaves: the engine is built again over the one left.
+    nodes.pop();
+    let (placed, _, waiting) = cycle(&mut state, &jobs, &nodes);
+    assert_eq!(
+        (placed, waiting),
+        (4, 1),
+        "the ledger keeps n2's placements"
+    );
+}
+
+#[test]
+fn a_two_gpu_placement_holds_its_budget_on_each_gpu() {
+    let placement = Placement {
+        job_id: "ml/j".into(),
+        node: "a".into(),
+        gpu_indices: vec![0, 1],
+        gpu_budget: 10 * GIB,
+        cpu_milli: 0,
+        memory_bytes: 0,
+    };
+    assert_eq!(ledger::held_bytes(&placement), 20 * GIB);
 }

@@ -91,6 +91,7 @@ async fn a_reconcile_behind_a_closed_fence_fails_before_any_request() {
             status_queue: crate::controller::status_writer::StatusQueue::new().0,
             defer_placed_status: false,
             pods_first: Default::default(),
+            elastic_default: false,
         })
     };
     let job: Arc<TrainingJob> = Arc::new(

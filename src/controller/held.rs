@@ -136,34 +136,104 @@ impl HeldPredictions {
 /// so nothing written before it (by an earlier leader, or an older attempt)
 /// can be newer than the cache: the read-back before creating a pod is then
 /// not needed.
+///
+/// Two writes of one job can be in flight at once (the reconcile's and the
+/// status writer's), and their answers can come back in either order, so the
+/// last answer processed is not always the newest version. A write that
+/// overlapped another of the same job records nothing ("not known"): the
+/// next pod create reads the job back. A write that failed records nothing
+/// either (it may have landed).
 #[derive(Default)]
 pub struct OwnWrites {
-    inner: Mutex<HashMap<String, String>>,
+    inner: Mutex<HashMap<String, Own>>,
+}
+
+#[derive(Default)]
+struct Own {
+    /// The version the last write returned, when it is known to be the newest.
+    version: Option<String>,
+    in_flight: u32,
+    /// A write began while another was in flight.
+    overlapped: bool,
+}
+
+/// One status write of a job, begun with [`OwnWrites::begin`]; dropped
+/// without [`OwnWrite::wrote`], it counts as failed.
+pub struct OwnWrite<'a> {
+    writes: &'a OwnWrites,
+    uid: String,
+    version: Option<String>,
+}
+
+impl OwnWrite<'_> {
+    /// The write succeeded and returned `version`.
+    pub fn wrote(mut self, version: Option<String>) {
+        self.version = version;
+    }
+}
+
+impl Drop for OwnWrite<'_> {
+    fn drop(&mut self) {
+        let mut writes = self.writes.lock();
+        let own = writes.entry(self.uid.clone()).or_default();
+        own.in_flight = own.in_flight.saturating_sub(1);
+        own.version = if own.overlapped {
+            None
+        } else {
+            self.version.take()
+        };
+        if own.in_flight == 0 {
+            own.overlapped = false;
+            if own.version.is_none() {
+                writes.remove(&self.uid);
+            }
+        }
+    }
 }
 
 impl OwnWrites {
-    /// Records the version a status write of `uid` returned.
-    pub fn wrote(&self, uid: &str, resource_version: Option<String>) {
-        let mut writes = self.inner.lock().expect("own writes lock");
-        match resource_version {
-            Some(version) => writes.insert(uid.to_string(), version),
-            None => writes.remove(uid),
-        };
+    /// Begins a status write of `uid`; record what it returns on the result.
+    pub fn begin(&self, uid: &str) -> OwnWrite<'_> {
+        let mut writes = self.lock();
+        let own = writes.entry(uid.to_string()).or_default();
+        own.in_flight += 1;
+        if own.in_flight > 1 {
+            own.overlapped = true;
+        }
+        OwnWrite {
+            writes: self,
+            uid: uid.to_string(),
+            version: None,
+        }
     }
 
     /// True when `job` (from the cache) is the version this process wrote last.
     pub fn is_latest(&self, job: &TrainingJob) -> bool {
         let uid = job.metadata.uid.as_deref().unwrap_or_default();
-        let writes = self.inner.lock().expect("own writes lock");
+        let writes = self.lock();
         job.metadata
             .resource_version
             .as_ref()
-            .is_some_and(|version| writes.get(uid) == Some(version))
+            .is_some_and(|version| {
+                writes
+                    .get(uid)
+                    .is_some_and(|own| own.in_flight == 0 && own.version.as_ref() == Some(version))
+            })
     }
 
     /// Forgets `uid` (the job is gone).
     pub fn forget(&self, uid: &str) {
-        self.inner.lock().expect("own writes lock").remove(uid);
+        let mut writes = self.lock();
+        if let Some(own) = writes.get_mut(uid) {
+            own.version = None;
+            if own.in_flight == 0 {
+                writes.remove(uid);
+            }
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Own>> {
+        self.inner.lock().expect("own writes lock")
     }
 }
 

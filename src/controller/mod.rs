@@ -11,20 +11,25 @@ pub mod autoprofile;
 pub mod cluster_view;
 mod context;
 mod cycle;
+pub mod elastic;
 pub mod fence;
 pub mod held;
 mod http;
 pub mod job_index;
+pub mod kept_view;
 mod leader;
+pub mod ledger;
 pub mod metrics;
 pub mod model_cache;
 pub mod pod;
 pub mod pod_ledger;
 pub mod pods_first;
+pub mod progress;
 mod reconcile;
 pub mod recorder;
 pub mod retry;
 pub mod scheduler;
+pub mod standing;
 pub mod status_patch;
 pub mod status_writer;
 pub mod supervise;
@@ -49,7 +54,7 @@ use tokio::sync::Notify;
 use crate::api::{GpuNode, TrainingJob};
 use crate::{Error, Result};
 pub use context::{Context, ControllerOptions, LeaseOptions, UiAuthMode};
-pub use cycle::{CycleOutcome, run_cycle};
+pub use cycle::{CycleOutcome, CycleState, check as check_cycle, check_view, run_cycle};
 use cycle::{scheduling_loop, wait_ready};
 use http::{UiSource, serve_metrics};
 use leader::acquire_leadership;
@@ -209,6 +214,7 @@ pub async fn run(client: Client, options: ControllerOptions) -> Result<()> {
         status_queue,
         defer_placed_status: options.status_writers > 0,
         pods_first,
+        elastic_default: options.elastic_default,
     });
     let (trigger, triggers) = futures::channel::mpsc::unbounded::<ObjectRef<TrainingJob>>();
     if options.status_writers > 0 {

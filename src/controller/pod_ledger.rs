@@ -188,13 +188,7 @@ pub fn read_pods(
                     ledger.orphaned.push(orphan_placement(&pod));
                 }
                 if !pod.deleting {
-                    ledger.to_delete.push(OrphanPod {
-                        namespace: pod.namespace,
-                        pod: pod.pod,
-                        pod_uid: pod.pod_uid,
-                        job: pod.job,
-                        job_uid: pod.job_uid,
-                    });
+                    ledger.to_delete.push(orphan_pod(&pod));
                 }
             }
         }
@@ -202,17 +196,28 @@ pub fn read_pods(
     ledger
 }
 
+/// The pod of a deleted job, to delete.
+pub fn orphan_pod(pod: &PodPlacement) -> OrphanPod {
+    OrphanPod {
+        namespace: pod.namespace.clone(),
+        pod: pod.pod.clone(),
+        pod_uid: pod.pod_uid.clone(),
+        job: pod.job.clone(),
+        job_uid: pod.job_uid.clone(),
+    }
+}
+
 /// True when a live job may have a pod its status does not record: it is
 /// neither finished nor being deleted, and its status records no placement
 /// for its current attempt.
-fn may_be_unrecorded(job: &TrainingJob) -> bool {
+pub fn may_be_unrecorded(job: &TrainingJob) -> bool {
     let terminal = job.status.as_ref().is_some_and(|s| s.phase.is_terminal());
     !terminal && job.metadata.deletion_timestamp.is_none() && recorded(job).is_none()
 }
 
 /// The ledger entry of an orphaned pod. Its id names the pod, not the job: a
 /// new job of the same name may be placed beside it.
-fn orphan_placement(pod: &PodPlacement) -> Placement {
+pub fn orphan_placement(pod: &PodPlacement) -> Placement {
     super::cluster_view::ledger_entry(
         format!("{}/{} (pod of a deleted job)", pod.namespace, pod.pod),
         &pod.placement,

@@ -36,6 +36,7 @@ fn placement(attempt: u32) -> PlacementStatus {
         attempt,
         gpu_model: Some("H200".into()),
         micro_batch: Some(4),
+        elastic: None,
     }
 }
 

@@ -24,6 +24,7 @@ fn placement() -> PlacementStatus {
         attempt: 2,
         gpu_model: None,
         micro_batch: None,
+        elastic: None,
     }
 }
 

@@ -157,6 +157,7 @@ async fn apply(job: &TrainingJob, ctx: &Context) -> Result<Action> {
             // changes that would make it fit) takes a while: it runs on the
             // blocking pool, bounded in time, and a panic in it fails the
             // job instead of the reconcile.
+            let elastic_default = ctx.elastic_default;
             let predicted = {
                 let owned = job.clone();
                 let index = ctx.index.clone();
@@ -171,6 +172,7 @@ async fn apply(job: &TrainingJob, ctx: &Context) -> Result<Action> {
                             profile: profile.as_ref().map(|p| p.as_deref()).map_err(Clone::clone),
                             measured: &|signature| index.measured_peak_for(signature),
                             gpu_models: &gpu_models,
+                            elastic_default,
                         },
                     )
                 })
@@ -368,10 +370,14 @@ async fn carry_out(
         let api: Api<TrainingJob> = Api::namespaced(ctx.client.clone(), &namespace);
         ctx.fence.check()?;
         let uid = job.uid().unwrap_or_default();
+        let own = ctx.own_writes.begin(&uid);
         let written = write_status(&api, job, &transition.status).await?;
-        // What is written supersedes a held prediction.
+        // What is written supersedes a held prediction, and the assignments
+        // of the attempts it moved on from.
         ctx.held.forget(&uid);
-        ctx.own_writes.wrote(&uid, written);
+        ctx.assignments
+            .forget_before(&uid, transition.status.attempt);
+        own.wrote(written);
         mark_recorded(ctx, job, &transition);
         log_decision(job, &transition);
     }
@@ -526,6 +532,7 @@ async fn follow_pod(
         agent_reported_oom: ctx.agent_reported_oom(&placement.node, &namespace, &name),
         measured_peak: ctx.measured_for_pod(&placement.node, &namespace, &name),
         observed_shape: ctx.observed_shape_for_pod(&placement.node, &namespace, &name),
+        started: super::progress::pod_started(&pod),
     };
     Ok(Some(transition::follow(job, status, placement, facts)))
 }

@@ -46,6 +46,7 @@ fn on_gpu0(budget: u64) -> PlacementStatus {
         attempt: 1,
         gpu_model: None,
         micro_batch: None,
+        elastic: None,
     }
 }
 
@@ -430,6 +431,47 @@ fn forgetting_a_job_drops_only_its_own_entries() {
     assert_eq!(assignments.waiting("uid-b", 2), Some(wait("no room")));
 }
 
+/// A status of attempt 2 written by this process drops the assignments of
+/// attempt 1 at once, before the cache shows that status: a reconcile of the
+/// job cached at an older version would otherwise take attempt 1's
+/// assignment as a placement to record and create its pod a second time
+/// (seen in the kill test after an OOM retry).
+#[test]
+fn a_later_attempt_written_drops_the_earlier_attempts_assignments() {
+    let assignments = Assignments::default();
+    assignments.record("uid-a", 1, Verdict::Place(on_gpu0(GIB)));
+    assignments.mark_recorded("uid-a", 1);
+    assignments.record("uid-a", 2, wait("no room"));
+    assignments.record("uid-a", 3, Verdict::Place(on_gpu0(2 * GIB)));
+    assignments.record("uid-b", 1, Verdict::Place(on_gpu0(GIB)));
+    let _ = assignments.lock().take_touched();
+
+    assignments.forget_before("uid-a", 2);
+    assert_eq!(assignments.placement("uid-a", 1), None);
+    assert!(!assignments.is_recorded("uid-a", 1));
+    assert_eq!(assignments.waiting("uid-a", 2), Some(wait("no room")));
+    assert_eq!(assignments.placement("uid-a", 3), Some(on_gpu0(2 * GIB)));
+    assert_eq!(assignments.placement("uid-b", 1), Some(on_gpu0(GIB)));
+    assert_eq!(assignments.lock().take_touched(), vec!["uid-a".to_string()]);
+
+    // The cached job at attempt 1 lags the write: attempt 1 is not waiting
+    // (the cycle would place it again), attempt 2 is up to the cycle.
+    assert!(assignments.is_taken("uid-a", 1));
+    assert!(!assignments.is_taken("uid-a", 2));
+    assert!(assignments.is_taken("uid-a", 3), "assigned");
+
+    // Nothing before the first attempt: nothing changes, nothing is touched.
+    assignments.forget_before("uid-b", 1);
+    assert_eq!(assignments.placement("uid-b", 1), Some(on_gpu0(GIB)));
+    assert!(assignments.lock().take_touched().is_empty());
+    assert!(assignments.is_taken("uid-b", 1), "assigned");
+    assert!(!assignments.is_taken("uid-b", 2));
+
+    // A job forgotten (finished, deleted) leaves nothing behind.
+    assignments.forget("uid-a");
+    assert!(!assignments.is_taken("uid-a", 1));
+}
+
 #[test]
 fn an_assignment_leaves_the_ledger_once_its_job_moved_on() {
     let assigned = || job("a", 0, "2026-01-01T00:00:00Z", 10 * GIB);
@@ -512,4 +554,276 @@ fn a_placement_marked_recorded_stays_so_until_a_new_decision_or_its_entry_goes()
     assignments.mark_recorded("uid-a", 1);
     assignments.forget("uid-a");
     assert!(!assignments.is_recorded("uid-a", 1));
+}
+
+/// A smaller shape of an elastic job, on the default profile.
+fn shape(micro: u32, budget: u64, relative: f64) -> crate::api::ShapeBudget {
+    crate::api::ShapeBudget {
+        gpu_model: None,
+        micro_batch: micro,
+        grad_accum: 64 / micro,
+        predicted_bytes: budget,
+        budget_bytes: budget,
+        relative_step_time: relative,
+    }
+}
+
+/// A waiting job at 16x4 (global batch 64) needing 50 GiB, with the smaller
+/// shapes `shapes` (none: a job that is not elastic).
+fn elastic_job(shapes: Vec<crate::api::ShapeBudget>) -> TrainingJob {
+    let mut j = job("e", 0, "2026-01-02T00:00:00Z", 50 * GIB);
+    j.spec.batch.global = 64;
+    j.spec.batch.micro = 16;
+    let status = j.status.as_mut().unwrap();
+    status.micro_batch = Some(16);
+    status.grad_accum = Some(4);
+    status.elastic_shapes = shapes;
+    j
+}
+
+fn three_shapes() -> Vec<crate::api::ShapeBudget> {
+    vec![
+        shape(2, 12 * GIB, 2.0),
+        shape(8, 30 * GIB, 1.1),
+        shape(4, 20 * GIB, 1.3),
+    ]
+}
+
+#[test]
+fn an_elastic_job_whose_shape_fits_nowhere_starts_with_the_fastest_smaller_one_that_fits() {
+    let view = one_gpu_cluster(100 * GIB);
+    // (GiB held by a running job, smaller shapes, the micro-batch placed with
+    // and its budget; None: waits)
+    let cases = [
+        // 40 GiB free: 8x8 (30 GiB) is the fastest that fits
+        (60, three_shapes(), Some((8, 30 * GIB))),
+        // 25 GiB free: 8x8 does not fit, 4x16 does
+        (75, three_shapes(), Some((4, 20 * GIB))),
+        // 10 GiB free: none fits, the job waits
+        (90, three_shapes(), None),
+        // not elastic (no shapes): waits as before
+        (60, vec![], None),
+        // a shape not below the preferred budget is never taken
+        (60, vec![shape(8, 50 * GIB, 1.1)], None),
+    ];
+    for (held, shapes, expected) in cases {
+        let ledger = vec![recorded_placement(
+            &job("running", 0, "2026-01-01T00:00:00Z", held * GIB),
+            &on_gpu0(held * GIB),
+        )];
+        let j = elastic_job(shapes.clone());
+        let verdicts = plan_cycle(&view, &ledger, &[&j], Policy::new(PolicyKind::BestFit, 42));
+        match (&verdicts[0].1, expected) {
+            (Verdict::Place(p), Some((micro, budget))) => {
+                assert_eq!((p.micro_batch, p.budget_bytes), (Some(micro), budget));
+                let elastic = p.elastic.as_ref().expect("elastic figures");
+                assert_eq!(elastic.preferred_micro_batch, 16);
+                assert_eq!(elastic.preferred_grad_accum, 4);
+                assert_eq!(elastic.preferred_budget_bytes, 50 * GIB);
+                let relative = shapes.iter().find(|s| s.micro_batch == micro).unwrap();
+                assert_eq!(elastic.relative_step_time, relative.relative_step_time);
+                // No running job has an expected end.
+                assert_eq!(elastic.expected_wait_seconds, None);
+            }
+            (Verdict::Wait { message, .. }, None) => {
+                assert!(message.contains("waiting for room"), "{message}")
+            }
+            (other, expected) => panic!("held {held}: {other:?}, expected {expected:?}"),
+        }
+    }
+}
+
+#[test]
+fn an_elastic_job_whose_shape_fits_takes_it_and_non_elastic_verdicts_are_unchanged() {
+    let view = one_gpu_cluster(100 * GIB);
+    let policy = || Policy::new(PolicyKind::BestFit, 42);
+    // Room for the preferred shape: no smaller one.
+    let j = elastic_job(three_shapes());
+    let verdicts = plan_cycle(&view, &[], &[&j], policy());
+    let Verdict::Place(p) = &verdicts[0].1 else {
+        panic!("{:?}", verdicts[0].1)
+    };
+    assert_eq!(
+        (p.budget_bytes, p.micro_batch, &p.elastic),
+        (50 * GIB, None, &None)
+    );
+    // The same cycles with and without the shapes of a job that is not
+    // elastic: the verdicts of the job without are those of plan_cycle
+    // before elastic placement (the preferred budget or a wait).
+    for held in [0, 40, 60, 90] {
+        let ledger = vec![recorded_placement(
+            &job("running", 0, "2026-01-01T00:00:00Z", held * GIB),
+            &on_gpu0(held * GIB),
+        )];
+        let plain = elastic_job(vec![]);
+        let verdict = plan_cycle(&view, &ledger, &[&plain], policy()).remove(0).1;
+        match verdict {
+            Verdict::Place(p) => {
+                assert!(held <= 50, "held {held}");
+                assert_eq!(
+                    (p.budget_bytes, p.micro_batch, p.elastic),
+                    (50 * GIB, None, None)
+                );
+            }
+            Verdict::Wait { never_fits, .. } => assert!(held > 50 && !never_fits, "held {held}"),
+        }
+    }
+}
+
+#[test]
+fn a_known_wait_for_the_preferred_shape_keeps_an_elastic_job_waiting() {
+    let view = one_gpu_cluster(100 * GIB);
+    let running = job("running", 0, "2026-01-01T00:00:00Z", 60 * GIB);
+    let ledger = vec![recorded_placement(&running, &on_gpu0(60 * GIB))];
+    let j = elastic_job(three_shapes());
+    let policy = || Policy::new(PolicyKind::BestFit, 42);
+    // (expected end of the running job, placed smaller). Its remaining work
+    // unknown, the job does not trade a known wait for a slower start.
+    let cases = [(None, true), (Some(600.0), false), (Some(100_000.0), false)];
+    for (end, smaller) in cases {
+        let ends = ExpectedEnds {
+            now: 1000.0,
+            ends: end
+                .map(|e: f64| vec![(1000.0 + e, ledger[0].clone())])
+                .unwrap_or_default(),
+        };
+        let verdicts = plan_cycle_at(&view, &ledger, &[&j], policy(), &ends);
+        assert_eq!(
+            matches!(verdicts[0].1, Verdict::Place(_)),
+            smaller,
+            "end {end:?}: {:?}",
+            verdicts[0].1
+        );
+    }
+}
+
+#[test]
+fn an_elastic_job_predicted_per_gpu_model_tries_the_smaller_model_first_with_its_shapes() {
+    let view = h200_and_l4();
+    // Neither model fits the preferred budget (never fits); the L4 has a
+    // smaller shape that fits it, the H200 one of its own.
+    let mut j = elastic_job(vec![
+        crate::api::ShapeBudget {
+            gpu_model: Some("L4".into()),
+            ..shape(4, 20 * GIB, 1.3)
+        },
+        crate::api::ShapeBudget {
+            gpu_model: Some("H200".into()),
+            ..shape(8, 100 * GIB, 1.1)
+        },
+    ]);
+    let status = j.status.as_mut().unwrap();
+    status.gpu_model_budgets = vec![
+        per_model("H200", 16, 150 * GIB),
+        per_model("L4", 8, 30 * GIB),
+    ];
+    status.budget_bytes = Some(150 * GIB);
+    let verdicts = plan_cycle(&view, &[], &[&j], Policy::new(PolicyKind::BestFit, 42));
+    let Verdict::Place(p) = &verdicts[0].1 else {
+        panic!("{:?}", verdicts[0].1)
+    };
+    assert_eq!(
+        (
+            p.node.as_str(),
+            p.gpu_model.as_deref(),
+            p.micro_batch,
+            p.budget_bytes
+        ),
+        ("l4", Some("L4"), Some(4), 20 * GIB)
+    );
+    let elastic = p.elastic.as_ref().unwrap();
+    assert_eq!(
+        (
+            elastic.preferred_micro_batch,
+            elastic.preferred_budget_bytes
+        ),
+        (8, 30 * GIB)
+    );
+    // With the L4 full, the H200's own smaller shape.
+    let l4_full = Placement {
+        job_id: "other".into(),
+        node: "l4".into(),
+        gpu_indices: vec![0],
+        gpu_budget: 24 * GIB,
+        cpu_milli: 0,
+        memory_bytes: 0,
+    };
+    let verdicts = plan_cycle(
+        &view,
+        &[l4_full],
+        &[&j],
+        Policy::new(PolicyKind::BestFit, 42),
+    );
+    let Verdict::Place(p) = &verdicts[0].1 else {
+        panic!("{:?}", verdicts[0].1)
+    };
+    assert_eq!(
+        (
+            p.node.as_str(),
+            p.gpu_model.as_deref(),
+            p.micro_batch,
+            p.budget_bytes
+        ),
+        ("h200", Some("H200"), Some(8), 100 * GIB)
+    );
+}
+
+#[test]
+fn an_elastic_job_with_an_expected_duration_starts_smaller_only_when_the_wait_costs_more() {
+    let view = one_gpu_cluster(100 * GIB);
+    let policy = || Policy::new(PolicyKind::BestFit, 42);
+    // An hour of work at the preferred shape: 8x8 (1.1x) costs 360 s more,
+    // 4x16 (1.3x) 1080 s more.
+    let mut j = elastic_job(three_shapes());
+    j.spec.expected_duration = Some("1h".into());
+    // (GiB held by the running job, its expected end from now, the
+    // micro-batch started with; None: waits)
+    let cases = [
+        // 40 GiB free, 8x8 fits: waiting 60 s is cheaper than 360 s slower
+        (60, Some(60.0), None),
+        // waiting 10 min is dearer: 8x8 now
+        (60, Some(600.0), Some(8)),
+        // no end known: 8x8 now
+        (60, None, Some(8)),
+        // 25 GiB free, only 4x16 fits: 10 min of wait is cheaper than 1080 s
+        (75, Some(600.0), None),
+        // half an hour is not
+        (75, Some(1800.0), Some(4)),
+    ];
+    for (held, end, started) in cases {
+        let running = job("running", 0, "2026-01-01T00:00:00Z", held * GIB);
+        let ledger = vec![recorded_placement(&running, &on_gpu0(held * GIB))];
+        let ends = ExpectedEnds {
+            now: 1000.0,
+            ends: end
+                .map(|e: f64| vec![(1000.0 + e, ledger[0].clone())])
+                .unwrap_or_default(),
+        };
+        let verdict = plan_cycle_at(&view, &ledger, &[&j], policy(), &ends)
+            .remove(0)
+            .1;
+        match (&verdict, started) {
+            (Verdict::Place(p), Some(micro)) => {
+                assert_eq!(p.micro_batch, Some(micro), "held {held}, end {end:?}");
+                let elastic = p.elastic.as_ref().unwrap();
+                assert_eq!(elastic.expected_wait_seconds, end, "held {held}");
+            }
+            (Verdict::Wait { .. }, None) => {}
+            (other, want) => panic!("held {held}, end {end:?}: {other:?}, expected {want:?}"),
+        }
+    }
+    // Without an expected duration the same known wait of 30 min keeps it
+    // waiting (its remaining work is unknown).
+    let mut unknown = j.clone();
+    unknown.spec.expected_duration = None;
+    let running = job("running", 0, "2026-01-01T00:00:00Z", 75 * GIB);
+    let ledger = vec![recorded_placement(&running, &on_gpu0(75 * GIB))];
+    let ends = ExpectedEnds {
+        now: 1000.0,
+        ends: vec![(2800.0, ledger[0].clone())],
+    };
+    let verdict = plan_cycle_at(&view, &ledger, &[&unknown], policy(), &ends)
+        .remove(0)
+        .1;
+    assert!(matches!(verdict, Verdict::Wait { .. }), "{verdict:?}");
 }

@@ -43,6 +43,9 @@ pub mod reason {
     pub const OUT_OF_MEMORY: &str = "OutOfMemory";
     /// A new attempt with a smaller micro-batch follows.
     pub const RETRYING: &str = "Retrying";
+    /// The attempt's container started without its GPU; the same shape is
+    /// tried again.
+    pub const NO_GPU: &str = "NoGpu";
     /// The training process absorbed an OOM itself with a smaller micro-batch.
     pub const OOM_ABSORBED: &str = "OomAbsorbed";
     /// The job succeeded.
@@ -51,6 +54,9 @@ pub mod reason {
     pub const FAILED: &str = "Failed";
     /// The API server refused the attempt's pod.
     pub const POD_REJECTED: &str = "PodRejected";
+    /// Elastic placement started the attempt with a smaller shape than it
+    /// prefers.
+    pub const ELASTIC_SHAPE: &str = "ElasticShape";
 }
 
 /// Sets `type_` in `conditions`, keeping the transition time when the status

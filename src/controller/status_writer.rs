@@ -175,6 +175,7 @@ async fn write(
     );
     ctx.pods_first.wait_turn(super::pods_first::MAX_YIELD).await;
     ctx.fence.check()?;
+    let own = ctx.own_writes.begin(&uid);
     let result = api
         .patch_status(
             &job.name,
@@ -185,8 +186,7 @@ async fn write(
     match outcome(result) {
         Outcome::Written(written) => {
             ctx.held.forget_if(&uid, &resource_version);
-            ctx.own_writes
-                .wrote(&uid, written.metadata.resource_version);
+            own.wrote(written.metadata.resource_version);
             ctx.metrics.status_writes_deferred.inc();
             Ok(())
         }

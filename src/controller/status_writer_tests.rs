@@ -59,6 +59,7 @@ fn a_deferred_placement_of_an_older_version_is_stale() {
         attempt: 3,
         gpu_model: None,
         micro_batch: None,
+        elastic: None,
     });
     assert_eq!(
         plan(Some(&placed), Some(&job("8"))),

@@ -30,7 +30,7 @@ use super::status_patch::{
     CONDITION_COMPLETE, CONDITION_INVALID, CONDITION_PLACED, CONDITION_POD_REJECTED, reason,
     set_condition,
 };
-use crate::job::attempt::{AttemptEnd, NextAttempt, next_attempt};
+use crate::job::attempt::{AttemptEnd, NextAttempt, RetriesUsed, next_attempt};
 use crate::job::backoff::BatchShape;
 use crate::job::budget::{Budget, attempt_budget, gpu_model_budgets, oom_correction};
 use crate::job::exit::PodOutcome;
@@ -52,6 +52,8 @@ pub const RETRY_DELAY: Duration = Duration::from_secs(1);
 
 /// History outcome of an attempt that ran out of GPU memory.
 pub const OUTCOME_OOM: &str = "OutOfMemory";
+/// History outcome of an attempt whose container started without its GPU.
+pub const OUTCOME_NO_GPU: &str = "NoGpu";
 
 /// When the reconcile should look at the job again.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -241,6 +243,8 @@ pub struct PredictFacts<'a> {
     pub measured: &'a dyn Fn(&str) -> Option<u64>,
     /// The cluster's GPU models with the largest capacity of each.
     pub gpu_models: &'a [(String, u64)],
+    /// Whether jobs that do not set `spec.batch.elastic` are elastic.
+    pub elastic_default: bool,
 }
 
 /// Predicts the attempt's budget: the job waits for the cycle with it, or
@@ -253,10 +257,11 @@ pub fn predict(
     let spec = &job.spec;
     let generation = job.metadata.generation;
     let attempt = facts.attempt;
-    let micro = status
-        .micro_batch
+    let micro = super::elastic::restart_micro(&status, attempt, OUTCOME_OOM)
+        .or(status.micro_batch)
         .or(facts.learned.as_ref().map(|(m, _)| *m))
         .unwrap_or(spec.batch.micro);
+    status.preferred_micro_batch = None;
     let profile = match facts.profile {
         Ok(profile) => profile,
         Err(message) => return invalid(job, status, &message),
@@ -321,6 +326,23 @@ pub fn predict(
         b.predicted_bytes = scaled.predicted;
         b.budget_bytes = scaled.budget;
     }
+    // An elastic job's smaller shapes, for when its own fits no GPU now.
+    status.elastic_shapes = if super::elastic::is_elastic(spec, facts.elastic_default) {
+        super::elastic::smaller_shapes(
+            job,
+            &super::elastic::ShapeFacts {
+                micro: shape.micro,
+                budget: budget.budget,
+                per_model: &status.gpu_model_budgets,
+                ooms,
+                gpu_models: facts.gpu_models,
+                profile,
+                measured: facts.measured,
+            },
+        )
+    } else {
+        Vec::new()
+    };
     status.attempt = attempt;
     status.phase = if attempt > 1 {
         Phase::Retrying
@@ -688,6 +710,14 @@ pub fn place(
         status.predicted = Some(human_bytes(chosen.predicted_bytes));
         status.budget_bytes = Some(chosen.budget_bytes);
     }
+    let elastic = placement
+        .elastic
+        .as_ref()
+        .and_then(|elastic| elastic_shape(job, &mut status, &placement, elastic));
+    let message = match &elastic {
+        Some((summary, _)) => format!("{message}; {summary}"),
+        None => message,
+    };
     let first_attempt = status.history.is_empty();
     status.phase = Phase::Placed;
     status.gpu = Some(gpus.join(","));
@@ -715,11 +745,66 @@ pub fn place(
                 reason: reason::PLACED,
                 note: message,
             },
-        ],
+        ]
+        .into_iter()
+        .chain(elastic.map(|(_, note)| Effect::Event {
+            warning: false,
+            reason: reason::ELASTIC_SHAPE,
+            note,
+        }))
+        .collect(),
         // The pod is created before this status is written; the next
         // reconcile, triggered by the watch events of both, follows it.
         requeue: Requeue::After(WRITE_RESYNC),
     }
+}
+
+/// Takes the smaller shape elastic placement chose into the status (the
+/// attempt runs it; an OOM halves it) and keeps the preferred micro-batch
+/// for an attempt that follows without an OOM. Returns the change in
+/// words, for the placement's message, and the `ElasticShape` event's note; `None` (the placement's
+/// shape left as predicted) when the placement names no valid micro-batch.
+fn elastic_shape(
+    job: &TrainingJob,
+    status: &mut TrainingJobStatus,
+    placement: &PlacementStatus,
+    elastic: &crate::api::ElasticPlacement,
+) -> Option<(String, String)> {
+    let spec = &job.spec;
+    let shape = BatchShape::for_micro(spec.batch.global, placement.micro_batch?, spec.gpus)?;
+    let preferred = BatchShape {
+        micro: elastic.preferred_micro_batch,
+        accum: elastic.preferred_grad_accum,
+    };
+    let predicted = status
+        .elastic_shapes
+        .iter()
+        .find(|s| s.gpu_model == placement.gpu_model && s.micro_batch == shape.micro)
+        .map(|s| s.predicted_bytes);
+    status.micro_batch = Some(shape.micro);
+    status.grad_accum = Some(shape.accum);
+    status.batch_shape = Some(shape.display());
+    status.model_signature = Some(job_signature(job, shape.micro));
+    status.budget_bytes = Some(placement.budget_bytes);
+    if let Some(predicted) = predicted {
+        status.predicted_bytes = Some(predicted);
+        status.predicted = Some(human_bytes(predicted));
+    }
+    status.preferred_micro_batch = Some(preferred.micro);
+    let note = super::elastic::event_note(
+        preferred,
+        elastic.preferred_budget_bytes,
+        shape,
+        placement.budget_bytes,
+        elastic.relative_step_time,
+        elastic.expected_wait_seconds,
+    );
+    let summary = format!(
+        "elastic shape {} instead of {}",
+        shape.display(),
+        preferred.display()
+    );
+    Some((summary, note))
 }
 
 /// Why the attempt waits, from the cycle's verdict (`message`, and whether no
@@ -778,6 +863,8 @@ pub struct PodFacts {
     pub measured_peak: Option<u64>,
     /// The batch shape the pod's process reports through the agent.
     pub observed_shape: Option<ObservedShape>,
+    /// When the pod's training started (Unix seconds), once it runs.
+    pub started: Option<f64>,
 }
 
 /// Follows a placed attempt's pod: records the measured peak and the OOMs the
@@ -819,6 +906,11 @@ pub fn follow(
         }
         PodOutcome::Running => {
             status.phase = Phase::Running;
+            let reported = facts
+                .observed_shape
+                .as_ref()
+                .and_then(|s| s.progress.as_ref());
+            super::progress::follow_progress(job, &mut status, placement, reported, facts.started);
             return Transition {
                 decision: "running",
                 status,
@@ -829,6 +921,7 @@ pub fn follow(
         PodOutcome::Succeeded => AttemptEnd::Succeeded,
         PodOutcome::Failed(message) => AttemptEnd::Failed(message),
         PodOutcome::OutOfMemory(message) => AttemptEnd::OutOfMemory(message),
+        PodOutcome::NoGpu(message) => AttemptEnd::NoGpu(message),
     };
     let (decision, requeue) = end_attempt(job, &mut status, placement, &end, &mut effects);
     Transition {
@@ -937,11 +1030,17 @@ fn end_attempt(
         micro: status.micro_batch.unwrap_or(spec.batch.micro),
         accum: status.grad_accum.unwrap_or(1),
     };
-    let used = status
-        .history
-        .iter()
-        .filter(|r| r.outcome == OUTCOME_OOM)
-        .count() as u32;
+    let count = |outcome: &str| {
+        status
+            .history
+            .iter()
+            .filter(|r| r.outcome == outcome)
+            .count() as u32
+    };
+    let used = RetriesUsed {
+        oom: count(OUTCOME_OOM),
+        no_gpu: count(OUTCOME_NO_GPU),
+    };
     if let AttemptEnd::OutOfMemory(message) = end {
         effects.push(Effect::Event {
             warning: true,
@@ -972,39 +1071,50 @@ fn end_attempt(
             }
         }
         NextAttempt::Retry(next) => {
-            retry(job, status, current, next, end.message(), effects);
+            let decision = retry(job, status, current, next, end, effects);
             effects.push(Effect::DeletePod(pod_name(
                 job.metadata.name.as_deref().unwrap_or_default(),
                 placement.attempt,
             )));
-            ("oom-retry", Requeue::After(RETRY_DELAY))
+            (decision, Requeue::After(RETRY_DELAY))
         }
     }
 }
 
-/// The next attempt after an OOM at `current`, with the shape `next`.
+/// The next attempt after one that ended at `current` with `end` (an OOM,
+/// or no GPU), with the shape `next`; the decision's name.
 fn retry(
     job: &TrainingJob,
     status: &mut TrainingJobStatus,
     current: BatchShape,
     next: BatchShape,
-    message: Option<&str>,
+    end: &AttemptEnd,
     effects: &mut Vec<Effect>,
-) {
+) -> &'static str {
     let spec = &job.spec;
+    let no_gpu = matches!(end, AttemptEnd::NoGpu(_));
     status.history.push(AttemptRecord {
         attempt: status.attempt,
         micro_batch: current.micro,
         grad_accum: current.accum,
-        outcome: OUTCOME_OOM.into(),
-        message: message.map(str::to_string),
+        outcome: if no_gpu { OUTCOME_NO_GPU } else { OUTCOME_OOM }.into(),
+        message: end.message().map(str::to_string),
     });
-    let text = format!(
-        "out of memory at micro-batch {}; retrying with {} (global batch {} kept)",
-        current.micro,
-        next.display(),
-        spec.batch.global
-    );
+    let text = if no_gpu {
+        format!(
+            "attempt {} started without its GPU (the node's device injection did not run \
+             for its container); retrying with {}",
+            status.attempt,
+            next.display()
+        )
+    } else {
+        format!(
+            "out of memory at micro-batch {}; retrying with {} (global batch {} kept)",
+            current.micro,
+            next.display(),
+            spec.batch.global
+        )
+    };
     status.attempt += 1;
     status.phase = Phase::Retrying;
     status.micro_batch = Some(next.micro);
@@ -1025,13 +1135,20 @@ fn retry(
         &text,
         job.metadata.generation,
     );
-    effects.push(Effect::CountOomRetry);
+    if !no_gpu {
+        effects.push(Effect::CountOomRetry);
+    }
     effects.push(Effect::WakeScheduler);
     effects.push(Effect::Event {
-        warning: false,
-        reason: reason::RETRYING,
+        warning: no_gpu,
+        reason: if no_gpu {
+            reason::NO_GPU
+        } else {
+            reason::RETRYING
+        },
         note: text,
     });
+    if no_gpu { "no-gpu-retry" } else { "oom-retry" }
 }
 
 #[cfg(test)]

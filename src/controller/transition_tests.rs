@@ -1,5 +1,6 @@
 use super::*;
 use crate::api::{AbsorbedOom, AssignedGpu, GpuModelBudget};
+use crate::job::attempt::MAX_NO_GPU_RETRIES;
 use serde_json::json;
 
 const GIB: u64 = 1 << 30;
@@ -27,6 +28,7 @@ fn placement(attempt: u32) -> PlacementStatus {
         attempt,
         gpu_model: None,
         micro_batch: None,
+        elastic: None,
     }
 }
 
@@ -329,6 +331,7 @@ fn facts<'a>(
         profile: Ok(None),
         measured,
         gpu_models: models,
+        elastic_default: false,
     }
 }
 
@@ -987,16 +990,20 @@ fn an_oom_starts_the_next_attempt_at_half_the_micro_batch_and_deletes_the_pod() 
     assert_eq!(kind(&next_step(&next, |_| None)), "predict a2 forget=false");
 }
 
-#[test]
-fn an_oom_at_the_floor_or_past_the_retries_fails_and_keeps_the_pod() {
-    let oom = || pod(PodOutcome::OutOfMemory("CUDA out of memory".into()));
-    let record = |outcome: &str| AttemptRecord {
+/// A finished attempt 1 at 8x1 with `outcome`, for a job's history.
+fn record(outcome: &str) -> AttemptRecord {
+    AttemptRecord {
         attempt: 1,
         micro_batch: 8,
         grad_accum: 1,
         outcome: outcome.into(),
         message: None,
-    };
+    }
+}
+
+#[test]
+fn an_oom_at_the_floor_or_past_the_retries_fails_and_keeps_the_pod() {
+    let oom = || pod(PodOutcome::OutOfMemory("CUDA out of memory".into()));
     let mut at_floor = placed(1, Phase::Running);
     at_floor.micro_batch = Some(1);
     at_floor.grad_accum = Some(8);
@@ -1108,6 +1115,7 @@ fn oom_absorbed_in_process_update_the_shape_and_publish_an_event_each() {
             micro_batch: 2,
             grad_accum: 4,
             absorbed_ooms: vec![oom(8, 4), oom(4, 2)],
+            progress: None,
         }),
         ..Default::default()
     };
@@ -1297,4 +1305,59 @@ fn a_job_larger_than_every_gpu_fails_once_with_what_would_make_it_fit() {
     assert_eq!(decide("200Gi", &[]).decision, "predicted");
     let future = [("future".to_string(), 500 * GIB)];
     assert_eq!(decide("400Gi", &future).decision, "predicted");
+}
+
+#[test]
+fn an_attempt_without_its_gpu_is_retried_at_the_same_shape_and_is_not_an_oom() {
+    let no_gpu = || pod(PodOutcome::NoGpu("vramfit: no GPU device".into()));
+    // maxOOMRetries 0: an OOM would fail the job, a missing GPU does not.
+    let job = job_with(json!({"maxOOMRetries": 0}), None);
+    let mut status = placed(2, Phase::Running);
+    status.micro_batch = Some(4);
+    status.grad_accum = Some(2);
+    status.history = vec![record(OUTCOME_OOM)];
+    let t = follow(&job, status, &placement(2), no_gpu());
+    assert_eq!(t.decision, "no-gpu-retry");
+    assert_eq!(t.status.phase, Phase::Retrying);
+    assert_eq!(t.status.attempt, 3);
+    assert_eq!(
+        (t.status.micro_batch, t.status.grad_accum),
+        (Some(4), Some(2)),
+        "the same shape"
+    );
+    let last = t.status.history.last().unwrap();
+    assert_eq!(
+        (last.attempt, last.outcome.as_str(), last.message.as_deref()),
+        (2, OUTCOME_NO_GPU, Some("vramfit: no GPU device"))
+    );
+    assert!(t.status.placement.is_none(), "the placement is released");
+    assert!(
+        !t.effects.iter().any(|e| matches!(e, Effect::CountOomRetry)),
+        "not counted as an OOM retry: {:?}",
+        t.effects
+    );
+    assert!(
+        t.effects
+            .iter()
+            .any(|e| matches!(e, Effect::DeletePod(p) if p.ends_with("-a2"))),
+        "{:?}",
+        t.effects
+    );
+    assert_eq!(events(&t), vec![(reason::NO_GPU, true)]);
+
+    // After as many as allowed, the job fails and says why.
+    let mut status = placed(9, Phase::Running);
+    status.history = vec![record(OUTCOME_NO_GPU); MAX_NO_GPU_RETRIES as usize];
+    let t = follow(&job_with(json!({}), None), status, &placement(9), no_gpu());
+    assert_eq!(t.decision, "failed");
+    assert_eq!(t.status.phase, Phase::Failed);
+    assert!(
+        t.status
+            .message
+            .as_deref()
+            .unwrap()
+            .contains("started without their GPU"),
+        "{:?}",
+        t.status.message
+    );
 }

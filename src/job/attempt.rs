@@ -6,7 +6,10 @@
 //! reason, no retry. Out of memory (the exit protocol of [`super::exit`], or
 //! the node agent's report, which wins over any exit): the next attempt at
 //! half the micro-batch ([`after_oom`]), or a failure at `batch.minMicro` or
-//! past `maxOOMRetries`.
+//! past `maxOOMRetries`. No GPU (the exit protocol of [`super::exit`] for a
+//! container started without its GPU): the next attempt at the same shape,
+//! at most [`MAX_NO_GPU_RETRIES`] times per job; it is not an OOM and does
+//! not count against `maxOOMRetries`.
 
 use crate::api::TrainingJobSpec;
 use crate::job::backoff::{BatchShape, OomDecision, after_oom};
@@ -18,17 +21,25 @@ pub enum AttemptEnd {
     Succeeded,
     /// Ran out of GPU memory: the OOM line, or who stopped it and why.
     OutOfMemory(String),
+    /// Its container had no GPU device although it was placed on one.
+    NoGpu(String),
     /// Anything else, in words.
     Failed(String),
 }
 
+/// Attempts of one job that may end without their GPU before the job fails:
+/// enough to outlast the replacement of a node's device plugin, few enough
+/// that a node that never gives GPUs fails the job within minutes.
+pub const MAX_NO_GPU_RETRIES: u32 = 5;
+
 impl AttemptEnd {
-    /// `Succeeded`, `OutOfMemory` or `Failed`: the outcome the job's history
+    /// `Succeeded`, `OutOfMemory`, `NoGpu` or `Failed`: the outcome the job's history
     /// and the local run's report record.
     pub fn name(&self) -> &'static str {
         match self {
             AttemptEnd::Succeeded => "Succeeded",
             AttemptEnd::OutOfMemory(_) => "OutOfMemory",
+            AttemptEnd::NoGpu(_) => "NoGpu",
             AttemptEnd::Failed(_) => "Failed",
         }
     }
@@ -37,7 +48,7 @@ impl AttemptEnd {
     pub fn message(&self) -> Option<&str> {
         match self {
             AttemptEnd::Succeeded => None,
-            AttemptEnd::OutOfMemory(m) | AttemptEnd::Failed(m) => Some(m),
+            AttemptEnd::OutOfMemory(m) | AttemptEnd::NoGpu(m) | AttemptEnd::Failed(m) => Some(m),
         }
     }
 
@@ -53,6 +64,15 @@ impl AttemptEnd {
     }
 }
 
+/// The retries a job made before an attempt, by why.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RetriesUsed {
+    /// After an OOM (count against `maxOOMRetries`).
+    pub oom: u32,
+    /// After an attempt that started without its GPU.
+    pub no_gpu: u32,
+}
+
 /// What follows an attempt that ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum NextAttempt {
@@ -66,22 +86,30 @@ pub enum NextAttempt {
 
 /// Decides what follows an attempt of a job of `spec` that ended with `end`
 /// at `shape` (the shape its process ended with, after any OOM it absorbed
-/// itself), `oom_retries_used` OOM retries made before it.
+/// itself), after `used` retries of the job.
 pub fn next_attempt(
     spec: &TrainingJobSpec,
     shape: BatchShape,
     end: &AttemptEnd,
-    oom_retries_used: u32,
+    used: RetriesUsed,
 ) -> NextAttempt {
     match end {
         AttemptEnd::Succeeded => NextAttempt::Done,
         AttemptEnd::Failed(reason) => NextAttempt::Fail(reason.clone()),
+        AttemptEnd::NoGpu(reason) if used.no_gpu >= MAX_NO_GPU_RETRIES => {
+            NextAttempt::Fail(format!(
+                "{} attempts started without their GPU; the last: {reason}. The node's \
+                 device injection (the vramfit agent's NRI plugin) is not giving GPUs",
+                used.no_gpu + 1
+            ))
+        }
+        AttemptEnd::NoGpu(_) => NextAttempt::Retry(shape),
         AttemptEnd::OutOfMemory(_) => match after_oom(
             spec.batch.global,
             spec.gpus,
             shape,
             spec.batch.min_micro,
-            oom_retries_used,
+            used.oom,
             spec.max_oom_retries,
         ) {
             OomDecision::Retry(next) => NextAttempt::Retry(next),

@@ -47,6 +47,10 @@ fn the_next_attempt_for_each_end() {
         ("the agent's report makes a success an OOM", (64, 1, 1, 4), shape(32, 2), agent(), 0, Want::Retry(shape(16, 4))),
     ];
     for (case, (global, gpus, min_micro, max), at, end, used, want) in cases {
+        let used = RetriesUsed {
+            oom: used,
+            no_gpu: 0,
+        };
         let got = next_attempt(&spec(global, gpus, min_micro, max), at, &end, used);
         match (&got, want) {
             (NextAttempt::Done, Want::Done) => {}
@@ -82,6 +86,7 @@ fn the_agents_report_wins_over_any_end_and_names_and_messages() {
     let ends = [
         AttemptEnd::Succeeded,
         AttemptEnd::OutOfMemory("o".into()),
+        AttemptEnd::NoGpu("n".into()),
         AttemptEnd::Failed("f".into()),
     ];
     let names: Vec<_> = ends.iter().map(|e| (e.name(), e.message())).collect();
@@ -90,7 +95,41 @@ fn the_agents_report_wins_over_any_end_and_names_and_messages() {
         [
             ("Succeeded", None),
             ("OutOfMemory", Some("o")),
+            ("NoGpu", Some("n")),
             ("Failed", Some("f"))
         ]
     );
+}
+
+#[test]
+fn an_attempt_without_its_gpu_is_tried_again_at_the_same_shape_a_few_times() {
+    let no_gpu = AttemptEnd::NoGpu("vramfit: no GPU device".into());
+    let spec = spec(64, 1, 8, 0);
+    let at = shape(16, 4);
+    // (case, OOM retries used, no-GPU retries used, wanted)
+    #[rustfmt::skip]
+    let cases = [
+        ("the first: the same shape again", 0, 0, Some(at)),
+        ("not an OOM: maxOOMRetries 0 and minMicro do not stop it", 9, 0, Some(at)),
+        ("the last one allowed", 0, MAX_NO_GPU_RETRIES - 1, Some(at)),
+        ("then the job fails", 0, MAX_NO_GPU_RETRIES, None),
+    ];
+    for (case, oom, used, want) in cases {
+        let got = next_attempt(&spec, at, &no_gpu, RetriesUsed { oom, no_gpu: used });
+        match (got, want) {
+            (NextAttempt::Retry(next), Some(wanted)) => assert_eq!(next, wanted, "{case}"),
+            (NextAttempt::Fail(reason), None) => {
+                assert!(reason.contains("without their GPU"), "{case}: {reason}");
+                assert!(
+                    reason.contains("vramfit: no GPU device"),
+                    "{case}: {reason}"
+                );
+                assert!(
+                    reason.contains(&(MAX_NO_GPU_RETRIES + 1).to_string()),
+                    "{case}: {reason}"
+                );
+            }
+            (got, _) => panic!("{case}: got {got:?}"),
+        }
+    }
 }

@@ -6,6 +6,12 @@
 //! The `vramfit` Python helper does both when it catches
 //! `torch.cuda.OutOfMemoryError`; the node agent reports a pod it stopped for
 //! exceeding its budget in `GpuNode.status.oomReports`, which counts the same.
+//! A process whose container lacks the GPU its attempt was placed on (the
+//! node's device injection did not run for it, e.g. while the NRI plugin's
+//! pod was being replaced) exits with [`NO_GPU_EXIT_CODE`] and a termination
+//! message that contains [`NO_GPU_MESSAGE_MARK`]; the helper checks this in
+//! `vramfit.configure()`, before CUDA is touched. Such an attempt is retried
+//! at the same shape (job::attempt).
 //! Anything else (a non-zero exit with another code, a host-memory OOM kill with
 //! 137, an image pull failure) is an ordinary failure and is not retried.
 
@@ -16,6 +22,13 @@ pub const OOM_EXIT_CODE: i32 = 42;
 
 /// Text the termination message must contain (PyTorch's own wording).
 pub const OOM_MESSAGE_MARK: &str = "CUDA out of memory";
+
+/// Exit code of a training process whose container has no GPU device
+/// although its attempt was placed on one.
+pub const NO_GPU_EXIT_CODE: i32 = 43;
+
+/// Text the termination message of [`NO_GPU_EXIT_CODE`] must contain.
+pub const NO_GPU_MESSAGE_MARK: &str = "vramfit: no GPU device";
 
 /// How a training pod ended.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -29,6 +42,8 @@ pub enum PodOutcome {
     Succeeded,
     /// Ran out of GPU memory, following the protocol.
     OutOfMemory(String),
+    /// Started without the GPU it was placed on, following the protocol.
+    NoGpu(String),
     /// Failed for another reason.
     Failed(String),
 }
@@ -61,6 +76,9 @@ fn failed_outcome(pod: &Pod) -> PodOutcome {
         if is_oom_exit(terminated.exit_code, &message) {
             return PodOutcome::OutOfMemory(first_line(&message));
         }
+        if is_no_gpu_exit(terminated.exit_code, &message) {
+            return PodOutcome::NoGpu(marked_line(&message, NO_GPU_MESSAGE_MARK));
+        }
         if terminated.exit_code != 0 {
             let reason = terminated.reason.clone().unwrap_or_else(|| "Error".into());
             let detail = if message.is_empty() {
@@ -87,13 +105,22 @@ pub fn is_oom_exit(exit_code: i32, message: &str) -> bool {
     exit_code == OOM_EXIT_CODE && message.contains(OOM_MESSAGE_MARK)
 }
 
+/// True when a process's exit code and termination message say that its
+/// container had no GPU device.
+pub fn is_no_gpu_exit(exit_code: i32, message: &str) -> bool {
+    exit_code == NO_GPU_EXIT_CODE && message.contains(NO_GPU_MESSAGE_MARK)
+}
+
 /// The line of a termination message worth showing: the OOM line when there
 /// is one, else the start of the text.
 pub fn first_line(text: &str) -> String {
-    let line = text
-        .lines()
-        .find(|l| l.contains(OOM_MESSAGE_MARK))
-        .unwrap_or(text);
+    marked_line(text, OOM_MESSAGE_MARK)
+}
+
+/// The first line of `text` that holds `mark` (else the start of the text),
+/// cut to 300 characters.
+fn marked_line(text: &str, mark: &str) -> String {
+    let line = text.lines().find(|l| l.contains(mark)).unwrap_or(text);
     line.chars().take(300).collect()
 }
 

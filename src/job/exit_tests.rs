@@ -85,3 +85,28 @@ fn the_oom_message_is_the_line_with_pytorch_s_text_cut_to_300_characters() {
         other => panic!("{other:?}"),
     }
 }
+
+#[test]
+fn only_the_no_gpu_protocol_counts_as_no_gpu() {
+    let said = "vramfit: no GPU device: the attempt was placed on GPU-1 but the container has no /dev/nvidiaN";
+    let cases = [
+        (
+            pod_with("Failed", 43, &format!("traceback\n{said}"), "Error"),
+            true,
+        ),
+        // The text with another exit code, or the code without the text.
+        (pod_with("Failed", 1, said, "Error"), false),
+        (pod_with("Failed", 43, "KeyError: 'x'", "Error"), false),
+        // The OOM protocol is not a missing GPU.
+        (pod_with("Failed", 42, "CUDA out of memory", "Error"), false),
+    ];
+    for (pod, no_gpu) in cases {
+        match pod_outcome(&pod) {
+            PodOutcome::NoGpu(line) => {
+                assert!(no_gpu, "{line}");
+                assert_eq!(line, said);
+            }
+            other => assert!(!no_gpu, "{other:?}"),
+        }
+    }
+}

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use vramfit_alloc_core::stats_file::{ReadError, read_untrusted};
 
 use super::backoff::BatchShape;
-use crate::api::{AbsorbedOom, ObservedShape};
+use crate::api::{AbsorbedOom, ObservedShape, ReportedProgress};
 
 /// The format version the helper writes.
 pub const VERSION: u32 = 1;
@@ -27,7 +27,7 @@ pub const MAX_ABSORBED: usize = 32;
 
 /// The file, as the helper writes it (fields the readers do not need are
 /// left out).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ShapeFile {
     /// Format version ([`VERSION`]).
@@ -39,6 +39,43 @@ pub struct ShapeFile {
     /// OOMs the process absorbed by halving its micro-batch, oldest first.
     #[serde(default)]
     pub absorbed_ooms: Vec<AbsorbedEntry>,
+    /// How far the training has come, when the helper reports it (older
+    /// helpers do not). A malformed value is dropped, not the file: the shape
+    /// stays readable.
+    #[serde(default, deserialize_with = "lenient_progress")]
+    pub progress: Option<ProgressEntry>,
+}
+
+/// The training's progress as the helper writes it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProgressEntry {
+    /// Optimizer steps done.
+    pub steps: u64,
+    /// Optimizer steps in all, when the script knows.
+    #[serde(default)]
+    pub total_steps: Option<u64>,
+    /// Smoothed seconds per optimizer step, once measured.
+    #[serde(default)]
+    pub seconds_per_step: Option<f64>,
+    /// When `steps` was counted (milliseconds since the Unix epoch).
+    pub unix_ms: i64,
+}
+
+/// `progress` when it is an object of the right form, else `None`; a
+/// `totalSteps` of 0 and a step time that is not a positive finite number
+/// are dropped.
+fn lenient_progress<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<ProgressEntry>, D::Error> {
+    let value = Option::<serde_json::Value>::deserialize(deserializer)?;
+    let Some(mut entry) = value.and_then(|v| serde_json::from_value::<ProgressEntry>(v).ok())
+    else {
+        return Ok(None);
+    };
+    entry.total_steps = entry.total_steps.filter(|&t| t > 0);
+    entry.seconds_per_step = entry.seconds_per_step.filter(|s| s.is_finite() && *s > 0.0);
+    Ok(Some(entry))
 }
 
 /// One OOM absorbed in process.
@@ -128,6 +165,12 @@ impl ShapeFile {
             micro_batch: self.micro_batch,
             grad_accum: self.grad_accum,
             absorbed_ooms: self.absorbed(),
+            progress: self.progress.as_ref().map(|p| ReportedProgress {
+                steps: p.steps,
+                total_steps: p.total_steps,
+                seconds_per_step: p.seconds_per_step,
+                time: rfc3339(p.unix_ms),
+            }),
         }
     }
 }

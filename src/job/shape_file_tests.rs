@@ -79,3 +79,57 @@ fn a_link_is_not_followed() {
     ));
     assert!(read(&dir.path().join("real.json")).is_ok());
 }
+
+#[test]
+fn progress_is_read_when_present_and_dropped_when_malformed() {
+    // A file of an older helper has none.
+    assert_eq!(parse(ONE.as_bytes()).unwrap().observed().progress, None);
+    let with = |progress: &str| {
+        ONE.replace(
+            "\"attempt\": 1,",
+            &format!("\"attempt\": 1, \"progress\": {progress},"),
+        )
+    };
+    let file = parse(
+        with(
+            r#"{"steps": 120, "totalSteps": 1000, "secondsPerStep": 0.5, "unixMs": 1764547200000}"#,
+        )
+        .as_bytes(),
+    )
+    .unwrap();
+    let p = file.observed().progress.unwrap();
+    assert_eq!(
+        (p.steps, p.total_steps, p.seconds_per_step),
+        (120, Some(1000), Some(0.5))
+    );
+    assert_eq!(p.time, "2025-12-01T00:00:00Z");
+    // Unknown total, no step time yet.
+    let p = parse(with(r#"{"steps": 3, "unixMs": 1764547200000}"#).as_bytes())
+        .unwrap()
+        .observed()
+        .progress
+        .unwrap();
+    assert_eq!(
+        (p.steps, p.total_steps, p.seconds_per_step),
+        (3, None, None)
+    );
+    // A zero total and a step time that is no positive number are dropped.
+    let p = parse(
+        with(r#"{"steps": 3, "totalSteps": 0, "secondsPerStep": -1.0, "unixMs": 1764547200000}"#)
+            .as_bytes(),
+    )
+    .unwrap()
+    .progress
+    .unwrap();
+    assert_eq!((p.total_steps, p.seconds_per_step), (None, None));
+    // A malformed progress loses the progress, not the shape.
+    for bad in [
+        r#""soon""#,
+        r#"{"steps": -1, "unixMs": 0}"#,
+        r#"{"totalSteps": 9}"#,
+        "null",
+    ] {
+        let file = parse(with(bad).as_bytes()).unwrap();
+        assert_eq!((file.micro_batch, file.progress), (8, None), "{bad}");
+    }
+}

@@ -91,6 +91,20 @@ pub fn expected_wait<'a>(
     per_gpu: u64,
     now: f64,
 ) -> Option<f64> {
+    expected_wait_on(state, ends, gpus, per_gpu, now, |_, _| true)
+}
+
+/// [`expected_wait`] counting only the GPUs `usable(node, gpu)` accepts
+/// (by index into [`ClusterState::nodes`] and into the node's GPUs): those
+/// of the GPU model a job's budget was predicted for, say.
+pub fn expected_wait_on<'a>(
+    state: &ClusterState,
+    ends: impl IntoIterator<Item = (f64, &'a Placement)>,
+    gpus: u32,
+    per_gpu: u64,
+    now: f64,
+    usable: impl Fn(usize, usize) -> bool,
+) -> Option<f64> {
     let mut ends: Vec<(f64, &Placement)> = ends.into_iter().collect();
     ends.sort_by(|a, b| a.0.total_cmp(&b.0));
     let nodes = state.nodes();
@@ -101,7 +115,8 @@ pub fn expected_wait<'a>(
             .iter()
             .enumerate()
             .filter(|&(g, free)| {
-                free + freed.get(&(node, g as u32)).copied().unwrap_or(0) >= per_gpu
+                usable(node, g)
+                    && free + freed.get(&(node, g as u32)).copied().unwrap_or(0) >= per_gpu
             })
             .count()
             >= gpus as usize

@@ -136,3 +136,41 @@ fn the_wait_is_until_the_first_end_that_opens_a_big_enough_hole() {
         "fits now"
     );
 }
+
+#[test]
+fn the_wait_counts_only_the_gpus_the_caller_can_use() {
+    let (_, mut placer) = cluster();
+    let mut placed = Vec::new();
+    for i in 0..4 {
+        let d = placer
+            .place(&JobRequest::new(format!("j{i}"), 1, 70 * GIB, 1000, GIB))
+            .unwrap();
+        placed.push(d.placement);
+    }
+    let state = placer.state();
+    let ends: Vec<(f64, &Placement)> = placed
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (100.0 * (i as f64 + 1.0), p))
+        .collect();
+    // (usable GPUs, per GPU, wait): only node b's GPUs usable.
+    let b = state.node_index("b").unwrap();
+    let first_end_on_b = ends
+        .iter()
+        .filter(|(_, p)| p.node == "b")
+        .map(|(t, _)| *t)
+        .fold(f64::INFINITY, f64::min);
+    type Usable<'a> = &'a dyn Fn(usize, usize) -> bool;
+    let cases: [(Usable, u64, Option<f64>); 4] = [
+        (&|_, _| true, 30 * GIB, Some(0.0)),
+        (&|n, _| n == b, 30 * GIB, Some(0.0)),
+        (&|n, _| n == b, 40 * GIB, Some(first_end_on_b)),
+        (&|_, _| false, 30 * GIB, None),
+    ];
+    for (usable, per_gpu, want) in cases {
+        assert_eq!(
+            expected_wait_on(state, ends.iter().copied(), 1, per_gpu, 0.0, usable),
+            want
+        );
+    }
+}

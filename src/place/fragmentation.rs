@@ -55,15 +55,15 @@ impl TargetWorkload {
     }
 
     /// Normalises arbitrary non-negative weights; types are sorted most
-    /// popular first so the order, and hence float sums, are deterministic.
+    /// popular first, before the total is summed, so the order, and hence the
+    /// float sums, do not depend on the order the weights come in (a hash
+    /// map's, which differs from run to run).
     pub fn from_weights(weights: impl IntoIterator<Item = (Demand, f64)>) -> Self {
         let mut types: Vec<TaskType> = weights
             .into_iter()
             .filter(|(_, w)| *w > 0.0)
             .map(|(demand, weight)| TaskType { demand, weight })
             .collect();
-        let total: f64 = types.iter().map(|t| t.weight).sum();
-        types.iter_mut().for_each(|t| t.weight /= total);
         types.sort_by(|a, b| {
             b.weight
                 .total_cmp(&a.weight)
@@ -71,7 +71,10 @@ impl TargetWorkload {
                 .then(a.demand.gpus.cmp(&b.demand.gpus))
                 .then(a.demand.cpu.cmp(&b.demand.cpu))
                 .then(a.demand.mem.cmp(&b.demand.mem))
+                .then(a.demand.models.cmp(&b.demand.models))
         });
+        let total: f64 = types.iter().map(|t| t.weight).sum();
+        types.iter_mut().for_each(|t| t.weight /= total);
         let mut groups: Vec<ShapeGroup> = Vec::new();
         for t in &types {
             let d = &t.demand;

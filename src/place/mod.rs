@@ -43,7 +43,7 @@ mod explain;
 mod fgd;
 pub mod fragmentation;
 pub mod inventory;
-mod memo;
+pub(crate) mod memo;
 pub mod openb;
 pub mod policy;
 pub mod rng;

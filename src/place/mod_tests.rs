@@ -1714,3 +1714,27 @@ fn a_multi_gpu_type_strands_the_gpus_left_over_from_its_copies() {
     assert_eq!(fused.stranding, 1000.0);
     assert_eq!(fused.fragmentation, 0.0);
 }
+
+/// The target workload's weights are the same bits whatever order the
+/// weights come in (a hash map's order changes from run to run): the total
+/// is summed in the sorted order. 1e16 + 1 + 1 is 1e16 summed from the
+/// large end and 1e16 + 2 from the small end.
+#[test]
+fn the_target_workload_does_not_depend_on_the_order_of_its_weights() {
+    let weights = [
+        (demand(1, 100, 1000), 1e16),
+        (demand(1, 200, 1000), 1.0),
+        (demand(2, 1000, 1000), 1.0),
+    ];
+    let bits = |order: [usize; 3]| -> Vec<(u64, u32, u64)> {
+        TargetWorkload::from_weights(order.map(|i| weights[i].clone()))
+            .types()
+            .iter()
+            .map(|t| (t.demand.per_gpu, t.demand.gpus, t.weight.to_bits()))
+            .collect()
+    };
+    let first = bits([0, 1, 2]);
+    for order in [[2, 1, 0], [1, 2, 0], [2, 0, 1]] {
+        assert_eq!(bits(order), first, "order {order:?}");
+    }
+}

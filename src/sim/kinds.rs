@@ -97,6 +97,37 @@ pub fn kind_for(model: &crate::api::ModelSpec) -> Option<&'static str> {
     }
 }
 
+/// The step-time curve for a job of `model` whose preferred micro-batch is
+/// `micro`, and where it comes from: the measured curve of its family on the
+/// H200 ([`kind_for`], [`H200_STEP_TIMES`]), else a bound through `micro`
+/// alone (a smaller micro-batch costs `micro / smaller` as much, a larger one
+/// gains nothing; see [`StepTimeCurve`]).
+pub fn curve_for(model: &crate::api::ModelSpec, micro: u32) -> (StepTimeCurve, String) {
+    static MEASURED: std::sync::OnceLock<Vec<ModelKind>> = std::sync::OnceLock::new();
+    let kinds = MEASURED.get_or_init(|| {
+        crate::predict::gpu_profile("H200")
+            .and_then(|gpu| parse_kinds(H200_STEP_TIMES, gpu).ok())
+            .unwrap_or_default()
+    });
+    if let Some(kind) = kind_for(model).and_then(|name| kinds.iter().find(|k| k.name == name)) {
+        return (
+            kind.curve.clone(),
+            format!(
+                "measured: {} on the H200 (docs/results/step-time/h200-2026-12-03.jsonl)",
+                kind.name
+            ),
+        );
+    }
+    let bound = StepTimeCurve::new(vec![(micro.max(1), 1.0)])
+        .expect("one point at a positive micro-batch with a positive time");
+    (
+        bound,
+        "bound: no measured curve for this model; a smaller micro-batch is taken to cost \
+         micro/smaller as much, a larger one to gain nothing"
+            .to_string(),
+    )
+}
+
 fn spec_yaml(name: &str) -> Option<&'static str> {
     Some(match name {
         "gpt2" => {

@@ -305,6 +305,43 @@ async fn oom_at_min_micro_fails_and_other_failures_are_not_retried() {
 }
 
 #[tokio::test]
+async fn an_attempt_started_without_its_gpu_is_tried_again_at_the_same_shape() {
+    let cluster = TestCluster::new("nogpu").await;
+    cluster.add_gpu_node("n1", &[("H100-80GB", 80 * GIB)]).await;
+    let _controller = cluster.start_controller();
+    // maxOOMRetries 0: were it counted as an OOM, the job would fail.
+    let mut job = mlp_job("nogpu", 64, 8, 1, None);
+    job["spec"]["maxOOMRetries"] = serde_json::json!(0);
+    cluster.apply_job(job).await;
+    cluster.wait_pod("nogpu-a1").await;
+    cluster.kubelet_running("nogpu-a1").await;
+    let said = "vramfit: no GPU device: the attempt was placed on GPU-1, but this container has no /dev/nvidiaN device";
+    cluster.kubelet_exit("nogpu-a1", 43, said).await;
+
+    let job = cluster
+        .wait_job("nogpu", "attempt 2 placed", |j| {
+            j.status
+                .as_ref()
+                .is_some_and(|s| s.attempt == 2 && s.phase == Phase::Placed)
+        })
+        .await;
+    let status = job.status.unwrap();
+    assert_eq!((status.micro_batch, status.grad_accum), (Some(8), Some(8)));
+    assert_eq!(status.history[0].outcome, "NoGpu");
+    assert_eq!(status.history[0].message.as_deref(), Some(said));
+    let pod = cluster.wait_pod("nogpu-a2").await;
+    assert_eq!(env_of(&pod)["VRAMFIT_MICRO_BATCH"], "8");
+    let notes = cluster.event_notes("nogpu", "NoGpu").await;
+    assert!(
+        notes.iter().any(|n| n.contains("started without its GPU")),
+        "{notes:?}"
+    );
+    cluster.kubelet_running("nogpu-a2").await;
+    cluster.kubelet_exit("nogpu-a2", 0, "").await;
+    cluster.wait_phase("nogpu", Phase::Succeeded).await;
+}
+
+#[tokio::test]
 async fn deleting_a_job_frees_its_gpu_for_the_next() {
     let cluster = TestCluster::new("delete").await;
     cluster.add_gpu_node("n1", &[("H100-80GB", 80 * GIB)]).await;
@@ -364,6 +401,7 @@ async fn a_pod_created_before_its_status_was_written_is_taken_as_the_placement()
         attempt: 1,
         gpu_model: Some("H100-80GB".into()),
         micro_batch: None,
+        elastic: None,
     };
     let shape = BatchShape { micro: 8, accum: 1 };
     let pod = training_pod(&job, &placement, shape, 1).unwrap();
@@ -1175,4 +1213,296 @@ async fn an_auto_job_is_profiled_on_a_cpu_then_placed_and_the_next_of_its_kind_s
         ),
         "{message}"
     );
+}
+
+/// A GPT-2 job of global batch 64 at 16x4 (32.9 GiB per GPU on an
+/// H100-80GB; 8x8 needs 17.3 GiB), `spec.batch.elastic` as given.
+fn gpt2_job(name: &str, elastic: Option<bool>) -> serde_json::Value {
+    let job = TrainingJob::test(name)
+        .batch(64, 16)
+        .model(
+            json!({"huggingFace": {"seqLen": 1024, "config": {"model_type": "gpt2"}},
+            "precision": "amp-bf16", "optimizer": "adamw"}),
+        )
+        .template_spec(trainer_template());
+    match elastic {
+        Some(elastic) => job.elastic(elastic),
+        None => job,
+    }
+    .manifest()
+}
+
+/// The jobs' (micro-batch, accumulation) from status, whether placed
+/// elastically, by name.
+fn shapes_of(jobs: &[TrainingJob]) -> Vec<(String, Option<String>, bool)> {
+    jobs.iter()
+        .map(|j| {
+            let s = j.status.as_ref().unwrap();
+            (
+                j.metadata.name.clone().unwrap(),
+                s.batch_shape.clone(),
+                s.placement.as_ref().is_some_and(|p| p.elastic.is_some()),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn elastic_jobs_start_together_with_a_smaller_shape_where_plain_ones_run_one_after_the_other()
+{
+    // One 56 GiB GPU: one 16x4 (32.9 GiB) fits, two do not; 16x4 and 8x8
+    // (17.3 GiB) do.
+    let gpu = [("H100-80GB", 56 * GIB)];
+    let elastic = TestCluster::new("elastic-on").await;
+    elastic.add_gpu_node("n1", &gpu).await;
+    // `a` says elastic itself, `b` takes the controller's default.
+    let _controller = elastic.start_logged_controller(
+        &["--no-leader-election", "--elastic-default"],
+        "127.0.0.1:0",
+    );
+    elastic.apply_job(gpt2_job("a", Some(true))).await;
+    elastic.apply_job(gpt2_job("b", None)).await;
+    let a = elastic.wait_phase("a", Phase::Placed).await;
+    let b = elastic.wait_phase("b", Phase::Placed).await;
+    // Whichever the cycle placed first took 16x4, the other 8x8.
+    let mut shapes = shapes_of(&[a.clone(), b.clone()]);
+    shapes.sort_by_key(|(_, shape, _)| shape.clone());
+    assert_eq!(
+        shapes
+            .iter()
+            .map(|(_, shape, elastic)| (shape.as_deref(), *elastic))
+            .collect::<Vec<_>>(),
+        [(Some("16x4"), false), (Some("8x8"), true)],
+        "{shapes:?}"
+    );
+    let smaller = if shapes[1].0 == "a" { a } else { b };
+    let name = smaller.metadata.name.clone().unwrap();
+    let status = smaller.status.unwrap();
+    let placement = status.placement.clone().unwrap();
+    let figures = placement.elastic.clone().unwrap();
+    assert_eq!(
+        (
+            status.micro_batch,
+            status.grad_accum,
+            status.preferred_micro_batch
+        ),
+        (Some(8), Some(8), Some(16))
+    );
+    assert_eq!(placement.micro_batch, Some(8));
+    assert_eq!(
+        (figures.preferred_micro_batch, figures.preferred_grad_accum),
+        (16, 4)
+    );
+    assert!(figures.preferred_budget_bytes > 28 * GIB && placement.budget_bytes < 28 * GIB);
+    assert_eq!(status.budget_bytes, Some(placement.budget_bytes));
+    assert_eq!(figures.expected_wait_seconds, None);
+    // The event with the figures.
+    let mut notes = Vec::new();
+    for _ in 0..50 {
+        notes = elastic.event_notes(&name, "ElasticShape").await;
+        if !notes.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(notes.len(), 1, "{notes:?}");
+    let want = format!(
+        "preferred 16x4 needs {} per GPU, placed 8x8 in {}, predicted {:.2}x step time, no expected end",
+        vramfit::quantity::human_bytes(figures.preferred_budget_bytes),
+        vramfit::quantity::human_bytes(placement.budget_bytes),
+        figures.relative_step_time
+    );
+    assert_eq!(notes[0], want);
+    assert!(figures.relative_step_time > 1.0);
+    // The pod runs the smaller micro-batch with more accumulation, the
+    // global batch kept.
+    let pod = elastic.wait_pod(&format!("{name}-a1")).await;
+    let env = env_of(&pod);
+    assert_eq!(
+        (
+            env["VRAMFIT_MICRO_BATCH"].as_str(),
+            env["VRAMFIT_GRAD_ACCUM"].as_str(),
+            env["VRAMFIT_GLOBAL_BATCH"].as_str()
+        ),
+        ("8", "8", "64")
+    );
+
+    // The same two jobs, not elastic: one runs, the other waits for it.
+    let plain = TestCluster::new("elastic-off").await;
+    plain.add_gpu_node("n1", &gpu).await;
+    let _controller = plain.start_controller();
+    plain.apply_job(gpt2_job("a", None)).await;
+    plain.apply_job(gpt2_job("b", Some(false))).await;
+    let (placed, waiting) = loop {
+        let a = plain.jobs().get("a").await.unwrap();
+        let b = plain.jobs().get("b").await.unwrap();
+        let phases = (phase(&a), phase(&b));
+        let waits = |j: &TrainingJob| {
+            j.status
+                .as_ref()
+                .and_then(|s| s.message.as_deref())
+                .is_some_and(|m| m.contains("waiting for room"))
+        };
+        match phases {
+            (Phase::Placed, Phase::Pending) if waits(&b) => break (a, b),
+            (Phase::Pending, Phase::Placed) if waits(&a) => break (b, a),
+            _ => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    };
+    assert_eq!(
+        shapes_of(std::slice::from_ref(&placed))[0].1.as_deref(),
+        Some("16x4")
+    );
+    let placed_name = placed.metadata.name.clone().unwrap();
+    let waiting_name = waiting.metadata.name.clone().unwrap();
+    // A few cycles later the second still waits, with no smaller shape.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let still = plain.jobs().get(&waiting_name).await.unwrap();
+    assert_eq!(phase(&still), Phase::Pending);
+    assert!(still.status.unwrap().elastic_shapes.is_empty());
+    assert!(
+        plain
+            .event_notes(&waiting_name, "ElasticShape")
+            .await
+            .is_empty()
+    );
+    // The first ends; the second runs after it, at its own shape.
+    let pod = format!("{placed_name}-a1");
+    plain.wait_pod(&pod).await;
+    plain.kubelet_running(&pod).await;
+    plain.kubelet_exit(&pod, 0, "").await;
+    plain.wait_phase(&placed_name, Phase::Succeeded).await;
+    let second = plain.wait_phase(&waiting_name, Phase::Placed).await;
+    let status = second.status.unwrap();
+    assert_eq!(status.batch_shape.as_deref(), Some("16x4"));
+    assert!(status.placement.unwrap().elastic.is_none());
+    let env = env_of(&plain.wait_pod(&format!("{waiting_name}-a1")).await);
+    assert_eq!(
+        (
+            env["VRAMFIT_MICRO_BATCH"].as_str(),
+            env["VRAMFIT_GRAD_ACCUM"].as_str()
+        ),
+        ("16", "4")
+    );
+}
+
+/// The helper's progress report of a process, counted now.
+fn progress_now(steps: u64, total: u64, seconds_per_step: f64) -> vramfit::api::ReportedProgress {
+    vramfit::api::ReportedProgress {
+        steps,
+        total_steps: Some(total),
+        seconds_per_step: Some(seconds_per_step),
+        time: k8s_openapi::jiff::Timestamp::now().to_string(),
+    }
+}
+
+#[tokio::test]
+async fn an_elastic_job_waits_for_a_running_job_that_ends_soon_and_starts_smaller_when_its_end_is_far()
+ {
+    // One 56 GiB GPU: a running 16x4 (32.9 GiB) leaves room for 8x8
+    // (17.3 GiB), not for another 16x4.
+    let cluster = TestCluster::new("elastic-wait").await;
+    let node = cluster.add_gpu_node("n1", &[("H100-80GB", 56 * GIB)]).await;
+    let _controller = cluster.start_logged_controller(&["--no-leader-election"], "127.0.0.1:0");
+    // An expected duration the API server does not accept.
+    let mut bad = gpt2_job("bad", Some(true));
+    bad["spec"]["expectedDuration"] = json!("90 minutes");
+    let refused = cluster
+        .jobs()
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(bad).unwrap(),
+        )
+        .await;
+    assert!(
+        matches!(&refused, Err(kube::Error::Api(e)) if e.code == 422 && e.message.contains("expectedDuration")),
+        "{refused:?}"
+    );
+
+    cluster.apply_job(gpt2_job("running", Some(false))).await;
+    cluster.wait_phase("running", Phase::Placed).await;
+    cluster.wait_pod("running-a1").await;
+    cluster.kubelet_running("running-a1").await;
+    // Its process reports 10 steps of 3 s left: it ends in 30 s.
+    cluster
+        .agent_reports_progress(
+            &node,
+            0,
+            "running-a1",
+            (16, 4),
+            progress_now(990, 1000, 3.0),
+        )
+        .await;
+    let running = cluster
+        .wait_job("running", "its progress", |j| {
+            j.status
+                .as_ref()
+                .and_then(|s| s.progress.as_ref())
+                .is_some_and(|p| p.expected_end.is_some())
+        })
+        .await;
+    let progress = running.status.unwrap().progress.unwrap();
+    assert_eq!(
+        (
+            progress.attempt,
+            progress.done.as_deref(),
+            progress.seconds_per_step,
+            progress.source.as_deref()
+        ),
+        (1, Some("990/1000"), Some(3.0), Some("progress"))
+    );
+    let end =
+        vramfit::controller::progress::unix_seconds(progress.expected_end.as_deref().unwrap())
+            .unwrap();
+    let now = k8s_openapi::jiff::Timestamp::now().as_millisecond() as f64 / 1000.0;
+    assert!((end - now - 30.0).abs() < 10.0, "ends in {} s", end - now);
+
+    // Two hours of work at 16x4: running 8x8 slower costs more than 30 s of
+    // waiting, so the job waits for the preferred shape.
+    let mut waiting = gpt2_job("waiting", Some(true));
+    waiting["spec"]["expectedDuration"] = json!("2h");
+    cluster.apply_job(waiting).await;
+    let job = cluster
+        .wait_job("waiting", "waiting for room", |j| {
+            j.status
+                .as_ref()
+                .and_then(|s| s.message.as_deref())
+                .is_some_and(|m| m.contains("waiting for room"))
+        })
+        .await;
+    let status = job.status.unwrap();
+    let smaller = status
+        .elastic_shapes
+        .iter()
+        .find(|s| s.micro_batch == 8)
+        .expect("the 8x8 shape");
+    assert!(
+        7200.0 * (smaller.relative_step_time - 1.0) > 40.0,
+        "the premise: 8x8 costs more than the wait ({})",
+        smaller.relative_step_time
+    );
+    // A few cycles later it still waits.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let still = cluster.jobs().get("waiting").await.unwrap();
+    assert_eq!(phase(&still), Phase::Pending, "{:?}", still.status);
+
+    // The running job's process now reports a run of days: 8x8 now wins.
+    cluster
+        .agent_reports_progress(
+            &node,
+            0,
+            "running-a1",
+            (16, 4),
+            progress_now(10, 100_000, 3.0),
+        )
+        .await;
+    let placed = cluster.wait_phase("waiting", Phase::Placed).await;
+    let status = placed.status.unwrap();
+    assert_eq!(status.batch_shape.as_deref(), Some("8x8"));
+    let figures = status.placement.unwrap().elastic.unwrap();
+    let wait = figures.expected_wait_seconds.expect("a known wait");
+    assert!(wait > 100_000.0, "expected wait {wait}");
+    let running = cluster.jobs().get("running").await.unwrap();
+    let progress = running.status.unwrap().progress.unwrap();
+    assert_eq!(progress.done.as_deref(), Some("10/100000"));
 }

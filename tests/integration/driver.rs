@@ -18,7 +18,8 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use vramfit::api::{
-    AbsorbedOom, GpuNode, GpuNodeStatus, GpuProcess, ObservedShape, OomReport, Phase, TrainingJob,
+    AbsorbedOom, GpuNode, GpuNodeStatus, GpuProcess, ObservedShape, OomReport, Phase,
+    ReportedProgress, TrainingJob,
 };
 use vramfit_agent::daemon::api::GpuNodeWriter;
 use vramfit_agent::sim::cluster::{NodeResources, register_node};
@@ -354,8 +355,34 @@ impl TestCluster {
                 micro_batch: micro,
                 grad_accum: accum,
                 absorbed_ooms,
+                progress: None,
             }),
             ..self.pod_process(4243, pod, GIB, GIB)
+        }];
+        self.agent_report(node, status).await;
+    }
+
+    /// Reports a process of `pod` at `micro` x `accum` whose helper reports
+    /// `progress`, as the node agent copies the helper's shape file.
+    pub async fn agent_reports_progress(
+        &self,
+        node: &str,
+        gpu: usize,
+        pod: &str,
+        (micro, accum): (u32, u32),
+        progress: ReportedProgress,
+    ) {
+        let gpu_nodes: Api<GpuNode> = Api::all(self.client.clone());
+        let current = gpu_nodes.get_status(node).await.expect("GpuNode");
+        let mut status = current.status.expect("GpuNode status");
+        status.gpus[gpu].processes = vec![GpuProcess {
+            shape: Some(ObservedShape {
+                micro_batch: micro,
+                grad_accum: accum,
+                absorbed_ooms: Vec::new(),
+                progress: Some(progress),
+            }),
+            ..self.pod_process(4244, pod, GIB, GIB)
         }];
         self.agent_report(node, status).await;
     }

@@ -643,7 +643,7 @@ fn kill_test_job(name: &str, gpus: u32, request_gib: u64, ooms: bool) -> Value {
 /// followed by a restart; every job ends, none lost, none placed twice.
 /// `VRAMFIT_FAULT_SEED`, `VRAMFIT_FAULT_KILLS`, `VRAMFIT_FAULT_JOBS` change it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "open defect, fails on some seeds (docs/controller.md, Faults): run with -- --ignored faults::the_controller_killed"]
+#[ignore = "out of CI until it has passed long enough after the fixes of 2026-12-04 (docs/controller.md, Faults): run with -- --ignored faults::the_controller_killed"]
 async fn the_controller_killed_at_random_moments_loses_and_doubles_nothing() {
     let seed = env_number(
         "VRAMFIT_FAULT_SEED",

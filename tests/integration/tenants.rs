@@ -1957,3 +1957,66 @@ async fn attack_9_a_tenant_cannot_jump_the_queue_with_its_priority() {
         &above(400, 100),
     );
 }
+
+/// Attack 1 in a namespace that enforces Pod Security `restricted` while
+/// the chart's level is `baseline`: a template that restricted refuses
+/// (root, privilege escalation, capabilities, seccomp) is refused at apply,
+/// as Pod Security admission would refuse its pods, instead of being
+/// accepted and failing at the pod's creation. The same template passes in a
+/// namespace that enforces baseline, and a template that meets restricted
+/// passes in both.
+#[tokio::test]
+async fn attack_1_a_namespace_that_enforces_restricted_holds_templates_to_restricted() {
+    let admin_namespaces: Api<Namespace> = Api::all(admin().await);
+    let enforce = |level: &str| {
+        Patch::Merge(json!({"metadata": {"labels": {"pod-security.kubernetes.io/enforce": level}}}))
+    };
+    for (ns, level) in [("tn-1r", "restricted"), ("tn-1b", "baseline")] {
+        tenant_namespace(ns, &[("alice-1r", "edit")]).await;
+        admin_namespaces
+            .patch(ns, &PatchParams::default(), &enforce(level))
+            .await
+            .unwrap_or_else(|e| panic!("labelling {ns}: {e}"));
+    }
+    let alice = tenant("alice-1r").await;
+    let compliant = json!({"securityContext": {"runAsNonRoot": true, "seccompProfile": {"type": "RuntimeDefault"}},
+        "containers": [{"name": "t", "image": "i", "securityContext": {
+            "allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}}}]});
+    let plain = |name: &str| dynamic(training_job(name, plain_template()));
+    // The policy reads the label once the API server's namespace informer has it.
+    let restricted = training_jobs(&alice, "tn-1r");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let refused = loop {
+        match restricted.create(&dry_run(), &plain("plain")).await {
+            Err(e) => break Err::<DynamicObject, _>(e),
+            Ok(_) => assert!(
+                Instant::now() < deadline,
+                "a plain template still accepted in a restricted namespace"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_refused_by(
+        "a template with no securityContext in a restricted namespace",
+        refused,
+        POD_SECURITY,
+        "allowPrivilegeEscalation=false (Pod Security restricted)",
+    );
+    assert_accepted(
+        "a template that meets restricted, in a restricted namespace",
+        restricted
+            .create(&dry_run(), &dynamic(training_job("ok", compliant.clone())))
+            .await,
+    );
+    let baseline = training_jobs(&alice, "tn-1b");
+    assert_accepted(
+        "a plain template in a baseline namespace",
+        baseline.create(&dry_run(), &plain("plain")).await,
+    );
+    assert_accepted(
+        "a template that meets restricted, in a baseline namespace",
+        baseline
+            .create(&dry_run(), &dynamic(training_job("ok", compliant)))
+            .await,
+    );
+}

@@ -4,13 +4,15 @@
 //! each would make a thousand agents a steady load on the API server. A status
 //! is written at once when something a reader acts on changed (a process came
 //! or went, health, a probe, an OOM report, the batch shape, an allocator OOM
-//! count); when only byte figures moved by more than a threshold, at most once
-//! per minimum gap (a process ramping up would otherwise cost a write per
-//! reading); and when the heartbeat is due.
+//! count, a training's progress appearing or its total steps); when only byte
+//! figures moved by more than a threshold, at most once per minimum gap (a
+//! process ramping up would otherwise cost a write per reading); and when the
+//! heartbeat is due. A training's step count and step time move with every
+//! report: they ride the next write (at the latest the heartbeat's).
 
 use std::time::{Duration, Instant};
 
-use vramfit::api::{AllocatorStats, GpuDevice, GpuNodeStatus, GpuProcess};
+use vramfit::api::{AllocatorStats, GpuDevice, GpuNodeStatus, GpuProcess, ObservedShape};
 
 /// When to write.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -124,13 +126,25 @@ fn process_structure_differs(a: &GpuProcess, b: &GpuProcess) -> bool {
         || a.pod_uid != b.pod_uid
         || a.container != b.container
         || a.training_job != b.training_job
-        || a.shape != b.shape
+        || match (&a.shape, &b.shape) {
+            (Some(x), Some(y)) => shape_structure_differs(x, y),
+            (x, y) => x.is_some() != y.is_some(),
+        }
         || match (&a.allocator, &b.allocator) {
             (Some(x), Some(y)) => {
                 x.policy != y.policy || x.budget_bytes != y.budget_bytes || x.num_ooms != y.num_ooms
             }
             (x, y) => x.is_some() != y.is_some(),
         }
+}
+
+/// The shape, its absorbed OOMs, whether there is a progress and its total:
+/// not the steps done or the step time.
+fn shape_structure_differs(a: &ObservedShape, b: &ObservedShape) -> bool {
+    a.micro_batch != b.micro_batch
+        || a.grad_accum != b.grad_accum
+        || a.absorbed_ooms != b.absorbed_ooms
+        || a.progress.as_ref().map(|p| p.total_steps) != b.progress.as_ref().map(|p| p.total_steps)
 }
 
 fn gpu_bytes_moved(a: &GpuDevice, b: &GpuDevice, threshold: u64) -> bool {

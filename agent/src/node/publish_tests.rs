@@ -155,3 +155,58 @@ fn allocator_counters_count_like_other_byte_figures() {
     gone.gpus[0].processes[0].allocator = None;
     assert_eq!(change(&base, &gone, 64 * MIB), Change::Structure);
 }
+
+#[test]
+fn a_training_s_moving_step_count_rides_the_next_write() {
+    use vramfit::api::{ObservedShape, ReportedProgress};
+    let with = |progress: Option<ReportedProgress>, micro: u32| {
+        let mut s = status();
+        s.gpus[0].processes[0].shape = Some(ObservedShape {
+            micro_batch: micro,
+            grad_accum: 1,
+            absorbed_ooms: vec![],
+            progress,
+        });
+        s
+    };
+    let report = |steps: u64, total: Option<u64>| ReportedProgress {
+        steps,
+        total_steps: total,
+        seconds_per_step: Some(0.5 + steps as f64 / 1000.0),
+        time: format!("2026-12-01T00:00:{:02}Z", steps % 60),
+    };
+    let base = with(Some(report(10, Some(1000))), 8);
+    // (what, the new status, the change)
+    let cases = [
+        (
+            "steps and step time moved",
+            with(Some(report(20, Some(1000))), 8),
+            Change::None,
+        ),
+        (
+            "the total changed",
+            with(Some(report(20, Some(2000))), 8),
+            Change::Structure,
+        ),
+        (
+            "the total became known",
+            with(Some(report(20, None)), 8),
+            Change::Structure,
+        ),
+        ("the progress went away", with(None, 8), Change::Structure),
+        (
+            "the micro-batch changed",
+            with(Some(report(10, Some(1000))), 4),
+            Change::Structure,
+        ),
+        ("the shape went away", status(), Change::Structure),
+    ];
+    for (what, next, want) in cases {
+        assert_eq!(change(&base, &next, 64 * MIB), want, "{what}");
+    }
+    assert_eq!(
+        change(&with(None, 8), &base, 64 * MIB),
+        Change::Structure,
+        "first progress"
+    );
+}

@@ -120,7 +120,8 @@ fn stats_files_of_the_pod_are_merged_into_its_process() {
         .unwrap();
     std::fs::write(
         dir.path().join("shape-1.json"),
-        r#"{"version":1,"pid":1,"microBatch":4,"gradAccum":16}"#,
+        r#"{"version":1,"pid":1,"microBatch":4,"gradAccum":16,
+            "progress":{"steps":30,"totalSteps":300,"secondsPerStep":2.0,"unixMs":1000}}"#,
     )
     .unwrap();
     let owners = Owners {
@@ -132,6 +133,15 @@ fn stats_files_of_the_pod_are_merged_into_its_process() {
     let process = &status.gpus[0].processes[0];
     assert_eq!(process.allocator.as_ref().unwrap().reserved_bytes, 5);
     assert_eq!(process.shape.as_ref().unwrap().micro_batch, 4);
+    let progress = process.shape.as_ref().unwrap().progress.as_ref().unwrap();
+    assert_eq!(
+        (
+            progress.steps,
+            progress.total_steps,
+            progress.seconds_per_step
+        ),
+        (30, Some(300), Some(2.0))
+    );
 }
 
 #[test]

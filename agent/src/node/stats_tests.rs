@@ -84,6 +84,37 @@ fn shape_files_carry_absorbed_ooms() {
 }
 
 #[test]
+fn shape_files_carry_progress_and_older_ones_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let old = r#"{"version": 1, "pid": 7, "microBatch": 8, "gradAccum": 8, "globalBatch": 64,
+               "attempt": 1, "absorbedOoms": [], "updatedUnixMs": 1764547200000}"#;
+    std::fs::write(dir.path().join("shape-7.json"), old).unwrap();
+    let shape = read_shape(dir.path(), 7, &mut Vec::new()).unwrap();
+    assert_eq!((shape.micro_batch, shape.progress), (8, None));
+    let new = old.replace(
+        "\"absorbedOoms\": [],",
+        r#""absorbedOoms": [], "progress": {"steps": 120, "totalSteps": 1000,
+               "secondsPerStep": 0.84, "unixMs": 1764547200000},"#,
+    );
+    std::fs::write(dir.path().join("shape-7.json"), new).unwrap();
+    let mut bad = Vec::new();
+    let progress = read_shape(dir.path(), 7, &mut bad)
+        .unwrap()
+        .progress
+        .unwrap();
+    assert!(bad.is_empty());
+    assert_eq!(
+        (
+            progress.steps,
+            progress.total_steps,
+            progress.seconds_per_step
+        ),
+        (120, Some(1000), Some(0.84))
+    );
+    assert_eq!(progress.time, "2025-12-01T00:00:00Z");
+}
+
+#[test]
 fn hostile_files_are_skipped_without_blocking_or_reading_them_whole() {
     let dir = tempfile::tempdir().unwrap();
     std::os::unix::fs::symlink("/dev/zero", dir.path().join("alloc-1-0.json")).unwrap();
