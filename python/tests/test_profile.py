@@ -145,15 +145,39 @@ def test_fused_attention_output_is_transposed_back_without_a_copy() -> None:
     assert y.shape == (2, 4, 16, 8) and y.transpose(1, 2).is_contiguous()
 
 
-def test_low_precision_softmax_into_fp32_makes_no_upcast_copy() -> None:
+def test_cross_entropy_of_low_precision_logits_runs_cudas_composite() -> None:
     b, c = 8, 3000
     amp = run("profile_models:mlp", config={"classes": c}, batch=b, precision="amp-bf16")
     seq = sizes_in_order(amp)
     steps = amp["capture"]["steps"]
-    # fp32: log-softmax and the nll gradient; bf16: the logits and their
-    # gradient, written by the fused backward; no fp32 copy of the logits
+    # CrossEntropyLoss's composite under CUDA autocast: log_softmax in the
+    # logits' dtype, nll_loss (autocast's fp32 list) on an fp32 copy; bf16:
+    # the logits, the log-probabilities, the nll gradient cast back and the
+    # log-softmax gradient; fp32: the copy and the nll gradient
+    assert seq.count(b * c * 2) == 4 * steps
     assert seq.count(b * c * 4) == 2 * steps
-    assert seq.count(b * c * 2) == 2 * steps
+
+
+def test_low_precision_softmax_into_fp32_makes_no_upcast_copy() -> None:
+    b, c = 8, 3000
+    model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.Linear(32, c))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step(m: torch.nn.Module) -> None:
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logp = torch.nn.functional.log_softmax(m(torch.randn(b, 32).cuda()), -1,
+                                                   dtype=torch.float32)
+        logp[:, 0].sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    p = profile.capture_step(model, step, micro_batch=b, optimizers=[optimizer])
+    seq = [p["sizes"][e] for e in p["events"] if e >= 0]
+    # fp32: the log-softmax (CUDA's half_to_float kernel) and its gradient;
+    # bf16: the logits and the gradient the fused backward writes; no fp32
+    # copy of the logits
+    assert seq.count(b * c * 4) == 2 * 2
+    assert seq.count(b * c * 2) == 2 * 2
 
 
 # ------------------------------------------------ models that failed or fell short

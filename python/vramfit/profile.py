@@ -19,6 +19,9 @@ differently from a CUDA run, the capture does what CUDA does:
   way and caches the casts of weights the same way), and the ops CUDA runs in
   fp32 (layer_norm, group_norm, softmax, log_softmax, pow, exp, log, rsqrt,
   sum, the losses, ...) on fp32 copies;
+- ``F.cross_entropy`` of low-precision logits is CUDA's composite under
+  autocast: log-probabilities in the logits' dtype, then an fp32 copy of
+  them for ``nll_loss`` (both kept for backward), not one fp32 block;
 - ``F.dropout`` is the fused kernel CUDA uses (a 1-byte mask), not the CPU's
   multiply by a noise tensor;
 - ``F.scaled_dot_product_attention`` runs the kernel CUDA would pick
@@ -396,6 +399,36 @@ def _function_mode() -> Any:
             return HalfToFloatSoftmax.apply(x, dim, softmaxes[func])
         return None
 
+    ce_names = ("input", "target", "weight", "size_average", "ignore_index", "reduce",
+                "reduction", "label_smoothing")
+
+    def cross_entropy(args: Any, kwargs: Any) -> Any:
+        """``F.cross_entropy`` of low-precision logits under CUDA autocast,
+        which has no rule for it: its composite calls ``log_softmax`` with
+        the input's own dtype (autocast keeps an explicit dtype, so the
+        log-probabilities stay bf16/fp16, kept for backward), then
+        ``nll_loss``, on autocast's fp32 list, which takes an fp32 copy of
+        them (kept for backward too). None for what the composite does
+        otherwise (probability targets, label smoothing): the fp32 list's
+        upcast then stands."""
+        params = dict(zip(ce_names, args))
+        params.update(kwargs)
+        x, target = params.get("input"), params.get("target")
+        if not isinstance(x, torch.Tensor) or x.dtype not in low or x.dim() < 1:
+            return None
+        if not isinstance(target, torch.Tensor) or target.is_floating_point():
+            return None
+        if params.get("label_smoothing") or params.get("size_average") is not None \
+                or params.get("reduce") is not None:
+            return None
+        weight = params.get("weight")
+        with torch.autocast("cpu", enabled=False):
+            lsm = torch.log_softmax(x, 0 if x.dim() == 1 else 1, dtype=x.dtype)
+            return F.nll_loss(lsm.float(), target,
+                              weight=None if weight is None else weight.float(),
+                              ignore_index=params.get("ignore_index", -100),
+                              reduction=params.get("reduction", "mean"))
+
     def cpu(x: Any) -> Any:
         """A CUDA device, as a device, a name or an index, becomes the CPU."""
         if isinstance(x, torch.device) and x.type == "cuda":
@@ -441,14 +474,10 @@ def _function_mode() -> Any:
                 fused = half_to_float(func, args, kwargs, autocast)
                 if fused is not None:
                     return fused
-            if (autocast and func is F.cross_entropy and args and isinstance(args[0], torch.Tensor)
-                    and args[0].dtype in low and args[0].dim() == 2
-                    and not kwargs.get("label_smoothing")):
-                # cross_entropy is log_softmax (fp32 by autocast, fused as
-                # above) and nll_loss on its fp32 output
-                lsm = HalfToFloatSoftmax.apply(args[0], 1, True)
-                kw = {n: kwargs[n] for n in ("weight", "ignore_index", "reduction") if n in kwargs}
-                return F.nll_loss(lsm, args[1] if len(args) > 1 else kwargs["target"], **kw)
+            if autocast and func is F.cross_entropy:
+                loss = cross_entropy(args, kwargs)
+                if loss is not None:
+                    return loss
             if autocast and func in fp32_ops:
                 args, kwargs = up(args), {k: up(v) for k, v in kwargs.items()}
             elif autocast and func in fp32_opt_dtype and kwargs.get("dtype") is None:

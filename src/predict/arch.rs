@@ -97,6 +97,9 @@ pub struct Layout {
     pub relu: bool,
     /// Mixture-of-experts feed-forward (Mixtral, Qwen2-MoE).
     pub moe: Option<Moe>,
+    /// The loss is `CrossEntropyLoss` on the logits as the model returns them
+    /// (T5's; BERT's family always): no `logits.float()` of its own.
+    pub loss_on_logits: bool,
     /// Encoder-decoder (T5): the last `decoder_layers` of the `layers`
     /// blocks are decoder blocks, each with a cross-attention.
     pub decoder_layers: u64,
@@ -368,6 +371,16 @@ impl TransformerArch {
             0 => self.hidden,
             e => e,
         }
+    }
+
+    /// Whether a library model's loss upcasts the logits itself
+    /// (`logits.float()` in transformers' causal-LM loss) before its
+    /// log-softmax. BERT's and T5's `CrossEntropyLoss` take them as they
+    /// are: under autocast its composite runs log-softmax in the logits'
+    /// dtype and `nll_loss` (autocast's fp32 list) on an fp32 copy of it.
+    pub fn loss_upcasts_logits(&self) -> bool {
+        self.library
+            .is_some_and(|lib| lib.family != HfFamily::Bert && !self.layout.loss_on_logits)
     }
 
     /// Whether block `l` is a decoder block of an encoder-decoder.

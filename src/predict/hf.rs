@@ -906,6 +906,7 @@ fn apply(feature: Feature, cfg: &Config<'_>, a: &mut TransformerArch) -> Result<
             }
             .read(cfg, 0, 0, a.layers)?;
             lay.decoder_layers = decoder;
+            lay.loss_on_logits = true;
             a.layers += decoder;
             lay.rel_buckets = int_or(cfg, "relative_attention_num_buckets", 32)?;
             // "gated-gelu" or "gelu", as transformers splits it

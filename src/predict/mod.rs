@@ -30,7 +30,7 @@ use crate::alloc::ROUND_LARGE_BYTES;
 use crate::api::{MemoryBreakdown, ModelSpec, Precision};
 
 use allocator::{AllocatorModel, CachingAllocatorModel, ReplayOutcome};
-use arch::{Arch, HfFamily, TransformerArch};
+use arch::{Arch, TransformerArch};
 pub use gpu::{GPU_PROFILES, GpuProfile, default_gpu, gpu_profile};
 use sequence::{RunShape, training_events};
 
@@ -321,10 +321,10 @@ fn predict_arch(
 /// models (the class token's row per image for image classifiers), batch x
 /// width for MLPs, in the widest dtype the loss computes in. That is fp32
 /// wherever the loss upcasts (`logits.float()` of the causal-LM loss, the
-/// repository's transformers, autocast's fp32 log-softmax) or runs in fp32;
-/// BERT's `CrossEntropyLoss` on the logits of a pure bf16/fp16 model stays in
-/// that precision (log-softmax and its gradients included), so no fp32 block
-/// of that size is ever requested.
+/// repository's transformers, autocast's fp32 copy of the log-probabilities
+/// for `nll_loss`) or runs in fp32; BERT's and T5's `CrossEntropyLoss` on the
+/// logits of a pure bf16/fp16 model stays in that precision (log-softmax and
+/// its gradients included), so no fp32 block of that size is ever requested.
 fn loss_block_bytes(arch: &Arch, micro_batch: u32, precision: Precision) -> u64 {
     let b = u64::from(micro_batch);
     match arch {
@@ -335,7 +335,8 @@ fn loss_block_bytes(arch: &Arch, micro_batch: u32, precision: Precision) -> u64 
                 b * t.seq_len
             };
             let low_precision_loss = matches!(precision, Precision::Bf16 | Precision::Fp16)
-                && t.library.is_some_and(|lib| lib.family == HfFamily::Bert);
+                && t.library.is_some()
+                && !t.loss_upcasts_logits();
             rows * t.vocab * if low_precision_loss { 2 } else { 4 }
         }
         Arch::Mlp { hidden, .. } => b * hidden * 4,

@@ -244,11 +244,12 @@ impl Gen<'_> {
         }
         // logits: returned in `outputs`. The causal-LM loss upcasts them
         // (`logits.float()`, a copy in low precision) before its
-        // log-softmax; BERT's `CrossEntropyLoss` takes them as they are:
-        // under autocast log_softmax runs with dtype=float32, which CUDA's
-        // kernel does from the low-precision input (`half_to_float`, no copy;
-        // its backward writes the low-precision gradient directly), and in
-        // pure bf16/fp16 it stays in that precision.
+        // log-softmax; BERT's and T5's `CrossEntropyLoss` takes them as they
+        // are. Its composite calls log_softmax with the logits' own dtype,
+        // which autocast keeps, and then nll_loss, on autocast's fp32 list:
+        // under autocast the low-precision log-probabilities and an fp32
+        // copy of them are both kept for backward; in pure bf16/fp16
+        // everything stays in that precision.
         let mut logits = self.t.act(rows * v * wd.c);
         if t.layout.final_softcap {
             // Gemma 2: logits / cap, tanh (kept), * cap
@@ -259,16 +260,17 @@ impl Gen<'_> {
             head_saved.push(tanh);
             logits = self.t.act(rows * v * wd.c);
         }
-        let upcast = lib.family != HfFamily::Bert;
-        let lsm_w = if upcast || wd.amp { 4 } else { wd.c };
+        let upcast = t.loss_upcasts_logits();
         let lsm = if upcast && wd.c != 4 {
             let up = self.t.act(rows * v * 4);
             let lsm = self.t.act(rows * v * 4);
             self.t.free(up);
             lsm
         } else {
-            self.t.act(rows * v * lsm_w)
+            self.t.act(rows * v * if upcast { 4 } else { wd.c })
         };
+        // autocast's fp32 copy of the log-probabilities for nll_loss
+        let nll_copy = (!upcast && wd.amp && wd.c != 4).then(|| self.t.act(rows * v * 4));
         let loss = self.t.act(512);
         self.t.free_all(&mut locals);
         // the previous step's outputs are released when this forward returns
@@ -278,7 +280,21 @@ impl Gen<'_> {
         // backward through the loss
         self.fsdp_root_pre_backward(t.layers.checked_sub(1).map(|l| l as u32));
         self.workspace(1);
-        let g_nll = self.t.act(rows * v * lsm_w);
+        let mut g_nll = self.t.act(
+            rows * v
+                * if upcast || nll_copy.is_some() {
+                    4
+                } else {
+                    wd.c
+                },
+        );
+        if let Some(copy) = nll_copy {
+            // the copy's backward casts the fp32 gradient back
+            self.t.free(copy);
+            let g = self.t.act(rows * v * wd.c);
+            self.t.free(g_nll);
+            g_nll = g;
+        }
         let g_lsm = self.t.act(rows * v * if upcast { 4 } else { wd.c });
         self.t.free(g_nll);
         self.t.free(lsm);

@@ -513,7 +513,10 @@ fn head(family: &str, w: Wd) -> Vec<u64> {
     if upcast && w.c != 4 {
         v.extend([N * V * 4, N * V * 4]); // logits.float(), log-softmax
     } else {
-        v.push(N * V * if upcast || w.amp { 4 } else { w.c });
+        v.push(N * V * if upcast { 4 } else { w.c });
+    }
+    if !upcast && w.amp {
+        v.push(N * V * 4); // autocast's fp32 copy for nll_loss
     }
     v.push(512);
     v
@@ -522,8 +525,12 @@ fn head(family: &str, w: Wd) -> Vec<u64> {
 /// The loss's and the head's backward, up to the residual gradient.
 fn head_backward(family: &str, w: Wd) -> Vec<u64> {
     let upcast = family != "bert";
-    let lsm_w = if upcast || w.amp { 4 } else { w.c };
-    let mut v = vec![N * V * lsm_w, N * V * if upcast { 4 } else { w.c }];
+    let nll_copy = !upcast && w.amp;
+    let mut v = vec![N * V * if upcast || nll_copy { 4 } else { w.c }];
+    if nll_copy {
+        v.push(N * V * w.c); // the fp32 gradient cast back
+    }
+    v.push(N * V * if upcast { 4 } else { w.c });
     if upcast && w.c != 4 {
         v.push(N * V * w.c);
     }
@@ -920,8 +927,10 @@ fn at_the_loss_each_block_holds_what_it_kept_and_the_inputs_it_did_not_free() {
             }
             // the logits, the log-softmax, the loss and the cache
             let upcast = family != "bert";
-            let lsm = N * V * if upcast || w.amp { 4 } else { w.c };
-            want.extend([N * V * w.c, lsm, 512]);
+            want.extend([N * V * w.c, N * V * if upcast { 4 } else { w.c }, 512]);
+            if !upcast && w.amp {
+                want.push(N * V * 4); // autocast's fp32 copy for nll_loss
+            }
             if o.cache {
                 let kv = if family == "gpt2" {
                     N * H * w.c
@@ -1248,6 +1257,14 @@ fn each_family_decision_changes_the_tensors_it_describes() {
             serde_json::json!({}),
             |t| t.layout.decoder_layers = 0,
             0,
+        ),
+        (
+            // CrossEntropyLoss on the bf16 logits: log-probabilities, the
+            // nll gradient cast back and the log-softmax gradient in bf16
+            "t5",
+            serde_json::json!({}),
+            |t| t.layout.loss_on_logits = false,
+            N * V * 2,
         ),
         (
             "gpt_neox",
