@@ -639,11 +639,11 @@ fn kill_test_job(name: &str, gpus: u32, request_gib: u64, ooms: bool) -> Value {
     job
 }
 
-/// 20 SIGKILLs at random moments of a 500-job run on simulated nodes, each
+/// 20 SIGKILLs at random moments of a 200-job run on simulated nodes, each
 /// followed by a restart; every job ends, none lost, none placed twice.
-/// `VRAMFIT_FAULT_SEED`, `VRAMFIT_FAULT_KILLS`, `VRAMFIT_FAULT_JOBS` change it.
+/// `VRAMFIT_FAULT_SEED`, `VRAMFIT_FAULT_KILLS`, `VRAMFIT_FAULT_JOBS` change it;
+/// a failure prints its seed first.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "out of CI until it has passed long enough after the fixes of 2026-12-04 (docs/controller.md, Faults): run with -- --ignored faults::the_controller_killed"]
 async fn the_controller_killed_at_random_moments_loses_and_doubles_nothing() {
     let seed = env_number(
         "VRAMFIT_FAULT_SEED",
