@@ -131,8 +131,8 @@ pub async fn run(client: Client, options: ControllerOptions) -> Result<()> {
         watcher::Config::default().labels(crate::job::keys::JOB_LABEL),
     )
     .default_backoff()
-    // Nothing reads managedFields; dropping them keeps the cache small.
-    .modify(|pod| pod.metadata.managed_fields = None)
+    // What the controller reads of a pod, not its environment and volumes.
+    .modify(pod_ledger::slim_for_cache)
     .reflect(pod_writer)
     .touched_objects();
     // The job watch, as `Controller::new` would make it, with the index of what

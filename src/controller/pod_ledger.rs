@@ -19,7 +19,7 @@
 
 use std::collections::HashMap;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
 
 use super::scheduler::{current_attempt, recorded};
 use crate::api::{PlacementStatus, TrainingJob};
@@ -59,6 +59,31 @@ pub struct PodPlacement {
 pub fn other_placement(existing: &Pod, ours: &PlacementStatus) -> Option<PlacementStatus> {
     let theirs = pod_placement(existing)?;
     (theirs.attempt == ours.attempt && theirs.placement != *ours).then_some(theirs.placement)
+}
+
+/// What the pod cache keeps of a training pod: its metadata without
+/// `managedFields`, its status, and of its spec the node and each
+/// container's name and resources. Everything the controller reads from a
+/// cached pod is there (the placement annotation and labels, the requests,
+/// the phase and the containers' states); the environment, volumes,
+/// commands and images, most of a pod's size, are not read from the cache.
+pub fn slim_for_cache(pod: &mut Pod) {
+    pod.metadata.managed_fields = None;
+    if let Some(spec) = pod.spec.as_mut() {
+        let containers = std::mem::take(&mut spec.containers)
+            .into_iter()
+            .map(|c| Container {
+                name: c.name,
+                resources: c.resources,
+                ..Container::default()
+            })
+            .collect();
+        *spec = PodSpec {
+            containers,
+            node_name: spec.node_name.take(),
+            ..PodSpec::default()
+        };
+    }
 }
 
 /// Reads the placement of a training pod; `None` for a pod without one (made

@@ -272,3 +272,62 @@ fn an_existing_pod_of_another_placement_is_adopted_on_create() {
         .remove(PLACEMENT_ANNOTATION);
     assert_eq!(other_placement(&bare, &ours), None);
 }
+
+#[test]
+fn the_cached_pod_keeps_what_the_controller_reads_and_drops_the_rest() {
+    use k8s_openapi::api::core::v1::{
+        ContainerState, ContainerStateTerminated, ContainerStatus, PodStatus,
+    };
+    let job = job("j");
+    let mut full = pod_of(&job, 2);
+    let started = Time(k8s_openapi::jiff::Timestamp::from_second(1_800_000_000).unwrap());
+    full.status = Some(PodStatus {
+        phase: Some("Failed".into()),
+        start_time: Some(started.clone()),
+        container_statuses: Some(vec![ContainerStatus {
+            name: "t".into(),
+            state: Some(ContainerState {
+                terminated: Some(ContainerStateTerminated {
+                    exit_code: 42,
+                    message: Some("CUDA out of memory".into()),
+                    started_at: Some(started),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }]),
+        ..Default::default()
+    });
+    let mut slim = full.clone();
+    slim_for_cache(&mut slim);
+    // What the cache's readers take from a pod is the same.
+    assert_eq!(pod_placement(&slim), pod_placement(&full));
+    assert_eq!(pod_placement(&slim).unwrap().requests, (2000, 2 * GIB));
+    assert_eq!(
+        crate::job::exit::pod_outcome(&slim),
+        crate::job::exit::pod_outcome(&full)
+    );
+    assert_eq!(
+        crate::controller::progress::pod_started(&slim),
+        crate::controller::progress::pod_started(&full)
+    );
+    assert_eq!(slim.spec.as_ref().unwrap().node_name.as_deref(), Some("n1"));
+    // The environment, volumes, commands and images are not kept.
+    let full_spec = full.spec.as_ref().unwrap();
+    assert!(full_spec.volumes.is_some() && full_spec.containers[0].env.is_some());
+    let spec = slim.spec.as_ref().unwrap();
+    assert!(spec.volumes.is_none());
+    assert!(
+        spec.containers
+            .iter()
+            .all(|c| c.env.is_none() && c.image.is_none() && c.volume_mounts.is_none())
+    );
+    let size = |p: &Pod| serde_json::to_string(p).unwrap().len();
+    assert!(
+        size(&slim) * 2 < size(&full),
+        "{} of {}",
+        size(&slim),
+        size(&full)
+    );
+}
