@@ -153,19 +153,9 @@ fn main() -> Result<()> {
     }
     let rss_bytes_with_caches = rss();
 
-    let catch_up_cycle_seconds = steady_cycle_seconds(
-        &mut state,
-        &assignments,
-        &jobs,
-        &pods,
-        &gpu_nodes,
-        &nodes,
-        now,
-        ttl,
-    );
-    let mut steady = Vec::new();
-    for _ in 0..args.repeat.max(1) {
-        steady.push(steady_cycle_seconds(
+    // The first cycle after every status changed, then the steady ones.
+    let mut unchanged_cycle = || {
+        steady_cycle_seconds(
             &mut state,
             &assignments,
             &jobs,
@@ -174,8 +164,10 @@ fn main() -> Result<()> {
             &nodes,
             now,
             ttl,
-        ));
-    }
+        )
+    };
+    let catch_up_cycle_seconds = unchanged_cycle();
+    let steady: Vec<f64> = (0..args.repeat.max(1)).map(|_| unchanged_cycle()).collect();
 
     // A tenth of the agents report.
     let later = now.checked_add(SignedDuration::from_secs(1))?.to_string();
