@@ -23,7 +23,7 @@ step "GPU node: the other binaries (cached in ~/.cache/vramfit/bin/node, kube an
 hack/gpunode.sh build
 (cd hack/node/containerd && go test ./nri-cdi)
 python3 -m pytest -q -p no:cacheprovider hack/node hack/test_hf_param_counts.py
-python3 -m pytest -q -p no:cacheprovider scripts/gpu/test_calibrate_zero.py scripts/gpu/test_alloc_checks.py
+python3 -m pytest -q -p no:cacheprovider scripts/gpu/test_calibrate_zero.py scripts/gpu/test_alloc_checks.py scripts/gpu/test_snapshot_to_profile.py
 
 step "generated CRDs are current"
 cargo run --quiet --locked -- crdgen --out crds

@@ -77,10 +77,45 @@ def convert(snapshot, micro_batch, grad_accum=1, device=0, source=None):
     return profile
 
 
-def convert_file(path, micro_batch, grad_accum=1, device=0, source=None):
+def allocator_view(snapshot, device=0):
+    """What PyTorch's caching allocator itself did, for comparison with the
+    predictor's model of it: every segment of the device at the snapshot (its
+    size, pool and blocks, each block as [size, state]) and the trace's
+    segment events in order, each as [index of the tensor event it followed,
+    action, size] (`segment_alloc`, `segment_free`, `oom`, ...). Segments only
+    grow while a run trains without `empty_cache`, so the snapshot's segments
+    are those of the reserved peak.
+    """
+    segments = []
+    for seg in snapshot.get("segments", []):
+        if seg.get("device", 0) != device:
+            continue
+        segments.append({"size": int(seg["total_size"]),
+                         "pool": seg.get("segment_type", ""),
+                         "blocks": [[int(b["size"]), b.get("state", "")]
+                                    for b in seg.get("blocks", [])]})
+    traces = snapshot.get("device_traces") or []
+    trace = traces[device] if device < len(traces) else []
+    frees = {"free_completed"} if any(e["action"] == "free_completed" for e in trace) \
+        else {"free_requested"}
+    tensor_events = 0
+    seg_events = []
+    for e in trace:
+        act = e["action"]
+        if act.startswith("segment_") or act in ("oom", "snapshot"):
+            seg_events.append([tensor_events, act, int(e.get("size", 0))])
+        elif act == "alloc" or act in frees:
+            tensor_events += 1
+    return {"segments": segments, "segmentEvents": seg_events}
+
+
+def convert_file(path, micro_batch, grad_accum=1, device=0, source=None, with_allocator=False):
     with open(path, "rb") as f:
         snap = pickle.load(f)
-    return convert(snap, micro_batch, grad_accum, device, source)
+    prof = convert(snap, micro_batch, grad_accum, device, source)
+    if with_allocator:
+        prof["allocator"] = allocator_view(snap, device)
+    return prof
 
 
 def main():

@@ -727,6 +727,9 @@ def main():
                     "a case starts only while the predicted peaks of the running cases and its "
                     "own stay within --budget-gib")
     ap.add_argument("--budget-gib", type=float, default=120.0)
+    ap.add_argument("--snapshots", action="store_true",
+                    help="record every case's allocation history; its profile (with the "
+                         "allocator's segments) goes to the set's profiles file")
     ap.add_argument("--dry-run", action="store_true", help="list the cases without a GPU")
     ap.add_argument("--smoke", help="run these cases' code on the CPU, small (no figures)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -748,6 +751,8 @@ def main():
     chosen = {"calibration": CASES, "validation": VALIDATION, "families": FAMILIES,
               "heldout": HELDOUT}[args.set]
     cases = [c for c in chosen if not args.only or c["name"] in args.only.split(",")]
+    if args.snapshots:
+        cases = [dict(c, snapshot=True) for c in cases]
 
     def split_for(name):
         return args.set if validation else split_of(name)
@@ -812,7 +817,9 @@ def main():
                 sys.path.insert(0, os.path.join(HERE, ".."))
                 import snapshot_to_profile
                 prof = snapshot_to_profile.convert_file(pk, micro_batch=c["micro"],
-                                                        grad_accum=c["accum"], source=c["name"])
+                                                        grad_accum=c["accum"], source=c["name"],
+                                                        with_allocator=True)
+                os.remove(pk)
                 prof["measured"] = {k: line["measured"][k] for k in
                                     ("nvmlPeakBytes", "maxReservedBytes", "maxAllocatedBytes",
                                      "nonAllocatorBytes")}
