@@ -10,8 +10,7 @@ Usage:
 
 The rows may also be a set's `--dry-run` listing (name, split, library,
 case, spec; no measurement), to capture before the GPU runs. A model the
-capture cannot take (an image model from transformers: it needs token ids)
-is reported and skipped.
+capture has no class for is reported and skipped.
 """
 
 import argparse
@@ -27,7 +26,7 @@ HF_CLASS = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM",
             "gpt_neox": "GPTNeoXForCausalLM", "opt": "OPTForCausalLM",
             "mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
             "roberta": "RobertaForMaskedLM", "t5": "T5ForConditionalGeneration",
-            "deberta-v2": "DebertaV2ForMaskedLM"}
+            "deberta-v2": "DebertaV2ForMaskedLM", "vit": "ViTForImageClassification"}
 
 
 def main():
@@ -45,7 +44,7 @@ def main():
         if row["split"] == "repeat" or (args.only and row["library"] != args.only):
             continue
         if row["library"] == "transformers" and row["case"]["model_type"] not in HF_CLASS:
-            print(f"{row['name']}: skipped, no token-id capture for {row['case']['model_type']}",
+            print(f"{row['name']}: skipped, no model class for {row['case']['model_type']}",
                   flush=True)
             continue
         out = os.path.join(args.outdir, row["name"] + ".profile.json")

@@ -109,12 +109,45 @@ def allocator_view(snapshot, device=0):
     return {"segments": segments, "segmentEvents": seg_events}
 
 
-def convert_file(path, micro_batch, grad_accum=1, device=0, source=None, with_allocator=False):
+NOISE = ("c10::", "std::", "torch::unwind", "torch::CapturedTraceback", "??", "_start",
+         "__libc_start", "PyObject_", "_PyEval", "_PyObject", "PyEval_", "cfunction_", "method_vectorcall")
+
+
+def alloc_origins(snapshot, device=0, min_bytes=1 << 20, frames=10):
+    """Where the trace's allocations of at least `min_bytes` came from: each
+    as [index of its tensor event, size, the innermost `frames` frame names
+    that are not the allocator's or the interpreter's own]. Useful when the
+    history was recorded with C++ stacks (`stacks="all"`), which name the
+    ATen kernel that asked (a convolution's cuDNN workspace, an attention
+    kernel's scratch)."""
+    traces = snapshot.get("device_traces") or []
+    trace = traces[device] if device < len(traces) else []
+    frees = {"free_completed"} if any(e["action"] == "free_completed" for e in trace) \
+        else {"free_requested"}
+    out = []
+    tensor_events = 0
+    for e in trace:
+        act = e["action"]
+        if act == "alloc":
+            if int(e["size"]) >= min_bytes:
+                names = [f.get("name", "")[:100] for f in e.get("frames") or []]
+                names = [n for n in names if n and not n.startswith(NOISE)]
+                out.append([tensor_events, int(e["size"]), names[:frames]])
+            tensor_events += 1
+        elif act in frees:
+            tensor_events += 1
+    return out
+
+
+def convert_file(path, micro_batch, grad_accum=1, device=0, source=None, with_allocator=False,
+                 with_origins=False):
     with open(path, "rb") as f:
         snap = pickle.load(f)
     prof = convert(snap, micro_batch, grad_accum, device, source)
     if with_allocator:
         prof["allocator"] = allocator_view(snap, device)
+    if with_origins:
+        prof["origins"] = alloc_origins(snap, device)
     return prof
 
 

@@ -413,7 +413,8 @@ def child(c, fd):
     stage("context", reserved=cuda.memory_reserved())
     if c["snapshot"] and not smoke:
         torch.cuda.memory._record_memory_history(enabled="all", context=None,
-                                                 stacks="python", max_entries=3_000_000)
+                                                 stacks=c.get("stacks", "python"),
+                                                 max_entries=3_000_000)
     prec = c["precision"]
     pure = {"bf16": torch.bfloat16}.get(prec)
     amp = {"amp-bf16": torch.bfloat16, "amp-fp16": torch.float16}.get(prec)
@@ -730,6 +731,9 @@ def main():
     ap.add_argument("--snapshots", action="store_true",
                     help="record every case's allocation history; its profile (with the "
                          "allocator's segments) goes to the set's profiles file")
+    ap.add_argument("--stacks", action="store_true",
+                    help="with --snapshots: record C++ stacks too, and keep in each profile where "
+                         "its allocations of 1 MiB or more came from (`origins`)")
     ap.add_argument("--dry-run", action="store_true", help="list the cases without a GPU")
     ap.add_argument("--smoke", help="run these cases' code on the CPU, small (no figures)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -752,7 +756,8 @@ def main():
               "heldout": HELDOUT}[args.set]
     cases = [c for c in chosen if not args.only or c["name"] in args.only.split(",")]
     if args.snapshots:
-        cases = [dict(c, snapshot=True) for c in cases]
+        cases = [dict(c, snapshot=True, **({"stacks": "all"} if args.stacks else {}))
+                 for c in cases]
 
     def split_for(name):
         return args.set if validation else split_of(name)
@@ -818,7 +823,8 @@ def main():
                 import snapshot_to_profile
                 prof = snapshot_to_profile.convert_file(pk, micro_batch=c["micro"],
                                                         grad_accum=c["accum"], source=c["name"],
-                                                        with_allocator=True)
+                                                        with_allocator=True,
+                                                        with_origins=c.get("stacks") == "all")
                 os.remove(pk)
                 prof["measured"] = {k: line["measured"][k] for k in
                                     ("nvmlPeakBytes", "maxReservedBytes", "maxAllocatedBytes",

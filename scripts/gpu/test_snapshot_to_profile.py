@@ -46,3 +46,16 @@ def test_allocator_view_keeps_the_device_segments_and_where_each_segment_event_f
     assert view["segments"][0]["blocks"][1] == [1024, "active_allocated"]
     # the second segment came after three tensor events (two allocs, one completed free)
     assert view["segmentEvents"] == [[0, "segment_alloc", MB2], [3, "segment_alloc", 20 << 20]]
+
+
+def test_origins_name_the_kernels_that_asked_for_large_blocks():
+    snap = snapshot()
+    snap["device_traces"][0][-1]["frames"] = [
+        {"name": "c10::cuda::CUDACachingAllocator::malloc"},
+        {"name": "at::native::cudnn_convolution_backward_weight"},
+        {"name": "std::function<void()>::operator()"},
+        {"name": "torch::autograd::Engine::thread_main"}]
+    # the 512-byte and 1 KiB allocations are below the threshold
+    assert s2p.alloc_origins(snap) == [
+        [3, 20 << 20, ["at::native::cudnn_convolution_backward_weight",
+                       "torch::autograd::Engine::thread_main"]]]
