@@ -899,10 +899,23 @@ def capture(model_spec: str, config: Dict[str, Any], batch: int, precision: str,
         model.train()
         opt = make_optimizer(optimizer, model.parameters())
         scaler = _Scaler() if precision == "amp-fp16" else None
-        if hf:
+        if hf and type(model).__name__.endswith("ForImageClassification"):
+            # what an image processor and a collator hand the loop: pixels
+            # at the config's size and one class label per image
+            cfg = model.config
+            side, channels = int(cfg.image_size), int(getattr(cfg, "num_channels", 3))
+            labels = int(getattr(cfg, "num_labels", 2))
+
+            def make_batch() -> Dict[str, Any]:
+                x = torch.randn(batch, channels, side, side)
+                if pure is not None:
+                    x = x.to(pure)
+                return {"pixel_values": x, "labels": torch.randint(0, labels, (batch,))}
+        elif hf:
             vocab = int(getattr(model.config, "vocab_size", 0) or 0)
             if vocab <= 0:
-                raise CaptureError("the transformers config has no vocab_size")
+                raise CaptureError("the transformers config has no vocab_size (and the model "
+                                   "is no ...ForImageClassification)")
             encoder = getattr(model.config, "model_type", "") == "bert" or \
                 type(model).__name__.endswith("ForMaskedLM")
 
@@ -913,6 +926,7 @@ def capture(model_spec: str, config: Dict[str, Any], batch: int, precision: str,
                     b["token_type_ids"] = torch.zeros(batch, int(seq_len or 0), dtype=torch.long)
                 return b
 
+        if hf:
             def forward(b: Dict[str, Any]) -> Tuple[Any, Any]:
                 out = model(**b)
                 return out.loss, out

@@ -412,7 +412,9 @@ def child(c, fd):
     cuda.synchronize()
     stage("context", reserved=cuda.memory_reserved())
     if c["snapshot"] and not smoke:
-        torch.cuda.memory._record_memory_history(enabled="all", context=None,
+        # stacks are recorded only with a context ("all": allocations and frees)
+        torch.cuda.memory._record_memory_history(enabled="all",
+                                                 context="all" if "stacks" in c else None,
                                                  stacks=c.get("stacks", "python"),
                                                  max_entries=3_000_000)
     prec = c["precision"]
