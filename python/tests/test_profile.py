@@ -314,3 +314,18 @@ def test_a_data_loaders_shuffle_draws_real_indices_and_is_not_recorded() -> None
     with profile.Capture() as cap:
         order = list(torch.utils.data.RandomSampler(range(10), generator=g))
     assert sorted(order) == list(range(10)) and cap.rec.count == 0
+
+
+def test_an_image_classifier_from_transformers_trains_on_pixels_and_class_labels() -> None:
+    # ViTForImageClassification takes pixel_values and one label per image,
+    # not token ids: the patch embedding's output and the logits are there.
+    b, side, patch, hidden, labels = 2, 32, 8, 64, 10
+    cfg = {"num_hidden_layers": 1, "hidden_size": hidden, "num_attention_heads": 4,
+           "intermediate_size": 128, "image_size": side, "patch_size": patch,
+           "num_labels": labels}
+    p = profile.capture("transformers:ViTForImageClassification", cfg, batch=b,
+                        precision="fp32", optimizer="adamw")
+    seq = sizes_in_order(p)
+    assert b * 3 * side * side * 4 in seq  # the pixels
+    assert b * hidden * (side // patch) ** 2 * 4 in seq  # the patch embedding's output
+    assert b * labels * 4 in seq  # the logits

@@ -870,8 +870,9 @@ def capture(model_spec: str, config: Dict[str, Any], batch: int, precision: str,
     if batch < 1 or steps < 1 or grad_accum < 1:
         raise CaptureError("--batch, --steps and --grad-accum must be at least 1")
     hf = is_transformers(model_spec)
-    if hf and not seq_len:
-        raise CaptureError("--seq-len is needed for a transformers model")
+    if hf and not seq_len and not model_spec.endswith("ForImageClassification"):
+        raise CaptureError("--seq-len is needed for a transformers model (not for an "
+                           "image classifier, which takes pixels at its config's image_size)")
     if not hf and not input_shape:
         raise CaptureError("--input (e.g. 3x224x224) is needed for a model that is not from transformers")
     zero_grad = zero_grad or ("after-step" if hf else "before-backward")

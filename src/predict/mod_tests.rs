@@ -710,12 +710,12 @@ fn captures_made_with_the_measuring_machines_libraries_predict_the_transformers_
         (
             include_str!("../../data/calibration/h200-heldout.jsonl"),
             "heldout-h200",
-            19,
+            20,
         ),
         (
             include_str!("../../data/calibration/h200-families.jsonl"),
             "families-h200",
-            18,
+            20,
         ),
     ] {
         let report =
