@@ -2565,3 +2565,39 @@ fn eager_scores_keep_a_dropout_mask_only_when_the_attention_has_dropout() {
     let scores = 8 * 4 * 512 * 512;
     assert_eq!(opt(0.1) - opt(0.0), 2 * 5 * scores);
 }
+
+#[test]
+fn an_untied_heads_logits_gradient_is_released_before_its_fp32_weight_gradient() {
+    // Autograd releases the head matmul's grad_output (the bf16 logits'
+    // gradient) when the matmul's backward node returns; autocast's cast of
+    // the weight gradient back to fp32 is a node of its own, after it. On a
+    // 151,936-word vocabulary this order decides whether the fp32 gradient
+    // reuses the logits gradient's block (Qwen2 held out: -9.3 % -> -0.2 %).
+    use crate::api::Precision;
+    use sequence::{Category, TensorEvent};
+    let (rows, vocab, hidden) = (8 * 64, 5000, 96);
+    let evs = hf_events(tiny("llama"), Precision::AmpBf16, Attention::Sdpa, false);
+    let grad_at = evs
+        .iter()
+        .position(|e| {
+            matches!(e, TensorEvent::Alloc { bytes, category: Category::Gradients, .. }
+                if *bytes == vocab * hidden * 4)
+        })
+        .expect("the head's fp32 weight gradient");
+    let g_logits = evs[..grad_at]
+        .iter()
+        .rev()
+        .find_map(|e| match e {
+            TensorEvent::Alloc { id, bytes, .. } if *bytes == rows * vocab * 2 => Some(*id),
+            _ => None,
+        })
+        .expect("the logits' bf16 gradient");
+    let freed_at = evs
+        .iter()
+        .position(|e| matches!(e, TensorEvent::Free { id } if *id == g_logits))
+        .expect("freed");
+    assert!(
+        freed_at < grad_at,
+        "freed at {freed_at}, gradient at {grad_at}"
+    );
+}

@@ -306,8 +306,7 @@ impl Gen<'_> {
             g_lsm
         };
         let g_head = self.t.act(rows * hw * wd.c);
-        let tied_contribution = self.hf_head_grads(t);
-        self.t.free(g_logits);
+        let tied_contribution = self.hf_head_grads(t, g_logits);
         let mut g = self.t.act(n * h * wd.r);
         self.t.free(g_head);
         let mut head_casts = head_casts;
@@ -363,23 +362,45 @@ impl Gen<'_> {
         tables
     }
 
-    /// The head's weight gradients at the loss's backward. With a tied head
-    /// the word embedding's gradient from the head waits in autograd's input
-    /// buffer (returned) until the embedding's own contribution arrives.
-    fn hf_head_grads(&mut self, t: &TransformerArch) -> Option<u32> {
+    /// The head's weight gradients at the loss's backward; `g_logits` (the
+    /// head matmul's grad_output) is released when the matmul's backward
+    /// node returns. With a tied head the word embedding's gradient from the
+    /// head waits in autograd's input buffer (returned) until the
+    /// embedding's own contribution arrives.
+    fn hf_head_grads(&mut self, t: &TransformerArch, g_logits: u32) -> Option<u32> {
         if self.fsdp() {
             self.grads_of_layer(None);
+            self.t.free(g_logits);
             return None;
         }
         let tables = self.hf_embedding_tables(t);
         let idx: Vec<usize> = (0..self.params.len())
             .filter(|&i| self.params[i].layer.is_none() && !tables.contains(&i))
             .collect();
+        // An untied head's own matmul weight is the last of them.
+        let head = idx
+            .last()
+            .copied()
+            .filter(|&i| !t.tied && self.params[i].matmul_weight);
+        let Some(head) = head else {
+            for i in idx.into_iter().rev() {
+                self.weight_grad(i);
+            }
+            let tied = t
+                .tied
+                .then(|| self.t.act(self.params[0].numel() * self.widths().c));
+            self.t.free(g_logits);
+            return tied;
+        };
+        // The head's matmul is the first node: g_logits goes when it returns.
         for i in idx.into_iter().rev() {
-            self.weight_grad(i);
+            if i == head {
+                self.weight_grad_releasing(i, Some(g_logits));
+            } else {
+                self.weight_grad(i);
+            }
         }
-        t.tied
-            .then(|| self.t.act(self.params[0].numel() * self.widths().c))
+        None
     }
 
     /// The embedding backward: a dense gradient of each table; with a tied

@@ -323,12 +323,27 @@ impl<'a> Gen<'a> {
     /// Weight gradient of parameter `i`: autocast produces it in low precision
     /// and AccumulateGrad converts; later micro-steps add into the existing grad.
     fn weight_grad(&mut self, i: usize) {
+        self.weight_grad_releasing(i, None);
+    }
+
+    /// [`Self::weight_grad`] of a matmul weight whose backward node held
+    /// `grad_output`: autograd releases it when that node returns, after the
+    /// weight's gradient in the matmul's precision and before autocast's cast
+    /// back to the fp32 master weight (a node of its own) runs.
+    fn weight_grad_releasing(&mut self, i: usize, grad_output: Option<u32>) {
+        let mut grad_output = grad_output;
+        let mut release = |t: &mut Trace| {
+            if let Some(g) = grad_output.take() {
+                t.free(g);
+            }
+        };
         let n = self.shard(self.params[i].numel(), 2);
         let full = self.params[i].numel();
         let lowp = self.d.amp && self.params[i].matmul_weight;
         if self.fsdp() {
             // Full-size until the unit's reduce-scatter (zero.rs).
             let tmp = lowp.then(|| self.t.act(full * self.d.compute));
+            release(&mut self.t);
             self.fsdp_unsharded_grad(i, full * self.d.weight);
             if let Some(tmp) = tmp {
                 self.t.free(tmp);
@@ -338,7 +353,11 @@ impl<'a> Gen<'a> {
         match self.grad_ids[i] {
             None => {
                 let tmp = lowp.then(|| self.t.act(full * self.d.compute));
+                if lowp {
+                    release(&mut self.t);
+                }
                 self.grad_ids[i] = Some(self.t.alloc(n * self.d.weight, Category::Gradients));
+                release(&mut self.t);
                 if let Some(tmp) = tmp {
                     self.t.free(tmp);
                 }
@@ -347,6 +366,7 @@ impl<'a> Gen<'a> {
                 let tmp = self
                     .t
                     .act(full * if lowp { self.d.compute } else { self.d.weight });
+                release(&mut self.t);
                 let tmp2 = lowp.then(|| self.t.act(full * self.d.weight));
                 if let Some(t2) = tmp2 {
                     self.t.free(t2);
