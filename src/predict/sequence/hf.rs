@@ -279,7 +279,6 @@ impl Gen<'_> {
         self.fsdp_end_forward();
         // backward through the loss
         self.fsdp_root_pre_backward(t.layers.checked_sub(1).map(|l| l as u32));
-        self.workspace(1);
         let mut g_nll = self.t.act(
             rows * v
                 * if upcast || nll_copy.is_some() {
@@ -305,7 +304,11 @@ impl Gen<'_> {
         } else {
             g_lsm
         };
+        // The head's matmul is the first of backward's to run: its output
+        // is allocated, then cuBLAS's workspace of the backward thread (on
+        // its first use), after the loss's large blocks were freed.
         let g_head = self.t.act(rows * hw * wd.c);
+        self.workspace(1);
         let tied_contribution = self.hf_head_grads(t, g_logits);
         let mut g = self.t.act(n * h * wd.r);
         self.t.free(g_head);
