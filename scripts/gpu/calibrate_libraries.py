@@ -43,10 +43,12 @@ Output:
 """
 
 import argparse
+import gzip
 import hashlib
 import json
 import os
 import select
+import shutil
 import subprocess
 import sys
 import threading
@@ -736,6 +738,9 @@ def main():
     ap.add_argument("--stacks", action="store_true",
                     help="with --snapshots: record C++ stacks too, and keep in each profile where "
                          "its allocations of 1 MiB or more came from (`origins`)")
+    ap.add_argument("--keep-snapshots", action="store_true",
+                    help="with --snapshots: keep each run's snapshot, gzip-compressed, in "
+                         "OUT/snapshots/ (for `vramfit alloc replay`)")
     ap.add_argument("--dry-run", action="store_true", help="list the cases without a GPU")
     ap.add_argument("--smoke", help="run these cases' code on the CPU, small (no figures)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -827,6 +832,11 @@ def main():
                                                         grad_accum=c["accum"], source=c["name"],
                                                         with_allocator=True,
                                                         with_origins=c.get("stacks") == "all")
+                if args.keep_snapshots:
+                    os.makedirs(os.path.join(args.out, "snapshots"), exist_ok=True)
+                    with open(pk, "rb") as src, gzip.open(os.path.join(
+                            args.out, "snapshots", c["name"] + ".pickle.gz"), "wb") as dst:
+                        shutil.copyfileobj(src, dst)
                 os.remove(pk)
                 prof["measured"] = {k: line["measured"][k] for k in
                                     ("nvmlPeakBytes", "maxReservedBytes", "maxAllocatedBytes",
