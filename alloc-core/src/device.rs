@@ -118,6 +118,9 @@ pub struct SimulatedDevice {
     capacity: u64,
     used: u64,
     next_addr: u64,
+    /// Fresh addresses go down from the top instead of up (see
+    /// [`SimulatedDevice::top_down`]).
+    descending: bool,
     segments: HashMap<DevicePtr, u64>,
     ranges: HashMap<DevicePtr, u64>,
     expected: std::collections::VecDeque<(u64, DevicePtr)>,
@@ -145,6 +148,10 @@ pub struct SimulatedDevice {
 /// the addresses real devices hand out, so both never meet.
 const SYNTHETIC_BASE: u64 = 1 << 52;
 
+/// Where a [`SimulatedDevice::top_down`] device's addresses start (going
+/// down): above [`SYNTHETIC_BASE`], with room below for any replay.
+const SYNTHETIC_TOP: u64 = 1 << 60;
+
 impl SimulatedDevice {
     /// A device of `capacity` bytes with nothing allocated.
     pub fn new(capacity: u64) -> Self {
@@ -152,6 +159,7 @@ impl SimulatedDevice {
             capacity,
             used: 0,
             next_addr: SYNTHETIC_BASE,
+            descending: false,
             segments: HashMap::new(),
             ranges: HashMap::new(),
             expected: Default::default(),
@@ -167,6 +175,19 @@ impl SimulatedDevice {
         }
     }
 
+    /// A device whose fresh addresses decrease, as the CUDA driver's
+    /// `cudaMalloc` hands them out on the H200 (752 of 768 segments of a
+    /// recorded Llama-3 8B run each below the one before). PyTorch breaks
+    /// ties between equal-size cached blocks by address, so the direction
+    /// decides which of them a request takes.
+    pub fn top_down(capacity: u64) -> Self {
+        Self {
+            next_addr: SYNTHETIC_TOP,
+            descending: true,
+            ..Self::new(capacity)
+        }
+    }
+
     /// Suggests that the next `malloc` of `bytes` returns `addr` (used in
     /// order; a suggestion that does not match the next request is dropped).
     pub fn expect_segment(&mut self, bytes: u64, addr: DevicePtr) {
@@ -179,8 +200,13 @@ impl SimulatedDevice {
     }
 
     fn fresh_address(&mut self, bytes: u64) -> DevicePtr {
+        let span = bytes.div_ceil(crate::PAGE_BYTES).max(1) * crate::PAGE_BYTES;
+        if self.descending {
+            self.next_addr -= span;
+            return self.next_addr;
+        }
         let addr = self.next_addr;
-        self.next_addr += bytes.div_ceil(crate::PAGE_BYTES).max(1) * crate::PAGE_BYTES;
+        self.next_addr += span;
         addr
     }
 

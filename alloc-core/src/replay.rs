@@ -96,7 +96,7 @@ pub fn replay_events_observed(
     let outcome = run_events(
         events,
         policy,
-        SimulatedDevice::new(REPLAY_CAPACITY),
+        SimulatedDevice::top_down(REPLAY_CAPACITY),
         None,
         &mut observe,
     )?;

@@ -660,21 +660,17 @@ fn gpu_recorded_profiles(file: &str) -> std::collections::HashMap<String, String
 fn the_allocator_model_replays_the_h200s_own_sequences_to_its_reserved_peak() {
     // The runs' tensor sequences as the GPU recorded them: what is left
     // between the prediction and the measurement is the allocator model
-    // alone. Two runs are known to differ (Llama-3 8B -4.4 %, a checkpointed
-    // LLaMA -2.6 %; T5 fp32 eager -5.2 %), every other is within 0.5 %.
-    for (measured, file, known) in [
+    // alone. Every run is within 0.5 % but one (Swin-T +1.9 %). With
+    // increasing synthetic addresses (cudaMalloc's go down) three were off:
+    // Llama-3 8B -4.4 %, a checkpointed LLaMA -2.6 %, T5 fp32 eager -5.2 %.
+    for (measured, file) in [
         (
             include_str!("../../data/calibration/h200-heldout.jsonl"),
             "heldout-profiles.jsonl.gz",
-            &[
-                "hf-llama3-8b-s8192-b1-bf16-adamw-sdpa-ckpt",
-                "hf-llama-s1024-b4-ampbf16-adamw-sdpa-ckpt",
-            ][..],
         ),
         (
             include_str!("../../data/calibration/h200-families.jsonl"),
             "families-profiles.jsonl.gz",
-            &["hf-t5-s512-b8-fp32-adamw-eager"][..],
         ),
     ] {
         let recorded = gpu_recorded_profiles(file);
@@ -684,8 +680,8 @@ fn the_allocator_model_replays_the_h200s_own_sequences_to_its_reserved_peak() {
         assert_eq!(report.rows.len(), recorded.len(), "{file}");
         for row in &report.rows {
             assert_eq!(row.source, "profile", "{}", row.name);
-            let bound = if known.contains(&row.name.as_str()) {
-                0.055
+            let bound = if row.name.starts_with("tv-swin_t") {
+                0.02
             } else {
                 0.005
             };
