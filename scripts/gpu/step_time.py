@@ -119,6 +119,7 @@ def measure(name: str, kind: Dict[str, Any], micro: int, steps: int, device: Any
         step()  # warm-up: kernels chosen, allocator filled, optimizer state made
         if cuda:
             torch.cuda.synchronize()
+        wait_for_the_others()
         times: List[float] = []
         for _ in range(steps):
             start = time.perf_counter()
@@ -143,6 +144,24 @@ def measure(name: str, kind: Dict[str, Any], micro: int, steps: int, device: Any
     return row
 
 
+BARRIER: Dict[str, Any] = {}
+
+
+def wait_for_the_others() -> None:
+    """With --barrier DIR --copies K (K processes sharing the GPU): say this
+    one is warm, then wait until all K are, so that the timed steps of all
+    of them run together."""
+    if not BARRIER:
+        return
+    import os
+
+    os.makedirs(BARRIER["dir"], exist_ok=True)
+    open(os.path.join(BARRIER["dir"], f"ready-{os.getpid()}"), "w").close()
+    deadline = time.monotonic() + 300
+    while len(os.listdir(BARRIER["dir"])) < BARRIER["copies"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def has_torchvision() -> bool:
     try:
         import torchvision  # noqa: F401
@@ -158,7 +177,14 @@ def main() -> int:
     p.add_argument("--deadline", type=float, default=420.0, help="seconds; kinds not started by then are skipped")
     p.add_argument("--only", help="comma-separated kinds to run")
     p.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU")
+    p.add_argument("--micros", help="comma-separated micro-batches to run (default: every divisor)")
+    p.add_argument("--barrier", help="with --copies: a folder where the copies sharing the GPU "
+                                     "meet before their timed steps")
+    p.add_argument("--copies", type=int, default=1, help="processes sharing the GPU (recorded)")
     args = p.parse_args()
+    if args.barrier:
+        BARRIER.update(dir=args.barrier, copies=args.copies)
+    micros = [int(m) for m in args.micros.split(",")] if args.micros else MICROS
 
     import torch
 
@@ -180,12 +206,12 @@ def main() -> int:
         if "vision" in kind and not has_torchvision():
             print(f"step_time: {name} skipped: torchvision is not installed", file=sys.stderr)
             continue
-        for micro in [m for m in MICROS if kind["global"] % m == 0]:
+        for micro in [m for m in micros if kind["global"] % m == 0]:
             if time.monotonic() - started > args.deadline:
                 print(f"step_time: deadline passed, {name} micro {micro} and later skipped", file=sys.stderr)
                 return 0
             row = measure(name, kind, micro, args.steps, device)
-            row.update(device=gpu, **versions)
+            row.update(device=gpu, copies=args.copies, **versions)
             out.write(json.dumps(row) + "\n")
             out.flush()
             print(f"step_time: {name} micro {micro}: {row.get('medianStepSeconds', row.get('error'))}", file=sys.stderr)
