@@ -93,6 +93,9 @@ pub struct Layout {
     /// Query, key and value projections as separate `Linear`s (OPT, ViT)
     /// in a LayerNorm family otherwise fused like GPT-2's `c_attn`.
     pub separate_qkv: bool,
+    /// The gated feed-forward's gate and up projections as one `Linear` of
+    /// twice the width whose output is chunked (Phi-3's `gate_up_proj`).
+    pub fused_gate_up: bool,
     /// ReLU feed-forward (OPT, T5 v1.0): autograd keeps only its output.
     pub relu: bool,
     /// Mixture-of-experts feed-forward (Mixtral, Qwen2-MoE).
@@ -414,10 +417,14 @@ impl TransformerArch {
     /// A feed-forward of width `ffn` (gated: three matrices).
     fn ffn_params(&self, ffn: u64, layer: Option<u32>, out: &mut Vec<ParamTensor>) {
         let h = self.hidden;
-        if self.mlp == MlpKind::Swiglu {
+        if self.mlp == MlpKind::Swiglu && self.layout.fused_gate_up {
+            self.linear(2 * ffn, h, self.linear_bias, layer, out);
+        } else {
+            if self.mlp == MlpKind::Swiglu {
+                self.linear(ffn, h, self.linear_bias, layer, out);
+            }
             self.linear(ffn, h, self.linear_bias, layer, out);
         }
-        self.linear(ffn, h, self.linear_bias, layer, out);
         self.linear(h, ffn, self.linear_bias, layer, out);
     }
 

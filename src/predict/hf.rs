@@ -104,6 +104,9 @@ enum Feature {
     NeoX,
     /// Separate query/key/value projections in a LayerNorm family.
     SeparateQkv,
+    /// Phi-3: the gated feed-forward's gate and up projections as one
+    /// `gate_up_proj` (one weight of twice the width, one output chunked).
+    FusedGateUp,
     /// Mixture of experts: the experts' key and default, `num_experts_per_tok`'s
     /// default, the expert width key (`None`: the `ffn` key) and default,
     /// and the shared expert's key and default (Qwen2-MoE).
@@ -220,7 +223,7 @@ const BERT: Row = Row {
 
 /// The families, with the defaults of their transformers 5.x `*Config`
 /// classes. Phi-3's fused qkv_proj and gate_up_proj hold the same weights as
-/// LLaMA's separate ones; RoBERTa's modules are BERT's (its position ids are
+/// LLaMA's separate ones, in fewer and larger tensors; RoBERTa's modules are BERT's (its position ids are
 /// counted from the padding token, a few small integer tensors).
 const FAMILIES: &[Row] = &[
     GPT2,
@@ -261,6 +264,7 @@ const FAMILIES: &[Row] = &[
         qkv_bias: Flag::Is(false),
         linear_bias: Flag::Is(false),
         out_bias: None,
+        features: &[Feature::FusedGateUp],
         ..LLAMA
     },
     BERT,
@@ -846,6 +850,7 @@ fn apply(feature: Feature, cfg: &Config<'_>, a: &mut TransformerArch) -> Result<
             lay.rotary_dims = ((a.head_dim as f64) * pct) as u64;
         }
         Feature::SeparateQkv => lay.separate_qkv = true,
+        Feature::FusedGateUp => lay.fused_gate_up = true,
         Feature::Moe {
             experts,
             top_k,

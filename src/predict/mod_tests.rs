@@ -2668,3 +2668,32 @@ fn backwards_cublas_workspace_comes_with_the_heads_matmul_after_the_loss_blocks_
         "fp32 logits-sized blocks alive: {alive:?}"
     );
 }
+
+#[test]
+fn phi3s_gate_and_up_projections_are_one_tensor_of_twice_the_width() {
+    // Phi3MLP's gate_up_proj: one weight (and one gradient and optimizer
+    // state each) of 2 x intermediate rows, as the H200's recorded run
+    // allocates it (11.0 MiB x 24, not 5.5 MiB x 48, in 8 layers).
+    let (h, ffn) = (96u64, 176u64);
+    let config = serde_json::json!({"model_type": "phi3", "num_hidden_layers": 2,
+        "hidden_size": h, "num_attention_heads": 4, "num_key_value_heads": 4,
+        "intermediate_size": ffn, "vocab_size": 5000});
+    let model = ModelSpec {
+        hugging_face: Some(HuggingFaceSpec {
+            config: config.as_object().unwrap().clone(),
+            seq_len: 64,
+        }),
+        ..ModelSpec::default()
+    };
+    let Arch::Transformer(t) = resolve_arch(&model).unwrap() else {
+        panic!("a transformer")
+    };
+    let shapes: Vec<(u64, u64)> = t.param_tensors().iter().map(|p| (p.rows, p.cols)).collect();
+    assert_eq!(shapes.iter().filter(|&&s| s == (2 * ffn, h)).count(), 2);
+    assert_eq!(shapes.iter().filter(|&&s| s == (ffn, h)).count(), 0);
+    assert_eq!(
+        shapes.iter().filter(|&&s| s == (h, ffn)).count(),
+        2,
+        "down_proj"
+    );
+}

@@ -947,6 +947,12 @@ impl Gen<'_> {
                     saved.push(self.t.act(n * h * wd.c));
                 }
             }
+            _ if t.mlp == crate::api::MlpKind::Swiglu && t.layout.fused_gate_up => {
+                // gate_up's output (its two chunks are views), act(gate), act(gate) * up
+                saved.push(self.t.act(n * 2 * t.ffn * wd.c));
+                saved.push(self.t.act(n * t.ffn * wd.c));
+                saved.push(self.t.act(n * t.ffn * wd.c));
+            }
             _ if t.mlp == crate::api::MlpKind::Swiglu => gated(self, n, t.ffn, saved),
             _ => {
                 let f = t.ffn;
