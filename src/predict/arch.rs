@@ -93,6 +93,10 @@ pub struct Layout {
     /// Query, key and value projections as separate `Linear`s (OPT, ViT)
     /// in a LayerNorm family otherwise fused like GPT-2's `c_attn`.
     pub separate_qkv: bool,
+    /// Query, key and value weights as one tensor (GPT-2's `c_attn`,
+    /// GPT-NeoX's `query_key_value`, Phi-3's `qkv_proj`); the other
+    /// families' are three `Linear`s.
+    pub fused_qkv: bool,
     /// The gated feed-forward's gate and up projections as one `Linear` of
     /// twice the width whose output is chunked (Phi-3's `gate_up_proj`).
     pub fused_gate_up: bool,
@@ -403,13 +407,19 @@ impl TransformerArch {
     /// `cross`: of the cross-attention).
     fn attention_params(&self, layer: Option<u32>, out: &mut Vec<ParamTensor>) {
         let h = self.hidden;
-        self.linear(
-            self.q_dim() + 2 * self.kv_dim(),
-            h,
-            self.qkv_bias,
-            layer,
-            out,
-        );
+        if self.library.is_none() || self.layout.fused_qkv {
+            self.linear(
+                self.q_dim() + 2 * self.kv_dim(),
+                h,
+                self.qkv_bias,
+                layer,
+                out,
+            );
+        } else {
+            for rows in [self.q_dim(), self.kv_dim(), self.kv_dim()] {
+                self.linear(rows, h, self.qkv_bias, layer, out);
+            }
+        }
         let out_bias = self.layout.out_bias.unwrap_or(self.linear_bias);
         self.linear(h, self.q_dim(), out_bias, layer, out);
     }

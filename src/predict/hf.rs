@@ -104,6 +104,8 @@ enum Feature {
     NeoX,
     /// Separate query/key/value projections in a LayerNorm family.
     SeparateQkv,
+    /// Query, key and value weights as one tensor (GPT-2, GPT-NeoX, Phi-3).
+    FusedQkv,
     /// Phi-3: the gated feed-forward's gate and up projections as one
     /// `gate_up_proj` (one weight of twice the width, one output chunked).
     FusedGateUp,
@@ -188,7 +190,7 @@ const GPT2: Row = Row {
     ],
     cache: true,
     qk_norm: false,
-    features: &[],
+    features: &[Feature::FusedQkv],
 };
 
 const BERT: Row = Row {
@@ -264,7 +266,7 @@ const FAMILIES: &[Row] = &[
         qkv_bias: Flag::Is(false),
         linear_bias: Flag::Is(false),
         out_bias: None,
-        features: &[Feature::FusedGateUp],
+        features: &[Feature::FusedQkv, Feature::FusedGateUp],
         ..LLAMA
     },
     BERT,
@@ -355,7 +357,7 @@ const FAMILIES: &[Row] = &[
         linear_bias: Flag::Is(true),
         out_bias: Some(Flag::Key("attention_bias", true)),
         dropout: &[("attention_dropout", 0.0), ("hidden_dropout", 0.0)],
-        features: &[Feature::NeoX],
+        features: &[Feature::NeoX, Feature::FusedQkv],
         ..GPT2
     },
     Row {
@@ -851,6 +853,7 @@ fn apply(feature: Feature, cfg: &Config<'_>, a: &mut TransformerArch) -> Result<
         }
         Feature::SeparateQkv => lay.separate_qkv = true,
         Feature::FusedGateUp => lay.fused_gate_up = true,
+        Feature::FusedQkv => lay.fused_qkv = true,
         Feature::Moe {
             experts,
             top_k,

@@ -1711,7 +1711,11 @@ fn each_hugging_face_family_maps_onto_its_shapes_and_library_defaults() {
             use_cache: true,
             qk_norm: false,
         }),
-        layout: Default::default(),
+        // `c_attn`: query, key and value weights as one tensor
+        layout: arch::Layout {
+            fused_qkv: true,
+            ..Default::default()
+        },
     };
     let llama = TransformerArch {
         family: "llama".into(),
@@ -2670,7 +2674,7 @@ fn backwards_cublas_workspace_comes_with_the_heads_matmul_after_the_loss_blocks_
 }
 
 #[test]
-fn phi3s_gate_and_up_projections_are_one_tensor_of_twice_the_width() {
+fn phi3s_fused_projections_are_one_tensor_each_and_llamas_query_key_value_three() {
     // Phi3MLP's gate_up_proj: one weight (and one gradient and optimizer
     // state each) of 2 x intermediate rows, as the H200's recorded run
     // allocates it (11.0 MiB x 24, not 5.5 MiB x 48, in 8 layers).
@@ -2695,5 +2699,28 @@ fn phi3s_gate_and_up_projections_are_one_tensor_of_twice_the_width() {
         shapes.iter().filter(|&&s| s == (h, ffn)).count(),
         2,
         "down_proj"
+    );
+    // qkv_proj: one tensor too (LLaMA's are three)
+    assert_eq!(shapes.iter().filter(|&&s| s == (3 * h, h)).count(), 2);
+    let Arch::Transformer(llama) = resolve_arch(&ModelSpec {
+        hugging_face: Some(HuggingFaceSpec {
+            config: tiny("llama").as_object().unwrap().clone(),
+            seq_len: 64,
+        }),
+        ..ModelSpec::default()
+    })
+    .unwrap() else {
+        panic!("a transformer")
+    };
+    let shapes: Vec<(u64, u64)> = llama
+        .param_tensors()
+        .iter()
+        .map(|p| (p.rows, p.cols))
+        .collect();
+    assert_eq!(shapes.iter().filter(|&&s| s == (3 * h, h)).count(), 0);
+    assert_eq!(
+        shapes.iter().filter(|&&s| s == (h, h)).count(),
+        2 * 4,
+        "q, k, v, o"
     );
 }

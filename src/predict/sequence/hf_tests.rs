@@ -560,7 +560,14 @@ fn layer_grad_temps(family: &str, w: Wd, kvd: u64) -> Vec<u64> {
     if family == "llama" {
         v.push(F * H * w.c);
     }
-    v.extend([H * H * w.c, (H + 2 * kvd) * H * w.c]);
+    v.push(H * H * w.c);
+    if family == "gpt2" {
+        // c_attn: one weight for query, key and value
+        v.push((H + 2 * kvd) * H * w.c);
+    } else {
+        // value, key, query (backward runs them last to first)
+        v.extend([kvd * H * w.c, kvd * H * w.c, H * H * w.c]);
+    }
     v
 }
 
