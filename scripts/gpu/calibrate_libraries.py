@@ -356,6 +356,54 @@ HELDOUT = [
     tv("swin_t", 32, "amp-bf16", "adamw"),
 ]
 
+# A fresh set, written after the rules read from the held-out set's recorded
+# sequences (2026-12-04 evening); its predictions are committed before it runs.
+F_QWEN3 = dict(num_hidden_layers=4, hidden_size=1536, num_attention_heads=12, num_key_value_heads=4,
+               intermediate_size=4096)
+F_LLAMA32 = dict(num_hidden_layers=8, hidden_size=2048, num_attention_heads=32, num_key_value_heads=8,
+                 intermediate_size=8192, vocab_size=128256, tie_word_embeddings=True)
+F_MISTRAL = dict(num_hidden_layers=4, hidden_size=2048, num_attention_heads=16, num_key_value_heads=8,
+                 intermediate_size=5632)
+F_GEMMA2 = dict(num_hidden_layers=3, hidden_size=1024, num_attention_heads=8, num_key_value_heads=4,
+                head_dim=128, intermediate_size=4096)
+F_PHI3 = dict(num_hidden_layers=6, hidden_size=1536, num_attention_heads=12, intermediate_size=4096)
+F_NEOX = dict(num_hidden_layers=6, hidden_size=768, num_attention_heads=12, intermediate_size=3072,
+              vocab_size=50304)
+F_OPT = dict(num_hidden_layers=6, hidden_size=1024, num_attention_heads=16, ffn_dim=4096)
+F_MIXTRAL = dict(num_hidden_layers=2, hidden_size=1024, num_attention_heads=16, num_key_value_heads=8,
+                 intermediate_size=2048, num_local_experts=4, num_experts_per_tok=2)
+F_T5 = dict(d_model=512, num_layers=6, num_heads=8, d_kv=64, d_ff=2048)
+F_DEBERTA = dict(num_hidden_layers=6, hidden_size=768, num_attention_heads=12, intermediate_size=3072)
+F_VIT = dict(num_hidden_layers=12, hidden_size=768, num_attention_heads=12, intermediate_size=3072,
+             image_size=224, patch_size=16, num_labels=100)
+FRESH = [
+    hf("qwen3f", "qwen3", F_QWEN3, 2048, 2, "amp-bf16", "adamw"),
+    hf("llama32", "llama", F_LLAMA32, 2048, 2, "amp-bf16", "adamw", ckpt=True),
+    hf("mistralf", "mistral", F_MISTRAL, 4096, 1, "bf16", "adamw", ckpt=True),
+    hf("gemma2f", "gemma2", F_GEMMA2, 1024, 2, "amp-bf16", "adamw", "eager"),
+    hf("phi3f", "phi3", F_PHI3, 1024, 4, "amp-bf16", "adamw"),
+    hf("neoxf", "gpt_neox", F_NEOX, 2048, 2, "fp32", "adamw"),
+    hf("optf", "opt", F_OPT, 2048, 4, "bf16", "sgd-momentum"),
+    hf("mixtralf", "mixtral", F_MIXTRAL, 1024, 4, "bf16", "adamw"),
+    hf("robertaf", "roberta", dict(num_hidden_layers=6), 256, 32, "fp32", "adamw"),
+    hf("t5f", "t5", F_T5, 512, 8, "fp32", "adamw"),
+    hf("debertaf", "deberta-v2", F_DEBERTA, 512, 8, "amp-bf16", "adamw", "eager"),
+    hf("vitf", "vit", F_VIT, 197, 32, "amp-bf16", "adamw"),
+    hf("gpt2m", "gpt2", dict(n_layer=24, n_embd=1024, n_head=16), 1024, 8, "amp-bf16", "adamw",
+       ckpt=True),
+    hf("bertf", "bert", dict(num_hidden_layers=12, hidden_size=1024, num_attention_heads=16,
+                            intermediate_size=4096), 256, 32, "amp-fp16", "adamw"),
+    hf("qwen2f", "qwen2", dict(num_hidden_layers=8, hidden_size=896, num_attention_heads=14,
+                               num_key_value_heads=2, intermediate_size=4864), 2048, 4, "bf16", "adamw"),
+    hf("llamaf", "llama", dict(num_hidden_layers=12, hidden_size=1024, num_attention_heads=16,
+                               intermediate_size=2816, vocab_size=32000), 1024, 8, "fp32", "sgd"),
+    tv("resnet50", 64, "fp32", "adamw"),
+    tv("densenet121", 64, "amp-bf16", "sgd-momentum"),
+    tv("mobilenet_v3_large", 128, "amp-bf16", "adamw"),
+    tv("vgg16_bn", 32, "fp32", "sgd-momentum"),
+    tv("convnext_small", 48, "fp32", "sgd-momentum"),
+]
+
 # Run again alone at the end, to check that running side by side changes nothing.
 REPEATS = ["hf-gpt2-s1024-b8-ampbf16-adamw-sdpa", "tv-resnet50-i224-b128-ampbf16-sgdm",
            "hf-llama-s2048-b4-bf16-adamw-sdpa"]
@@ -723,7 +771,7 @@ def main():
     ap.add_argument("--timeout", type=float, default=60.0, help="per case")
     ap.add_argument("--only", default="", help="comma-separated case names")
     ap.add_argument("--set", default="calibration",
-                    choices=["calibration", "validation", "families", "heldout"],
+                    choices=["calibration", "validation", "families", "heldout", "fresh"],
                     help="the calibration cases (fit/holdout), the fresh validation set, or "
                          "the families added later (gemma2/3, gpt_neox, opt, mixtral, "
                          "qwen2_moe, t5, deberta-v2, vit)")
@@ -753,14 +801,15 @@ def main():
     if args.smoke:
         for name in args.smoke.split(","):
             print(name, flush=True)
-            child(small(next(x for x in CASES + VALIDATION + FAMILIES + HELDOUT if x["name"] == name)), None)
+            child(small(next(x for x in CASES + VALIDATION + FAMILIES + HELDOUT + FRESH
+                             if x["name"] == name)), None)
         return
-    names = [c["name"] for c in CASES + VALIDATION + FAMILIES + HELDOUT]
+    names = [c["name"] for c in CASES + VALIDATION + FAMILIES + HELDOUT + FRESH]
     assert len(names) == len(set(names)), "duplicate case names"
     assert all(r in names for r in REPEATS), "a repeat names no case"
     validation = args.set != "calibration"
     chosen = {"calibration": CASES, "validation": VALIDATION, "families": FAMILIES,
-              "heldout": HELDOUT}[args.set]
+              "heldout": HELDOUT, "fresh": FRESH}[args.set]
     cases = [c for c in chosen if not args.only or c["name"] in args.only.split(",")]
     if args.snapshots:
         cases = [dict(c, snapshot=True, **({"stacks": "all"} if args.stacks else {}))
@@ -797,7 +846,7 @@ def main():
     sampler = threading.Thread(target=nvml.sample_forever, daemon=True)
     sampler.start()
 
-    stem = args.set if args.set in ("families", "heldout") else "libraries"
+    stem = args.set if args.set in ("families", "heldout", "fresh") else "libraries"
     out_path = os.path.join(args.out, f"{stem}.jsonl")
     prof_path = os.path.join(args.out, f"{stem}-profiles.jsonl" if stem != "libraries"
                              else "profiles.jsonl")
@@ -920,7 +969,7 @@ def main():
     retries = [r["name"] for r in ok if r["measured"]["allocRetries"] or r["measured"]["ooms"]]
     if retries:
         print("allocator retries (peaks may be distorted):", ", ".join(retries), flush=True)
-    for split in ("fit", "holdout", "validation", "families", "heldout"):
+    for split in ("fit", "holdout", "validation", "families", "heldout", "fresh"):
         n = sum(r["split"] == split for r in ok)
         print(f"{split}: {n} measured", flush=True)
     sys.exit(0 if ok and len(failed) <= len(results) // 4 else 1)
