@@ -713,6 +713,11 @@ fn captures_made_with_the_measuring_machines_libraries_predict_the_transformers_
             "families-h200",
             20,
         ),
+        (
+            include_str!("../../data/calibration/h200-fresh.jsonl"),
+            "fresh-h200",
+            15,
+        ),
     ] {
         let report =
             super::bench::bench_predict_with_profiles(measured, None, &profiles_in(dir), true)
@@ -2723,4 +2728,25 @@ fn phi3s_fused_projections_are_one_tensor_each_and_llamas_query_key_value_three(
         2 * 4,
         "q, k, v, o"
     );
+}
+
+#[test]
+fn the_analytic_path_meets_the_goal_on_the_fresh_set_predicted_before_it_ran() {
+    // 15 transformers runs written after every rule of 2026-12-04 and
+    // predicted (data/calibration/fresh-predictions.jsonl) before they ran.
+    let report = bench_predict(
+        include_str!("../../data/calibration/h200-fresh.jsonl"),
+        None,
+    )
+    .unwrap();
+    let hf: Vec<BenchRow> = report
+        .rows
+        .iter()
+        .filter(|r| r.source == "model")
+        .cloned()
+        .collect();
+    assert_eq!(hf.len(), 15);
+    let stats = error_stats(&hf, None);
+    assert!(stats.median <= 0.03 && stats.p90 <= 0.06, "{stats:?}");
+    assert!(stats.under_predictions.is_empty(), "{stats:?}");
 }
