@@ -62,6 +62,11 @@ pub struct ClusterArgs {
     /// Waiting jobs tried at each event, from the front of the queue.
     #[arg(long, default_value_t = 64)]
     pub window: usize,
+    /// Jobs sharing a GPU run as fast as alone (the figures before sharing's
+    /// slowdown was measured); by default each runs slower by the sum of the
+    /// GPU shares on it, at least 1, times 1.1.
+    #[arg(long)]
+    pub no_contention: bool,
     /// Step times and peaks per model kind and micro-batch (JSON lines of
     /// scripts/gpu/step_time.py); default: the H200 measurements built in.
     #[arg(long)]
@@ -241,6 +246,7 @@ fn cluster(args: &ClusterArgs) -> anyhow::Result<String> {
             guess_sigma: args.guess_sigma,
         },
         window: args.window,
+        contention: !args.no_contention,
         policies: if args.policy.is_empty() {
             ClusterPolicy::ALL.to_vec()
         } else {

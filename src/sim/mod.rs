@@ -26,6 +26,13 @@
 //! The queue is first come, first served with backfilling: at every event
 //! the first `window` waiting jobs are tried in order, and each one that
 //! fits starts. Times are seconds of simulated time.
+//!
+//! Jobs that share a GPU are time-sliced ([`contention_factor`]): each runs
+//! slower by the sum of the GPU shares on it (a job's share is its pod's share
+//! of a GPU in the trace, the compute it asked for), at least 1, times the
+//! measured cost of switching between processes; a job on several GPUs goes
+//! at the pace of its most crowded one. Every start and end on a GPU changes
+//! the pace of the others there.
 
 pub mod kinds;
 pub mod plots;
@@ -45,6 +52,21 @@ use kinds::ModelKind;
 use workload::{SimJob, WorkloadOptions};
 
 const GIB: u64 = 1 << 30;
+
+/// What sharing costs beyond dividing the GPU's time: K compute-bound
+/// training processes on one H200 each ran 2.2x (K = 2) and 4.4x (K = 4)
+/// slower, BERT-base 1.5x and 3.0x (docs/benchmarks/cluster.md).
+pub const SHARED_OVERHEAD: f64 = 1.1;
+
+/// How much slower each of the jobs on one GPU runs, given the GPU shares
+/// (compute) they asked for: alone, not at all; shared, the sum of the shares
+/// (at least 1: idle time is free to take) times [`SHARED_OVERHEAD`].
+pub fn contention_factor(shares: &[f64]) -> f64 {
+    if shares.len() <= 1 {
+        return 1.0;
+    }
+    shares.iter().sum::<f64>().max(1.0) * SHARED_OVERHEAD
+}
 
 /// A policy of the comparison.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -102,6 +124,10 @@ pub struct ClusterOptions {
     pub policies: Vec<ClusterPolicy>,
     /// Headroom added to a predicted peak (a TrainingJob's default).
     pub headroom: f64,
+    /// Jobs that share a GPU slow each other down ([`contention_factor`]);
+    /// off: a job runs as fast shared as alone (the figures before
+    /// 2026-12-04 evening).
+    pub contention: bool,
 }
 
 impl Default for ClusterOptions {
@@ -111,6 +137,7 @@ impl Default for ClusterOptions {
             window: 64,
             policies: ClusterPolicy::ALL.to_vec(),
             headroom: crate::api::DEFAULT_HEADROOM,
+            contention: true,
         }
     }
 }
@@ -196,6 +223,8 @@ pub struct WorkloadSummary {
     pub kinds: BTreeMap<String, usize>,
     /// Backfill window.
     pub window: usize,
+    /// Whether jobs sharing a GPU slowed each other ([`contention_factor`]).
+    pub contention: bool,
 }
 
 /// Runs the comparison on openb trace text with the measured kinds in
@@ -269,6 +298,7 @@ pub fn run_cluster_bench(
             under_guessed: under as f64 / jobs.len() as f64,
             kinds: kind_counts,
             window: opts.window,
+            contention: opts.contention,
         },
     })
 }
@@ -353,6 +383,11 @@ struct Run {
     budget: u64,
     /// Step time relative to the preferred shape.
     slowdown: f64,
+    /// Sharing's slowdown on the job's most crowded GPU, since `since`.
+    factor: f64,
+    /// Work left (at the preferred shape) when the run's OOM comes, if it
+    /// comes.
+    oom_left: Option<f64>,
     placement: Placement,
     end: f64,
 }
@@ -388,6 +423,9 @@ struct Sim<'a> {
     state: Vec<JobState>,
     /// When a hole of (GPUs, bytes per GPU) is expected, while no run starts or stops.
     hole_cache: HashMap<(u32, u64), Option<f64>>,
+    contention: bool,
+    /// The jobs running on each GPU (node, index).
+    on_gpu: HashMap<(String, u32), Vec<usize>>,
     used: u64,
     committed: u64,
     last: f64,
@@ -434,6 +472,8 @@ impl<'a> Sim<'a> {
             seq: 0,
             queue: Vec::new(),
             hole_cache: HashMap::new(),
+            contention: opts.contention,
+            on_gpu: HashMap::new(),
             state: jobs
                 .iter()
                 .map(|j| JobState {
@@ -710,43 +750,120 @@ impl<'a> Sim<'a> {
         let gpus = u64::from(self.jobs[job].gpus);
         let peak = self.true_peak(job, micro);
         let slowdown = self.relative(job, micro);
+        let oom_point = self.jobs[job].oom_point;
         let s = &mut self.state[job];
         s.queued_total += now - s.queued_since;
-        s.run_id += 1;
-        let run_id = s.run_id;
-        let end = now + s.remaining * slowdown;
+        // Over its budget, the run meets its peak (an OOM) after this share
+        // of its work.
+        let oom_left = (peak > budget).then_some(s.remaining * (1.0 - oom_point));
         s.run = Some(Run {
             since: now,
             started: now,
             micro,
             budget,
             slowdown,
-            placement,
-            end,
+            factor: 1.0,
+            oom_left,
+            placement: placement.clone(),
+            end: now,
         });
         self.used += peak * gpus;
         self.committed += budget * gpus;
-        if peak > budget {
-            let oom_at = now + self.jobs[job].oom_point * (end - now);
-            self.push(oom_at, job, EventKind::Oom, run_id);
-        } else {
-            self.push(end, job, EventKind::End, run_id);
+        for key in gpu_keys(&placement) {
+            self.on_gpu.entry(key).or_default().push(job);
+        }
+        self.repace(job, now);
+        self.repace_neighbours(job, &placement, now);
+    }
+
+    /// Counts the work `job`'s run did since its pace last changed.
+    fn bank(&mut self, job: usize, now: f64) {
+        let s = &mut self.state[job];
+        let run = s.run.as_mut().expect("a running job");
+        let done = (now - run.since) / (run.slowdown * run.factor);
+        s.ran += now - run.since;
+        s.ran_at_preferred += done;
+        s.remaining = (s.remaining - done).max(0.0);
+        run.since = now;
+    }
+
+    /// Sharing's slowdown of a run on `placement` now: its most crowded GPU's.
+    fn factor_of(&self, placement: &Placement) -> f64 {
+        if !self.contention {
+            return 1.0;
+        }
+        gpu_keys(placement)
+            .iter()
+            .map(|key| {
+                let shares: Vec<f64> = self
+                    .on_gpu
+                    .get(key)
+                    .map(|jobs| jobs.iter().map(|&j| self.jobs[j].share).collect())
+                    .unwrap_or_default();
+                contention_factor(&shares)
+            })
+            .fold(1.0, f64::max)
+    }
+
+    /// Sets `job`'s pace (its work banked up to `now`) and schedules its end,
+    /// or its OOM when that comes first; earlier events of the run go stale.
+    fn repace(&mut self, job: usize, now: f64) {
+        let factor = {
+            let run = self.state[job].run.as_ref().expect("a running job");
+            self.factor_of(&run.placement)
+        };
+        let s = &mut self.state[job];
+        s.run_id += 1;
+        let run_id = s.run_id;
+        let remaining = s.remaining;
+        let run = s.run.as_mut().expect("a running job");
+        run.factor = factor;
+        let pace = run.slowdown * factor;
+        run.end = now + remaining * pace;
+        let (at, kind) = match run.oom_left {
+            Some(left) if remaining > left => (now + (remaining - left) * pace, EventKind::Oom),
+            _ => (run.end, EventKind::End),
+        };
+        self.push(at, job, kind, run_id);
+    }
+
+    /// The other runs on `placement`'s GPUs change pace: `job` came or went.
+    fn repace_neighbours(&mut self, job: usize, placement: &Placement, now: f64) {
+        if !self.contention {
+            return;
+        }
+        let mut others: Vec<usize> = gpu_keys(placement)
+            .iter()
+            .flat_map(|key| self.on_gpu.get(key).cloned().unwrap_or_default())
+            .filter(|&j| j != job)
+            .collect();
+        others.sort_unstable();
+        others.dedup();
+        for other in others {
+            self.bank(other, now);
+            self.repace(other, now);
         }
     }
 
     /// Ends the current run at `now`, keeping the work done; returns it.
     fn stop(&mut self, job: usize, now: f64) -> Run {
         self.hole_cache.clear();
+        self.bank(job, now);
         let gpus = u64::from(self.jobs[job].gpus);
         let run = self.state[job].run.take().expect("a running job");
         let peak = self.true_peak(job, run.micro);
         self.used -= peak * gpus;
         self.committed -= run.budget * gpus;
         self.placer.release(&self.jobs[job].id);
-        let s = &mut self.state[job];
-        s.ran += now - run.since;
-        s.ran_at_preferred += (now - run.since) / run.slowdown;
-        s.remaining = (s.remaining - (now - run.since) / run.slowdown).max(0.0);
+        for key in gpu_keys(&run.placement) {
+            if let Some(jobs) = self.on_gpu.get_mut(&key) {
+                jobs.retain(|&j| j != job);
+                if jobs.is_empty() {
+                    self.on_gpu.remove(&key);
+                }
+            }
+        }
+        self.repace_neighbours(job, &run.placement, now);
         run
     }
 
@@ -791,21 +908,12 @@ impl<'a> Sim<'a> {
                 let slowdown = self.relative(job, micro);
                 let g = u64::from(self.jobs[job].gpus);
                 self.used = self.used - old_peak * g + new_peak * g;
-                let s = &mut self.state[job];
-                s.ran += now - run.since;
-                s.ran_at_preferred += (now - run.since) / run.slowdown;
-                s.remaining = (s.remaining - (now - run.since) / run.slowdown).max(0.0);
-                s.run_id += 1;
-                let run_id = s.run_id;
-                let end = now + s.remaining * slowdown;
-                s.run = Some(Run {
-                    since: now,
-                    micro,
-                    slowdown,
-                    end,
-                    ..run
-                });
-                self.push(end, job, EventKind::End, run_id);
+                self.bank(job, now);
+                let run = self.state[job].run.as_mut().expect("a running job");
+                run.micro = micro;
+                run.slowdown = slowdown;
+                run.oom_left = None;
+                self.repace(job, now);
             }
         }
     }
@@ -839,6 +947,15 @@ impl<'a> Sim<'a> {
     }
 }
 
+/// The GPUs of a placement, as keys of the jobs on each GPU.
+fn gpu_keys(placement: &Placement) -> Vec<(String, u32)> {
+    placement
+        .gpu_indices
+        .iter()
+        .map(|&g| (placement.node.clone(), g))
+        .collect()
+}
+
 /// The `q` quantile of sorted values (nearest rank).
 fn percentile(sorted: &[f64], q: f64) -> f64 {
     let rank = (q * sorted.len() as f64).ceil() as usize;
@@ -848,7 +965,7 @@ fn percentile(sorted: &[f64], q: f64) -> f64 {
 /// `-o table`: one row per policy.
 pub fn table(report: &ClusterReport) -> String {
     let mut out = format!(
-        "{} jobs on {} nodes / {} GPUs (H200), seed {}, load {}, median work {} h, guess factor median {} (sigma {}, {:.1}% under)\n",
+        "{} jobs on {} nodes / {} GPUs (H200), seed {}, load {}, median work {} h, guess factor median {} (sigma {}, {:.1}% under), {}\n",
         report.jobs,
         report.nodes,
         report.gpus,
@@ -857,7 +974,12 @@ pub fn table(report: &ClusterReport) -> String {
         report.workload.options.median_hours,
         report.workload.options.guess_median,
         report.workload.options.guess_sigma,
-        report.workload.under_guessed * 100.0
+        report.workload.under_guessed * 100.0,
+        if report.workload.contention {
+            "jobs sharing a GPU slow each other"
+        } else {
+            "sharing a GPU costs nothing"
+        }
     );
     out.push_str(&format!(
         "{:<16} {:>8} {:>10} {:>10} {:>10} {:>7} {:>9} {:>8} {:>8} {:>10} {:>8} {:>8}\n",

@@ -66,6 +66,7 @@ fn has(values: &[f64], want: f64) -> bool {
     values.iter().any(|v| (v - want).abs() < 1e-9)
 }
 
+/// A run of `policy` in which sharing costs nothing (the placement tests).
 fn simulate(
     policy: ClusterPolicy,
     gpus: usize,
@@ -73,9 +74,21 @@ fn simulate(
     budgets: &Budgets,
     window: usize,
 ) -> PolicyReport {
+    simulate_with(policy, gpus, jobs, budgets, window, false)
+}
+
+fn simulate_with(
+    policy: ClusterPolicy,
+    gpus: usize,
+    jobs: &[SimJob],
+    budgets: &Budgets,
+    window: usize,
+    contention: bool,
+) -> PolicyReport {
     let kinds = [kind()];
     let opts = ClusterOptions {
         window,
+        contention,
         ..ClusterOptions::default()
     };
     Sim::new(&inventory(gpus), jobs, &kinds, budgets, policy, &opts)
@@ -292,5 +305,87 @@ fn the_openb_run_reports_every_policy_with_the_fixed_fields() {
     assert!(
         gain >= 0.0,
         "vramfit is never slower than exclusive here: {gain}"
+    );
+}
+
+#[test]
+fn the_contention_factor_is_the_gpus_shares_at_least_one_times_the_switching_cost() {
+    let cases: [(&[f64], f64); 6] = [
+        (&[], 1.0),
+        (&[1.0], 1.0),
+        (&[0.3], 1.0),
+        (&[0.5, 0.5], 1.1),
+        (&[0.2, 0.3], 1.1),
+        (&[1.0, 1.0], 2.2),
+    ];
+    for (shares, want) in cases {
+        assert!(
+            (contention_factor(shares) - want).abs() < 1e-12,
+            "{shares:?}"
+        );
+    }
+    // the H200's four compute-bound copies: 4.4x each
+    assert!((contention_factor(&[1.0; 4]) - 4.4).abs() < 1e-12);
+}
+
+#[test]
+fn jobs_sharing_a_gpu_slow_each_other_and_speed_up_when_one_ends() {
+    // Two jobs of share 0.75 on one GPU: 1.5 x 1.1 = 1.65x slower while
+    // both run. b's 50 s of work end at 82.5 s; a has done 50 of its 100 s
+    // then and runs the other 50 alone: it ends at 132.5 s.
+    let mut a = job("a", 0.0, 4, 100.0, 50);
+    let mut b = job("b", 0.0, 4, 50.0, 50);
+    a.share = 0.75;
+    b.share = 0.75;
+    let r = simulate_with(ClusterPolicy::Vramfit, 1, &[a, b], &budgets(1.05), 64, true);
+    assert_eq!(r.finished, 2);
+    let jct: Vec<f64> = r
+        .jct
+        .iter()
+        .map(|t| (t * 1000.0).round() / 1000.0)
+        .collect();
+    assert_eq!(jct, vec![82.5, 132.5]);
+    // Exclusive GPUs never share: the same jobs take 100 s and then 50 s.
+    let mut a = job("a", 0.0, 4, 100.0, 50);
+    a.share = 0.75;
+    let mut b = job("b", 0.0, 4, 50.0, 50);
+    b.share = 0.75;
+    let r = simulate_with(
+        ClusterPolicy::Exclusive,
+        1,
+        &[a, b],
+        &budgets(1.05),
+        64,
+        true,
+    );
+    assert_eq!(r.jct, vec![100.0, 150.0]);
+    // Sharing is reported in the slowdown: 132.5 + 82.5 s run for 150 s of work.
+    let mut a = job("a", 0.0, 4, 100.0, 50);
+    a.share = 0.75;
+    let mut b = job("b", 0.0, 4, 50.0, 50);
+    b.share = 0.75;
+    let r = simulate_with(ClusterPolicy::Vramfit, 1, &[a, b], &budgets(1.05), 64, true);
+    assert!(
+        (r.mean_slowdown - 215.0 / 150.0).abs() < 1e-9,
+        "{}",
+        r.mean_slowdown
+    );
+}
+
+#[test]
+fn an_oom_point_moves_with_the_pace_of_a_shared_run() {
+    // Under a guessed limit, a's OOM comes after a quarter of its work (25
+    // s alone). Sharing the GPU with b (shares 0.75: 1.65x) it comes at 41.25
+    // s; b then runs alone.
+    let mut a = job("a", 0.0, 4, 100.0, 30);
+    a.share = 0.75;
+    let mut b = job("b", 0.0, 4, 200.0, 50);
+    b.share = 0.75;
+    let r = simulate_with(ClusterPolicy::Guessed, 1, &[a, b], &budgets(1.05), 64, true);
+    assert_eq!(r.oom_restarts, 1);
+    assert!(
+        (r.wasted_gpu_hours - 41.25 / 3600.0).abs() < 1e-9,
+        "{}",
+        r.wasted_gpu_hours
     );
 }
