@@ -20,6 +20,17 @@ import sys
 FORMAT = "vramfit.profile/v1"
 
 
+def device_trace(snapshot, device):
+    """The device's trace and the actions that free a tensor in it: a block
+    is back in the cache at `free_completed` when the trace has those,
+    else at `free_requested`."""
+    traces = snapshot.get("device_traces") or []
+    trace = traces[device] if device < len(traces) else []
+    frees = {"free_completed"} if any(e["action"] == "free_completed" for e in trace) \
+        else {"free_requested"}
+    return trace, frees
+
+
 def convert(snapshot, micro_batch, grad_accum=1, device=0, source=None):
     """Returns the profile (a dict) of one device's trace in `snapshot`.
 
@@ -29,10 +40,7 @@ def convert(snapshot, micro_batch, grad_accum=1, device=0, source=None):
     the snapshot's segments without an allocation in the trace, becomes an
     allocation at the start of the profile.
     """
-    traces = snapshot.get("device_traces") or []
-    trace = traces[device] if device < len(traces) else []
-    frees = {"free_completed"} if any(e["action"] == "free_completed" for e in trace) \
-        else {"free_requested"}
+    trace, frees = device_trace(snapshot, device)
 
     live = {}          # addr -> alloc id
     pre = []           # sizes of blocks that existed before recording
@@ -94,10 +102,7 @@ def allocator_view(snapshot, device=0):
                          "pool": seg.get("segment_type", ""),
                          "blocks": [[int(b["size"]), b.get("state", "")]
                                     for b in seg.get("blocks", [])]})
-    traces = snapshot.get("device_traces") or []
-    trace = traces[device] if device < len(traces) else []
-    frees = {"free_completed"} if any(e["action"] == "free_completed" for e in trace) \
-        else {"free_requested"}
+    trace, frees = device_trace(snapshot, device)
     tensor_events = 0
     seg_events = []
     for e in trace:
@@ -120,10 +125,7 @@ def alloc_origins(snapshot, device=0, min_bytes=1 << 20, frames=10):
     history was recorded with C++ stacks (`stacks="all"`), which name the
     ATen kernel that asked (a convolution's cuDNN workspace, an attention
     kernel's scratch)."""
-    traces = snapshot.get("device_traces") or []
-    trace = traces[device] if device < len(traces) else []
-    frees = {"free_completed"} if any(e["action"] == "free_completed" for e in trace) \
-        else {"free_requested"}
+    trace, frees = device_trace(snapshot, device)
     out = []
     tensor_events = 0
     for e in trace:

@@ -25,7 +25,7 @@ for spec in gpt2:16 resnet50:64 bert:16; do
   done
 done
 python3 - "$out/sharing.jsonl" <<'PY'
-import json, statistics, sys
+import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 alone = {r["model"]: r["medianStepSeconds"] for r in rows if r["copies"] == 1 and "medianStepSeconds" in r}
 for r in rows:

@@ -90,8 +90,10 @@ pub struct Layout {
     /// Width of each head's rotated part when only part of it is rotated
     /// (GPT-NeoX's partial rotary; 0: all of `head_dim`).
     pub rotary_dims: u64,
-    /// Query, key and value projections as separate `Linear`s (OPT, ViT)
-    /// in a LayerNorm family otherwise fused like GPT-2's `c_attn`.
+    /// Under autocast, each of the query, key and value `Linear`s casts the
+    /// norm's output itself (OPT, ViT), where the rest of the LayerNorm
+    /// family's sequence casts it once. (Which weights are fused is
+    /// `fused_qkv`.)
     pub separate_qkv: bool,
     /// Query, key and value weights as one tensor (GPT-2's `c_attn`,
     /// GPT-NeoX's `query_key_value`, Phi-3's `qkv_proj`); the other

@@ -225,8 +225,9 @@ const BERT: Row = Row {
 
 /// The families, with the defaults of their transformers 5.x `*Config`
 /// classes. Phi-3's fused qkv_proj and gate_up_proj hold the same weights as
-/// LLaMA's separate ones, in fewer and larger tensors; RoBERTa's modules are BERT's (its position ids are
-/// counted from the padding token, a few small integer tensors).
+/// LLaMA's separate ones, in fewer and larger tensors; RoBERTa's modules are
+/// BERT's (its position ids are counted from the padding token, a few small
+/// integer tensors).
 const FAMILIES: &[Row] = &[
     GPT2,
     LLAMA,

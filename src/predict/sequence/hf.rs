@@ -385,25 +385,22 @@ impl Gen<'_> {
             .last()
             .copied()
             .filter(|&i| !t.tied && self.params[i].matmul_weight);
-        let Some(head) = head else {
-            for i in idx.into_iter().rev() {
-                self.weight_grad(i);
-            }
-            let tied = t
-                .tied
-                .then(|| self.t.act(self.params[0].numel() * self.widths().c));
-            self.t.free(g_logits);
-            return tied;
-        };
         // The head's matmul is the first node: g_logits goes when it returns.
         for i in idx.into_iter().rev() {
-            if i == head {
+            if Some(i) == head {
                 self.weight_grad_releasing(i, Some(g_logits));
             } else {
                 self.weight_grad(i);
             }
         }
-        None
+        if head.is_some() {
+            return None;
+        }
+        let tied = t
+            .tied
+            .then(|| self.t.act(self.params[0].numel() * self.widths().c));
+        self.t.free(g_logits);
+        tied
     }
 
     /// The embedding backward: a dense gradient of each table; with a tied
