@@ -74,6 +74,15 @@ pub struct TrainingJobSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 16))]
     pub gpu_models: Option<Vec<String>>,
+    /// The share of each of its GPUs' compute the job needs, in percent: the
+    /// jobs placed on one GPU never need more than 100 together, so none is
+    /// slowed by another's kernels beyond the switching between them.
+    /// Absent: not counted, the job shares its GPU by memory alone (right
+    /// for jobs that leave the GPU idle most of the time: data loading,
+    /// small models, interactive work).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 100))]
+    pub gpu_compute_percent: Option<u32>,
     /// Global, micro and minimum micro batch.
     pub batch: BatchSpec,
     /// The model and how it is trained.
@@ -301,6 +310,10 @@ pub struct PlacementStatus {
     pub memory_fraction: f64,
     /// The attempt this placement was made for.
     pub attempt: u32,
+    /// Compute reserved on each GPU, percent (`spec.gpuComputePercent`);
+    /// absent: not counted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compute_percent: Option<u32>,
     /// GPU model of the placement, when the budget was predicted per model.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu_model: Option<String>,

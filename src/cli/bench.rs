@@ -67,6 +67,11 @@ pub struct ClusterArgs {
     /// GPU shares on it, at least 1, times 1.1.
     #[arg(long)]
     pub no_contention: bool,
+    /// Jobs share GPUs by memory alone (the figures before compute shares
+    /// were counted); by default the jobs on one GPU never ask for more than
+    /// its whole compute (each asks for its pod's GPU share).
+    #[arg(long)]
+    pub no_compute_shares: bool,
     /// Step times and peaks per model kind and micro-batch (JSON lines of
     /// scripts/gpu/step_time.py); default: the H200 measurements built in.
     #[arg(long)]
@@ -247,6 +252,7 @@ fn cluster(args: &ClusterArgs) -> anyhow::Result<String> {
         },
         window: args.window,
         contention: !args.no_contention,
+        compute_shares: !args.no_compute_shares,
         policies: if args.policy.is_empty() {
             ClusterPolicy::ALL.to_vec()
         } else {

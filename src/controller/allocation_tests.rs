@@ -283,6 +283,7 @@ fn placed_on(name: &str, node: &str, budget: u64, attempt: u32) -> TrainingJob {
             phase: Phase::Placed,
             attempt,
             placement: Some(PlacementStatus {
+                compute_percent: None,
                 node: node.into(),
                 gpus: vec![AssignedGpu {
                     index: 0,

@@ -8,7 +8,8 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 use crate::api::{GpuHealth, GpuNode, PlacementStatus, TrainingJob};
 use crate::place::{
-    GpuSpec, Inventory, JobRequest, NodeSpec, Placement, Taint, TaintEffect, Toleration,
+    COMPUTE_WHOLE, GpuSpec, Inventory, JobRequest, NodeSpec, Placement, Taint, TaintEffect,
+    Toleration,
 };
 use crate::quantity::parse_quantity;
 
@@ -147,6 +148,7 @@ pub fn node_part(gpu_node: &GpuNode, node: &Node) -> Option<NodePart> {
             node: name.clone(),
             gpu_indices: vec![gpu.index],
             gpu_budget: gpu.total_bytes,
+            gpu_compute: COMPUTE_WHOLE,
             cpu_milli: 0,
             memory_bytes: 0,
         })
@@ -295,11 +297,18 @@ pub fn job_request(job: &TrainingJob, budget: u64) -> Result<JobRequest, String>
         id: job_key(job),
         gpus: job.spec.gpus,
         gpu_budget: budget,
+        gpu_compute: compute_thousandths(job.spec.gpu_compute_percent),
         cpu_milli,
         memory_bytes,
         gpu_models: job.spec.gpu_models.clone().unwrap_or_default(),
         tolerations: tolerations(spec),
     })
+}
+
+/// The engine's compute units (thousandths of a GPU) of a percentage; none
+/// when it is not counted.
+pub fn compute_thousandths(percent: Option<u32>) -> u64 {
+    percent.map_or(0, |p| u64::from(p) * COMPUTE_WHOLE / 100)
 }
 
 /// The ledger entry for a placement recorded in a job's status.
@@ -325,6 +334,7 @@ pub fn ledger_entry(
         node: placement.node.clone(),
         gpu_indices,
         gpu_budget: placement.budget_bytes,
+        gpu_compute: compute_thousandths(placement.compute_percent),
         cpu_milli: requests.0,
         memory_bytes: requests.1,
     }

@@ -300,6 +300,7 @@ fn the_request_carries_the_template_requests_and_the_gpu_count() {
 fn a_recorded_placement_holds_its_budget_on_each_of_its_gpus() {
     let job = job(json!({}), json!({"containers": containers()}));
     let placement = PlacementStatus {
+        compute_percent: None,
         node: "a".into(),
         gpus: vec![
             crate::api::AssignedGpu {

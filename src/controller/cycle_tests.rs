@@ -53,6 +53,7 @@ fn gauges_count_jobs_by_phase_and_gpu_memory_committed_and_total() {
         ..ClusterView::default()
     };
     let placement = |gpus: Vec<u32>, budget: u64| Placement {
+        gpu_compute: 0,
         job_id: "ml/j".into(),
         node: "a".into(),
         gpu_indices: gpus,
@@ -209,6 +210,7 @@ fn cycles_that_keep_their_ledger_place_as_a_full_rebuild_would_and_never_twice()
 #[test]
 fn a_two_gpu_placement_holds_its_budget_on_each_gpu() {
     let placement = Placement {
+        gpu_compute: 0,
         job_id: "ml/j".into(),
         node: "a".into(),
         gpu_indices: vec![0, 1],

@@ -256,6 +256,7 @@ fn a_new_attempt_after_an_elastic_one_is_predicted_at_the_preferred_shape() {
 
 fn elastic_placement(micro: Option<u32>, wait: Option<f64>) -> PlacementStatus {
     PlacementStatus {
+        compute_percent: None,
         node: "n1".into(),
         gpus: vec![crate::api::AssignedGpu {
             index: 0,

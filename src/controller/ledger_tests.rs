@@ -10,6 +10,7 @@ const GIB: u64 = 1 << 30;
 
 fn placement(attempt: u32, gpu: u32) -> PlacementStatus {
     PlacementStatus {
+        compute_percent: None,
         node: "n1".into(),
         gpus: vec![AssignedGpu {
             index: gpu,

@@ -20,6 +20,7 @@ fn job(name: &str) -> TrainingJob {
 
 fn placement(attempt: u32) -> PlacementStatus {
     PlacementStatus {
+        compute_percent: None,
         node: "n1".into(),
         gpus: vec![
             AssignedGpu {
@@ -193,6 +194,7 @@ fn a_gone_jobs_pod_holds_its_memory_until_it_ends_and_is_deleted_once() {
     let gone = job("gone");
     let pod = pod_of(&gone, 1);
     let held = Placement {
+        gpu_compute: 0,
         job_id: "ml/gone-a1 (pod of a deleted job)".into(),
         node: "n1".into(),
         gpu_indices: vec![1, 3],

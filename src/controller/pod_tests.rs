@@ -14,6 +14,7 @@ fn job() -> TrainingJob {
 
 fn placement() -> PlacementStatus {
     PlacementStatus {
+        compute_percent: None,
         node: "gpu-1".into(),
         gpus: vec![AssignedGpu {
             index: 3,

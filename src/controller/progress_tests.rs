@@ -10,6 +10,7 @@ const T0: f64 = 1_767_225_600.0;
 
 fn placement(attempt: u32, relative: Option<f64>) -> PlacementStatus {
     PlacementStatus {
+        compute_percent: None,
         node: "n1".into(),
         gpus: vec![AssignedGpu {
             index: 0,

@@ -15,7 +15,9 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-use super::cluster_view::{ClusterView, job_key, job_request, recorded_placement};
+use super::cluster_view::{
+    ClusterView, compute_thousandths, job_key, job_request, recorded_placement,
+};
 use crate::api::{AssignedGpu, ElasticPlacement, GpuModelBudget, PlacementStatus, TrainingJob};
 use crate::place::elastic::{self, Shape};
 use crate::place::{JobRequest, PlaceError, Placement, Placer, Policy};
@@ -146,6 +148,7 @@ pub fn observe_running(placer: &mut Placer, placement: &Placement) {
         id: placement.job_id.clone(),
         gpus: placement.gpu_indices.len() as u32,
         gpu_budget: placement.gpu_budget,
+        gpu_compute: placement.gpu_compute,
         cpu_milli: placement.cpu_milli,
         memory_bytes: placement.memory_bytes,
         gpu_models: Vec::new(),
@@ -333,8 +336,8 @@ fn place_elastic(
         let wait = elastic::expected_wait_on(
             state,
             ends.ends.iter().map(|(end, p)| (*end, p)),
-            spec.gpus.max(1),
-            budget,
+            elastic::Hole::new(spec.gpus.max(1), budget)
+                .with_compute(compute_thousandths(spec.gpu_compute_percent)),
             ends.now,
             usable,
         );
@@ -449,6 +452,7 @@ fn place_request(
                 budget_bytes: budget,
                 memory_fraction: fraction,
                 attempt: current_attempt(job),
+                compute_percent: job.spec.gpu_compute_percent,
                 gpu_model: model.map(|m| m.gpu_model.clone()),
                 micro_batch: model.map(|m| m.micro_batch),
                 elastic: None,

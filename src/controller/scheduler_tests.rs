@@ -36,6 +36,7 @@ fn one_gpu_cluster(capacity: u64) -> ClusterView {
 /// A placement of `budget` on GPU 0 of `n1` (a 100 GiB GPU).
 fn on_gpu0(budget: u64) -> PlacementStatus {
     PlacementStatus {
+        compute_percent: None,
         node: "n1".into(),
         gpus: vec![AssignedGpu {
             index: 0,
@@ -741,6 +742,7 @@ fn an_elastic_job_predicted_per_gpu_model_tries_the_smaller_model_first_with_its
     );
     // With the L4 full, the H200's own smaller shape.
     let l4_full = Placement {
+        gpu_compute: 0,
         job_id: "other".into(),
         node: "l4".into(),
         gpu_indices: vec![0],

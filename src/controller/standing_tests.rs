@@ -32,6 +32,7 @@ fn view(gpu_gib: u64) -> ClusterView {
 
 fn status(gpu: u32) -> serde_json::Value {
     serde_json::to_value(PlacementStatus {
+        compute_percent: None,
         node: "n1".into(),
         gpus: vec![AssignedGpu {
             index: gpu,
@@ -130,6 +131,7 @@ fn a_plans_commit_becomes_the_jobs_entry_and_a_stray_one_is_given_back() {
     );
     // What an elastic attempt may leave: a commit for a job that then waits.
     let stray = JobRequest {
+        gpu_compute: 0,
         id: job_key(queue[1]),
         gpus: 1,
         gpu_budget: 10 * GIB,

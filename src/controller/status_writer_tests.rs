@@ -52,6 +52,7 @@ fn only_a_deferred_placement_of_the_cached_version_is_written() {
 fn a_deferred_placement_of_an_older_version_is_stale() {
     let mut placed = held("7", true);
     placed.status.placement = Some(crate::api::PlacementStatus {
+        compute_percent: None,
         node: "n".into(),
         gpus: vec![],
         budget_bytes: 1,

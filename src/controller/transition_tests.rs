@@ -18,6 +18,7 @@ fn job(status: Option<TrainingJobStatus>) -> TrainingJob {
 
 fn placement(attempt: u32) -> PlacementStatus {
     PlacementStatus {
+        compute_percent: None,
         node: "n1".into(),
         gpus: vec![AssignedGpu {
             index: 0,

@@ -3,9 +3,11 @@
 //! The classic bin-packing rule, over all three dimensions: the score is the
 //! sum of the node's GPU, CPU and memory fractions left after the placement
 //! (a dimension the node lacks counts as used up). Inside the node it takes
-//! the GPU with the least room that still fits. It packs tightly but is blind
+//! the GPU with the least room (memory, and compute where the job's counts)
+//! that still fits. It packs tightly but is blind
 //! to what the leftovers are good for, which is the gap FGD closes.
 
+use super::inventory::COMPUTE_WHOLE;
 use super::policy::{Score, left_fraction};
 use super::state::{Demand, GpuSet, NodeState};
 
@@ -19,10 +21,19 @@ pub(crate) fn score(node: &NodeState, demand: &Demand, gpus: GpuSet) -> Score {
 }
 
 /// Room left on the chosen GPUs after the placement, as a fraction of their
-/// capacity: the tighter, the better the GPU-level fit.
+/// capacity, plus the compute left on them when the job's compute counts:
+/// the tighter, the better the GPU-level fit.
 pub(crate) fn chosen_gpu_room_left(node: &NodeState, demand: &Demand, gpus: GpuSet) -> f64 {
     (0..node.gpu_free.len())
         .filter(|g| gpus & (1 << g) != 0)
-        .map(|g| left_fraction(node.gpu_free[g] - demand.per_gpu, node.gpu_capacity[g]))
+        .map(|g| {
+            let memory = left_fraction(node.gpu_free[g] - demand.per_gpu, node.gpu_capacity[g]);
+            let compute = if demand.compute > 0 {
+                left_fraction(node.gpu_compute_free[g] - demand.compute, COMPUTE_WHOLE)
+            } else {
+                0.0
+            };
+            memory + compute
+        })
         .sum()
 }

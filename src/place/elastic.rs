@@ -77,21 +77,48 @@ pub fn choose_smaller(
     None
 }
 
-/// Seconds from `now` until a hole of `per_gpu` units on `gpus` GPUs of one
-/// node is expected to open, from the running jobs' expected ends
-/// (`ends`: end time and placement, in any order): the first end after which
-/// some node has `gpus` GPUs each with that much free, counting what every job
-/// ending by then releases. CPU and memory are not considered. `None` when no
-/// running job's end makes such a hole; `Some(0.0)` when the hole is
+/// What a waiting job needs: `gpus` GPUs of one node, each with `per_gpu`
+/// units and `compute` thousandths of its compute free (0: compute not
+/// counted).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Hole {
+    /// GPUs, all on one node.
+    pub gpus: u32,
+    /// Units free on each.
+    pub per_gpu: u64,
+    /// Compute free on each, thousandths of the GPU.
+    pub compute: u64,
+}
+
+impl Hole {
+    /// `gpus` GPUs with `per_gpu` units free each, compute not counted.
+    pub fn new(gpus: u32, per_gpu: u64) -> Self {
+        Self {
+            gpus,
+            per_gpu,
+            compute: 0,
+        }
+    }
+
+    /// The same hole with `compute` thousandths free on each GPU too.
+    pub fn with_compute(self, compute: u64) -> Self {
+        Self { compute, ..self }
+    }
+}
+
+/// Seconds from `now` until `hole` is expected to open, from the running
+/// jobs' expected ends (`ends`: end time and placement, in any order): the
+/// first end after which some node has the hole's GPUs, counting what every
+/// job ending by then releases. CPU and memory are not considered. `None`
+/// when no running job's end makes such a hole; `Some(0.0)` when the hole is
 /// already there.
 pub fn expected_wait<'a>(
     state: &ClusterState,
     ends: impl IntoIterator<Item = (f64, &'a Placement)>,
-    gpus: u32,
-    per_gpu: u64,
+    hole: Hole,
     now: f64,
 ) -> Option<f64> {
-    expected_wait_on(state, ends, gpus, per_gpu, now, |_, _| true)
+    expected_wait_on(state, ends, hole, now, |_, _| true)
 }
 
 /// [`expected_wait`] counting only the GPUs `usable(node, gpu)` accepts
@@ -100,26 +127,26 @@ pub fn expected_wait<'a>(
 pub fn expected_wait_on<'a>(
     state: &ClusterState,
     ends: impl IntoIterator<Item = (f64, &'a Placement)>,
-    gpus: u32,
-    per_gpu: u64,
+    hole: Hole,
     now: f64,
     usable: impl Fn(usize, usize) -> bool,
 ) -> Option<f64> {
     let mut ends: Vec<(f64, &Placement)> = ends.into_iter().collect();
     ends.sort_by(|a, b| a.0.total_cmp(&b.0));
     let nodes = state.nodes();
-    let mut freed: HashMap<(usize, u32), u64> = HashMap::new();
-    let serving = |node: usize, freed: &HashMap<(usize, u32), u64>| {
-        nodes[node]
-            .gpu_free
-            .iter()
-            .enumerate()
-            .filter(|&(g, free)| {
+    // (units, compute) freed per (node, GPU) by the ends counted so far.
+    let mut freed: HashMap<(usize, u32), (u64, u64)> = HashMap::new();
+    let serving = |node: usize, freed: &HashMap<(usize, u32), (u64, u64)>| {
+        let n = &nodes[node];
+        (0..n.gpu_free.len())
+            .filter(|&g| {
+                let (units, compute) = freed.get(&(node, g as u32)).copied().unwrap_or((0, 0));
                 usable(node, g)
-                    && free + freed.get(&(node, g as u32)).copied().unwrap_or(0) >= per_gpu
+                    && n.gpu_free[g] + units >= hole.per_gpu
+                    && n.gpu_compute_free[g] + compute >= hole.compute
             })
             .count()
-            >= gpus as usize
+            >= hole.gpus as usize
     };
     if (0..nodes.len()).any(|n| serving(n, &freed)) {
         return Some(0.0);
@@ -129,7 +156,9 @@ pub fn expected_wait_on<'a>(
             continue;
         };
         for &g in &placement.gpu_indices {
-            *freed.entry((node, g)).or_default() += placement.gpu_budget;
+            let entry = freed.entry((node, g)).or_default();
+            entry.0 += placement.gpu_budget;
+            entry.1 += placement.gpu_compute;
         }
         if serving(node, &freed) {
             return Some((end - now).max(0.0));

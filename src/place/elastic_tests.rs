@@ -100,7 +100,7 @@ fn the_wait_is_until_the_first_end_that_opens_a_big_enough_hole() {
         .collect();
     // 40 GiB needs one job gone: the first end, at 100 s.
     assert_eq!(
-        expected_wait(state, ends.iter().copied(), 1, 40 * GIB, 30.0),
+        expected_wait(state, ends.iter().copied(), Hole::new(1, 40 * GIB), 30.0),
         Some(70.0)
     );
     // Two GPUs of one node with 40 GiB: both jobs of one node must end. The
@@ -121,17 +121,17 @@ fn the_wait_is_until_the_first_end_that_opens_a_big_enough_hole() {
         .map(|t| t[1])
         .fold(f64::INFINITY, f64::min);
     assert_eq!(
-        expected_wait(state, ends.iter().copied(), 2, 40 * GIB, 0.0),
+        expected_wait(state, ends.iter().copied(), Hole::new(2, 40 * GIB), 0.0),
         Some(want)
     );
     // More than a GPU holds: no end helps.
     assert_eq!(
-        expected_wait(state, ends.iter().copied(), 1, 101 * GIB, 0.0),
+        expected_wait(state, ends.iter().copied(), Hole::new(1, 101 * GIB), 0.0),
         None
     );
     // A hole that is already there: no wait.
     assert_eq!(
-        expected_wait(state, ends.iter().copied(), 1, 30 * GIB, 0.0),
+        expected_wait(state, ends.iter().copied(), Hole::new(1, 30 * GIB), 0.0),
         Some(0.0),
         "fits now"
     );
@@ -169,7 +169,13 @@ fn the_wait_counts_only_the_gpus_the_caller_can_use() {
     ];
     for (usable, per_gpu, want) in cases {
         assert_eq!(
-            expected_wait_on(state, ends.iter().copied(), 1, per_gpu, 0.0, usable),
+            expected_wait_on(
+                state,
+                ends.iter().copied(),
+                Hole::new(1, per_gpu),
+                0.0,
+                usable
+            ),
             want
         );
     }

@@ -153,6 +153,36 @@ fn no_room_now(state: &ClusterState, demand: &Demand) -> String {
             best.name
         );
     }
+    if demand.compute > 0 {
+        // Memory alone would fit: the GPUs' compute is what is taken.
+        let memory_only = Demand {
+            compute: 0,
+            ..demand.clone()
+        };
+        let memory_room = |n: &NodeState| -> Vec<usize> {
+            (0..n.gpu_free.len())
+                .filter(|&g| n.view().gpu_serves(g, &memory_only))
+                .collect()
+        };
+        if hosts
+            .iter()
+            .any(|n| memory_room(n).len() >= demand.gpus as usize)
+        {
+            let (node, left) = hosts
+                .iter()
+                .flat_map(|n| {
+                    memory_room(n)
+                        .into_iter()
+                        .map(move |g| (*n, n.gpu_compute_free[g]))
+                })
+                .max_by_key(|&(_, left)| left)
+                .expect("a GPU has room for the memory");
+            return format!(
+                "needs {} thousandths of the compute of each of its {} GPU(s); GPUs with room for its memory have at most {left} left ({})",
+                demand.compute, demand.gpus, node.name
+            );
+        }
+    }
     let cap_hint = hosts
         .iter()
         .flat_map(|n| n.gpu_capacity.iter().copied())

@@ -39,6 +39,7 @@ pub struct TargetWorkload {
 struct ShapeGroup {
     gpus: u32,
     per_gpu: u64,
+    compute: u64,
     models: ModelMask,
     /// (cpu, mem, weight) per member type.
     members: Vec<(u64, u64, f64)>,
@@ -68,6 +69,7 @@ impl TargetWorkload {
             b.weight
                 .total_cmp(&a.weight)
                 .then(a.demand.per_gpu.cmp(&b.demand.per_gpu))
+                .then(a.demand.compute.cmp(&b.demand.compute))
                 .then(a.demand.gpus.cmp(&b.demand.gpus))
                 .then(a.demand.cpu.cmp(&b.demand.cpu))
                 .then(a.demand.mem.cmp(&b.demand.mem))
@@ -79,14 +81,17 @@ impl TargetWorkload {
         for t in &types {
             let d = &t.demand;
             let member = (d.cpu, d.mem, t.weight);
-            match groups
-                .iter_mut()
-                .find(|g| g.gpus == d.gpus && g.per_gpu == d.per_gpu && g.models == d.models)
-            {
+            match groups.iter_mut().find(|g| {
+                g.gpus == d.gpus
+                    && g.per_gpu == d.per_gpu
+                    && g.compute == d.compute
+                    && g.models == d.models
+            }) {
                 Some(g) => g.members.push(member),
                 None => groups.push(ShapeGroup {
                     gpus: d.gpus,
                     per_gpu: d.per_gpu,
+                    compute: d.compute,
                     models: d.models,
                     members: vec![member],
                 }),
@@ -291,9 +296,9 @@ pub fn task_stranding(node: &NodeView, task: &Demand) -> u64 {
     for g in 0..node.gpu_free.len() {
         if task.models & (1u128 << node.gpu_model[g]) != 0 {
             slots += if task.gpus == 1 {
-                node.gpu_free[g] / task.per_gpu
+                node.gpu_copies(g, task.per_gpu, task.compute)
             } else {
-                u64::from(node.gpu_free[g] >= task.per_gpu)
+                u64::from(node.gpu_serves(g, task))
             };
         }
     }
@@ -338,13 +343,10 @@ pub fn measure_node(node: &NodeView, workload: &TargetWorkload) -> NodeMeasures 
     for group in &workload.groups {
         let (mut serving, mut slots, mut unusable) = (0u32, 0u64, 0u64);
         for (g, &free) in node.gpu_free.iter().enumerate() {
-            if group.gpus > 0
-                && free >= group.per_gpu
-                && group.models & (1u128 << node.gpu_model[g]) != 0
-            {
+            if group.gpus > 0 && node.gpu_takes(g, group.per_gpu, group.compute, group.models) {
                 serving += 1;
                 slots += if group.gpus == 1 {
-                    free / group.per_gpu
+                    node.gpu_copies(g, group.per_gpu, group.compute)
                 } else {
                     1
                 };

@@ -6,6 +6,14 @@
 
 use serde::{Deserialize, Serialize};
 
+/// A whole GPU's compute, in the thousandths that [`JobRequest::gpu_compute`]
+/// counts.
+pub const COMPUTE_WHOLE: u64 = 1000;
+
+fn is_zero(value: &u64) -> bool {
+    *value == 0
+}
+
 /// One GPU of a node, as the inventory reports it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GpuSpec {
@@ -89,6 +97,11 @@ pub struct JobRequest {
     pub gpus: u32,
     /// Memory budget per GPU in the GPUs' units (bytes, or thousandths of a trace GPU).
     pub gpu_budget: u64,
+    /// Compute needed on each of those GPUs, in thousandths of a GPU
+    /// ([`COMPUTE_WHOLE`] is all of it): the jobs on one GPU never need more
+    /// than the whole. 0: not counted, the job shares by memory alone.
+    #[serde(default)]
+    pub gpu_compute: u64,
     /// CPU request in millicores.
     pub cpu_milli: u64,
     /// Memory request in bytes.
@@ -111,6 +124,9 @@ pub struct Placement {
     pub gpu_indices: Vec<u32>,
     /// Budget reserved on each of those GPUs, in the GPUs' units.
     pub gpu_budget: u64,
+    /// Compute reserved on each of those GPUs, thousandths of a GPU.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub gpu_compute: u64,
     /// CPU reserved on the node, millicores.
     pub cpu_milli: u64,
     /// Memory reserved on the node, bytes.
@@ -141,10 +157,17 @@ impl JobRequest {
             id: id.into(),
             gpus,
             gpu_budget,
+            gpu_compute: 0,
             cpu_milli,
             memory_bytes,
             gpu_models: Vec::new(),
             tolerations: Vec::new(),
         }
+    }
+
+    /// The same job needing `thousandths` of each GPU's compute.
+    pub fn with_compute(mut self, thousandths: u64) -> Self {
+        self.gpu_compute = thousandths;
+        self
     }
 }

@@ -39,8 +39,8 @@ impl MeasureMemo {
             self.workload_version = workload_version;
         }
         // The measures sum over GPUs, so GPU order does not matter: sorting
-        // makes GPU-permuted states share an entry. Model ids fit in 8 bits
-        // and free units below 2^56 (64 PiB).
+        // makes GPU-permuted states share an entry. Model ids fit in 8 bits,
+        // free compute (at most 1000) in 11 and free units below 2^45 (32 TiB).
         self.key.clear();
         self.key
             .extend([u64::from(class), view.cpu_free, view.mem_free]);
@@ -48,8 +48,12 @@ impl MeasureMemo {
         self.key.extend(
             view.gpu_free
                 .iter()
+                .zip(view.gpu_compute_free)
                 .zip(view.gpu_model)
-                .map(|(&f, &m)| (u64::from(m) << 56) | f),
+                .map(|((&f, &c), &m)| {
+                    debug_assert!(f < 1 << 45 && c < 1 << 11);
+                    (u64::from(m) << 56) | (c << 45) | f
+                }),
         );
         self.key[start..].sort_unstable();
         if let Some(&value) = self.values.get(self.key.as_slice()) {

@@ -57,7 +57,8 @@ mod tests;
 pub use bench::{PackBenchOptions, PackReport, ScaleOptions, ScaleReport, SeedSweepReport};
 pub use fragmentation::{TargetWorkload, TaskType, WorkloadModel};
 pub use inventory::{
-    Decision, GpuSpec, Inventory, JobRequest, NodeSpec, Placement, Taint, TaintEffect, Toleration,
+    COMPUTE_WHOLE, Decision, GpuSpec, Inventory, JobRequest, NodeSpec, Placement, Taint,
+    TaintEffect, Toleration,
 };
 pub use policy::{Policy, PolicyKind};
 pub use state::ClusterState;

@@ -41,10 +41,14 @@ fn placer(nodes: Vec<NodeSpec>, kind: PolicyKind) -> Placer {
     Placer::new(&Inventory { nodes }, Policy::new(kind, 1)).expect("valid inventory")
 }
 
+/// Every GPU's compute free, for views of up to 64 GPUs.
+const FULL_COMPUTE: [u64; 64] = [COMPUTE_WHOLE; 64];
+
 fn demand(gpus: u32, per_gpu: u64, cpu: u64) -> Demand {
     Demand {
         gpus,
         per_gpu,
+        compute: 0,
         cpu,
         mem: 0,
         models: ModelMask::MAX,
@@ -57,6 +61,7 @@ fn view<'a>(cpu_free: u64, gpu_free: &'a [u64], models: &'a [u8]) -> NodeView<'a
         cpu_free,
         mem_free: u64::MAX,
         gpu_free,
+        gpu_compute_free: &FULL_COMPUTE,
         gpu_model: models,
         taints: &[],
     }
@@ -397,6 +402,7 @@ fn fgd_keeps_room_that_the_workload_can_use_where_best_fit_does_not() {
         .unwrap();
         p.state
             .restore(&Placement {
+                gpu_compute: 0,
                 job_id: "old".into(),
                 node: "y".into(),
                 gpu_indices: vec![0],
@@ -633,6 +639,7 @@ fn partly_used_node() -> ClusterState {
     .unwrap();
     state
         .restore(&Placement {
+            gpu_compute: 0,
             job_id: "old".into(),
             node: "n".into(),
             gpu_indices: vec![0],
@@ -825,6 +832,7 @@ fn memo_keys_hash_apart() {
 fn a_restored_placement_holds_its_room_and_a_conflicting_one_changes_nothing() {
     let mut p = placer(vec![trace_node("a", 8, 2)], PolicyKind::BestFit);
     let held = Placement {
+        gpu_compute: 0,
         job_id: "old".into(),
         node: "a".into(),
         gpu_indices: vec![1],
@@ -868,6 +876,7 @@ fn placer_with_held(nodes: Vec<(NodeSpec, u64)>, policy: Policy) -> Placer {
     let mut p = Placer::new(&inventory, policy).unwrap();
     for (n, held) in nodes.iter().filter(|(_, h)| *h > 0) {
         p.restore(&Placement {
+            gpu_compute: 0,
             job_id: format!("held-{}", n.name),
             node: n.name.clone(),
             gpu_indices: vec![0],
@@ -1048,6 +1057,7 @@ fn vramfit_counts_the_stranded_tail_that_fgd_does_not_see() {
     let policy = Policy::new(PolicyKind::Vramfit, 1).with_target_workload(target);
     let mut p = placer_with_held(cluster_with_held(&[400, 0]), policy);
     p.restore(&Placement {
+        gpu_compute: 0,
         job_id: "cpu-hog".into(),
         node: "n1".into(),
         gpu_indices: vec![],
@@ -1084,6 +1094,7 @@ fn inside_a_node_the_tightest_gpu_is_offered_whatever_its_neighbours() {
         let mut p = placer(vec![node("a", 64, &spec)], PolicyKind::BestFit);
         for (g, &(_, _, held)) in gpus.iter().enumerate().filter(|(_, g)| g.2 > 0) {
             p.restore(&Placement {
+                gpu_compute: 0,
                 job_id: format!("held-{g}"),
                 node: "a".into(),
                 gpu_indices: vec![g as u32],
@@ -1142,6 +1153,7 @@ fn a_multi_gpu_job_takes_the_tightest_gpus_when_enough_serve() {
             let mut p = placer(vec![trace_node("a", 64, held.len())], kind);
             for (g, &h) in held.iter().enumerate().filter(|(_, h)| **h > 0) {
                 p.restore(&Placement {
+                    gpu_compute: 0,
                     job_id: format!("held-{g}"),
                     node: "a".into(),
                     gpu_indices: vec![g as u32],
@@ -1178,6 +1190,7 @@ fn random_picks_among_the_feasible_nodes_only_and_every_one_of_them() {
         let mut p = placer(vec![trace_node("a", 64, 4)], PolicyKind::Random);
         for g in [1, 3] {
             p.restore(&Placement {
+                gpu_compute: 0,
                 job_id: format!("held-{g}"),
                 node: "a".into(),
                 gpu_indices: vec![g],
@@ -1237,6 +1250,7 @@ fn a_restored_placement_may_take_exactly_the_room_left_and_not_one_unit_more() {
     // Node a: 2 GPUs of 1000, 8 cores, 512 GiB; "old" holds 400 of GPU 0,
     // 2 cores and 12 GiB.
     let base = Placement {
+        gpu_compute: 0,
         job_id: "new".into(),
         node: "a".into(),
         gpu_indices: vec![0],
@@ -1276,6 +1290,7 @@ fn a_restored_placement_may_take_exactly_the_room_left_and_not_one_unit_more() {
     for (name, placement, ok) in cases {
         let mut p = placer(vec![trace_node("a", 8, 2)], PolicyKind::BestFit);
         p.restore(&Placement {
+            gpu_compute: 0,
             job_id: "old".into(),
             node: "a".into(),
             gpu_indices: vec![0],
@@ -1321,6 +1336,7 @@ fn random_never_picks_a_node_short_of_cpu_or_memory() {
         )
         .unwrap();
         p.restore(&Placement {
+            gpu_compute: 0,
             job_id: "full".into(),
             node: "n2".into(),
             gpu_indices: vec![0],
@@ -1375,6 +1391,7 @@ fn fgd_measures_the_node_as_it_would_be_after_the_placement() {
             )
             .unwrap();
             p.restore(&Placement {
+                gpu_compute: 0,
                 job_id: "old".into(),
                 node: "a".into(),
                 gpu_indices: vec![1],
@@ -1402,6 +1419,7 @@ fn cached_scores_and_node_measures_are_dropped_when_the_learned_mix_moves() {
     );
     for g in 0..2 {
         p.restore(&Placement {
+            gpu_compute: 0,
             job_id: format!("old-{g}"),
             node: "y".into(),
             gpu_indices: vec![g],
@@ -1524,6 +1542,7 @@ fn a_task_that_cannot_run_on_a_node_finds_all_its_free_gpu_fragmented() {
             cpu_free: 4000,
             mem_free: 8 * GIB,
             gpu_free: &free,
+            gpu_compute_free: &FULL_COMPUTE,
             gpu_model: &models,
             taints: node_taints,
         };
@@ -1737,4 +1756,221 @@ fn the_target_workload_does_not_depend_on_the_order_of_its_weights() {
     for order in [[2, 1, 0], [1, 2, 0], [2, 0, 1]] {
         assert_eq!(bits(order), first, "order {order:?}");
     }
+}
+
+/// A node of one 100 GiB H200 per entry of `gpus`.
+fn h200_node(gpus: usize) -> NodeSpec {
+    node("n", 64, &vec![("H200", 100 * GIB); gpus])
+}
+
+#[test]
+fn jobs_on_one_gpu_never_need_more_than_its_whole_compute() {
+    // (case, compute of the first job, of the second, whether both fit the one GPU)
+    let cases = [
+        ("neither counted", 0, 0, true),
+        ("400 and 600", 400, 600, true),
+        ("600 and 600", 600, 600, false),
+        ("all of it and one not counted", COMPUTE_WHOLE, 0, true),
+        ("all of it and 1", COMPUTE_WHOLE, 1, false),
+    ];
+    for kind in PolicyKind::ALL {
+        for (name, first, second, both) in cases {
+            let mut p = placer(vec![h200_node(1)], kind);
+            p.place(&job("a", 1, 10 * GIB).with_compute(first)).unwrap();
+            let got = p
+                .try_place(&job("b", 1, 10 * GIB).with_compute(second))
+                .unwrap();
+            assert_eq!(got.is_some(), both, "{kind}: {name}");
+        }
+    }
+}
+
+#[test]
+fn a_job_goes_where_compute_is_left_even_when_another_gpu_fits_its_memory_tighter() {
+    for kind in PolicyKind::ALL {
+        let mut p = placer(vec![h200_node(2)], kind);
+        p.restore(&Placement {
+            job_id: "busy".into(),
+            node: "n".into(),
+            gpu_indices: vec![0],
+            gpu_budget: 10 * GIB,
+            gpu_compute: COMPUTE_WHOLE,
+            cpu_milli: 0,
+            memory_bytes: 0,
+        })
+        .unwrap();
+        let d = p
+            .place(&job("next", 1, 80 * GIB).with_compute(500))
+            .unwrap();
+        assert_eq!(d.placement.gpu_indices, vec![1], "{kind}");
+        assert_eq!(d.placement.gpu_compute, 500, "{kind}");
+    }
+}
+
+#[test]
+fn inside_a_node_best_fit_takes_the_gpu_with_the_least_compute_left() {
+    // Both GPUs have 90 GiB free; GPU 1 has 300 thousandths of compute
+    // left, GPU 0 all of it. A job needing 200 fits both and takes GPU 1,
+    // which keeps GPU 0 whole for a job that needs most of a GPU. (vramfit
+    // sees that GPU 1's memory would then be of no use to more jobs like it.)
+    let mut p = placer(vec![h200_node(2)], PolicyKind::BestFit);
+    for (id, gpu, compute) in [("heavy", 1, 700), ("light", 0, 0)] {
+        p.restore(&Placement {
+            job_id: id.into(),
+            node: "n".into(),
+            gpu_indices: vec![gpu],
+            gpu_budget: 10 * GIB,
+            gpu_compute: compute,
+            cpu_milli: 0,
+            memory_bytes: 0,
+        })
+        .unwrap();
+    }
+    let d = p.place(&job("c", 1, 10 * GIB).with_compute(200)).unwrap();
+    assert_eq!(d.placement.gpu_indices, vec![1]);
+}
+
+#[test]
+fn compute_over_a_whole_gpu_or_without_gpus_makes_an_invalid_job() {
+    let p = placer(vec![h200_node(1)], PolicyKind::BestFit);
+    let cases = [
+        (
+            "over a GPU",
+            job("x", 1, GIB).with_compute(COMPUTE_WHOLE + 1),
+            Some("a GPU has 1000"),
+        ),
+        (
+            "without GPUs",
+            JobRequest::new("y", 0, 0, 1000, GIB).with_compute(100),
+            Some("asks for 0 GPUs"),
+        ),
+        (
+            "a whole GPU",
+            job("z", 1, GIB).with_compute(COMPUTE_WHOLE),
+            None,
+        ),
+    ];
+    for (name, request, want) in cases {
+        match (p.state().demand_of(&request), want) {
+            (Ok(d), None) => assert_eq!(d.compute, request.gpu_compute, "{name}"),
+            (Err(e), Some(want)) => assert!(e.to_string().contains(want), "{name}: {e}"),
+            (got, want) => panic!("{name}: got {got:?}, wanted an error with {want:?}"),
+        }
+    }
+}
+
+#[test]
+fn restore_refuses_compute_a_gpu_lacks_and_release_gives_it_back() {
+    let mut p = placer(vec![h200_node(1)], PolicyKind::BestFit);
+    let held = Placement {
+        job_id: "a".into(),
+        node: "n".into(),
+        gpu_indices: vec![0],
+        gpu_budget: GIB,
+        gpu_compute: 700,
+        cpu_milli: 0,
+        memory_bytes: 0,
+    };
+    p.restore(&held).unwrap();
+    assert_eq!(p.state().nodes()[0].gpu_compute_free, vec![300]);
+    let over = Placement {
+        job_id: "b".into(),
+        gpu_compute: 400,
+        ..held.clone()
+    };
+    let err = p.restore(&over).unwrap_err().to_string();
+    assert!(
+        err.contains("lacks 400 thousandths of its compute"),
+        "{err}"
+    );
+    p.release("a");
+    assert_eq!(p.state().nodes()[0].gpu_compute_free, vec![COMPUTE_WHOLE]);
+    p.restore(&over).unwrap();
+    assert_eq!(p.state().nodes()[0].gpu_compute_free, vec![600]);
+}
+
+#[test]
+fn compute_limits_the_copies_a_gpu_has_room_for() {
+    // GPU 0: 900 units and half its compute free; GPU 1: 300 units and all.
+    let (free, compute, models) = ([900, 300], [500, COMPUTE_WHOLE], [0, 0]);
+    let v = NodeView {
+        cpu_free: 64_000,
+        mem_free: u64::MAX,
+        gpu_free: &free,
+        gpu_compute_free: &compute,
+        gpu_model: &models,
+        taints: &[],
+    };
+    let uncounted = demand(1, 300, 0);
+    let light = Demand {
+        compute: 200,
+        ..demand(1, 300, 0)
+    };
+    let heavy = Demand {
+        compute: 600,
+        ..demand(1, 300, 0)
+    };
+    // Copies: memory alone 3 + 1; light 2 (compute) + 1; heavy 0 + 1.
+    assert_eq!(task_stranding(&v, &uncounted), 0);
+    assert_eq!(task_stranding(&v, &light), 300);
+    assert_eq!(task_stranding(&v, &heavy), 900);
+    // Heavy cannot use GPU 0 at all: its 900 units are fragmented.
+    assert_eq!(task_fragmentation(&v, &light), 0);
+    assert_eq!(task_fragmentation(&v, &heavy), 900);
+    // The grouped pass agrees with the per-type measures.
+    let target = TargetWorkload::from_demands([&uncounted, &light, &heavy]);
+    let m = measure_node(&v, &target);
+    assert_eq!(m.fragmentation, expected_fragmentation(&v, &target));
+    assert_eq!(m.stranding, expected_stranding(&v, &target));
+    assert!((m.stranding - 400.0).abs() < 1e-9, "{}", m.stranding);
+}
+
+#[test]
+fn the_measure_memo_tells_states_apart_by_free_compute() {
+    let mut memo = super::memo::MeasureMemo::default();
+    let heavy = Demand {
+        compute: 600,
+        ..demand(1, 300, 0)
+    };
+    let target = TargetWorkload::from_demands([&heavy]);
+    let (free, models) = ([900], [0]);
+    let mut measured = Vec::new();
+    for compute in [[COMPUTE_WHOLE], [500]] {
+        let v = NodeView {
+            cpu_free: 64_000,
+            mem_free: u64::MAX,
+            gpu_free: &free,
+            gpu_compute_free: &compute,
+            gpu_model: &models,
+            taints: &[],
+        };
+        measured
+            .push(memo.get_or_compute(0, &v, &target, 1, |v, t| measure_node(v, t).fragmentation));
+    }
+    assert_eq!(measured, vec![0.0, 900.0]);
+}
+
+#[test]
+fn a_job_waiting_for_compute_is_told_so_not_that_memory_is_short() {
+    let mut p = placer(vec![h200_node(2)], PolicyKind::Vramfit);
+    for (id, compute) in [("a", 700), ("b", 900)] {
+        p.place(&job(id, 1, 10 * GIB).with_compute(compute))
+            .unwrap();
+    }
+    let err = p
+        .place(&job("c", 1, 10 * GIB).with_compute(500))
+        .unwrap_err();
+    assert!(matches!(err, PlaceError::NoRoomNow { .. }), "{err}");
+    let message = err.to_string();
+    assert!(
+        message.contains(
+            "needs 500 thousandths of the compute of each of its 1 GPU(s); GPUs with room for its memory have at most 300 left (n)"
+        ),
+        "{message}"
+    );
+    // Short of memory, it says memory.
+    let err = p
+        .place(&job("d", 1, 95 * GIB).with_compute(100))
+        .unwrap_err();
+    assert!(err.to_string().contains("largest free slot"), "{err}");
 }

@@ -74,6 +74,8 @@ pub fn parse_pods(csv: &str) -> Result<Vec<JobRequest>> {
             gpus: u32::try_from(gpus)
                 .map_err(|_| row.error(format!("num_gpu {gpus} is too large")))?,
             gpu_budget: budget,
+            // The trace's shares are the GPU units themselves.
+            gpu_compute: 0,
             cpu_milli: row.int(1)?,
             memory_bytes: row.int(2)? * MIB,
             gpu_models: if spec.is_empty() {

@@ -326,7 +326,8 @@ pub(crate) fn compare(a: &Score, b: &Score) -> std::cmp::Ordering {
 
 /// Calls `visit` with every GPU set worth scoring for `demand` on `node`.
 ///
-/// One GPU: each serving GPU, skipping GPUs identical (free, capacity, model)
+/// One GPU: each serving GPU, skipping GPUs identical (free units and
+/// compute, capacity, model)
 /// to one already offered, since they lead to the same node state. Several
 /// GPUs: the tightest serving GPUs only. In the openb traces multi-GPU tasks
 /// take whole GPUs, so every choice of free GPUs is the same state and this is
@@ -345,6 +346,7 @@ pub(crate) fn for_each_candidate(node: &NodeState, demand: &Demand, mut visit: i
                 let duplicate = (0..g).any(|h| {
                     view.gpu_serves(h, demand)
                         && node.gpu_free[h] == node.gpu_free[g]
+                        && node.gpu_compute_free[h] == node.gpu_compute_free[g]
                         && node.gpu_capacity[h] == node.gpu_capacity[g]
                         && node.gpu_model[h] == node.gpu_model[g]
                 });

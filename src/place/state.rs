@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 
 use super::inventory::{
-    Decision, Inventory, JobRequest, Placement, Taint, TaintEffect, Toleration,
+    COMPUTE_WHOLE, Decision, Inventory, JobRequest, Placement, Taint, TaintEffect, Toleration,
 };
 use super::{PlaceError, Result};
 
@@ -31,6 +31,9 @@ pub struct Demand {
     pub gpus: u32,
     /// Free units needed on each of those GPUs.
     pub per_gpu: u64,
+    /// Free compute (thousandths of a GPU) needed on each of those GPUs; 0
+    /// when the job's compute is not counted.
+    pub compute: u64,
     /// CPU millicores.
     pub cpu: u64,
     /// Memory bytes.
@@ -58,6 +61,8 @@ pub struct NodeView<'a> {
     pub mem_free: u64,
     /// Free units per GPU.
     pub gpu_free: &'a [u64],
+    /// Free compute per GPU, thousandths of the GPU.
+    pub gpu_compute_free: &'a [u64],
     /// Interned model per GPU.
     pub gpu_model: &'a [u8],
     /// Blocking taints of the node.
@@ -75,7 +80,28 @@ impl NodeView<'_> {
     /// Whether GPU `g` can take one GPU's share of `demand`.
     #[inline]
     pub fn gpu_serves(&self, g: usize, demand: &Demand) -> bool {
-        self.gpu_free[g] >= demand.per_gpu && demand.models & (1u128 << self.gpu_model[g]) != 0
+        self.gpu_takes(g, demand.per_gpu, demand.compute, demand.models)
+    }
+
+    /// Whether GPU `g` has `per_gpu` units and `compute` free and is one of
+    /// `models`.
+    #[inline]
+    pub fn gpu_takes(&self, g: usize, per_gpu: u64, compute: u64, models: ModelMask) -> bool {
+        self.gpu_free[g] >= per_gpu
+            && self.gpu_compute_free[g] >= compute
+            && models & (1u128 << self.gpu_model[g]) != 0
+    }
+
+    /// How many one-GPU shares of `per_gpu` units and `compute` GPU `g` has
+    /// room for, by memory and by compute (a share that needs no compute is
+    /// limited by memory alone).
+    #[inline]
+    pub fn gpu_copies(&self, g: usize, per_gpu: u64, compute: u64) -> u64 {
+        let by_memory = self.gpu_free[g] / per_gpu.max(1);
+        match self.gpu_compute_free[g].checked_div(compute) {
+            Some(by_compute) => by_memory.min(by_compute),
+            None => by_memory,
+        }
     }
 
     /// Whether `demand` fits the node as it is.
@@ -117,6 +143,8 @@ pub struct NodeState {
     pub gpu_capacity: Vec<u64>,
     /// Free units per GPU.
     pub gpu_free: Vec<u64>,
+    /// Free compute per GPU, thousandths of the GPU.
+    pub gpu_compute_free: Vec<u64>,
     /// Interned model per GPU.
     pub gpu_model: Vec<u8>,
     /// Taints that keep pods away (`NoSchedule`, `NoExecute`).
@@ -135,30 +163,37 @@ impl NodeState {
             cpu_free: self.cpu_free,
             mem_free: self.mem_free,
             gpu_free: &self.gpu_free,
+            gpu_compute_free: &self.gpu_compute_free,
             gpu_model: &self.gpu_model,
             taints: &self.taints,
         }
     }
 
     /// The node as it would be after placing `demand` on `gpus`; `scratch`
-    /// holds the changed GPU list so nothing is allocated per call.
+    /// holds the changed GPU lists (free units, then free compute) so nothing
+    /// is allocated per call.
     pub fn view_after<'a>(
         &'a self,
         demand: &Demand,
         gpus: GpuSet,
         scratch: &'a mut Vec<u64>,
     ) -> NodeView<'a> {
+        let count = self.gpu_free.len();
         scratch.clear();
         scratch.extend_from_slice(&self.gpu_free);
-        for (g, free) in scratch.iter_mut().enumerate() {
+        scratch.extend_from_slice(&self.gpu_compute_free);
+        for g in 0..count {
             if gpus & (1 << g) != 0 {
-                *free -= demand.per_gpu;
+                scratch[g] -= demand.per_gpu;
+                scratch[count + g] -= demand.compute;
             }
         }
+        let (gpu_free, gpu_compute_free) = scratch.split_at(count);
         NodeView {
             cpu_free: self.cpu_free - demand.cpu,
             mem_free: self.mem_free - demand.mem,
-            gpu_free: scratch,
+            gpu_free,
+            gpu_compute_free,
             gpu_model: &self.gpu_model,
             taints: &self.taints,
         }
@@ -230,6 +265,7 @@ impl ClusterState {
                 cpu_free: spec.cpu_milli,
                 mem_free: spec.memory_bytes,
                 gpu_free: gpu_capacity.clone(),
+                gpu_compute_free: vec![COMPUTE_WHOLE; gpu_capacity.len()],
                 gpu_capacity,
                 gpu_model,
                 taints: spec
@@ -308,10 +344,19 @@ impl ClusterState {
                 reason: "asks for GPUs with a zero per-GPU budget".into(),
             });
         }
-        if job.gpus == 0 && job.gpu_budget > 0 {
+        if job.gpus == 0 && (job.gpu_budget > 0 || job.gpu_compute > 0) {
             return Err(PlaceError::InvalidJob {
                 job: job.id.clone(),
-                reason: "has a GPU budget but asks for 0 GPUs".into(),
+                reason: "has a GPU budget or GPU compute but asks for 0 GPUs".into(),
+            });
+        }
+        if job.gpu_compute > COMPUTE_WHOLE {
+            return Err(PlaceError::InvalidJob {
+                job: job.id.clone(),
+                reason: format!(
+                    "needs {} thousandths of each GPU's compute; a GPU has {COMPUTE_WHOLE}",
+                    job.gpu_compute
+                ),
             });
         }
         let models = if job.gpu_models.is_empty() {
@@ -326,6 +371,7 @@ impl ClusterState {
         Ok(Demand {
             gpus: job.gpus,
             per_gpu: job.gpu_budget,
+            compute: job.gpu_compute,
             cpu: job.cpu_milli,
             mem: job.memory_bytes,
             models,
@@ -360,6 +406,7 @@ impl ClusterState {
             node: state.name.clone(),
             gpu_indices,
             gpu_budget: demand.per_gpu,
+            gpu_compute: demand.compute,
             cpu_milli: demand.cpu,
             memory_bytes: demand.mem,
         };
@@ -433,19 +480,31 @@ impl ClusterState {
                         state.name, p.gpu_budget
                     )));
                 }
+                if let Some(&g) = p
+                    .gpu_indices
+                    .iter()
+                    .find(|&&g| state.gpu_compute_free[g as usize] < p.gpu_compute)
+                {
+                    return Err(conflict(format!(
+                        "GPU {g} on node {} lacks {} thousandths of its compute",
+                        state.name, p.gpu_compute
+                    )));
+                }
                 state.cpu_free -= p.cpu_milli;
                 state.mem_free -= p.memory_bytes;
-                p.gpu_indices
-                    .iter()
-                    .for_each(|&g| state.gpu_free[g as usize] -= p.gpu_budget);
+                for &g in &p.gpu_indices {
+                    state.gpu_free[g as usize] -= p.gpu_budget;
+                    state.gpu_compute_free[g as usize] -= p.gpu_compute;
+                }
                 self.allocated_total += p.gpu_budget * p.gpu_indices.len() as u64;
             }
             Direction::Give => {
                 state.cpu_free += p.cpu_milli;
                 state.mem_free += p.memory_bytes;
-                p.gpu_indices
-                    .iter()
-                    .for_each(|&g| state.gpu_free[g as usize] += p.gpu_budget);
+                for &g in &p.gpu_indices {
+                    state.gpu_free[g as usize] += p.gpu_budget;
+                    state.gpu_compute_free[g as usize] += p.gpu_compute;
+                }
                 self.allocated_total -= p.gpu_budget * p.gpu_indices.len() as u64;
             }
         }

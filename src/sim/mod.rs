@@ -44,7 +44,7 @@ use std::collections::{BTreeMap, BinaryHeap, HashMap};
 use serde::Serialize;
 
 use crate::place::elastic::{self, Shape};
-use crate::place::inventory::{GpuSpec, Inventory, JobRequest, Placement};
+use crate::place::inventory::{COMPUTE_WHOLE, GpuSpec, Inventory, JobRequest, Placement};
 use crate::place::openb;
 use crate::place::{Placer, Policy, PolicyKind};
 use crate::predict::GpuProfile;
@@ -128,6 +128,10 @@ pub struct ClusterOptions {
     /// off: a job runs as fast shared as alone (the figures before
     /// 2026-12-04 evening).
     pub contention: bool,
+    /// Jobs ask for their GPU share of compute, and the jobs on one GPU never
+    /// ask for more than the whole ([`JobRequest::gpu_compute`]); off: they
+    /// share by memory alone (the figures before 2026-12-05).
+    pub compute_shares: bool,
 }
 
 impl Default for ClusterOptions {
@@ -138,6 +142,7 @@ impl Default for ClusterOptions {
             policies: ClusterPolicy::ALL.to_vec(),
             headroom: crate::api::DEFAULT_HEADROOM,
             contention: true,
+            compute_shares: true,
         }
     }
 }
@@ -225,6 +230,8 @@ pub struct WorkloadSummary {
     pub window: usize,
     /// Whether jobs sharing a GPU slowed each other ([`contention_factor`]).
     pub contention: bool,
+    /// Whether the jobs on one GPU kept their compute shares within the GPU.
+    pub compute_shares: bool,
 }
 
 /// Runs the comparison on openb trace text with the measured kinds in
@@ -299,6 +306,7 @@ pub fn run_cluster_bench(
             kinds: kind_counts,
             window: opts.window,
             contention: opts.contention,
+            compute_shares: opts.compute_shares,
         },
     })
 }
@@ -421,8 +429,9 @@ struct Sim<'a> {
     seq: u64,
     queue: Vec<usize>,
     state: Vec<JobState>,
-    /// When a hole of (GPUs, bytes per GPU) is expected, while no run starts or stops.
-    hole_cache: HashMap<(u32, u64), Option<f64>>,
+    /// When a hole is expected, while no run starts or stops.
+    hole_cache: HashMap<elastic::Hole, Option<f64>>,
+    compute_shares: bool,
     contention: bool,
     /// The jobs running on each GPU (node, index).
     on_gpu: HashMap<(String, u32), Vec<usize>>,
@@ -473,6 +482,7 @@ impl<'a> Sim<'a> {
             queue: Vec::new(),
             hole_cache: HashMap::new(),
             contention: opts.contention,
+            compute_shares: opts.compute_shares,
             on_gpu: HashMap::new(),
             state: jobs
                 .iter()
@@ -610,6 +620,16 @@ impl<'a> Sim<'a> {
             j.cpu_milli,
             j.memory_bytes,
         )
+        .with_compute(self.compute_of(job))
+    }
+
+    /// The compute `job` asks of each GPU: its share, when shares count.
+    fn compute_of(&self, job: usize) -> u64 {
+        if !self.compute_shares {
+            return 0;
+        }
+        let thousandths = (self.jobs[job].share * COMPUTE_WHOLE as f64).round() as u64;
+        thousandths.clamp(1, COMPUTE_WHOLE)
     }
 
     /// The budget per GPU and micro-batch a new run of `job` asks for.
@@ -702,7 +722,7 @@ impl<'a> Sim<'a> {
         }
         // The hole's time is kept until a run starts or stops (which is
         // all that changes it): a saturated queue asks the same many times.
-        let key = (j.gpus, budget);
+        let key = elastic::Hole::new(j.gpus, budget).with_compute(self.compute_of(job));
         let hole = match self.hole_cache.get(&key) {
             Some(&hole) => hole,
             None => {
@@ -711,7 +731,7 @@ impl<'a> Sim<'a> {
                     .iter()
                     .filter_map(|s| s.run.as_ref().map(|r| (r.end, &r.placement)))
                     .collect();
-                let hole = elastic::expected_wait(self.placer.state(), ends, j.gpus, budget, now)
+                let hole = elastic::expected_wait(self.placer.state(), ends, key, now)
                     .map(|wait| now + wait);
                 self.hole_cache.insert(key, hole);
                 hole

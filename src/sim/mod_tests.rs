@@ -85,13 +85,26 @@ fn simulate_with(
     window: usize,
     contention: bool,
 ) -> PolicyReport {
-    let kinds = [kind()];
+    // Memory alone decides who shares a GPU here: these cases are about
+    // budgets, OOMs and the pace of shared runs.
     let opts = ClusterOptions {
         window,
         contention,
+        compute_shares: false,
         ..ClusterOptions::default()
     };
-    Sim::new(&inventory(gpus), jobs, &kinds, budgets, policy, &opts)
+    run_sim(policy, gpus, jobs, budgets, &opts)
+}
+
+fn run_sim(
+    policy: ClusterPolicy,
+    gpus: usize,
+    jobs: &[SimJob],
+    budgets: &Budgets,
+    opts: &ClusterOptions,
+) -> PolicyReport {
+    let kinds = [kind()];
+    Sim::new(&inventory(gpus), jobs, &kinds, budgets, policy, opts)
         .unwrap()
         .run(&mut |_| {})
         .unwrap()
@@ -388,4 +401,38 @@ fn an_oom_point_moves_with_the_pace_of_a_shared_run() {
         "{}",
         r.wasted_gpu_hours
     );
+}
+
+#[test]
+fn with_compute_shares_jobs_share_a_gpu_only_while_their_shares_fit_it() {
+    // Three jobs of 20 GiB each (micro 2): memory lets all three onto the
+    // GPU. Shares 0.5, 0.5 and 0.25: the first two share it (1.1x each, the
+    // switching cost), the third waits for one of them although its memory
+    // fits; without compute shares all three run at once, 1.25 x 1.1 slower.
+    let mut jobs = [
+        job("a", 0.0, 2, 100.0, 50),
+        job("b", 0.0, 2, 100.0, 50),
+        job("c", 0.0, 2, 100.0, 50),
+    ];
+    jobs[2].share = 0.25;
+    let b = budgets(1.0);
+    let shares = ClusterOptions {
+        contention: true,
+        ..ClusterOptions::default()
+    };
+    let r = run_sim(ClusterPolicy::Vramfit, 1, &jobs, &b, &shares);
+    let round =
+        |v: &[f64]| -> Vec<f64> { v.iter().map(|t| (t * 1000.0).round() / 1000.0).collect() };
+    // a and b end at 110 s; c starts then and runs alone: 210 s.
+    assert_eq!(round(&r.jct), vec![110.0, 110.0, 210.0]);
+    assert!(r.mean_queue_seconds > 0.0);
+    let memory_only = ClusterOptions {
+        compute_shares: false,
+        ..shares.clone()
+    };
+    let r = run_sim(ClusterPolicy::Vramfit, 1, &jobs, &b, &memory_only);
+    assert_eq!(round(&r.jct), vec![137.5, 137.5, 137.5]);
+    // The guessed limits keep the shares too.
+    let r = run_sim(ClusterPolicy::Guessed, 1, &jobs, &b, &shares);
+    assert_eq!(round(&r.jct), vec![110.0, 110.0, 210.0]);
 }

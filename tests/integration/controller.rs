@@ -394,6 +394,7 @@ async fn a_pod_created_before_its_status_was_written_is_taken_as_the_placement()
         .apply_job(mlp_job("adopted", 64, 8, 1, Some("60Gi")))
         .await;
     let placement = PlacementStatus {
+        compute_percent: None,
         node: node.clone(),
         gpus: vec![AssignedGpu { index: 1, uuid }],
         budget_bytes: 60 * GIB,
