@@ -180,6 +180,11 @@ fn faulty_gpus_are_held_back_and_the_others_used() {
     assert_eq!(view.reserved.len(), 1);
     assert_eq!(view.reserved[0].gpu_indices, [0]);
     assert_eq!(view.reserved[0].gpu_budget, 141 * GIB);
+    assert_eq!(
+        view.reserved[0].gpu_compute,
+        crate::place::COMPUTE_WHOLE,
+        "all of it, as its memory"
+    );
     let job = job(json!({}), json!({"containers": containers()}));
     assert_eq!(
         placed_on(&verdict(&view, &job)),

@@ -829,3 +829,43 @@ fn an_elastic_job_with_an_expected_duration_starts_smaller_only_when_the_wait_co
         .1;
     assert!(matches!(verdict, Verdict::Wait { .. }), "{verdict:?}");
 }
+
+#[test]
+fn jobs_that_count_their_compute_share_a_gpu_only_while_it_has_compute_left() {
+    let view = one_gpu_cluster(100 * GIB);
+    let with_compute = |name: &str, created: &str, percent: Option<u32>| {
+        let mut job = job(name, 0, created, 10 * GIB);
+        job.spec.gpu_compute_percent = percent;
+        job
+    };
+    let mut running = with_compute("running", "2026-01-01T00:00:00Z", Some(60));
+    let mut placement = on_gpu0(10 * GIB);
+    placement.compute_percent = Some(60);
+    running.status.as_mut().unwrap().placement = Some(placement);
+    let ledger = recorded_placements([&running]);
+    assert_eq!(ledger[0].gpu_compute, 600, "the recorded share counts");
+    // (waiting job's percent, whether it joins the running one)
+    for (percent, joins) in [(Some(40), true), (Some(50), false), (None, true)] {
+        let waiting = with_compute("waiting", "2026-01-02T00:00:00Z", percent);
+        let verdicts = plan_cycle(
+            &view,
+            &ledger,
+            &[&waiting],
+            Policy::new(PolicyKind::Vramfit, 42),
+        );
+        match &verdicts[0].1 {
+            Verdict::Place(p) => {
+                assert!(joins, "{percent:?} placed beside 60 %");
+                assert_eq!(p.compute_percent, percent, "recorded for the next cycle");
+            }
+            Verdict::Wait { message, .. } => {
+                assert!(!joins, "{percent:?} waits: {message}");
+                assert!(
+                    message.contains("have at most 40.0 % left (n1)"),
+                    "{message}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}

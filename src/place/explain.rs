@@ -178,8 +178,11 @@ fn no_room_now(state: &ClusterState, demand: &Demand) -> String {
                 .max_by_key(|&(_, left)| left)
                 .expect("a GPU has room for the memory");
             return format!(
-                "needs {} thousandths of the compute of each of its {} GPU(s); GPUs with room for its memory have at most {left} left ({})",
-                demand.compute, demand.gpus, node.name
+                "needs {} of the compute of each of its {} GPU(s); GPUs with room for its memory have at most {} left ({})",
+                percent(demand.compute),
+                demand.gpus,
+                percent(left),
+                node.name
             );
         }
     }
@@ -229,6 +232,10 @@ fn amount(units: u64, capacity_hint: u64) -> String {
 
 fn gib(bytes: u64) -> String {
     format!("{:.1} GiB", bytes as f64 / (1u64 << 30) as f64)
+}
+
+fn percent(thousandths: u64) -> String {
+    format!("{:.1} %", thousandths as f64 / 10.0)
 }
 
 fn cpu(milli: u64) -> String {

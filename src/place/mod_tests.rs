@@ -1964,7 +1964,7 @@ fn a_job_waiting_for_compute_is_told_so_not_that_memory_is_short() {
     let message = err.to_string();
     assert!(
         message.contains(
-            "needs 500 thousandths of the compute of each of its 1 GPU(s); GPUs with room for its memory have at most 300 left (n)"
+            "needs 50.0 % of the compute of each of its 1 GPU(s); GPUs with room for its memory have at most 30.0 % left (n)"
         ),
         "{message}"
     );
