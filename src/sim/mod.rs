@@ -164,6 +164,12 @@ pub struct PolicyReport {
     pub p95_jct_seconds: f64,
     /// Mean time a job spent waiting (all its attempts), seconds.
     pub mean_queue_seconds: f64,
+    /// Mean time a job spent running (all its runs, killed ones too),
+    /// seconds: a completion time is its wait plus its run.
+    pub mean_run_seconds: f64,
+    /// Mean work of a job at its preferred shape alone, seconds: what its
+    /// run would take with no slowdown and no lost work.
+    pub mean_work_seconds: f64,
     /// GPU memory the running jobs used (their true peaks), over all GPU
     /// memory, averaged from the first arrival to the last (the steady
     /// state; the drain after it is left out).
@@ -949,8 +955,17 @@ impl<'a> Sim<'a> {
         }
         let finished: Vec<&JobState> = self.state.iter().filter(|s| s.finished.is_some()).collect();
         if !finished.is_empty() {
-            report.mean_queue_seconds =
-                finished.iter().map(|s| s.queued_total).sum::<f64>() / finished.len() as f64;
+            let n = finished.len() as f64;
+            report.mean_queue_seconds = finished.iter().map(|s| s.queued_total).sum::<f64>() / n;
+            report.mean_run_seconds = finished.iter().map(|s| s.ran).sum::<f64>() / n;
+            report.mean_work_seconds = self
+                .state
+                .iter()
+                .zip(self.jobs)
+                .filter(|(s, _)| s.finished.is_some())
+                .map(|(_, j)| j.work)
+                .sum::<f64>()
+                / n;
             let ran: f64 = finished.iter().map(|s| s.ran).sum();
             let at_pref: f64 = finished.iter().map(|s| s.ran_at_preferred).sum();
             if at_pref > 0.0 {
@@ -995,19 +1010,21 @@ pub fn table(report: &ClusterReport) -> String {
         report.workload.options.guess_median,
         report.workload.options.guess_sigma,
         report.workload.under_guessed * 100.0,
-        if report.workload.contention {
-            "jobs sharing a GPU slow each other"
-        } else {
-            "sharing a GPU costs nothing"
+        match (report.workload.contention, report.workload.compute_shares) {
+            (true, true) => "jobs sharing a GPU slow each other, their compute shares within it",
+            (true, false) => "jobs sharing a GPU slow each other, shared by memory alone",
+            (false, _) => "sharing a GPU costs nothing",
         }
     );
     out.push_str(&format!(
-        "{:<16} {:>8} {:>10} {:>10} {:>10} {:>7} {:>9} {:>8} {:>8} {:>10} {:>8} {:>8}\n",
+        "{:<16} {:>8} {:>10} {:>10} {:>10} {:>10} {:>10} {:>7} {:>9} {:>8} {:>8} {:>10} {:>8} {:>8}\n",
         "POLICY",
         "FINISHED",
         "MEAN JCT",
         "P95 JCT",
         "MEAN WAIT",
+        "MEAN RUN",
+        "MEAN WORK",
         "USED",
         "COMMITTED",
         "OOM-RST",
@@ -1018,12 +1035,14 @@ pub fn table(report: &ClusterReport) -> String {
     ));
     for p in &report.policies {
         out.push_str(&format!(
-            "{:<16} {:>8} {:>9.2}h {:>9.2}h {:>9.2}h {:>6.1}% {:>8.1}% {:>8} {:>8} {:>11.1} {:>8} {:>7.3}x\n",
+            "{:<16} {:>8} {:>9.2}h {:>9.2}h {:>9.2}h {:>9.2}h {:>9.2}h {:>6.1}% {:>8.1}% {:>8} {:>8} {:>11.1} {:>8} {:>7.3}x\n",
             p.name,
             format!("{}/{}", p.finished, p.jobs),
             p.mean_jct_seconds / 3600.0,
             p.p95_jct_seconds / 3600.0,
             p.mean_queue_seconds / 3600.0,
+            p.mean_run_seconds / 3600.0,
+            p.mean_work_seconds / 3600.0,
             p.memory_utilization * 100.0,
             p.committed_utilization * 100.0,
             p.oom_restarts,

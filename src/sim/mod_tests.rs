@@ -425,7 +425,13 @@ fn with_compute_shares_jobs_share_a_gpu_only_while_their_shares_fit_it() {
         |v: &[f64]| -> Vec<f64> { v.iter().map(|t| (t * 1000.0).round() / 1000.0).collect() };
     // a and b end at 110 s; c starts then and runs alone: 210 s.
     assert_eq!(round(&r.jct), vec![110.0, 110.0, 210.0]);
-    assert!(r.mean_queue_seconds > 0.0);
+    // Where the time went: c waited 110 s; the runs took 110, 110 and 100 s
+    // for 100 s of work each; a completion time is wait plus run.
+    let close = |a: f64, b: f64| (a - b).abs() < 1e-9;
+    assert!(close(r.mean_queue_seconds, 110.0 / 3.0), "{r:?}");
+    assert!(close(r.mean_run_seconds, 320.0 / 3.0), "{r:?}");
+    assert!(close(r.mean_work_seconds, 100.0), "{r:?}");
+    assert!(close(r.mean_queue_seconds + r.mean_run_seconds, r.mean_jct_seconds));
     let memory_only = ClusterOptions {
         compute_shares: false,
         ..shares.clone()
