@@ -431,7 +431,10 @@ fn with_compute_shares_jobs_share_a_gpu_only_while_their_shares_fit_it() {
     assert!(close(r.mean_queue_seconds, 110.0 / 3.0), "{r:?}");
     assert!(close(r.mean_run_seconds, 320.0 / 3.0), "{r:?}");
     assert!(close(r.mean_work_seconds, 100.0), "{r:?}");
-    assert!(close(r.mean_queue_seconds + r.mean_run_seconds, r.mean_jct_seconds));
+    assert!(close(
+        r.mean_queue_seconds + r.mean_run_seconds,
+        r.mean_jct_seconds
+    ));
     let memory_only = ClusterOptions {
         compute_shares: false,
         ..shares.clone()

@@ -196,6 +196,43 @@ async fn two_jobs_share_one_gpu_with_enforced_fractions() {
 }
 
 #[tokio::test]
+async fn jobs_share_a_gpu_only_while_their_compute_shares_fit_it() {
+    let cluster = TestCluster::new("compute").await;
+    let node = cluster.add_gpu_node("n1", &[("H100-80GB", 80 * GIB)]).await;
+    let _controller = cluster.start_controller();
+    let with_compute = |name: &str, percent: u32| {
+        let mut job = mlp_job(name, 64, 8, 1, Some("20Gi"));
+        job["spec"]["gpuComputePercent"] = json!(percent);
+        job
+    };
+    cluster.apply_job(with_compute("first", 60)).await;
+    let first = cluster.wait_phase("first", Phase::Placed).await;
+    let placement = first.status.unwrap().placement.unwrap();
+    assert_eq!(placement.compute_percent, Some(60));
+    cluster.wait_pod("first-a1").await;
+    // Memory for both, compute for one: the second waits, told why.
+    cluster.apply_job(with_compute("second", 60)).await;
+    let waiting = cluster
+        .wait_message("second", "of the compute of each of its 1 GPU(s)")
+        .await;
+    assert_eq!(phase(&waiting), Phase::Pending);
+    // A job that needs what is left joins the first on its GPU.
+    cluster.apply_job(with_compute("third", 40)).await;
+    let third = cluster.wait_phase("third", Phase::Placed).await;
+    let placement = third.status.unwrap().placement.unwrap();
+    assert_eq!(
+        (placement.node.as_str(), placement.gpus[0].index),
+        (node.as_str(), 0)
+    );
+    // The first ends: the second takes its compute, beside the third.
+    cluster.delete_job("first").await;
+    cluster.wait_job_gone("first").await;
+    cluster.kubelet_removes_deleted("first-a1").await;
+    let second = cluster.wait_phase("second", Phase::Placed).await;
+    assert_eq!(second.status.unwrap().placement.unwrap().gpus[0].index, 0);
+}
+
+#[tokio::test]
 async fn job_larger_than_any_gpu_waits_and_is_placed_when_a_larger_gpu_appears() {
     let cluster = TestCluster::new("toobig").await;
     cluster.add_gpu_node("small", &[("L4", 24 * GIB)]).await;
