@@ -241,6 +241,13 @@ pub struct ParamTensor {
     pub layer: Option<u32>,
     /// A matrix that autocast casts to low precision for a matmul.
     pub matmul_weight: bool,
+    /// For a vector whose gradient the reduction kernel sums from a larger
+    /// one (a Linear's bias, the weight of a norm written in Python: RMSNorm),
+    /// the rows it sums per sample (the tokens; times the heads for a per-head
+    /// norm): the kernel stages partial sums in the caching allocator
+    /// ([`super::reduce`]). 0 otherwise, a LayerNorm's among them (its kernel
+    /// sums its own).
+    pub sum_rows: u64,
 }
 
 impl ParamTensor {
@@ -348,8 +355,14 @@ impl TransformerArch {
 
     /// Norm parameters: weight (+ bias for LayerNorm).
     fn norm_params(&self, layer: Option<u32>, out: &mut Vec<ParamTensor>) {
-        out.push(vector(self.hidden, layer));
-        if self.norm == NormKind::Layernorm {
+        // Hugging Face writes RMSNorm in Python (weight * normalized), and
+        // LayerNorm is torch's kernel.
+        let python = self.norm != NormKind::Layernorm;
+        out.push(ParamTensor {
+            sum_rows: if python { self.seq_len } else { 0 },
+            ..vector(self.hidden, layer)
+        });
+        if !python {
             out.push(vector(self.hidden, layer));
         }
     }
@@ -367,9 +380,13 @@ impl TransformerArch {
             cols: in_f,
             layer,
             matmul_weight: true,
+            sum_rows: 0,
         });
         if bias {
-            out.push(vector(out_f, layer));
+            out.push(ParamTensor {
+                sum_rows: self.seq_len,
+                ..vector(out_f, layer)
+            });
         }
     }
 
@@ -453,12 +470,14 @@ impl TransformerArch {
                 cols: h,
                 layer: None,
                 matmul_weight: false,
+                sum_rows: 0,
             });
             p.push(ParamTensor {
                 rows: h,
                 cols: img.channels * img.patch * img.patch,
                 layer: None,
                 matmul_weight: true,
+                sum_rows: 0,
             });
             p.push(vector(h, None));
         } else {
@@ -467,6 +486,7 @@ impl TransformerArch {
                 cols: self.embed_dim(),
                 layer: None,
                 matmul_weight: self.tied,
+                sum_rows: 0,
             });
         }
         if self.positional == PositionalKind::Learned && self.positions > 0 && lay.image.is_none() {
@@ -475,6 +495,7 @@ impl TransformerArch {
                 cols: h,
                 layer: None,
                 matmul_weight: false,
+                sum_rows: 0,
             });
         }
         if self.embed_dim() != h {
@@ -489,6 +510,7 @@ impl TransformerArch {
                     cols: h,
                     layer: None,
                     matmul_weight: false,
+                    sum_rows: 0,
                 });
             }
             self.norm_params(None, &mut p);
@@ -499,6 +521,7 @@ impl TransformerArch {
                 cols: h,
                 layer: None,
                 matmul_weight: false,
+                sum_rows: 0,
             });
             if d.rel_norm {
                 self.norm_params(None, &mut p);
@@ -515,6 +538,7 @@ impl TransformerArch {
                     cols: self.heads,
                     layer,
                     matmul_weight: false,
+                    sum_rows: 0,
                 });
             }
             if let Some(d) = lay.disentangled
@@ -527,8 +551,13 @@ impl TransformerArch {
                 }
             }
             if self.library.is_some_and(|l| l.qk_norm) {
-                p.push(vector(self.head_dim, layer));
-                p.push(vector(self.head_dim, layer));
+                // per head: the queries' heads, then the keys'
+                for heads in [self.heads, self.kv_heads] {
+                    p.push(ParamTensor {
+                        sum_rows: self.seq_len * heads,
+                        ..vector(self.head_dim, layer)
+                    });
+                }
             }
             if self.is_cross_block(u64::from(l as u32)) {
                 self.norm_params(layer, &mut p);
@@ -568,7 +597,11 @@ impl TransformerArch {
             }
         }
         if let Some(img) = lay.image {
+            // the classifier reads the class token alone: one row a sample
             self.linear(img.labels, h, true, None, &mut p);
+            if let Some(bias) = p.last_mut() {
+                bias.sum_rows = 1;
+            }
             return p;
         }
         if !self.tied {
@@ -577,10 +610,15 @@ impl TransformerArch {
                 cols: self.embed_dim(),
                 layer: None,
                 matmul_weight: true,
+                sum_rows: 0,
             });
         }
         if self.kind == TransformerKind::Encoder {
-            p.push(vector(self.vocab, None));
+            // the decoder's vocabulary bias, summed over every token
+            p.push(ParamTensor {
+                sum_rows: self.seq_len,
+                ..vector(self.vocab, None)
+            });
         }
         p
     }
@@ -592,6 +630,7 @@ fn vector(n: u64, layer: Option<u32>) -> ParamTensor {
         cols: 0,
         layer,
         matmul_weight: false,
+        sum_rows: 0,
     }
 }
 
@@ -609,8 +648,13 @@ impl Arch {
                             cols: *hidden,
                             layer,
                             matmul_weight: true,
+                            sum_rows: 0,
                         },
-                        vector(*hidden, layer),
+                        // the bias, summed over the samples
+                        ParamTensor {
+                            sum_rows: 1,
+                            ..vector(*hidden, layer)
+                        },
                     ]
                 })
                 .collect(),

@@ -27,9 +27,15 @@ pub struct GpuProfile {
     /// NCCL communicator (jobs with `gpus` > 1): NCCL's channel buffers, its
     /// proxy and the kernels it loads.
     pub nccl_bytes: u64,
+    /// Multiprocessors and resident threads per multiprocessor: the launch
+    /// configuration of the reduction kernel reads them, and with it the
+    /// size of its staging buffer ([`super::reduce`]).
+    pub reduce: ReduceDevice,
     /// Measured or estimated.
     pub provenance: Provenance,
 }
+
+use super::reduce::ReduceDevice;
 
 const MIB: u64 = 1 << 20;
 /// PyTorch's default cuBLAS workspace on Hopper (`:4096:8`, 32 MiB).
@@ -51,6 +57,10 @@ pub const GPU_PROFILES: &[GpuProfile] = &[
         // NVML per-process usage minus memory_reserved() rises from 758 MiB to
         // 1600-1604 MiB in all 13 runs of data/calibration/h200x2-zero.jsonl.
         nccl_bytes: 846 * MIB,
+        reduce: ReduceDevice {
+            sms: 132,
+            threads_per_sm: 2048,
+        },
         provenance: Provenance::Measured,
     },
     GpuProfile {
@@ -59,6 +69,10 @@ pub const GPU_PROFILES: &[GpuProfile] = &[
         context_bytes: 758 * MIB,
         cublas_workspace_bytes: HOPPER_WORKSPACE,
         nccl_bytes: 846 * MIB,
+        reduce: ReduceDevice {
+            sms: 132,
+            threads_per_sm: 2048,
+        },
         provenance: Provenance::Estimated,
     },
     GpuProfile {
@@ -67,6 +81,10 @@ pub const GPU_PROFILES: &[GpuProfile] = &[
         context_bytes: 600 * MIB,
         cublas_workspace_bytes: PRE_HOPPER_WORKSPACE,
         nccl_bytes: 600 * MIB,
+        reduce: ReduceDevice {
+            sms: 108,
+            threads_per_sm: 2048,
+        },
         provenance: Provenance::Estimated,
     },
     GpuProfile {
@@ -75,6 +93,10 @@ pub const GPU_PROFILES: &[GpuProfile] = &[
         context_bytes: 600 * MIB,
         cublas_workspace_bytes: PRE_HOPPER_WORKSPACE,
         nccl_bytes: 600 * MIB,
+        reduce: ReduceDevice {
+            sms: 108,
+            threads_per_sm: 2048,
+        },
         provenance: Provenance::Estimated,
     },
     GpuProfile {
@@ -83,6 +105,10 @@ pub const GPU_PROFILES: &[GpuProfile] = &[
         context_bytes: 560 * MIB,
         cublas_workspace_bytes: PRE_HOPPER_WORKSPACE,
         nccl_bytes: 600 * MIB,
+        reduce: ReduceDevice {
+            sms: 142,
+            threads_per_sm: 1536,
+        },
         provenance: Provenance::Estimated,
     },
     GpuProfile {
@@ -91,6 +117,10 @@ pub const GPU_PROFILES: &[GpuProfile] = &[
         context_bytes: 520 * MIB,
         cublas_workspace_bytes: PRE_HOPPER_WORKSPACE,
         nccl_bytes: 600 * MIB,
+        reduce: ReduceDevice {
+            sms: 58,
+            threads_per_sm: 1536,
+        },
         provenance: Provenance::Estimated,
     },
     GpuProfile {
@@ -99,6 +129,10 @@ pub const GPU_PROFILES: &[GpuProfile] = &[
         context_bytes: 420 * MIB,
         cublas_workspace_bytes: PRE_HOPPER_WORKSPACE,
         nccl_bytes: 600 * MIB,
+        reduce: ReduceDevice {
+            sms: 40,
+            threads_per_sm: 1024,
+        },
         provenance: Provenance::Estimated,
     },
 ];

@@ -18,6 +18,7 @@ pub mod hf;
 pub mod job;
 pub mod output;
 pub mod profile;
+pub mod reduce;
 pub mod sequence;
 pub mod shapes;
 pub mod step_time;
@@ -224,6 +225,7 @@ fn run_shape(
         zero_stage: model.zero_stage,
         gpus: u64::from(job.gpus),
         cublas_workspace: gpu.cublas_workspace_bytes,
+        reduce: Some(gpu.reduce),
     })
 }
 

@@ -197,6 +197,7 @@ fn two_block_events(
     (t.layers, t.hidden, t.heads, t.vocab, t.seq_len) = (2, 64, 4, 1000, 32);
     let arch = resolve_arch(&model).unwrap();
     let run = sequence::RunShape {
+        reduce: None,
         micro_batch: 2,
         grad_accum: 1,
         precision: crate::api::Precision::AmpBf16,
@@ -290,6 +291,7 @@ fn fsdp_stream_pools_come_on_top_of_the_default_streams_reserve() {
     let job = two_gpus(8);
     let p = predict_model(&model, &job, default_gpu()).unwrap();
     let run = sequence::RunShape {
+        reduce: None,
         micro_batch: 8,
         grad_accum: 1,
         precision: model.precision,
@@ -755,6 +757,7 @@ fn hf_events(
     };
     let arch = resolve_arch(&model).unwrap();
     let run = sequence::RunShape {
+        reduce: None,
         micro_batch: 8,
         grad_accum: 1,
         precision,
@@ -1418,6 +1421,7 @@ fn ddp_buckets_of_mlp(layers: u32, zero_stage: u8, gpus: u64) -> Vec<u64> {
         ..ModelSpec::default()
     };
     let run = sequence::RunShape {
+        reduce: None,
         micro_batch: 1,
         grad_accum: 1,
         precision: crate::api::Precision::Fp32,
@@ -1579,6 +1583,7 @@ fn mlp_first_step(precision: crate::api::Precision) -> String {
         ..ModelSpec::default()
     };
     let run = sequence::RunShape {
+        reduce: None,
         micro_batch: 2,
         grad_accum: 1,
         precision,
@@ -2111,12 +2116,18 @@ fn transformer_spec(fields: serde_json::Value) -> TransformerSpec {
 fn transformer_parameters_are_created_in_module_order_with_their_shapes() {
     use arch::ParamTensor;
     let m = |rows, cols, layer: Option<u32>, matmul_weight| ParamTensor {
+        sum_rows: 0,
         rows,
         cols,
         layer,
         matmul_weight,
     };
     let v = |rows, layer| m(rows, 0, layer, false);
+    // a vector whose gradient the reduction kernel sums over `sum_rows` rows a sample
+    let b = |rows, layer, sum_rows| ParamTensor {
+        sum_rows,
+        ..v(rows, layer)
+    };
     let l0 = Some(0);
     let cases = [
         // GPT-2-like (LayerNorm, learned positions, tied): the embedding is
@@ -2130,15 +2141,15 @@ fn transformer_parameters_are_created_in_module_order_with_their_shapes() {
                 v(8, l0),
                 v(8, l0),
                 m(24, 8, l0, true),
-                v(24, l0),
+                b(24, l0, 4),
                 m(8, 8, l0, true),
-                v(8, l0),
+                b(8, l0, 4),
                 v(8, l0),
                 v(8, l0),
                 m(32, 8, l0, true),
-                v(32, l0),
+                b(32, l0, 4),
                 m(8, 32, l0, true),
-                v(8, l0),
+                b(8, l0, 4),
                 v(8, None),
                 v(8, None),
             ],
@@ -2153,14 +2164,14 @@ fn transformer_parameters_are_created_in_module_order_with_their_shapes() {
                    "mlp": "swiglu", "tiedEmbeddings": false}),
             vec![
                 m(10, 12, None, false),
-                v(12, l0),
+                b(12, l0, 4),
                 m(24, 12, l0, true),
                 m(12, 12, l0, true),
-                v(12, l0),
+                b(12, l0, 4),
                 m(20, 12, l0, true),
                 m(20, 12, l0, true),
                 m(12, 20, l0, true),
-                v(12, None),
+                b(12, None, 4),
                 m(10, 12, None, true),
             ],
             1428,
@@ -2180,20 +2191,20 @@ fn transformer_parameters_are_created_in_module_order_with_their_shapes() {
                 v(8, l0),
                 v(8, l0),
                 m(24, 8, l0, true),
-                v(24, l0),
+                b(24, l0, 4),
                 m(8, 8, l0, true),
-                v(8, l0),
+                b(8, l0, 4),
                 v(8, l0),
                 v(8, l0),
                 m(16, 8, l0, true),
-                v(16, l0),
+                b(16, l0, 4),
                 m(8, 16, l0, true),
-                v(8, l0),
+                b(8, l0, 4),
                 m(8, 8, None, true),
+                b(8, None, 4),
                 v(8, None),
                 v(8, None),
-                v(8, None),
-                v(10, None),
+                b(10, None, 4),
             ],
             842,
         ),
@@ -2214,9 +2225,9 @@ fn transformer_parameters_are_created_in_module_order_with_their_shapes() {
         mlp.param_tensors(),
         [
             m(3, 3, l0, true),
-            v(3, l0),
+            b(3, l0, 1),
             m(3, 3, Some(1), true),
-            v(3, Some(1)),
+            b(3, Some(1), 1),
         ]
     );
     assert_eq!((mlp.parameter_count(), mlp.layers()), (2 * (9 + 3), 2));
@@ -2626,6 +2637,7 @@ fn backwards_cublas_workspace_comes_with_the_heads_matmul_after_the_loss_blocks_
         ..ModelSpec::default()
     };
     let run = sequence::RunShape {
+        reduce: None,
         micro_batch: 8,
         grad_accum: 1,
         precision: Precision::AmpBf16,

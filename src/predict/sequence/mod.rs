@@ -20,6 +20,7 @@ use std::collections::{BTreeMap, HashSet};
 use crate::api::{Attention, Optimizer, PositionalKind, Precision, TransformerKind};
 
 use super::arch::{Arch, ParamTensor};
+use super::reduce::{ReduceDevice, column_sum_staging};
 
 /// What a tensor is for; the breakdown reports live bytes by category.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -108,6 +109,9 @@ pub struct RunShape {
     pub gpus: u64,
     /// Bytes of one cuBLAS workspace (one per stream and thread that runs matmuls).
     pub cublas_workspace: u64,
+    /// The GPU's figures for the reduction kernel's staging buffers; `None`
+    /// leaves them out.
+    pub reduce: Option<ReduceDevice>,
 }
 
 /// Builds event sequences with fresh ids.
@@ -340,6 +344,9 @@ impl<'a> Gen<'a> {
         let n = self.shard(self.params[i].numel(), 2);
         let full = self.params[i].numel();
         let lowp = self.d.amp && self.params[i].matmul_weight;
+        if self.params[i].sum_rows > 0 {
+            self.column_sum_staging(full, self.run.micro_batch * self.params[i].sum_rows);
+        }
         if self.fsdp() {
             // Full-size until the unit's reduce-scatter (zero.rs).
             let tmp = lowp.then(|| self.t.act(full * self.d.compute));
@@ -374,6 +381,23 @@ impl<'a> Gen<'a> {
                 self.t.free(tmp);
             }
         }
+    }
+
+    /// The reduction kernel's buffers while it sums `rows` rows of a
+    /// gradient to a vector of `width` (a bias's, a Python norm's weight):
+    /// taken and given back around the kernel, the semaphores inside the
+    /// buffer's life.
+    fn column_sum_staging(&mut self, width: u64, rows: u64) {
+        let Some(device) = self.run.reduce else {
+            return;
+        };
+        let Some(staging) = column_sum_staging(width, rows, 4, device) else {
+            return;
+        };
+        let buffer = self.t.act(staging.buffer);
+        let semaphores = self.t.act(staging.semaphores);
+        self.t.free(semaphores);
+        self.t.free(buffer);
     }
 
     /// Autocast's low-precision copies of a layer's matmul weights.

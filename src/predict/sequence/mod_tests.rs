@@ -34,6 +34,7 @@ fn model(extra: serde_json::Value) -> ModelSpec {
 
 pub(super) fn run(precision: Precision) -> RunShape {
     RunShape {
+        reduce: None,
         micro_batch: MICRO,
         grad_accum: 1,
         precision,
@@ -538,4 +539,73 @@ fn a_long_accumulation_generates_three_micro_steps_a_step() {
         two.grad_accum = 2;
         assert!(events_of(&model(serde_json::json!({})), &two).0.len() < want.len());
     }
+}
+
+#[test]
+fn a_bias_summed_over_many_rows_stages_partial_sums_around_its_gradient() {
+    // One Linear(1024, 1024) with its bias, 4096 samples: the bias's
+    // gradient sums 4096 rows of 1024 columns, which on an H200 stages 32 MiB
+    // of partial sums and 32 bytes of semaphores (predict::reduce).
+    let arch = Arch::Mlp {
+        layers: 1,
+        hidden: 1024,
+    };
+    let shape = |reduce| RunShape {
+        micro_batch: 4096,
+        precision: Precision::Fp32,
+        reduce,
+        ..run(Precision::Fp32)
+    };
+    let h200 = crate::predict::gpu_profile("H200").unwrap().reduce;
+    let staged = training_events(&arch, &shape(Some(h200)));
+    let plain = training_events(&arch, &shape(None));
+    let allocs = |evs: &[TensorEvent]| -> Vec<(u32, u64)> {
+        evs.iter()
+            .filter_map(|e| match *e {
+                TensorEvent::Alloc { id, bytes, .. } => Some((id, bytes)),
+                TensorEvent::Free { .. } => None,
+            })
+            .collect()
+    };
+    let staging: Vec<usize> = staged
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| matches!(e, TensorEvent::Alloc { bytes, .. } if *bytes == 32 << 20))
+        .map(|(i, _)| i)
+        .collect();
+    // Once a micro-step, two steps.
+    assert_eq!(staging.len(), 2, "{staging:?}");
+    assert!(allocs(&plain).iter().all(|&(_, b)| b != 32 << 20));
+    assert_eq!(staged.len(), plain.len() + 2 * 4);
+    for &at in &staging {
+        let TensorEvent::Alloc { id: buffer, .. } = staged[at] else {
+            unreachable!()
+        };
+        let TensorEvent::Alloc {
+            id: semaphores,
+            bytes,
+            ..
+        } = staged[at + 1]
+        else {
+            panic!("semaphores after the buffer: {:?}", staged[at + 1]);
+        };
+        assert_eq!(bytes, 32);
+        assert_eq!(staged[at + 2], TensorEvent::Free { id: semaphores });
+        assert_eq!(staged[at + 3], TensorEvent::Free { id: buffer });
+    }
+    // Before the bias's gradient is created (the first step's).
+    let grad = staged
+        .iter()
+        .position(|e| {
+            matches!(
+                e,
+                TensorEvent::Alloc {
+                    bytes: 4096,
+                    category: Category::Gradients,
+                    ..
+                }
+            )
+        })
+        .unwrap();
+    assert_eq!(grad, staging[0] + 4);
 }
