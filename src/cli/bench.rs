@@ -72,6 +72,10 @@ pub struct ClusterArgs {
     /// its whole compute (each asks for its pod's GPU share).
     #[arg(long)]
     pub no_compute_shares: bool,
+    /// The placement policy of the vramfit policies: vramfit (the
+    /// controller's), fgd, best-fit or random.
+    #[arg(long, default_value = "vramfit")]
+    pub packer: PolicyKind,
     /// Step times and peaks per model kind and micro-batch (JSON lines of
     /// scripts/gpu/step_time.py); default: the H200 measurements built in.
     #[arg(long)]
@@ -253,6 +257,7 @@ fn cluster(args: &ClusterArgs) -> anyhow::Result<String> {
         window: args.window,
         contention: !args.no_contention,
         compute_shares: !args.no_compute_shares,
+        packer: args.packer,
         policies: if args.policy.is_empty() {
             ClusterPolicy::ALL.to_vec()
         } else {

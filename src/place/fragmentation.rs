@@ -9,6 +9,13 @@
 //! GPUs (too little room left, or a model the task does not accept). The
 //! expected fragmentation is that measure averaged over the task types,
 //! weighted by how popular each type is.
+//!
+//! Where jobs count compute ([`super::inventory::JobRequest::gpu_compute`]),
+//! a GPU's free capacity is its [`NodeView::gpu_room`]: its free memory, but
+//! no more than its capacity times the share of its compute left. Memory on a
+//! GPU whose compute is taken can serve no job that needs compute; counting
+//! it as fragmented would make the policies spread jobs over fresh GPUs
+//! rather than fill one's compute.
 
 use std::collections::HashMap;
 
@@ -114,7 +121,7 @@ impl TargetWorkload {
 /// Free GPU capacity on the node that a task of type `task` cannot use
 /// (the paper's F_n(m)).
 pub fn task_fragmentation(node: &NodeView, task: &Demand) -> u64 {
-    let total = node.gpu_free_total();
+    let total = node.gpu_room_total();
     if task.cpu > node.cpu_free
         || task.mem > node.mem_free
         || (!node.taints.is_empty() && !node.admits(task))
@@ -127,7 +134,7 @@ pub fn task_fragmentation(node: &NodeView, task: &Demand) -> u64 {
         if node.gpu_serves(g, task) {
             serving += 1;
         } else {
-            unusable += node.gpu_free[g];
+            unusable += node.gpu_room(g);
         }
     }
     if serving < task.gpus { total } else { unusable }
@@ -285,7 +292,7 @@ pub fn total_variation(a: &TargetWorkload, b: &TargetWorkload) -> f64 {
 /// all-or-nothing rule: they use no GPU, so only their not fitting at all
 /// says something about the GPUs.
 pub fn task_stranding(node: &NodeView, task: &Demand) -> u64 {
-    let total = node.gpu_free_total();
+    let total = node.gpu_room_total();
     if task.gpus == 0 || total == 0 {
         return task_fragmentation(node, task);
     }
@@ -338,11 +345,11 @@ pub fn measure_node(node: &NodeView, workload: &TargetWorkload) -> NodeMeasures 
             stranding: expected_stranding(node, workload),
         };
     }
-    let total = node.gpu_free_total();
+    let total = node.gpu_room_total();
     let mut out = NodeMeasures::default();
     for group in &workload.groups {
         let (mut serving, mut slots, mut unusable) = (0u32, 0u64, 0u64);
-        for (g, &free) in node.gpu_free.iter().enumerate() {
+        for g in 0..node.gpu_free.len() {
             if group.gpus > 0 && node.gpu_takes(g, group.per_gpu, group.compute, group.models) {
                 serving += 1;
                 slots += if group.gpus == 1 {
@@ -351,7 +358,7 @@ pub fn measure_node(node: &NodeView, workload: &TargetWorkload) -> NodeMeasures 
                     1
                 };
             } else {
-                unusable += free;
+                unusable += node.gpu_room(g);
             }
         }
         let gpu_ok = serving >= group.gpus;

@@ -44,6 +44,10 @@ fn placer(nodes: Vec<NodeSpec>, kind: PolicyKind) -> Placer {
 /// Every GPU's compute free, for views of up to 64 GPUs.
 const FULL_COMPUTE: [u64; 64] = [COMPUTE_WHOLE; 64];
 
+/// Capacities no free amount in these views reaches, so that the measures
+/// count the free units alone (the compute is all free).
+const LARGE_CAPACITY: [u64; 64] = [u64::MAX / COMPUTE_WHOLE; 64];
+
 fn demand(gpus: u32, per_gpu: u64, cpu: u64) -> Demand {
     Demand {
         gpus,
@@ -62,6 +66,7 @@ fn view<'a>(cpu_free: u64, gpu_free: &'a [u64], models: &'a [u8]) -> NodeView<'a
         mem_free: u64::MAX,
         gpu_free,
         gpu_compute_free: &FULL_COMPUTE,
+        gpu_capacity: &LARGE_CAPACITY,
         gpu_model: models,
         taints: &[],
     }
@@ -1543,6 +1548,7 @@ fn a_task_that_cannot_run_on_a_node_finds_all_its_free_gpu_fragmented() {
             mem_free: 8 * GIB,
             gpu_free: &free,
             gpu_compute_free: &FULL_COMPUTE,
+            gpu_capacity: &LARGE_CAPACITY,
             gpu_model: &models,
             taints: node_taints,
         };
@@ -1898,6 +1904,7 @@ fn compute_limits_the_copies_a_gpu_has_room_for() {
         mem_free: u64::MAX,
         gpu_free: &free,
         gpu_compute_free: &compute,
+        gpu_capacity: &LARGE_CAPACITY,
         gpu_model: &models,
         taints: &[],
     };
@@ -1941,6 +1948,7 @@ fn the_measure_memo_tells_states_apart_by_free_compute() {
             mem_free: u64::MAX,
             gpu_free: &free,
             gpu_compute_free: &compute,
+            gpu_capacity: &LARGE_CAPACITY,
             gpu_model: &models,
             taints: &[],
         };
@@ -1973,4 +1981,54 @@ fn a_job_waiting_for_compute_is_told_so_not_that_memory_is_short() {
         .place(&job("d", 1, 95 * GIB).with_compute(100))
         .unwrap_err();
     assert!(err.to_string().contains("largest free slot"), "{err}");
+}
+
+#[test]
+fn a_gpu_whose_compute_is_taken_counts_as_full_in_the_measures() {
+    let (free, capacity, models) = ([600, 600, 1000], [1000, 1000, 1000], [0, 0, 0]);
+    let compute = [0, 500, COMPUTE_WHOLE];
+    let v = NodeView {
+        cpu_free: 64_000,
+        mem_free: u64::MAX,
+        gpu_free: &free,
+        gpu_compute_free: &compute,
+        gpu_capacity: &capacity,
+        gpu_model: &models,
+        taints: &[],
+    };
+    // GPU 0: no compute left, no room; GPU 1: half its compute, so half its
+    // capacity although 600 units are free; GPU 2: all of it.
+    assert_eq!(
+        (v.gpu_room(0), v.gpu_room(1), v.gpu_room(2)),
+        (0, 500, 1000)
+    );
+    assert_eq!(v.gpu_room_total(), 1500);
+    let task = Demand {
+        compute: 600,
+        ..demand(1, 100, 0)
+    };
+    // Only GPU 2 serves it; GPU 1's 500 count as fragmented, GPU 0's
+    // memory is nobody's to use and does not.
+    assert_eq!(task_fragmentation(&v, &task), 500);
+    // Copies: GPU 2 takes one (its compute), 100 of 1500 used.
+    assert_eq!(task_stranding(&v, &task), 1400);
+    let target = TargetWorkload::from_demands([&task]);
+    let m = measure_node(&v, &target);
+    assert_eq!((m.fragmentation, m.stranding), (500.0, 1400.0));
+}
+
+#[test]
+fn vramfit_fills_a_gpus_compute_before_opening_another_gpu() {
+    // Two jobs that each need half a GPU's compute: the second joins the
+    // first, which keeps the other GPU whole for a job that needs all of
+    // one, rather than leaving two half-used GPUs.
+    for kind in [PolicyKind::Vramfit, PolicyKind::Fgd, PolicyKind::BestFit] {
+        let mut p = placer(vec![h200_node(2)], kind);
+        let first = p.place(&job("a", 1, 10 * GIB).with_compute(500)).unwrap();
+        let second = p.place(&job("b", 1, 10 * GIB).with_compute(500)).unwrap();
+        assert_eq!(
+            first.placement.gpu_indices, second.placement.gpu_indices,
+            "{kind}"
+        );
+    }
 }

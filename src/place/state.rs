@@ -63,6 +63,8 @@ pub struct NodeView<'a> {
     pub gpu_free: &'a [u64],
     /// Free compute per GPU, thousandths of the GPU.
     pub gpu_compute_free: &'a [u64],
+    /// Capacity per GPU.
+    pub gpu_capacity: &'a [u64],
     /// Interned model per GPU.
     pub gpu_model: &'a [u8],
     /// Blocking taints of the node.
@@ -124,6 +126,22 @@ impl NodeView<'_> {
     pub fn gpu_free_total(&self) -> u64 {
         self.gpu_free.iter().sum()
     }
+
+    /// The free units of GPU `g` the fragmentation measures count: its free
+    /// memory, but no more than its capacity times the share of its compute
+    /// left. A GPU whose compute is taken is full, whatever memory it has
+    /// left: no placement can use that memory, so it is not fragmentation to
+    /// avoid. Without compute counted this is the free memory.
+    pub fn gpu_room(&self, g: usize) -> u64 {
+        let by_compute = u128::from(self.gpu_capacity[g]) * u128::from(self.gpu_compute_free[g])
+            / u128::from(COMPUTE_WHOLE);
+        self.gpu_free[g].min(by_compute as u64)
+    }
+
+    /// Sum of [`Self::gpu_room`] over the node's GPUs.
+    pub fn gpu_room_total(&self) -> u64 {
+        (0..self.gpu_free.len()).map(|g| self.gpu_room(g)).sum()
+    }
 }
 
 /// One node in the ledger.
@@ -164,6 +182,7 @@ impl NodeState {
             mem_free: self.mem_free,
             gpu_free: &self.gpu_free,
             gpu_compute_free: &self.gpu_compute_free,
+            gpu_capacity: &self.gpu_capacity,
             gpu_model: &self.gpu_model,
             taints: &self.taints,
         }
@@ -194,6 +213,7 @@ impl NodeState {
             mem_free: self.mem_free - demand.mem,
             gpu_free,
             gpu_compute_free,
+            gpu_capacity: &self.gpu_capacity,
             gpu_model: &self.gpu_model,
             taints: &self.taints,
         }

@@ -65,7 +65,7 @@ pub(crate) fn measure(view: &NodeView, target: &TargetWorkload) -> f64 {
 /// of [`measure`] it causes; lower is better.
 pub(crate) fn score(node: &NodeState, demand: &Demand, gpus: GpuSet, measure_growth: f64) -> Score {
     let cpu_cost = if demand.cpu > 0 {
-        CPU_PRICE * demand.cpu as f64 * node.gpu_free.iter().sum::<u64>() as f64
+        CPU_PRICE * demand.cpu as f64 * node.view().gpu_room_total() as f64
             / node.cpu_free.max(1) as f64
     } else {
         0.0

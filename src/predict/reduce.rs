@@ -65,7 +65,7 @@ pub fn column_sum_staging(
     }
     // Each thread loads a vector of up to 4 neighbouring outputs.
     let mut vec = 4;
-    while outputs % vec != 0 {
+    while !outputs.is_multiple_of(vec) {
         vec /= 2;
     }
     let max_threads = MAX_THREADS / vec;

@@ -132,6 +132,9 @@ pub struct ClusterOptions {
     /// ask for more than the whole ([`JobRequest::gpu_compute`]); off: they
     /// share by memory alone (the figures before 2026-12-05).
     pub compute_shares: bool,
+    /// The placement policy of the vramfit policies (the others use
+    /// best-fit, as Kubernetes' own scoring does).
+    pub packer: PolicyKind,
 }
 
 impl Default for ClusterOptions {
@@ -143,6 +146,7 @@ impl Default for ClusterOptions {
             headroom: crate::api::DEFAULT_HEADROOM,
             contention: true,
             compute_shares: true,
+            packer: PolicyKind::Vramfit,
         }
     }
 }
@@ -238,6 +242,8 @@ pub struct WorkloadSummary {
     pub contention: bool,
     /// Whether the jobs on one GPU kept their compute shares within the GPU.
     pub compute_shares: bool,
+    /// The vramfit policies' placement policy.
+    pub packer: String,
 }
 
 /// Runs the comparison on openb trace text with the measured kinds in
@@ -313,6 +319,7 @@ pub fn run_cluster_bench(
             window: opts.window,
             contention: opts.contention,
             compute_shares: opts.compute_shares,
+            packer: opts.packer.to_string(),
         },
     })
 }
@@ -462,7 +469,7 @@ impl<'a> Sim<'a> {
     ) -> Result<Self, String> {
         let kind = match policy {
             ClusterPolicy::Exclusive | ClusterPolicy::Guessed => PolicyKind::BestFit,
-            ClusterPolicy::Vramfit | ClusterPolicy::VramfitElastic => PolicyKind::Vramfit,
+            ClusterPolicy::Vramfit | ClusterPolicy::VramfitElastic => opts.packer,
         };
         let placer = Placer::new(inventory, Policy::new(kind, opts.workload.seed))
             .map_err(|e| e.to_string())?;
