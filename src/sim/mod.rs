@@ -130,7 +130,7 @@ pub struct ClusterOptions {
     pub contention: bool,
     /// Jobs ask for their GPU share of compute, and the jobs on one GPU never
     /// ask for more than the whole ([`JobRequest::gpu_compute`]); off: they
-    /// share by memory alone (the figures before 2026-12-05).
+    /// share by memory alone (the figures before 2026-12-04, night).
     pub compute_shares: bool,
     /// The placement policy of the vramfit policies (the others use
     /// best-fit, as Kubernetes' own scoring does).
