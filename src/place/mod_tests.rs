@@ -48,6 +48,24 @@ const FULL_COMPUTE: [u64; 64] = [COMPUTE_WHOLE; 64];
 /// count the free units alone (the compute is all free).
 const LARGE_CAPACITY: [u64; 64] = [u64::MAX / COMPUTE_WHOLE; 64];
 
+/// A node view with these free units, free compute and capacities per GPU.
+fn view_of<'a>(
+    gpu_free: &'a [u64],
+    gpu_compute_free: &'a [u64],
+    gpu_capacity: &'a [u64],
+    gpu_model: &'a [u8],
+) -> NodeView<'a> {
+    NodeView {
+        cpu_free: 64_000,
+        mem_free: u64::MAX,
+        gpu_free,
+        gpu_compute_free,
+        gpu_capacity,
+        gpu_model,
+        taints: &[],
+    }
+}
+
 fn demand(gpus: u32, per_gpu: u64, cpu: u64) -> Demand {
     Demand {
         gpus,
@@ -1899,15 +1917,7 @@ fn restore_refuses_compute_a_gpu_lacks_and_release_gives_it_back() {
 fn compute_limits_the_copies_a_gpu_has_room_for() {
     // GPU 0: 900 units and half its compute free; GPU 1: 300 units and all.
     let (free, compute, models) = ([900, 300], [500, COMPUTE_WHOLE], [0, 0]);
-    let v = NodeView {
-        cpu_free: 64_000,
-        mem_free: u64::MAX,
-        gpu_free: &free,
-        gpu_compute_free: &compute,
-        gpu_capacity: &LARGE_CAPACITY,
-        gpu_model: &models,
-        taints: &[],
-    };
+    let v = view_of(&free, &compute, &LARGE_CAPACITY, &models);
     let uncounted = demand(1, 300, 0);
     let light = Demand {
         compute: 200,
@@ -1943,15 +1953,7 @@ fn the_measure_memo_tells_states_apart_by_free_compute() {
     let (free, models) = ([900], [0]);
     let mut measured = Vec::new();
     for compute in [[COMPUTE_WHOLE], [500]] {
-        let v = NodeView {
-            cpu_free: 64_000,
-            mem_free: u64::MAX,
-            gpu_free: &free,
-            gpu_compute_free: &compute,
-            gpu_capacity: &LARGE_CAPACITY,
-            gpu_model: &models,
-            taints: &[],
-        };
+        let v = view_of(&free, &compute, &LARGE_CAPACITY, &models);
         measured
             .push(memo.get_or_compute(0, &v, &target, 1, |v, t| measure_node(v, t).fragmentation));
     }
@@ -1987,15 +1989,7 @@ fn a_job_waiting_for_compute_is_told_so_not_that_memory_is_short() {
 fn a_gpu_whose_compute_is_taken_counts_as_full_in_the_measures() {
     let (free, capacity, models) = ([600, 600, 1000], [1000, 1000, 1000], [0, 0, 0]);
     let compute = [0, 500, COMPUTE_WHOLE];
-    let v = NodeView {
-        cpu_free: 64_000,
-        mem_free: u64::MAX,
-        gpu_free: &free,
-        gpu_compute_free: &compute,
-        gpu_capacity: &capacity,
-        gpu_model: &models,
-        taints: &[],
-    };
+    let v = view_of(&free, &compute, &capacity, &models);
     // GPU 0: no compute left, no room; GPU 1: half its compute, so half its
     // capacity although 600 units are free; GPU 2: all of it.
     assert_eq!(

@@ -490,25 +490,18 @@ impl ClusterState {
                         state.name
                     )));
                 }
-                if let Some(&g) = p
-                    .gpu_indices
-                    .iter()
-                    .find(|&&g| state.gpu_free[g as usize] < p.gpu_budget)
-                {
-                    return Err(conflict(format!(
-                        "GPU {g} on node {} lacks {} units",
-                        state.name, p.gpu_budget
-                    )));
-                }
-                if let Some(&g) = p
-                    .gpu_indices
-                    .iter()
-                    .find(|&&g| state.gpu_compute_free[g as usize] < p.gpu_compute)
-                {
-                    return Err(conflict(format!(
-                        "GPU {g} on node {} lacks {} thousandths of its compute",
-                        state.name, p.gpu_compute
-                    )));
+                let short = p.gpu_indices.iter().find_map(|&g| {
+                    let lacks = if state.gpu_free[g as usize] < p.gpu_budget {
+                        format!("{} units", p.gpu_budget)
+                    } else if state.gpu_compute_free[g as usize] < p.gpu_compute {
+                        format!("{} thousandths of its compute", p.gpu_compute)
+                    } else {
+                        return None;
+                    };
+                    Some(format!("GPU {g} on node {} lacks {lacks}", state.name))
+                });
+                if let Some(reason) = short {
+                    return Err(conflict(reason));
                 }
                 state.cpu_free -= p.cpu_milli;
                 state.mem_free -= p.memory_bytes;
