@@ -60,7 +60,9 @@ pub fn column_sum_staging(
     acc_bytes: u64,
     device: ReduceDevice,
 ) -> Option<Staging> {
-    if outputs == 0 || inputs == 0 || device.sms == 0 {
+    // Under 256 rows a thread sums fewer than 256 values whichever way the
+    // rows are split, and the blocks never share an output.
+    if outputs == 0 || inputs < MAX_VALUES_PER_THREAD {
         return None;
     }
     // Each thread loads a vector of up to 4 neighbouring outputs.
@@ -81,21 +83,11 @@ pub fn column_sum_staging(
     let mut width = dim0_pow2.min(WARP);
     let height = dim1_pow2.min(max_threads / width);
     width = dim0_pow2.min(max_threads / height);
-    let threads = width * height;
-    // Lanes take different outputs; warps split the rows when each thread
-    // keeps enough of them, else take more outputs.
-    let mut step_output = width;
-    let mut step_input = 1;
-    let split_warps = inputs >= height * MIN_VALUES_PER_THREAD || inputs >= MAX_VALUES_PER_THREAD;
-    if split_warps {
-        step_input *= height;
-    } else {
-        step_output *= height;
-    }
-    let values_per_thread = inputs.div_ceil(step_input);
-    let target_grid = device.sms * (device.threads_per_sm / threads);
-    let grid = dim0.div_ceil(step_output);
-    if !split_warps || values_per_thread < MAX_VALUES_PER_THREAD || grid > target_grid {
+    // Lanes take different outputs; with this many rows the warps split them.
+    let values_per_thread = inputs.div_ceil(height);
+    let target_grid = device.sms * (device.threads_per_sm / (width * height));
+    let grid = dim0.div_ceil(width);
+    if values_per_thread < MAX_VALUES_PER_THREAD || grid > target_grid {
         return None;
     }
     let ctas = target_grid

@@ -45,6 +45,7 @@ fn the_staging_buffers_measured_on_the_h200_are_what_the_launch_configuration_gi
 fn few_rows_or_many_outputs_need_no_staging() {
     let cases = [
         ("one row", 1024, 1),
+        ("255 rows", 1024, 255),
         ("255 values a thread after the warp split", 1024, 4 * 255),
         ("nothing to sum", 1024, 0),
         ("no output", 0, 4096),
@@ -74,4 +75,28 @@ fn the_buffer_grows_with_the_gpu_and_the_vector_width_follows_the_outputs() {
     assert_eq!(last_pow2(0), 1);
     assert_eq!(last_pow2(5), 4);
     assert_eq!(last_pow2(64), 64);
+}
+
+#[test]
+fn the_blocks_split_an_output_only_when_the_gpu_has_room_and_each_gets_a_share() {
+    // A GPU of one multiprocessor for 128 threads: one block at a time.
+    let tiny = ReduceDevice {
+        sms: 1,
+        threads_per_sm: 128,
+    };
+    // 128 outputs: 32 lanes of 4, 4 warps; one block column, as many as the
+    // GPU holds. 2048 rows: 512 values a thread, two blocks of 256 each.
+    let two = column_sum_staging(128, 2048, 4, tiny).unwrap();
+    assert_eq!(two.buffer, 4 * 128 * 2 * 32 * 4);
+    assert_eq!(two.semaphores, 4);
+    // 1024 rows: 256 values a thread, one block is enough.
+    assert_eq!(column_sum_staging(128, 1024, 4, tiny), None);
+    // 256 outputs: two block columns, more than the GPU holds.
+    assert_eq!(column_sum_staging(256, 1 << 16, 4, tiny), None);
+    // 64 outputs: 16 lanes of 4 (not 32), 8 warps; 4096 rows, 512 values a
+    // thread: 32 blocks (the H200 holds 2112).
+    let narrow = column_sum_staging(64, 4096, 4, H200).unwrap();
+    assert_eq!(narrow.buffer, 4 * 64 * 32 * 16 * 4);
+    // No output but many rows: nothing to stage, and no division by zero.
+    assert_eq!(column_sum_staging(0, 1 << 20, 4, H200), None);
 }
