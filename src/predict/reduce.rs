@@ -18,9 +18,9 @@
 const MAX_THREADS: u64 = 512;
 /// Threads of a warp.
 const WARP: u64 = 32;
-/// Below this many values per thread the rows are not split across warps.
+/// Values each thread keeps at least when the rows go across blocks.
 const MIN_VALUES_PER_THREAD: u64 = 16;
-/// Above this many values per thread the rows are split across blocks.
+/// From this many values per thread the rows go across blocks.
 const MAX_VALUES_PER_THREAD: u64 = 256;
 
 /// The device figures the launch configuration reads.
@@ -60,9 +60,7 @@ pub fn column_sum_staging(
     acc_bytes: u64,
     device: ReduceDevice,
 ) -> Option<Staging> {
-    // Under 256 rows a thread sums fewer than 256 values whichever way the
-    // rows are split, and the blocks never share an output.
-    if outputs == 0 || inputs < MAX_VALUES_PER_THREAD {
+    if outputs == 0 {
         return None;
     }
     // Each thread loads a vector of up to 4 neighbouring outputs.
@@ -72,18 +70,15 @@ pub fn column_sum_staging(
     }
     let max_threads = MAX_THREADS / vec;
     let dim0 = outputs / vec;
-    let pow2 = |d: u64| {
-        if d < max_threads {
-            last_pow2(d)
-        } else {
-            max_threads
-        }
-    };
+    // The largest power of two up to the size, at most the threads.
+    let pow2 = |d: u64| last_pow2(d).min(max_threads);
     let (dim0_pow2, dim1_pow2) = (pow2(dim0), pow2(inputs));
     let mut width = dim0_pow2.min(WARP);
     let height = dim1_pow2.min(max_threads / width);
     width = dim0_pow2.min(max_threads / height);
-    // Lanes take different outputs; with this many rows the warps split them.
+    // Lanes take different outputs and the warps split the rows. (ATen
+    // gives fewer than 256 rows to the warps as outputs instead; a thread
+    // then sums fewer than 256 values either way, and no buffer is needed.)
     let values_per_thread = inputs.div_ceil(height);
     let target_grid = device.sms * (device.threads_per_sm / (width * height));
     let grid = dim0.div_ceil(width);
