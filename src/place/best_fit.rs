@@ -28,8 +28,10 @@ pub(crate) fn chosen_gpu_room_left(node: &NodeState, demand: &Demand, gpus: GpuS
         .filter(|g| gpus & (1 << g) != 0)
         .map(|g| {
             let memory = left_fraction(node.gpu_free[g] - demand.per_gpu, node.gpu_capacity[g]);
+            // The job takes the same compute on every candidate, so what the
+            // GPU has now orders them as what it would have left does.
             let compute = if demand.compute > 0 {
-                left_fraction(node.gpu_compute_free[g] - demand.compute, COMPUTE_WHOLE)
+                left_fraction(node.gpu_compute_free[g], COMPUTE_WHOLE)
             } else {
                 0.0
             };

@@ -180,3 +180,39 @@ fn the_wait_counts_only_the_gpus_the_caller_can_use() {
         );
     }
 }
+
+#[test]
+fn a_hole_that_needs_compute_waits_for_the_job_that_holds_it() {
+    // One 100 GiB GPU: a job holding 10 GiB and all the compute ends at
+    // 100 s. Memory alone is there now; with compute the hole opens at 100 s.
+    let inv = Inventory {
+        nodes: vec![NodeSpec {
+            name: "n".into(),
+            cpu_milli: 64_000,
+            memory_bytes: 512 * GIB,
+            taints: vec![],
+            gpus: vec![GpuSpec {
+                model: "H200".into(),
+                capacity: 100 * GIB,
+            }],
+        }],
+    };
+    let mut placer = Placer::new(&inv, Policy::new(PolicyKind::BestFit, 1)).unwrap();
+    let held = placer
+        .place(&JobRequest::new("busy", 1, 10 * GIB, 0, 0).with_compute(1000))
+        .unwrap()
+        .placement;
+    let ends = [(100.0, &held)];
+    let state = placer.state();
+    let memory = Hole::new(1, 40 * GIB);
+    assert_eq!(
+        expected_wait(state, ends.iter().copied(), memory, 0.0),
+        Some(0.0)
+    );
+    let both = memory.with_compute(500);
+    assert_eq!(both.compute, 500);
+    assert_eq!(
+        expected_wait(state, ends.iter().copied(), both, 0.0),
+        Some(100.0)
+    );
+}

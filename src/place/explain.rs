@@ -153,38 +153,37 @@ fn no_room_now(state: &ClusterState, demand: &Demand) -> String {
             best.name
         );
     }
-    if demand.compute > 0 {
-        // Memory alone would fit: the GPUs' compute is what is taken.
-        let memory_only = Demand {
-            compute: 0,
-            ..demand.clone()
-        };
-        let memory_room = |n: &NodeState| -> Vec<usize> {
-            (0..n.gpu_free.len())
-                .filter(|&g| n.view().gpu_serves(g, &memory_only))
-                .collect()
-        };
-        if hosts
+    // Memory alone would fit (which GPU room above ruled out for a job that
+    // counts no compute): the GPUs' compute is what is taken.
+    let memory_only = Demand {
+        compute: 0,
+        ..demand.clone()
+    };
+    let memory_room = |n: &NodeState| -> Vec<usize> {
+        (0..n.gpu_free.len())
+            .filter(|&g| n.view().gpu_serves(g, &memory_only))
+            .collect()
+    };
+    if hosts
+        .iter()
+        .any(|n| memory_room(n).len() >= demand.gpus as usize)
+    {
+        let (node, left) = hosts
             .iter()
-            .any(|n| memory_room(n).len() >= demand.gpus as usize)
-        {
-            let (node, left) = hosts
-                .iter()
-                .flat_map(|n| {
-                    memory_room(n)
-                        .into_iter()
-                        .map(move |g| (*n, n.gpu_compute_free[g]))
-                })
-                .max_by_key(|&(_, left)| left)
-                .expect("a GPU has room for the memory");
-            return format!(
-                "needs {} of the compute of each of its {} GPU(s); GPUs with room for its memory have at most {} left ({})",
-                percent(demand.compute),
-                demand.gpus,
-                percent(left),
-                node.name
-            );
-        }
+            .flat_map(|n| {
+                memory_room(n)
+                    .into_iter()
+                    .map(move |g| (*n, n.gpu_compute_free[g]))
+            })
+            .max_by_key(|&(_, left)| left)
+            .expect("a GPU has room for the memory");
+        return format!(
+            "needs {} of the compute of each of its {} GPU(s); GPUs with room for its memory have at most {} left ({})",
+            percent(demand.compute),
+            demand.gpus,
+            percent(left),
+            node.name
+        );
     }
     let cap_hint = hosts
         .iter()

@@ -350,7 +350,8 @@ pub fn measure_node(node: &NodeView, workload: &TargetWorkload) -> NodeMeasures 
     for group in &workload.groups {
         let (mut serving, mut slots, mut unusable) = (0u32, 0u64, 0u64);
         for g in 0..node.gpu_free.len() {
-            if group.gpus > 0 && node.gpu_takes(g, group.per_gpu, group.compute, group.models) {
+            // (A CPU-only group counts every GPU: it never reads them.)
+            if node.gpu_takes(g, group.per_gpu, group.compute, group.models) {
                 serving += 1;
                 slots += if group.gpus == 1 {
                     node.gpu_copies(g, group.per_gpu, group.compute)

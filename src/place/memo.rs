@@ -15,12 +15,14 @@ use super::state::NodeView;
 const MAX_ENTRIES: usize = 1 << 18;
 
 /// Node measure values keyed by (node class, free CPU, free memory, sorted
-/// (model, free units) per GPU) for one target workload version.
+/// (model, free units, free compute) per GPU) for one target workload version.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct MeasureMemo {
     values: HashMap<Box<[u64]>, f64, BuildHasherDefault<WordHasher>>,
     workload_version: u64,
     key: Vec<u64>,
+    /// (model, free units, free compute) per GPU, sorted: the key's part.
+    gpus: Vec<(u8, u64, u64)>,
 }
 
 impl MeasureMemo {
@@ -39,23 +41,22 @@ impl MeasureMemo {
             self.workload_version = workload_version;
         }
         // The measures sum over GPUs, so GPU order does not matter: sorting
-        // makes GPU-permuted states share an entry. Model ids fit in 8 bits,
-        // free compute (at most 1000) in 11 and free units below 2^45 (32 TiB).
+        // makes GPU-permuted states share an entry.
+        self.gpus.clear();
+        self.gpus.extend((0..view.gpu_free.len()).map(|g| {
+            (
+                view.gpu_model[g],
+                view.gpu_free[g],
+                view.gpu_compute_free[g],
+            )
+        }));
+        self.gpus.sort_unstable();
         self.key.clear();
         self.key
             .extend([u64::from(class), view.cpu_free, view.mem_free]);
-        let start = self.key.len();
-        self.key.extend(
-            view.gpu_free
-                .iter()
-                .zip(view.gpu_compute_free)
-                .zip(view.gpu_model)
-                .map(|((&f, &c), &m)| {
-                    debug_assert!(f < 1 << 45 && c < 1 << 11);
-                    (u64::from(m) << 56) | (c << 45) | f
-                }),
-        );
-        self.key[start..].sort_unstable();
+        for &(model, free, compute) in &self.gpus {
+            self.key.extend([u64::from(model), free, compute]);
+        }
         if let Some(&value) = self.values.get(self.key.as_slice()) {
             return value;
         }

@@ -2026,3 +2026,40 @@ fn vramfit_fills_a_gpus_compute_before_opening_another_gpu() {
         );
     }
 }
+
+#[test]
+fn the_view_after_a_placement_takes_the_units_and_compute_of_the_chosen_gpus() {
+    let p = placer(vec![h200_node(3)], PolicyKind::BestFit);
+    let node = &p.state().nodes()[0];
+    let d = p
+        .state()
+        .demand_of(&job("x", 1, 10 * GIB).with_compute(300))
+        .unwrap();
+    let mut scratch = Vec::new();
+    let after = node.view_after(&d, 1 << 2, &mut scratch);
+    assert_eq!(after.gpu_free, [100 * GIB, 100 * GIB, 90 * GIB]);
+    assert_eq!(after.gpu_compute_free, [COMPUTE_WHOLE, COMPUTE_WHOLE, 700]);
+}
+
+#[test]
+fn a_placement_keeps_its_compute_through_json_and_leaves_out_a_zero() {
+    let held = Placement {
+        job_id: "a".into(),
+        node: "n".into(),
+        gpu_indices: vec![0],
+        gpu_budget: GIB,
+        gpu_compute: 500,
+        cpu_milli: 0,
+        memory_bytes: 0,
+    };
+    let json = serde_json::to_value(&held).unwrap();
+    assert_eq!(json["gpu_compute"], 500);
+    assert_eq!(serde_json::from_value::<Placement>(json).unwrap(), held);
+    let plain = Placement {
+        gpu_compute: 0,
+        ..held
+    };
+    let json = serde_json::to_value(&plain).unwrap();
+    assert!(json.get("gpu_compute").is_none(), "{json}");
+    assert_eq!(serde_json::from_value::<Placement>(json).unwrap(), plain);
+}

@@ -64,12 +64,9 @@ pub(crate) fn measure(view: &NodeView, target: &TargetWorkload) -> f64 {
 /// vramfit's score of placing `demand` on `gpus` of `node`, given the growth
 /// of [`measure`] it causes; lower is better.
 pub(crate) fn score(node: &NodeState, demand: &Demand, gpus: GpuSet, measure_growth: f64) -> Score {
-    let cpu_cost = if demand.cpu > 0 {
-        CPU_PRICE * demand.cpu as f64 * node.view().gpu_room_total() as f64
-            / node.cpu_free.max(1) as f64
-    } else {
-        0.0
-    };
+    // A job that takes no CPU costs nothing (0 times the rate).
+    let cpu_cost = CPU_PRICE * demand.cpu as f64 * node.view().gpu_room_total() as f64
+        / node.cpu_free.max(1) as f64;
     [
         measure_growth + cpu_cost,
         super::best_fit::score(node, demand, gpus)[0],
