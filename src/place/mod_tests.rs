@@ -1787,6 +1787,19 @@ fn h200_node(gpus: usize) -> NodeSpec {
     node("n", 64, &vec![("H200", 100 * GIB); gpus])
 }
 
+/// `id` holding `budget` and `compute` on GPU `gpu` of [`h200_node`]'s node.
+fn held_on(id: &str, gpu: u32, budget: u64, compute: u64) -> Placement {
+    Placement {
+        job_id: id.into(),
+        node: "n".into(),
+        gpu_indices: vec![gpu],
+        gpu_budget: budget,
+        gpu_compute: compute,
+        cpu_milli: 0,
+        memory_bytes: 0,
+    }
+}
+
 #[test]
 fn jobs_on_one_gpu_never_need_more_than_its_whole_compute() {
     // (case, compute of the first job, of the second, whether both fit the one GPU)
@@ -1813,16 +1826,8 @@ fn jobs_on_one_gpu_never_need_more_than_its_whole_compute() {
 fn a_job_goes_where_compute_is_left_even_when_another_gpu_fits_its_memory_tighter() {
     for kind in PolicyKind::ALL {
         let mut p = placer(vec![h200_node(2)], kind);
-        p.restore(&Placement {
-            job_id: "busy".into(),
-            node: "n".into(),
-            gpu_indices: vec![0],
-            gpu_budget: 10 * GIB,
-            gpu_compute: COMPUTE_WHOLE,
-            cpu_milli: 0,
-            memory_bytes: 0,
-        })
-        .unwrap();
+        p.restore(&held_on("busy", 0, 10 * GIB, COMPUTE_WHOLE))
+            .unwrap();
         let d = p
             .place(&job("next", 1, 80 * GIB).with_compute(500))
             .unwrap();
@@ -1839,16 +1844,7 @@ fn inside_a_node_best_fit_takes_the_gpu_with_the_least_compute_left() {
     // sees that GPU 1's memory would then be of no use to more jobs like it.)
     let mut p = placer(vec![h200_node(2)], PolicyKind::BestFit);
     for (id, gpu, compute) in [("heavy", 1, 700), ("light", 0, 0)] {
-        p.restore(&Placement {
-            job_id: id.into(),
-            node: "n".into(),
-            gpu_indices: vec![gpu],
-            gpu_budget: 10 * GIB,
-            gpu_compute: compute,
-            cpu_milli: 0,
-            memory_bytes: 0,
-        })
-        .unwrap();
+        p.restore(&held_on(id, gpu, 10 * GIB, compute)).unwrap();
     }
     let d = p.place(&job("c", 1, 10 * GIB).with_compute(200)).unwrap();
     assert_eq!(d.placement.gpu_indices, vec![1]);
@@ -1886,15 +1882,7 @@ fn compute_over_a_whole_gpu_or_without_gpus_makes_an_invalid_job() {
 #[test]
 fn restore_refuses_compute_a_gpu_lacks_and_release_gives_it_back() {
     let mut p = placer(vec![h200_node(1)], PolicyKind::BestFit);
-    let held = Placement {
-        job_id: "a".into(),
-        node: "n".into(),
-        gpu_indices: vec![0],
-        gpu_budget: GIB,
-        gpu_compute: 700,
-        cpu_milli: 0,
-        memory_bytes: 0,
-    };
+    let held = held_on("a", 0, GIB, 700);
     p.restore(&held).unwrap();
     assert_eq!(p.state().nodes()[0].gpu_compute_free, vec![300]);
     let over = Placement {
@@ -2043,15 +2031,7 @@ fn the_view_after_a_placement_takes_the_units_and_compute_of_the_chosen_gpus() {
 
 #[test]
 fn a_placement_keeps_its_compute_through_json_and_leaves_out_a_zero() {
-    let held = Placement {
-        job_id: "a".into(),
-        node: "n".into(),
-        gpu_indices: vec![0],
-        gpu_budget: GIB,
-        gpu_compute: 500,
-        cpu_milli: 0,
-        memory_bytes: 0,
-    };
+    let held = held_on("a", 0, GIB, 500);
     let json = serde_json::to_value(&held).unwrap();
     assert_eq!(json["gpu_compute"], 500);
     assert_eq!(serde_json::from_value::<Placement>(json).unwrap(), held);

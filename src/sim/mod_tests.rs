@@ -49,6 +49,11 @@ fn job(id: &str, arrival: f64, micro: u32, work: f64, guess_gib: u64) -> SimJob 
     }
 }
 
+/// `job` asking for `share` of a GPU's compute.
+fn shared(job: SimJob, share: f64) -> SimJob {
+    SimJob { share, ..job }
+}
+
 /// Budgets equal to the true peaks times `factor`.
 fn budgets(factor: f64) -> Budgets {
     Budgets {
@@ -359,10 +364,8 @@ fn jobs_sharing_a_gpu_slow_each_other_and_speed_up_when_one_ends() {
         .collect();
     assert_eq!(jct, vec![82.5, 132.5]);
     // Exclusive GPUs never share: the same jobs take 100 s and then 50 s.
-    let mut a = job("a", 0.0, 4, 100.0, 50);
-    a.share = 0.75;
-    let mut b = job("b", 0.0, 4, 50.0, 50);
-    b.share = 0.75;
+    let a = shared(job("a", 0.0, 4, 100.0, 50), 0.75);
+    let b = shared(job("b", 0.0, 4, 50.0, 50), 0.75);
     let r = simulate_with(
         ClusterPolicy::Exclusive,
         1,
@@ -373,10 +376,8 @@ fn jobs_sharing_a_gpu_slow_each_other_and_speed_up_when_one_ends() {
     );
     assert_eq!(r.jct, vec![100.0, 150.0]);
     // Sharing is reported in the slowdown: 132.5 + 82.5 s run for 150 s of work.
-    let mut a = job("a", 0.0, 4, 100.0, 50);
-    a.share = 0.75;
-    let mut b = job("b", 0.0, 4, 50.0, 50);
-    b.share = 0.75;
+    let a = shared(job("a", 0.0, 4, 100.0, 50), 0.75);
+    let b = shared(job("b", 0.0, 4, 50.0, 50), 0.75);
     let r = simulate_with(ClusterPolicy::Vramfit, 1, &[a, b], &budgets(1.05), 64, true);
     assert!(
         (r.mean_slowdown - 215.0 / 150.0).abs() < 1e-9,
@@ -390,10 +391,8 @@ fn an_oom_point_moves_with_the_pace_of_a_shared_run() {
     // Under a guessed limit, a's OOM comes after a quarter of its work (25
     // s alone). Sharing the GPU with b (shares 0.75: 1.65x) it comes at 41.25
     // s; b then runs alone.
-    let mut a = job("a", 0.0, 4, 100.0, 30);
-    a.share = 0.75;
-    let mut b = job("b", 0.0, 4, 200.0, 50);
-    b.share = 0.75;
+    let a = shared(job("a", 0.0, 4, 100.0, 30), 0.75);
+    let b = shared(job("b", 0.0, 4, 200.0, 50), 0.75);
     let r = simulate_with(ClusterPolicy::Guessed, 1, &[a, b], &budgets(1.05), 64, true);
     assert_eq!(r.oom_restarts, 1);
     assert!(
