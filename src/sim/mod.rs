@@ -33,6 +33,13 @@
 //! measured cost of switching between processes; a job on several GPUs goes
 //! at the pace of its most crowded one. Every start and end on a GPU changes
 //! the pace of the others there.
+//!
+//! Every job asks for its share of each GPU's compute
+//! ([`JobRequest::gpu_compute`], the guessed limits as HAMi's `gpucores`), so
+//! the jobs on one GPU never ask for more than its whole compute and sharing
+//! costs each the switching alone (`compute_shares`; off: they share by
+//! memory alone, as the figures before 2026-12-04, night). The vramfit
+//! policies place with `packer` (the controller's vramfit policy by default).
 
 pub mod kinds;
 pub mod plots;
