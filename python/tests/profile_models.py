@@ -23,6 +23,25 @@ def cnn(classes: int = 10) -> nn.Module:
         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, classes))
 
 
+class ChannelsLastBlock(nn.Module):
+    """A depthwise convolution fed a permuted tensor, as ConvNeXt's blocks
+    feed theirs."""
+
+    def __init__(self, classes: int = 10) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 3, padding=1)
+        self.dw = nn.Conv2d(8, 8, 7, padding=3, groups=8)
+        self.head = nn.Linear(8, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x).permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
+        return self.head(self.dw(x).mean((2, 3)))
+
+
+def channels_last_block() -> nn.Module:
+    return ChannelsLastBlock()
+
+
 class Attn(nn.Module):
     def __init__(self, width: int = 64, heads: int = 4) -> None:
         super().__init__()

@@ -92,6 +92,35 @@ def test_a_cnn_is_captured_with_its_batch_norm_and_conv_shapes() -> None:
     assert p["capture"]["zeroGrad"] == "before-backward"
 
 
+def test_convolutions_are_written_where_cudnn_takes_their_workspaces() -> None:
+    p = run("profile_models:cnn", batch=2, input_shape=(3, 32, 32), optimizer="sgd-momentum",
+            steps=1)
+    calls = p["convolutions"]
+    # two convolutions: both forwards, then backward the second's input and
+    # weight gradients and the first's weight gradient (its input needs none)
+    assert [(c["kind"], c["weight"][:2]) for c in calls] == [
+        ("forward", [16, 3]), ("forward", [32, 16]),
+        ("input", [32, 16]), ("weight", [32, 16]), ("weight", [16, 3])]
+    first = calls[0]
+    assert first["input"] == [2, 3, 32, 32] and first["stride"] == [1, 1]
+    assert first["padding"] == [1, 1] and first["groups"] == 1
+    assert first["dtype"] == "float32" and not first["channelsLast"]
+    sizes = [p["sizes"][e] if e >= 0 else None for e in p["events"]]
+    # each forward's workspace comes right after its output
+    assert sizes[first["at"] - 1] == 2 * 16 * 32 * 32 * 4
+    # the weight gradient's workspace right after that gradient
+    assert sizes[calls[3]["at"] - 1] == 32 * 16 * 3 * 3 * 4
+    assert all(0 < c["at"] <= len(p["events"]) for c in calls)
+
+
+def test_a_permuted_input_is_written_as_channels_last() -> None:
+    p = run("profile_models:channels_last_block", batch=2, input_shape=(3, 16, 16),
+            optimizer="sgd", steps=1)
+    layouts = {(c["kind"], c["groups"]): c["channelsLast"] for c in p["convolutions"]}
+    assert layouts[("forward", 8)] and layouts[("weight", 8)]
+    assert not layouts[("forward", 1)]
+
+
 def test_bad_arguments_name_the_argument() -> None:
     with pytest.raises(profile.CaptureError, match="--model"):
         run("no_such_module_xyz:f")

@@ -37,8 +37,12 @@ differently from a CUDA run, the capture does what CUDA does:
 - a value the step reads from a tensor (``.item()``, ``bool()``), which fake
   tensors do not have, is the usual one: ``False``, 0.0 or 1.
 
-Not captured: cuDNN's convolution workspaces and the CUDA context (the
-predictor's GPU profile covers the context).
+- every convolution call is written to ``convolutions`` with its shape,
+  where cuDNN would take its workspace (after the forward's output, and in
+  backward after each gradient); the predictor sizes the workspaces for
+  the GPU (src/predict/conv.rs).
+
+Not captured: the CUDA context (the predictor's GPU profile covers it).
 
 ``capture_step(model, step_fn, micro_batch=...)`` captures a script's own
 training step, and under ``VRAMFIT_PHASE=profile`` ``vramfit.Step`` and the
@@ -83,6 +87,7 @@ class _Recorder:
         self.peak = 0
         self._ids: Dict[int, int] = {}
         self.workspace_at: List[int] = []
+        self.convolutions: List[Dict[str, Any]] = []
         self.data_reads = 0
         self._ws_forward = False
         self._ws_backward = False
@@ -115,6 +120,31 @@ class _Recorder:
             self.workspace_at.append(len(self.events))
 
 
+    def convolution(self, kind: str, x: Any, weight: Any, args: Sequence[Any]) -> None:
+        """A convolution call that CUDA runs with a cuDNN workspace: ``kind``
+        is ``forward``, ``input`` (the input's gradient) or ``weight`` (the
+        weight's), recorded after the call's output, where cuDNN takes the
+        workspace (the predictor sizes it for the GPU: src/predict/conv.rs).
+        ``args`` are the convolution's stride, padding, dilation, transposed
+        flag, output padding and groups."""
+        stride, padding, dilation, transposed, _output_padding, groups = args
+        self.convolutions.append({
+            "at": len(self.events), "kind": kind, "input": list(x.shape),
+            "weight": list(weight.shape), "stride": list(stride), "padding": list(padding),
+            "dilation": list(dilation), "groups": int(groups), "transposed": bool(transposed),
+            "dtype": str(x.dtype).replace("torch.", ""),
+            # ATen gives a depthwise convolution of a channels-last input to
+            # cuDNN, a contiguous one to its own kernel
+            "channelsLast": _channels_last(x)})
+
+
+def _channels_last(x: Any) -> bool:
+    import torch
+
+    return x.dim() == 4 and not x.is_contiguous() and x.is_contiguous(
+        memory_format=torch.channels_last)
+
+
 def _in_backward() -> bool:
     """True while the autograd engine runs a backward pass (CUDA runs it on
     its own thread, which has its own cuBLAS workspace)."""
@@ -143,12 +173,29 @@ def _dispatch_mode(rec: _Recorder) -> Any:
                 except DataDependentOutputException:
                     return _unknown_value(rec, args[0])
             out = func(*args, **(kwargs or {}))
-            for t in tree_flatten(out)[0]:
-                # real tensors (a sampler's indices, made outside the fake
-                # mode) are host memory
-                if isinstance(t, FakeTensor) and t.device.type != "meta":
-                    rec.storage(t.untyped_storage())
+            if func is aten.convolution.default and len(args) >= 9:
+                record(out)
+                rec.convolution("forward", args[0], args[1], args[3:9])
+            elif func is aten.convolution_backward.default and len(args) >= 10:
+                # ATen's order: the input's gradient and its workspace, then
+                # the weight's and its workspace, then the bias's
+                grad_input, grad_weight, grad_bias = out
+                x, weight = args[1], args[2]
+                for kind, t in (("input", grad_input), ("weight", grad_weight)):
+                    if t is not None:
+                        record(t)
+                        rec.convolution(kind, x, weight, args[4:10])
+                record(grad_bias)
+            else:
+                record(out)
             return out
+
+    def record(out: Any) -> None:
+        for t in tree_flatten(out)[0]:
+            # real tensors (a sampler's indices, made outside the fake
+            # mode) are host memory
+            if isinstance(t, FakeTensor) and t.device.type != "meta":
+                rec.storage(t.untyped_storage())
 
     return Recording()
 
@@ -1025,6 +1072,7 @@ def to_profile(rec: _Recorder, micro_batch: int, grad_accum: int,
     events = [index[v] if k == "a" else -(v + 1) for k, v in rec.events]
     return {"format": FORMAT, "microBatch": micro_batch, "gradAccum": grad_accum,
             "sizes": sizes, "events": events, "cublasWorkspaceAt": rec.workspace_at,
+            "convolutions": rec.convolutions,
             "source": f"vramfit.profile {capture_info.get('model', '')}".rstrip(),
             "capture": dict(capture_info, peakLiveBytes=rec.peak, allocations=rec.count)}
 

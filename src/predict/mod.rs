@@ -12,6 +12,7 @@
 pub mod allocator;
 pub mod arch;
 pub mod bench;
+pub mod conv;
 pub mod fit;
 pub mod gpu;
 pub mod hf;

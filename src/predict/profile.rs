@@ -5,6 +5,7 @@
 use serde::Deserialize;
 
 use super::PredictError;
+use super::conv::{ConvCall, cudnn_workspace};
 use super::sequence::{Category, Stream, TensorEvent};
 
 /// The only format version understood.
@@ -35,6 +36,11 @@ pub struct Profile {
     /// converted from a CUDA snapshot, whose events hold them.
     #[serde(default)]
     pub cublas_workspace_at: Vec<usize>,
+    /// Convolution calls, each with the position in `events` before which
+    /// its cuDNN workspace is taken and given back (sized by
+    /// [`cudnn_workspace`]). Written by the CPU capture, which has no cuDNN.
+    #[serde(default)]
+    pub convolutions: Vec<ConvCall>,
 }
 
 fn one() -> u32 {
@@ -66,7 +72,8 @@ pub fn parse_profile(text: &str) -> Result<Profile, PredictError> {
 /// live allocation. A profile recorded at micro-batch m bounds any smaller
 /// micro-batch from above, so it is used as is for those; a larger one cannot
 /// be derived from it and is refused. `cublas_workspace` bytes are allocated
-/// at each of the profile's `cublasWorkspaceAt` positions.
+/// at each of the profile's `cublasWorkspaceAt` positions, and each of its
+/// `convolutions` takes and gives back its cuDNN workspace at its position.
 pub fn profile_events(
     p: &Profile,
     micro_batch: u32,
@@ -88,7 +95,15 @@ pub fn profile_events(
             p.events.len()
         )));
     }
-    let mut out = Vec::with_capacity(p.events.len() + p.cublas_workspace_at.len());
+    if let Some(bad) = p.convolutions.iter().find(|c| c.at > p.events.len()) {
+        return Err(PredictError::Invalid(format!(
+            "profile.convolutions names position {}, but events has {}",
+            bad.at,
+            p.events.len()
+        )));
+    }
+    let mut out =
+        Vec::with_capacity(p.events.len() + p.cublas_workspace_at.len() + 2 * p.convolutions.len());
     let mut live = Vec::<bool>::new();
     // Workspace ids come after every id of the profile.
     let mut next_ws = p.events.iter().filter(|&&e| e >= 0).count() as u32;
@@ -100,6 +115,21 @@ pub fn profile_events(
                 category: Category::Workspace,
                 stream: Stream::Default,
             });
+            *next_ws += 1;
+        }
+        // A convolution's workspace lives only for its call.
+        for call in p.convolutions.iter().filter(|c| c.at == pos) {
+            let bytes = cudnn_workspace(call);
+            if bytes == 0 {
+                continue;
+            }
+            out.push(TensorEvent::Alloc {
+                id: *next_ws,
+                bytes,
+                category: Category::Workspace,
+                stream: Stream::Default,
+            });
+            out.push(TensorEvent::Free { id: *next_ws });
             *next_ws += 1;
         }
     };
