@@ -110,7 +110,6 @@ fn dtype_bytes(dtype: &str) -> Option<u64> {
     match dtype {
         "float32" => Some(4),
         "bfloat16" | "float16" => Some(2),
-        "float64" => Some(8),
         _ => None,
     }
 }
