@@ -15,21 +15,28 @@
 //! data/calibration/h200-conv-workspaces/), and in whole training runs with
 //! the allocations' C++ stacks (data/calibration/h200-origins/):
 //!
-//! - a depthwise convolution of a channels-last input (ConvNeXt's blocks
-//!   hand theirs over permuted) goes to cuDNN, whose weight-gradient kernel
-//!   keeps per-tile partial sums: 8.2-8.4 times the input for inputs of tens
-//!   of MiB (ConvNeXt-S's first two stages in fp32), under the input for
-//!   small ones. This one is modelled;
+//! - a 2-D convolution with a spatial kernel or a stride on NCHW tensors runs
+//!   an NHWC tensor-core kernel: its workspace holds the input, the output
+//!   and the filter transposed, in the call's dtype, in the forward and the
+//!   input gradient (to the byte in most shapes). The weight gradient's adds
+//!   the kernel's split partial sums: 4 MiB more, the median of the
+//!   measured extras (1.6-15.8 MiB from the 10th to the 90th percentile).
+//!   That extra matters beyond its size: the weight gradient's workspace no
+//!   longer fits the block the input gradient's just gave back, so each
+//!   layer's backward makes a segment of its own, as on the GPU;
+//! - the forward of an image stem (at most 4 input channels, a kernel of at
+//!   most 3x3: VGG's, EfficientNet's, MobileNet's, RegNet's) takes none;
+//! - a 1x1 convolution of stride 1 is a matrix product on NCHW as it lies:
+//!   none that matters (the weight gradient's split-K sums, a few filters'
+//!   worth, are left out);
+//! - a channels-last input is already NHWC: none that matters (ConvNeXt-S's
+//!   downsampling convolutions took under 1 MiB);
 //! - a depthwise convolution of a contiguous input runs ATen's own kernel:
-//!   none;
-//! - a dense convolution with a spatial kernel or a stride on NCHW tensors
-//!   takes the input, the output and the filter transposed (to the byte in
-//!   most shapes), a 1x1 of stride 1 none that matters, a channels-last one
-//!   none. These are measured but not modelled: replayed after the CPU
-//!   capture's sequence they lower the predicted peak of VGG and ResNet
-//!   runs (VGG-16-BN -8.4 % -> -9.7 %, ResNet-18 -10.0 % -> -19.4 %), which
-//!   says the capture's sequence around them differs from the GPU's in a
-//!   way not yet found (docs/benchmarks/library-models.md).
+//!   none; of a channels-last input (ConvNeXt's blocks hand theirs over
+//!   permuted) it goes to cuDNN, whose weight-gradient kernel keeps per-tile
+//!   partial sums: 8.2-8.4 times the input for inputs of tens of MiB
+//!   (ConvNeXt-S's first two stages in fp32), under the input for small
+//!   ones.
 //!
 //! The same rule is applied to every GPU; only the H200 was measured.
 
@@ -84,8 +91,11 @@ pub struct ConvCall {
 /// stage, 27.6 MiB, and its third, 13.8 MiB).
 const DEPTHWISE_LARGE_INPUT: u64 = 16 << 20;
 
-/// The workspace cuDNN takes for one call, in bytes (0: none, or none
-/// modelled: see the module's description).
+/// What a dense weight gradient's workspace takes beyond the transposed
+/// tensors: the median extra measured on the H200.
+pub const WEIGHT_GRADIENT_EXTRA: u64 = 4 << 20;
+
+/// The workspace cuDNN takes for one call, in bytes (0: none).
 pub fn cudnn_workspace(call: &ConvCall) -> u64 {
     let Some(elem) = dtype_bytes(&call.dtype) else {
         return 0;
@@ -94,15 +104,34 @@ pub fn cudnn_workspace(call: &ConvCall) -> u64 {
     if call.input.len() != 4 || call.weight.len() != 4 || call.transposed {
         return 0;
     }
-    let depthwise = call.groups > 1 && call.groups == call.input[1] && call.weight[1] == 1;
-    if !(depthwise && call.channels_last && call.kind == ConvPass::Weight) {
+    let (n, c, h, w) = (call.input[0], call.input[1], call.input[2], call.input[3]);
+    let (k, r, s) = (call.weight[0], call.weight[2], call.weight[3]);
+    let input = n * c * h * w * elem;
+    let depthwise = call.groups > 1 && call.groups == c && call.weight[1] == 1;
+    if depthwise {
+        return match (call.channels_last, call.kind) {
+            (true, ConvPass::Weight) if input >= DEPTHWISE_LARGE_INPUT => input * 84 / 10,
+            (true, ConvPass::Weight) => input * 6 / 10,
+            _ => 0,
+        };
+    }
+    let stride = |i: usize| call.stride.get(i).copied().unwrap_or(1).max(1);
+    let pointwise = r == 1 && s == 1 && stride(0) == 1 && stride(1) == 1;
+    let stem_forward = c <= 4 && r <= 3 && s <= 3 && call.kind == ConvPass::Forward;
+    if call.channels_last || pointwise || stem_forward {
         return 0;
     }
-    let input = call.input.iter().product::<u64>() * elem;
-    if input >= DEPTHWISE_LARGE_INPUT {
-        input * 84 / 10
-    } else {
-        input * 6 / 10
+    let out_dim = |size: u64, i: usize, taps: u64| {
+        let pad = call.padding.get(i).copied().unwrap_or(0);
+        let dil = call.dilation.get(i).copied().unwrap_or(1);
+        (size + 2 * pad).saturating_sub(dil * (taps - 1) + 1) / stride(i) + 1
+    };
+    let output = n * k * out_dim(h, 0, r) * out_dim(w, 1, s) * elem;
+    let filter = call.weight.iter().product::<u64>() * elem;
+    let transposed = input + output + filter;
+    match call.kind {
+        ConvPass::Weight => transposed + WEIGHT_GRADIENT_EXTRA,
+        ConvPass::Forward | ConvPass::Input => transposed,
     }
 }
 

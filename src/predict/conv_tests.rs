@@ -24,48 +24,116 @@ fn channels_last(mut c: ConvCall) -> ConvCall {
     c
 }
 
+fn bf16(mut c: ConvCall) -> ConvCall {
+    c.dtype = "bfloat16".into();
+    c
+}
+
 #[test]
-fn the_depthwise_workspaces_measured_on_the_h200_are_what_the_rule_gives() {
+fn the_workspaces_measured_on_the_h200_are_what_the_rule_gives() {
     use ConvPass::*;
-    // ConvNeXt-S's depthwise 7x7, batch 48, fp32, in a whole training run on
-    // the H200 (data/calibration/h200-origins): channels-last goes to cuDNN,
-    // whose weight gradient keeps partial sums; contiguous to ATen's kernel
-    // (measured one at a time, data/calibration/h200-conv-workspaces).
     let cl = channels_last;
+    // (what, call, measured bytes; H200, cuDNN 9.19, PyTorch 2.11: whole
+    // runs in data/calibration/h200-origins, single calls in
+    // data/calibration/h200-conv-workspaces)
     let cases = [
+        // VGG-16-BN at batch 32: its stem's forward takes none; its second
+        // convolution the input, the output and the filter in each call,
+        // the weight gradient's some partial sums more
         (
-            "stage 1",
+            "vgg stem forward",
+            call(Forward, [32, 3, 224, 224], 64, 3, 1, 1),
+            0,
+        ),
+        (
+            "vgg 64->64 forward",
+            call(Forward, [32, 64, 224, 224], 64, 3, 1, 1),
+            822_231_187,
+        ),
+        (
+            "vgg 64->64 input",
+            call(Input, [32, 64, 224, 224], 64, 3, 1, 1),
+            822_231_187,
+        ),
+        (
+            "vgg 64->64 weight",
+            call(Weight, [32, 64, 224, 224], 64, 3, 1, 1),
+            824_296_103,
+        ),
+        (
+            "vgg 256->256 weight",
+            call(Weight, [32, 256, 56, 56], 256, 3, 1, 1),
+            214_958_687,
+        ),
+        (
+            "vgg 512->512 forward",
+            call(Forward, [32, 512, 14, 14], 512, 3, 1, 1),
+            35_127_312,
+        ),
+        // ResNet-18's 7x7 stem of stride 2 and a 3x3 of stride 2, batch 128;
+        // a 3x3 in bf16 at batch 256
+        (
+            "resnet stem",
+            call(Forward, [128, 3, 224, 224], 64, 7, 2, 1),
+            488_149_776,
+        ),
+        (
+            "resnet 128->256 s2",
+            call(Forward, [128, 128, 28, 28], 256, 3, 2, 1),
+            78_250_131,
+        ),
+        (
+            "resnet 64->64 bf16",
+            bf16(call(Forward, [256, 64, 56, 56], 64, 3, 1, 1)),
+            205_594_771,
+        ),
+        // ResNet-50's bottleneck 1x1: a matrix product on the data as it lies
+        (
+            "resnet50 1x1 256->64",
+            call(Forward, [64, 256, 56, 56], 64, 1, 1, 1),
+            0,
+        ),
+        // ConvNeXt-S at batch 48, fp32: its depthwise 7x7 get channels-last
+        // inputs and go to cuDNN (the weight gradient's partial sums), a
+        // contiguous one to ATen; its downsampling 2x2 is channels-last too
+        (
+            "convnext dw stage 1",
             cl(call(Weight, [48, 96, 56, 56], 96, 7, 1, 96)),
             472_360_567,
         ),
         (
-            "stage 2",
+            "convnext dw stage 2",
             cl(call(Weight, [48, 192, 28, 28], 192, 7, 1, 192)),
             241_451_791,
         ),
         (
-            "stage 3",
+            "convnext dw stage 3",
             cl(call(Weight, [48, 384, 14, 14], 384, 7, 1, 384)),
             8_389_247,
         ),
         (
-            "stage 4",
+            "convnext dw stage 4",
             cl(call(Weight, [48, 768, 7, 7], 768, 7, 1, 768)),
             3_539_535,
         ),
         (
-            "forward",
+            "convnext dw forward",
             cl(call(Forward, [48, 96, 56, 56], 96, 7, 1, 96)),
             0,
         ),
         (
-            "input gradient",
+            "convnext dw input",
             cl(call(Input, [48, 96, 56, 56], 96, 7, 1, 96)),
             0,
         ),
         (
-            "contiguous",
+            "convnext dw contiguous",
             call(Weight, [48, 96, 56, 56], 96, 7, 1, 96),
+            0,
+        ),
+        (
+            "convnext downsample",
+            cl(call(Weight, [48, 96, 56, 56], 192, 2, 2, 1)),
             0,
         ),
     ];
@@ -80,6 +148,57 @@ fn the_depthwise_workspaces_measured_on_the_h200_are_what_the_rule_gives() {
 }
 
 #[test]
+fn the_rule_reads_the_output_size_from_stride_padding_and_dilation() {
+    // 3x3, stride 2, padding 1: 56 -> 28; filter 128 x 64 x 3 x 3
+    let c = call(ConvPass::Forward, [8, 64, 56, 56], 128, 3, 2, 1);
+    let (input, output, filter) = (
+        8 * 64 * 56 * 56 * 4,
+        8 * 128 * 28 * 28 * 4,
+        128 * 64 * 9 * 4,
+    );
+    assert_eq!(cudnn_workspace(&c), input + output + filter);
+    // dilation 2 without padding: 56 - 4 = 52
+    let mut d = call(ConvPass::Forward, [8, 64, 56, 56], 128, 3, 1, 1);
+    d.padding = vec![0, 0];
+    d.dilation = vec![2, 2];
+    assert_eq!(cudnn_workspace(&d), input + 8 * 128 * 52 * 52 * 4 + filter);
+    // a 1x1 of stride 2 subsamples, which the tensor-core path transposes for
+    let s = call(ConvPass::Forward, [8, 64, 56, 56], 128, 1, 2, 1);
+    assert_eq!(
+        cudnn_workspace(&s),
+        input + 8 * 128 * 28 * 28 * 4 + 128 * 64 * 4
+    );
+    // the weight gradient takes the partial sums besides
+    let mut w = c.clone();
+    w.kind = ConvPass::Weight;
+    assert_eq!(
+        cudnn_workspace(&w),
+        cudnn_workspace(&c) + WEIGHT_GRADIENT_EXTRA
+    );
+    let mut i = c.clone();
+    i.kind = ConvPass::Input;
+    assert_eq!(cudnn_workspace(&i), cudnn_workspace(&c));
+}
+
+#[test]
+fn an_image_stems_forward_takes_none_up_to_four_channels_and_3x3() {
+    let stem = |c: u64, r: u64, kind: ConvPass| call(kind, [8, c, 224, 224], 32, r, 2, 1);
+    assert_eq!(cudnn_workspace(&stem(3, 3, ConvPass::Forward)), 0);
+    assert_eq!(cudnn_workspace(&stem(4, 3, ConvPass::Forward)), 0);
+    for other in [
+        stem(5, 3, ConvPass::Forward),
+        stem(3, 5, ConvPass::Forward),
+        stem(3, 3, ConvPass::Weight),
+    ] {
+        assert!(cudnn_workspace(&other) > 0, "{other:?}");
+    }
+    // a kernel 3 high and 5 wide is not a 3x3
+    let mut wide = stem(3, 3, ConvPass::Forward);
+    wide.weight[3] = 5;
+    assert!(cudnn_workspace(&wide) > 0);
+}
+
+#[test]
 fn the_partial_sums_are_large_from_16_mib_of_input() {
     // 16 MiB of fp32 input: 1 x 16 x 512 x 512
     let at = channels_last(call(ConvPass::Weight, [1, 16, 512, 512], 16, 3, 1, 16));
@@ -87,28 +206,41 @@ fn the_partial_sums_are_large_from_16_mib_of_input() {
     let below = channels_last(call(ConvPass::Weight, [1, 16, 512, 511], 16, 3, 1, 16));
     assert_eq!(cudnn_workspace(&below), (16 * 512 * 511 * 4) * 6 / 10);
     // bf16 halves the input's bytes
-    let mut half = at.clone();
-    half.dtype = "bfloat16".into();
-    assert_eq!(cudnn_workspace(&half), (8 * MIB) * 6 / 10);
+    assert_eq!(cudnn_workspace(&bf16(at)), (8 * MIB) * 6 / 10);
 }
 
 #[test]
 fn calls_the_rule_does_not_model_take_no_workspace() {
-    let base = channels_last(call(ConvPass::Weight, [48, 96, 56, 56], 96, 7, 1, 96));
+    let base = call(ConvPass::Weight, [48, 96, 56, 56], 96, 3, 1, 1);
     assert!(cudnn_workspace(&base) > 0);
     let mut transposed = base.clone();
     transposed.transposed = true;
     let mut three_d = base.clone();
     three_d.input = vec![48, 96, 4, 56, 56];
-    three_d.weight = vec![96, 1, 3, 7, 7];
+    three_d.weight = vec![96, 96, 3, 3, 3];
     let mut int8 = base.clone();
     int8.dtype = "int8".into();
-    // grouped but not depthwise (ResNeXt's 32 groups), and dense (VGG's
-    // 3x3: measured, left out; see the module's description)
-    let grouped = channels_last(call(ConvPass::Weight, [48, 96, 56, 56], 96, 3, 1, 32));
-    let dense = channels_last(call(ConvPass::Weight, [32, 64, 224, 224], 64, 3, 1, 1));
-    let contiguous_dense = call(ConvPass::Forward, [32, 64, 224, 224], 64, 3, 1, 1);
-    for c in [transposed, three_d, int8, grouped, dense, contiguous_dense] {
+    // one 1x1 of stride 1 in each spatial dimension only
+    let mut pointwise = call(ConvPass::Weight, [48, 96, 56, 56], 96, 1, 1, 1);
+    assert_eq!(cudnn_workspace(&pointwise), 0);
+    pointwise.stride = vec![1, 2];
+    assert!(cudnn_workspace(&pointwise) > 0);
+    for c in [transposed, three_d, int8, channels_last(base)] {
         assert_eq!(cudnn_workspace(&c), 0, "{c:?}");
     }
+    // grouped but not depthwise (ResNeXt's 32 groups) is a dense one
+    let grouped = call(ConvPass::Forward, [48, 96, 56, 56], 96, 3, 1, 32);
+    assert!(cudnn_workspace(&grouped) > 0);
+}
+
+#[test]
+fn half_precision_halves_the_transposed_tensors() {
+    let full = call(ConvPass::Input, [16, 128, 28, 28], 256, 3, 1, 1);
+    assert_eq!(
+        cudnn_workspace(&bf16(full.clone())) * 2,
+        cudnn_workspace(&full)
+    );
+    let mut fp16 = full.clone();
+    fp16.dtype = "float16".into();
+    assert_eq!(cudnn_workspace(&fp16) * 2, cudnn_workspace(&full));
 }

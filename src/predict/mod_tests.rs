@@ -784,33 +784,56 @@ fn captures_made_with_the_measuring_machines_libraries_predict_the_transformers_
 }
 
 #[test]
-fn convnext_gets_its_depthwise_convolutions_cudnn_workspaces() {
-    // ConvNeXt in fp32 at batch 48 and 32, captured on the GPU machine's CPU
-    // and measured on its H200: without the depthwise weight gradients'
-    // workspaces these are 6.0, 8.4 and 5.8 % under.
-    for (measured, dir, name) in [
+fn convolution_nets_get_their_cudnn_workspaces() {
+    // The torchvision rows of three sets, captured on the GPU machine's CPU
+    // and measured on its H200. Without the workspaces: median 2.2 %, p90
+    // 8.4 %, 9 under by more than 5 % (VGG-16-BN -8.4 %, ResNet-18 -16.4 %,
+    // ConvNeXt-T -8.4 %, ...); with them two are left (ResNet-34 amp
+    // -6.1 %, ViT-B/16 fp32 -7.0 %, whose only convolution is its patch
+    // embedding).
+    let mut rows = Vec::new();
+    for (measured, dir) in [
         (
             include_str!("../../data/calibration/h200-fresh.jsonl"),
             "fresh-h200",
-            "tv-convnext_small-i224-b48-fp32-sgdm",
         ),
         (
             include_str!("../../data/calibration/h200-heldout.jsonl"),
             "heldout-h200",
-            "tv-convnext_tiny-i224-b48-fp32-adamw",
         ),
         (
             include_str!("../../data/calibration/h200-libraries.jsonl"),
             "libraries-h200",
-            "tv-convnext_tiny-i224-b32-fp32-adamw",
         ),
     ] {
         let report =
             super::bench::bench_predict_with_profiles(measured, None, &profiles_in(dir), true)
                 .unwrap();
-        let row = report.rows.iter().find(|r| r.name == name).unwrap();
-        assert_eq!(row.source, "profile", "{name}");
-        assert!(row.relative_error.abs() <= 0.03, "{name}: {row:?}");
+        rows.extend(
+            report
+                .rows
+                .into_iter()
+                .filter(|r| r.name.starts_with("tv-") && r.source == "profile"),
+        );
+    }
+    assert_eq!(rows.len(), 40);
+    let stats = error_stats(&rows, None);
+    assert!(stats.median <= 0.03 && stats.p90 <= 0.06, "{stats:?}");
+    let known = [
+        "tv-resnet34-i224-b96-ampbf16-sgdm",
+        "tv-vit_b_16-i224-b32-fp32-adamw",
+    ];
+    for name in &stats.under_predictions {
+        assert!(known.contains(&name.as_str()), "{stats:?}");
+    }
+    // the rows furthest under without them
+    for (name, within) in [
+        ("tv-vgg16_bn-i224-b32-fp32-sgdm", 0.02),
+        ("tv-resnet18-i224-b128-fp32-adam", 0.05),
+        ("tv-convnext_small-i224-b48-fp32-sgdm", 0.02),
+    ] {
+        let row = rows.iter().find(|r| r.name == name).unwrap();
+        assert!(row.relative_error.abs() <= within, "{name}: {row:?}");
     }
 }
 
