@@ -113,6 +113,29 @@ def test_convolutions_are_written_where_cudnn_takes_their_workspaces() -> None:
     assert all(0 < c["at"] <= len(p["events"]) for c in calls)
 
 
+def test_bias_gradients_are_written_as_column_sums() -> None:
+    p = run(batch=64, optimizer="sgd", steps=1)
+    # the MLP's three biases, each summed over the 64 rows of its gradient
+    sums = p["reductions"]
+    assert sorted(r["outputs"] for r in sums) == [10, 256, 256]
+    assert {r["rows"] for r in sums} == {64}
+    sizes = [p["sizes"][e] if e >= 0 else None for e in p["events"]]
+    # recorded right after the sum's output
+    assert all(sizes[r["at"] - 1] == r["outputs"] * 4 for r in sums)
+
+
+def test_only_sums_of_leading_dimensions_of_contiguous_tensors_are_column_sums() -> None:
+    x = torch.zeros(4, 8, 16)
+    assert profile._column_sum(x, [0, 1]) == (32, 16)
+    assert profile._column_sum(x, [0]) == (4, 128)
+    assert profile._column_sum(x, [-3]) == (4, 128)
+    assert profile._column_sum(x, 0) == (4, 128)
+    for dims in ([1], [2], [0, 2], [0, 1, 2], []):
+        assert profile._column_sum(x, dims) is None, dims
+    assert profile._column_sum(x.transpose(0, 1), [0]) is None
+    assert profile._column_sum(torch.zeros(8), [0]) is None
+
+
 def test_a_permuted_input_is_written_as_channels_last() -> None:
     p = run("profile_models:channels_last_block", batch=2, input_shape=(3, 16, 16),
             optimizer="sgd", steps=1)

@@ -42,6 +42,11 @@ differently from a CUDA run, the capture does what CUDA does:
   backward after each gradient); the predictor sizes the workspaces for
   the GPU (src/predict/conv.rs).
 
+- every sum of contiguous rows to a vector (a bias's gradient summed over
+  the tokens) is written to ``reductions`` with its rows and outputs, where
+  ATen's reduction kernel takes its staging buffer; the predictor sizes it
+  for the GPU (src/predict/reduce.rs).
+
 Not captured: the CUDA context (the predictor's GPU profile covers it).
 
 ``capture_step(model, step_fn, micro_batch=...)`` captures a script's own
@@ -88,6 +93,7 @@ class _Recorder:
         self._ids: Dict[int, int] = {}
         self.workspace_at: List[int] = []
         self.convolutions: List[Dict[str, Any]] = []
+        self.reductions: List[Dict[str, int]] = []
         self.data_reads = 0
         self._ws_forward = False
         self._ws_backward = False
@@ -120,6 +126,15 @@ class _Recorder:
             self.workspace_at.append(len(self.events))
 
 
+    def column_sum(self, x: Any, dims: Any) -> None:
+        """A sum of contiguous rows to a vector (``_column_sum``), recorded
+        after its output, where ATen's reduction kernel takes its staging
+        buffer (the predictor sizes it for the GPU: src/predict/reduce.rs)."""
+        shape = _column_sum(x, dims)
+        if shape is not None:
+            self.reductions.append({"at": len(self.events), "rows": shape[0],
+                                    "outputs": shape[1]})
+
     def convolution(self, kind: str, x: Any, weight: Any, args: Sequence[Any]) -> None:
         """A convolution call that CUDA runs with a cuDNN workspace: ``kind``
         is ``forward``, ``input`` (the input's gradient) or ``weight`` (the
@@ -136,6 +151,21 @@ class _Recorder:
             # ATen gives a depthwise convolution of a channels-last input to
             # cuDNN, a contiguous one to its own kernel
             "channelsLast": _channels_last(x)})
+
+
+def _column_sum(x: Any, dims: Any) -> Optional[Tuple[int, int]]:
+    """(rows, outputs) when summing ``x`` over ``dims`` adds up contiguous
+    rows: ``dims`` are its leading dimensions, the rest are kept, and ``x``
+    is contiguous (a bias's gradient summed over the tokens). Other sums
+    take no staging buffer that the predictor models."""
+    if x.dim() < 2 or not x.is_contiguous():
+        return None
+    wanted = sorted({int(d) % x.dim() for d in (dims if isinstance(dims, (list, tuple)) else [dims])})
+    if not wanted or wanted != list(range(len(wanted))) or len(wanted) == x.dim():
+        return None
+    rows = math.prod(int(n) for n in x.shape[:len(wanted)])
+    outputs = math.prod(int(n) for n in x.shape[len(wanted):])
+    return rows, outputs
 
 
 def _channels_last(x: Any) -> bool:
@@ -186,6 +216,9 @@ def _dispatch_mode(rec: _Recorder) -> Any:
                         record(t)
                         rec.convolution(kind, x, weight, args[4:10])
                 record(grad_bias)
+            elif func is aten.sum.dim_IntList and len(args) >= 2:
+                record(out)
+                rec.column_sum(args[0], args[1])
             else:
                 record(out)
             return out
@@ -1072,7 +1105,7 @@ def to_profile(rec: _Recorder, micro_batch: int, grad_accum: int,
     events = [index[v] if k == "a" else -(v + 1) for k, v in rec.events]
     return {"format": FORMAT, "microBatch": micro_batch, "gradAccum": grad_accum,
             "sizes": sizes, "events": events, "cublasWorkspaceAt": rec.workspace_at,
-            "convolutions": rec.convolutions,
+            "convolutions": rec.convolutions, "reductions": rec.reductions,
             "source": f"vramfit.profile {capture_info.get('model', '')}".rstrip(),
             "capture": dict(capture_info, peakLiveBytes=rec.peak, allocations=rec.count)}
 

@@ -400,7 +400,7 @@ pub fn predict_from_profile(
     guarded(|| {
         let grad_accum = job.grad_accum()?;
         let prof = profile::parse_profile(profile_text)?;
-        let events = profile::profile_events(&prof, job.micro_batch, gpu.cublas_workspace_bytes)?;
+        let events = profile::profile_events(&prof, job.micro_batch, gpu)?;
         let outcome = CachingAllocatorModel::PYTORCH.replay(&events)?;
         Ok(assemble(outcome, gpu, job, grad_accum))
     })

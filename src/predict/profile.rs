@@ -6,6 +6,8 @@ use serde::Deserialize;
 
 use super::PredictError;
 use super::conv::{ConvCall, cudnn_workspace};
+use super::gpu::GpuProfile;
+use super::reduce::column_sum_staging;
 use super::sequence::{Category, Stream, TensorEvent};
 
 /// The only format version understood.
@@ -41,6 +43,23 @@ pub struct Profile {
     /// [`cudnn_workspace`]). Written by the CPU capture, which has no cuDNN.
     #[serde(default)]
     pub convolutions: Vec<ConvCall>,
+    /// Sums of contiguous rows to a vector (a bias's gradient over the
+    /// tokens), each with the position in `events` before which ATen's
+    /// reduction kernel takes and gives back its staging buffers (sized for
+    /// the GPU by [`column_sum_staging`]). Written by the CPU capture.
+    #[serde(default)]
+    pub reductions: Vec<ColumnSum>,
+}
+
+/// A column sum as the CPU capture saw it.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+pub struct ColumnSum {
+    /// Position in the profile's events before which the kernel runs.
+    pub at: usize,
+    /// Rows summed.
+    pub rows: u64,
+    /// Contiguous outputs.
+    pub outputs: u64,
 }
 
 fn one() -> u32 {
@@ -71,13 +90,14 @@ pub fn parse_profile(text: &str) -> Result<Profile, PredictError> {
 /// The profile's events, checked: every size index exists, every free names a
 /// live allocation. A profile recorded at micro-batch m bounds any smaller
 /// micro-batch from above, so it is used as is for those; a larger one cannot
-/// be derived from it and is refused. `cublas_workspace` bytes are allocated
-/// at each of the profile's `cublasWorkspaceAt` positions, and each of its
-/// `convolutions` takes and gives back its cuDNN workspace at its position.
+/// be derived from it and is refused. `gpu`'s cuBLAS workspace is allocated
+/// at each of the profile's `cublasWorkspaceAt` positions, each of its
+/// `convolutions` takes and gives back its cuDNN workspace at its position,
+/// and each of its `reductions` the reduction kernel's staging on `gpu`.
 pub fn profile_events(
     p: &Profile,
     micro_batch: u32,
-    cublas_workspace: u64,
+    gpu: &GpuProfile,
 ) -> Result<Vec<TensorEvent>, PredictError> {
     if micro_batch > p.micro_batch {
         return Err(PredictError::Unsupported(format!(
@@ -85,25 +105,28 @@ pub fn profile_events(
             p.micro_batch
         )));
     }
-    if let Some(bad) = p
-        .cublas_workspace_at
-        .iter()
-        .find(|&&at| at > p.events.len())
-    {
-        return Err(PredictError::Invalid(format!(
-            "profile.cublasWorkspaceAt names position {bad}, but events has {}",
-            p.events.len()
-        )));
+    let last = [
+        (
+            "cublasWorkspaceAt",
+            p.cublas_workspace_at.iter().copied().max(),
+        ),
+        ("convolutions", p.convolutions.iter().map(|c| c.at).max()),
+        ("reductions", p.reductions.iter().map(|r| r.at).max()),
+    ];
+    for (field, at) in last {
+        if let Some(at) = at.filter(|&at| at > p.events.len()) {
+            return Err(PredictError::Invalid(format!(
+                "profile.{field} names position {at}, but events has {}",
+                p.events.len()
+            )));
+        }
     }
-    if let Some(bad) = p.convolutions.iter().find(|c| c.at > p.events.len()) {
-        return Err(PredictError::Invalid(format!(
-            "profile.convolutions names position {}, but events has {}",
-            bad.at,
-            p.events.len()
-        )));
-    }
-    let mut out =
-        Vec::with_capacity(p.events.len() + p.cublas_workspace_at.len() + 2 * p.convolutions.len());
+    let mut out = Vec::with_capacity(
+        p.events.len()
+            + p.cublas_workspace_at.len()
+            + 2 * p.convolutions.len()
+            + 4 * p.reductions.len(),
+    );
     let mut live = Vec::<bool>::new();
     // Workspace ids come after every id of the profile.
     let mut next_ws = p.events.iter().filter(|&&e| e >= 0).count() as u32;
@@ -111,7 +134,7 @@ pub fn profile_events(
         for _ in p.cublas_workspace_at.iter().filter(|&&at| at == pos) {
             out.push(TensorEvent::Alloc {
                 id: *next_ws,
-                bytes: cublas_workspace,
+                bytes: gpu.cublas_workspace_bytes,
                 category: Category::Workspace,
                 stream: Stream::Default,
             });
@@ -128,6 +151,24 @@ pub fn profile_events(
             });
             out.push(TensorEvent::Free { id: *next_ws });
             *next_ws += 1;
+        }
+        // The reduction kernel's partial sums and semaphores, given back
+        // after it (the semaphores first).
+        for sum in p.reductions.iter().filter(|r| r.at == pos) {
+            let Some(staging) = column_sum_staging(sum.outputs, sum.rows, 4, gpu.reduce) else {
+                continue;
+            };
+            for bytes in [staging.buffer, staging.semaphores] {
+                out.push(TensorEvent::Alloc {
+                    id: *next_ws,
+                    bytes,
+                    category: Category::Activations,
+                    stream: Stream::Default,
+                });
+                *next_ws += 1;
+            }
+            out.push(TensorEvent::Free { id: *next_ws - 1 });
+            out.push(TensorEvent::Free { id: *next_ws - 2 });
         }
     };
     // Allocations the profile never frees outlive the step: weights,
