@@ -24,8 +24,12 @@
 //!   That extra matters beyond its size: the weight gradient's workspace no
 //!   longer fits the block the input gradient's just gave back, so each
 //!   layer's backward makes a segment of its own, as on the GPU;
-//! - the forward of an image stem (at most 4 input channels, a kernel of at
-//!   most 3x3: VGG's, EfficientNet's, MobileNet's, RegNet's) takes none;
+//! - an image stem (at most 4 input channels) with a kernel of at most 3x3
+//!   (VGG's, EfficientNet's, MobileNet's, RegNet's) takes none in fp32, and
+//!   none for the forward in half precision; in half precision the
+//!   tensor-core kernels take channels in eights, so an image's three are
+//!   padded to eight in the transposed input and filter (ResNet's 7x7 stem
+//!   in bf16: 1.26 times the fp32 rule);
 //! - a 1x1 convolution of stride 1 is a matrix product on NCHW as it lies:
 //!   none that matters (the weight gradient's split-K sums, a few filters'
 //!   worth, are left out);
@@ -106,9 +110,9 @@ pub fn cudnn_workspace(call: &ConvCall) -> u64 {
     }
     let (n, c, h, w) = (call.input[0], call.input[1], call.input[2], call.input[3]);
     let (k, r, s) = (call.weight[0], call.weight[2], call.weight[3]);
-    let input = n * c * h * w * elem;
     let depthwise = call.groups > 1 && call.groups == c && call.weight[1] == 1;
     if depthwise {
+        let input = n * c * h * w * elem;
         return match (call.channels_last, call.kind) {
             (true, ConvPass::Weight) if input >= DEPTHWISE_LARGE_INPUT => input * 84 / 10,
             (true, ConvPass::Weight) => input * 6 / 10,
@@ -117,17 +121,28 @@ pub fn cudnn_workspace(call: &ConvCall) -> u64 {
     }
     let stride = |i: usize| call.stride.get(i).copied().unwrap_or(1).max(1);
     let pointwise = r == 1 && s == 1 && stride(0) == 1 && stride(1) == 1;
-    let stem_forward = c <= 4 && r <= 3 && s <= 3 && call.kind == ConvPass::Forward;
-    if call.channels_last || pointwise || stem_forward {
+    // an image stem with a small kernel: no workspace in fp32, and none for
+    // the forward in half precision
+    let stem = c <= 4 && r <= 3 && s <= 3;
+    let stem_without = stem && (elem == 4 || call.kind == ConvPass::Forward);
+    if call.channels_last || pointwise || stem_without {
         return 0;
     }
+    // half-precision tensor-core kernels take channels in eights: an
+    // image's three are padded, in the input and the filter
+    let (cin, cg) = if elem < 4 && c < 8 && call.groups == 1 {
+        (8, 8)
+    } else {
+        (c, call.weight[1])
+    };
+    let input = n * cin * h * w * elem;
     let out_dim = |size: u64, i: usize, taps: u64| {
         let pad = call.padding.get(i).copied().unwrap_or(0);
         let dil = call.dilation.get(i).copied().unwrap_or(1);
         (size + 2 * pad).saturating_sub(dil * (taps - 1) + 1) / stride(i) + 1
     };
     let output = n * k * out_dim(h, 0, r) * out_dim(w, 1, s) * elem;
-    let filter = call.weight.iter().product::<u64>() * elem;
+    let filter = k * cg * r * s * elem;
     let transposed = input + output + filter;
     match call.kind {
         ConvPass::Weight => transposed + WEIGHT_GRADIENT_EXTRA,

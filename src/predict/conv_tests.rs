@@ -46,6 +46,11 @@ fn the_workspaces_measured_on_the_h200_are_what_the_rule_gives() {
             0,
         ),
         (
+            "vgg stem weight, fp32",
+            call(Weight, [32, 3, 224, 224], 64, 3, 1, 1),
+            0,
+        ),
+        (
             "vgg 64->64 forward",
             call(Forward, [32, 64, 224, 224], 64, 3, 1, 1),
             822_231_187,
@@ -76,6 +81,29 @@ fn the_workspaces_measured_on_the_h200_are_what_the_rule_gives() {
             "resnet stem",
             call(Forward, [128, 3, 224, 224], 64, 7, 2, 1),
             488_149_776,
+        ),
+        // in bf16 the stem's three channels are padded to eight (ResNet-34
+        // at batch 96; EfficientNet-B0's 3x3 stem at batch 64, whose
+        // forward takes none)
+        (
+            "resnet stem bf16",
+            bf16(call(Forward, [96, 3, 224, 224], 64, 7, 2, 1)),
+            231_261_200,
+        ),
+        (
+            "resnet stem bf16 weight",
+            bf16(call(Weight, [96, 3, 224, 224], 64, 7, 2, 1)),
+            237_382_800,
+        ),
+        (
+            "effnet stem bf16",
+            bf16(call(Forward, [64, 3, 224, 224], 32, 3, 2, 1)),
+            0,
+        ),
+        (
+            "effnet stem bf16 weight",
+            bf16(call(Weight, [64, 3, 224, 224], 32, 3, 2, 1)),
+            103_926_416,
         ),
         (
             "resnet 128->256 s2",
@@ -181,21 +209,50 @@ fn the_rule_reads_the_output_size_from_stride_padding_and_dilation() {
 }
 
 #[test]
-fn an_image_stems_forward_takes_none_up_to_four_channels_and_3x3() {
+fn an_image_stem_up_to_four_channels_and_3x3_takes_none_but_for_half_precision_gradients() {
     let stem = |c: u64, r: u64, kind: ConvPass| call(kind, [8, c, 224, 224], 32, r, 2, 1);
     assert_eq!(cudnn_workspace(&stem(3, 3, ConvPass::Forward)), 0);
     assert_eq!(cudnn_workspace(&stem(4, 3, ConvPass::Forward)), 0);
-    for other in [
-        stem(5, 3, ConvPass::Forward),
-        stem(3, 5, ConvPass::Forward),
-        stem(3, 3, ConvPass::Weight),
-    ] {
+    // in fp32 none of its calls; in half precision its gradients do
+    assert_eq!(cudnn_workspace(&stem(3, 3, ConvPass::Weight)), 0);
+    assert_eq!(cudnn_workspace(&stem(3, 3, ConvPass::Input)), 0);
+    assert!(cudnn_workspace(&bf16(stem(3, 3, ConvPass::Weight))) > 0);
+    assert!(cudnn_workspace(&bf16(stem(3, 3, ConvPass::Input))) > 0);
+    assert_eq!(cudnn_workspace(&bf16(stem(3, 3, ConvPass::Forward))), 0);
+    for other in [stem(5, 3, ConvPass::Forward), stem(3, 5, ConvPass::Forward)] {
         assert!(cudnn_workspace(&other) > 0, "{other:?}");
     }
     // a kernel 3 high and 5 wide is not a 3x3
     let mut wide = stem(3, 3, ConvPass::Forward);
     wide.weight[3] = 5;
     assert!(cudnn_workspace(&wide) > 0);
+}
+
+#[test]
+fn half_precision_pads_fewer_than_eight_channels_to_eight() {
+    let padded = |c: u64| {
+        let call = bf16(call(ConvPass::Input, [4, c, 32, 32], 16, 5, 1, 1));
+        cudnn_workspace(&call)
+    };
+    let output = 4 * 16 * 32 * 32 * 2;
+    let eight = 4 * 8 * 32 * 32 * 2 + output + 16 * 8 * 25 * 2;
+    for c in [1, 3, 7] {
+        assert_eq!(padded(c), eight, "{c} channels");
+    }
+    assert_eq!(padded(8), eight);
+    assert_eq!(padded(9), 4 * 9 * 32 * 32 * 2 + output + 16 * 9 * 25 * 2);
+    // fp32 is not padded
+    let fp32 = call(ConvPass::Input, [4, 3, 32, 32], 16, 5, 1, 1);
+    assert_eq!(
+        cudnn_workspace(&fp32),
+        4 * 3 * 32 * 32 * 4 + 2 * output + 16 * 3 * 25 * 4
+    );
+    // nor are grouped convolutions' channels
+    let grouped = bf16(call(ConvPass::Input, [4, 6, 32, 32], 6, 5, 1, 2));
+    assert_eq!(
+        cudnn_workspace(&grouped),
+        4 * 6 * 32 * 32 * 2 + 4 * 6 * 32 * 32 * 2 + 6 * 3 * 25 * 2
+    );
 }
 
 #[test]
