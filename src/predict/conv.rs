@@ -130,11 +130,14 @@ pub fn cudnn_workspace(call: &ConvCall) -> u64 {
     }
     // half-precision tensor-core kernels take channels in eights: an
     // image's three are padded, in the input and the filter
-    let (cin, cg) = if elem < 4 && c < 8 && call.groups == 1 {
-        (8, 8)
-    } else {
-        (c, call.weight[1])
+    let pad = |channels: u64| {
+        if elem < 4 && call.groups == 1 {
+            channels.max(8)
+        } else {
+            channels
+        }
     };
+    let (cin, cg) = (pad(c), pad(call.weight[1]));
     let input = n * cin * h * w * elem;
     let out_dim = |size: u64, i: usize, taps: u64| {
         let pad = call.padding.get(i).copied().unwrap_or(0);

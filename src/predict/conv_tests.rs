@@ -277,12 +277,15 @@ fn calls_the_rule_does_not_model_take_no_workspace() {
     three_d.weight = vec![96, 96, 3, 3, 3];
     let mut int8 = base.clone();
     int8.dtype = "int8".into();
+    // a 2-D input with a 1-D filter is not a 2-D convolution either
+    let mut one_d_filter = base.clone();
+    one_d_filter.weight = vec![96, 96, 3];
     // one 1x1 of stride 1 in each spatial dimension only
     let mut pointwise = call(ConvPass::Weight, [48, 96, 56, 56], 96, 1, 1, 1);
     assert_eq!(cudnn_workspace(&pointwise), 0);
     pointwise.stride = vec![1, 2];
     assert!(cudnn_workspace(&pointwise) > 0);
-    for c in [transposed, three_d, int8, channels_last(base)] {
+    for c in [transposed, three_d, int8, one_d_filter, channels_last(base)] {
         assert_eq!(cudnn_workspace(&c), 0, "{c:?}");
     }
     // grouped but not depthwise (ResNeXt's 32 groups) is a dense one
