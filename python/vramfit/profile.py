@@ -125,7 +125,6 @@ class _Recorder:
             self._ws_forward = True
             self.workspace_at.append(len(self.events))
 
-
     def column_sum(self, x: Any, dims: Any) -> None:
         """A sum of contiguous rows to a vector (``_column_sum``), recorded
         after its output, where ATen's reduction kernel takes its staging

@@ -724,6 +724,14 @@ fn profiles_in(dir: &str) -> impl Fn(&str) -> Option<String> {
     move |name: &str| std::fs::read_to_string(dir.join(format!("{name}.profile.json"))).ok()
 }
 
+/// The rows of a measured set predicted from the captures in
+/// `data/profiles/DIR`, where there is one (the analytic path elsewhere).
+fn rows_from_captures(measured: &str, dir: &str) -> Vec<BenchRow> {
+    super::bench::bench_predict_with_profiles(measured, None, &profiles_in(dir), true)
+        .unwrap()
+        .rows
+}
+
 /// The profiles recorded on the H200 itself (`calibrate_libraries.py
 /// --snapshots`: each run's own tensor sequence, gzip JSON lines), by name.
 fn gpu_recorded_profiles(file: &str) -> std::collections::HashMap<String, String> {
@@ -807,14 +815,9 @@ fn captures_made_with_the_measuring_machines_libraries_predict_the_transformers_
             15,
         ),
     ] {
-        let report =
-            super::bench::bench_predict_with_profiles(measured, None, &profiles_in(dir), true)
-                .unwrap();
-        let hf: Vec<BenchRow> = report
-            .rows
-            .iter()
+        let hf: Vec<BenchRow> = rows_from_captures(measured, dir)
+            .into_iter()
             .filter(|r| r.name.starts_with("hf-") && r.source == "profile")
-            .cloned()
             .collect();
         assert!(hf.len() >= min_rows, "{dir}: {} rows", hf.len());
         let stats = error_stats(&hf, None);
@@ -848,12 +851,8 @@ fn convolution_nets_get_their_cudnn_workspaces() {
             "libraries-h200",
         ),
     ] {
-        let report =
-            super::bench::bench_predict_with_profiles(measured, None, &profiles_in(dir), true)
-                .unwrap();
         rows.extend(
-            report
-                .rows
+            rows_from_captures(measured, dir)
                 .into_iter()
                 .filter(|r| r.name.starts_with("tv-") && r.source == "profile"),
         );
@@ -880,19 +879,16 @@ fn bias_gradients_summed_over_the_tokens_get_the_reduction_kernels_staging() {
     // 32 fp32, whose MLPs are Linear layers over every pixel), captured on
     // the GPU machine's CPU: without the staging buffers -7.0, -3.2 and
     // -2.9 % under.
-    let report = super::bench::bench_predict_with_profiles(
+    let rows = rows_from_captures(
         include_str!("../../data/calibration/h200-libraries.jsonl"),
-        None,
-        &profiles_in("libraries-h200"),
-        true,
-    )
-    .unwrap();
+        "libraries-h200",
+    );
     for (name, low, high) in [
         ("tv-vit_b_16-i224-b32-fp32-adamw", -0.05, -0.03),
         ("tv-vit_b_16-i224-b64-bf16-sgdm", -0.015, 0.015),
         ("tv-convnext_tiny-i224-b32-fp32-adamw", -0.015, 0.015),
     ] {
-        let row = report.rows.iter().find(|r| r.name == name).unwrap();
+        let row = rows.iter().find(|r| r.name == name).unwrap();
         assert_eq!(row.source, "profile", "{name}");
         assert!(
             (low..=high).contains(&row.relative_error),
