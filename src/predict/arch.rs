@@ -102,6 +102,10 @@ pub struct Layout {
     /// The gated feed-forward's gate and up projections as one `Linear` of
     /// twice the width whose output is chunked (Phi-3's `gate_up_proj`).
     pub fused_gate_up: bool,
+    /// The rotary embedding concatenates the rotated part of each head with
+    /// the rest (Phi-3's `apply_rotary_pos_emb`): one more copy of the
+    /// queries and of the keys, even when the rest is empty.
+    pub rotary_cat: bool,
     /// ReLU feed-forward (OPT, T5 v1.0): autograd keeps only its output.
     pub relu: bool,
     /// Mixture-of-experts feed-forward (Mixtral, Qwen2-MoE).

@@ -109,6 +109,9 @@ enum Feature {
     /// Phi-3: the gated feed-forward's gate and up projections as one
     /// `gate_up_proj` (one weight of twice the width, one output chunked).
     FusedGateUp,
+    /// Phi-3: the rotated queries and keys are concatenated with their
+    /// unrotated rest, a copy.
+    RotaryCat,
     /// Mixture of experts: the experts' key and default, `num_experts_per_tok`'s
     /// default, the expert width key (`None`: the `ffn` key) and default,
     /// and the shared expert's key and default (Qwen2-MoE).
@@ -267,7 +270,7 @@ const FAMILIES: &[Row] = &[
         qkv_bias: Flag::Is(false),
         linear_bias: Flag::Is(false),
         out_bias: None,
-        features: &[Feature::FusedQkv, Feature::FusedGateUp],
+        features: &[Feature::FusedQkv, Feature::FusedGateUp, Feature::RotaryCat],
         ..LLAMA
     },
     BERT,
@@ -855,6 +858,7 @@ fn apply(feature: Feature, cfg: &Config<'_>, a: &mut TransformerArch) -> Result<
         Feature::SeparateQkv => lay.separate_qkv = true,
         Feature::FusedGateUp => lay.fused_gate_up = true,
         Feature::FusedQkv => lay.fused_qkv = true,
+        Feature::RotaryCat => lay.rotary_cat = true,
         Feature::Moe {
             experts,
             top_k,

@@ -250,6 +250,19 @@ struct Gen<'a> {
     /// their elements, the width of the scores they were computed from and
     /// whether the scores were scaled after the product (eager).
     softmax: BTreeMap<u32, (u64, u64, bool)>,
+    /// Hugging Face: the first forward of a checkpointed block runs without
+    /// autograd keeping anything; each tensor dies when the modelling code
+    /// drops it.
+    no_grad: bool,
+    /// Under `no_grad`: autocast's casts of activations for the kernel
+    /// running now, freed once its output exists.
+    kernel_casts: Vec<u32>,
+    /// Under autocast: the sizes of the block's weight casts not made yet,
+    /// in the order its matmuls first use them (autocast casts a weight on
+    /// its first use and caches the cast).
+    pending_casts: std::collections::VecDeque<u64>,
+    /// The weight casts made so far in the block.
+    made_casts: Vec<u32>,
 }
 
 impl<'a> Gen<'a> {
@@ -274,6 +287,10 @@ impl<'a> Gen<'a> {
             outputs: Vec::new(),
             cache: Vec::new(),
             released: HashSet::new(),
+            no_grad: false,
+            kernel_casts: Vec::new(),
+            pending_casts: std::collections::VecDeque::new(),
+            made_casts: Vec::new(),
             softmax: BTreeMap::new(),
         }
     }
@@ -402,18 +419,44 @@ impl<'a> Gen<'a> {
 
     /// Autocast's low-precision copies of a layer's matmul weights.
     fn cast_weights(&mut self, layer: Option<u32>) -> Vec<u32> {
-        if !self.d.amp {
-            return Vec::new();
-        }
-        let sizes: Vec<u64> = self
-            .params
-            .iter()
-            .filter(|p| p.layer == layer && p.matmul_weight)
-            .map(|p| p.numel() * self.d.compute)
-            .collect();
+        let sizes = self.cast_sizes(layer);
         sizes
             .into_iter()
             .map(|b| self.t.alloc(b, Category::Parameters))
+            .collect()
+    }
+
+    /// [`Self::cast_weights`] made one at a time, each at the matmul that
+    /// first uses it ([`Self::weight_cast`]); [`Self::end_lazy_casts`] makes
+    /// any left and returns them all.
+    fn start_lazy_casts(&mut self, layer: Option<u32>) {
+        self.pending_casts = self.cast_sizes(layer).into();
+        self.made_casts.clear();
+    }
+
+    /// Autocast's cast of the next weight a matmul uses, if one is pending.
+    fn weight_cast(&mut self) {
+        if let Some(b) = self.pending_casts.pop_front() {
+            let id = self.t.alloc(b, Category::Parameters);
+            self.made_casts.push(id);
+        }
+    }
+
+    fn end_lazy_casts(&mut self) -> Vec<u32> {
+        while !self.pending_casts.is_empty() {
+            self.weight_cast();
+        }
+        std::mem::take(&mut self.made_casts)
+    }
+
+    fn cast_sizes(&self, layer: Option<u32>) -> Vec<u64> {
+        if !self.d.amp {
+            return Vec::new();
+        }
+        self.params
+            .iter()
+            .filter(|p| p.layer == layer && p.matmul_weight)
+            .map(|p| p.numel() * self.d.compute)
             .collect()
     }
 
