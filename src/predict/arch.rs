@@ -106,6 +106,9 @@ pub struct Layout {
     /// the rest (Phi-3's `apply_rotary_pos_emb`): one more copy of the
     /// queries and of the keys, even when the rest is empty.
     pub rotary_cat: bool,
+    /// The gated feed-forward's activation is `gelu_new`, composed of
+    /// elementwise ops (T5's `gated-gelu`), followed by T5's dropout.
+    pub gate_gelu_new: bool,
     /// ReLU feed-forward (OPT, T5 v1.0): autograd keeps only its output.
     pub relu: bool,
     /// Mixture-of-experts feed-forward (Mixtral, Qwen2-MoE).

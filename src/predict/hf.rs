@@ -941,6 +941,8 @@ fn apply(feature: Feature, cfg: &Config<'_>, a: &mut TransformerArch) -> Result<
                 MlpKind::Gelu
             };
             lay.relu = !gated && act == "relu";
+            // transformers runs `gated-gelu` with gelu_new
+            lay.gate_gelu_new = gated && act == "gelu";
             a.positional = PositionalKind::Learned;
             // transformers 5.x ties T5's head always: a config's `false`
             // only turns off the decoder output's scaling (v1.1).

@@ -200,3 +200,22 @@ fn families_that_describe_the_same_model_from_the_same_keys_are_one_match() {
     b.layers += 1;
     assert!(!same_model(&a, &b));
 }
+
+#[test]
+fn t5s_gated_gelu_is_gelu_new_and_its_other_projections_are_not() {
+    // transformers maps `gated-gelu` to gelu_new; `gated-silu` and a plain
+    // `gelu` run one fused op
+    for (proj, gated, gelu_new) in [
+        ("gated-gelu", true, true),
+        ("gated-silu", true, false),
+        ("gelu", false, false),
+        ("relu", false, false),
+    ] {
+        let config = serde_json::json!({"model_type": "t5", "d_model": 64, "num_layers": 1,
+            "num_heads": 2, "d_kv": 32, "d_ff": 128, "vocab_size": 1000,
+            "feed_forward_proj": proj});
+        let t = arch_of(&config, 16).unwrap();
+        assert_eq!(t.mlp == MlpKind::Swiglu, gated, "{proj}");
+        assert_eq!(t.layout.gate_gelu_new, gelu_new, "{proj}");
+    }
+}

@@ -753,26 +753,9 @@ impl Gen<'_> {
                 let fc = self.t.act(n * f * wd.c);
                 if lib.gelu_new {
                     let nf = n * f;
+                    let y = self.hf_gelu_new(nf, fc, &mut saved);
                     if wd.amp {
-                        saved.push(self.t.act(nf * wd.c)); // 0.5 * x
-                        saved.push(self.t.act(nf * 4)); // x.float() for pow
-                    } else {
-                        saved.push(fc);
-                        saved.push(self.t.act(nf * wd.c));
-                    }
-                    let cube = self.t.act(nf * wd.e);
-                    let t1 = self.t.act(nf * wd.e);
-                    self.t.free(cube);
-                    let t2 = self.t.act(nf * wd.e);
-                    self.t.free(t1);
-                    let t3 = self.t.act(nf * wd.e);
-                    self.t.free(t2);
-                    saved.push(self.t.act(nf * wd.e)); // tanh
-                    self.t.free(t3);
-                    saved.push(self.t.act(nf * wd.e)); // 1 + tanh
-                    let y = self.t.act(nf * wd.e);
-                    if wd.amp {
-                        self.t.free(fc);
+                        // c_proj's cast
                         saved.push(self.t.act(nf * wd.c));
                         self.t.free(y);
                     } else {
@@ -932,7 +915,10 @@ impl Gen<'_> {
                 };
                 let ffn_mark = saved.len();
                 let nrm2 = self.hf_rmsnorm(n, h, &mut saved);
-                let chain = self.no_grad && t.mlp == MlpKind::Swiglu && !t.is_moe_block(l);
+                let chain = self.no_grad
+                    && t.mlp == MlpKind::Swiglu
+                    && !t.is_moe_block(l)
+                    && !t.layout.gate_gelu_new;
                 let mut nrm2_local = if wd.amp {
                     if !chain {
                         saved.push(self.t.act(n * h * wd.c));
@@ -1046,6 +1032,38 @@ impl Gen<'_> {
         saved.retain(|&id| id != x);
         saved.push(x);
         (saved, out)
+    }
+
+    /// `gelu_new` (GPT-2's activation, T5's `gated-gelu`) of `x` (`nf`
+    /// elements, the projection's output), composed of elementwise ops:
+    /// autograd keeps `0.5 * x`, `pow`'s input (an fp32 copy under autocast,
+    /// where `pow` runs in fp32 and the rest of the chain follows it), `tanh`
+    /// and `1 + tanh`. Returns the output (fp32 under autocast), for the
+    /// caller to keep or cast; under autocast `x` dies with it.
+    fn hf_gelu_new(&mut self, nf: u64, x: u32, saved: &mut Vec<u32>) -> u32 {
+        let wd = self.widths();
+        if wd.amp {
+            saved.push(self.t.act(nf * wd.c)); // 0.5 * x
+            saved.push(self.t.act(nf * 4)); // x.float() for pow
+        } else {
+            saved.push(x);
+            saved.push(self.t.act(nf * wd.c));
+        }
+        let cube = self.t.act(nf * wd.e);
+        let t1 = self.t.act(nf * wd.e);
+        self.t.free(cube);
+        let t2 = self.t.act(nf * wd.e);
+        self.t.free(t1);
+        let t3 = self.t.act(nf * wd.e);
+        self.t.free(t2);
+        saved.push(self.t.act(nf * wd.e)); // tanh
+        self.t.free(t3);
+        saved.push(self.t.act(nf * wd.e)); // 1 + tanh
+        let y = self.t.act(nf * wd.e);
+        if wd.amp {
+            self.t.free(x);
+        }
+        y
     }
 
     /// A projection's output of `elems` elements from an input of
@@ -1165,6 +1183,25 @@ impl Gen<'_> {
                 saved.push(self.t.act(n * 2 * t.ffn * wd.c));
                 saved.push(self.t.act(n * t.ffn * wd.c));
                 saved.push(self.t.act(n * t.ffn * wd.c));
+            }
+            _ if t.mlp == MlpKind::Swiglu && t.layout.gate_gelu_new => {
+                // T5's gated-gelu: gelu_new(wi_0(x)) * wi_1(x), dropout, and
+                // wo's cast of it under autocast (the chain is fp32 there)
+                let nf = n * t.ffn;
+                self.weight_cast();
+                let gate = self.t.act(nf * wd.c);
+                let y = self.hf_gelu_new(nf, gate, saved);
+                saved.push(y);
+                self.weight_cast();
+                saved.push(self.t.act(nf * wd.c)); // wi_1(x)
+                let prod = self.t.act(nf * wd.e);
+                let prod = self.hf_dropout(lib, prod, nf, wd.e, saved);
+                if wd.amp {
+                    saved.push(self.t.act(nf * wd.c));
+                    self.t.free(prod);
+                } else {
+                    saved.push(prod);
+                }
             }
             _ if t.mlp == MlpKind::Swiglu => gated(self, n, t.ffn, saved),
             _ => {

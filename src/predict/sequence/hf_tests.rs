@@ -1295,6 +1295,14 @@ fn each_family_decision_changes_the_tensors_it_describes() {
             |t| t.layout.loss_on_logits = false,
             N * V * 2,
         ),
+        // T5's gated-gelu runs gelu_new: pow in fp32 under autocast and the
+        // chain after it, the product and its dropout in fp32 too
+        (
+            "t5",
+            serde_json::json!({"feed_forward_proj": "gated-gelu"}),
+            |t| t.layout.gate_gelu_new = false,
+            N * F * 4,
+        ),
         (
             "gpt_neox",
             serde_json::json!({}),
