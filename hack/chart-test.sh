@@ -65,6 +65,10 @@ rendered=$("$helm" template "$release" "$chart" --kube-version "$kube_version" -
 grep -qx -- "        - --elastic-default" <<<"$rendered" || fail "controller.elasticDefault does not pass --elastic-default"
 rendered=$("$helm" template "$release" "$chart" --kube-version "$kube_version")
 ! grep -q -- "--elastic-default" <<<"$rendered" || fail "--elastic-default passed without controller.elasticDefault"
+! grep -q -- "--default-gpu-compute-percent" <<<"$rendered" || fail "--default-gpu-compute-percent passed without controller.defaultGpuComputePercent"
+rendered=$("$helm" template "$release" "$chart" --kube-version "$kube_version" --set controller.defaultGpuComputePercent=60)
+grep -qx -- "        - --default-gpu-compute-percent=60" <<<"$rendered" ||
+  fail "controller.defaultGpuComputePercent does not pass --default-gpu-compute-percent"
 passed=$((passed + 1))
 
 log "the schema and the templates refuse bad values"
@@ -79,6 +83,7 @@ refuse() {
 }
 refuse "unknown policy" "/controller/policy" --set controller.policy=fastest
 refuse "elasticDefault not a boolean" "/controller/elasticDefault" --set controller.elasticDefault=yes
+refuse "a compute share over 100 %" "/controller/defaultGpuComputePercent" --set controller.defaultGpuComputePercent=150
 refuse "misspelt value" "additional properties 'replica' not allowed" --set controller.replica=3
 refuse "relative kubelet root" "/kubeletRoot" --set kubeletRoot=var/lib/kubelet
 refuse "two active controllers" "needs controller.leaderElection" --set controller.leaderElection=false

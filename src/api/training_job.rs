@@ -459,6 +459,12 @@ pub struct TrainingJobStatus {
     /// with when its own fits no GPU now, each with its budget.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub elastic_shapes: Vec<ShapeBudget>,
+    /// The share of each GPU's compute the current attempt is placed with, in
+    /// percent: `spec.gpuComputePercent`, else the cluster's default
+    /// (`vramfit controller --default-gpu-compute-percent`), fixed when the
+    /// attempt is predicted; absent: not counted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compute_percent: Option<u32>,
     /// Where the budget came from: `model`, `profile`, `measured` (a finished
     /// job with the same model signature) or `request`.
     #[serde(default, skip_serializing_if = "Option::is_none")]

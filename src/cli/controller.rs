@@ -75,6 +75,13 @@ pub struct ControllerArgs {
     /// with a smaller micro-batch (the same global batch) where one fits.
     #[arg(long, env = "VRAMFIT_ELASTIC_DEFAULT")]
     pub elastic_default: bool,
+    /// The share of each GPU's compute, in percent (1-100), that a job which
+    /// does not set `spec.gpuComputePercent` needs: the jobs on one GPU then
+    /// never need more than its whole compute. Unset: such jobs share their
+    /// GPU by memory alone.
+    #[arg(long, env = "VRAMFIT_DEFAULT_GPU_COMPUTE_PERCENT",
+          value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub default_gpu_compute_percent: Option<u32>,
     /// Log lines as text (colour only on a terminal) or as JSON objects.
     #[arg(long, value_enum, env = "VRAMFIT_LOG_FORMAT", default_value = "text")]
     pub log_format: crate::cli::logging::LogFormat,
@@ -106,6 +113,11 @@ impl ControllerArgs {
             }),
             status_writers: self.status_writers,
             elastic_default: self.elastic_default,
+            compute_default: self.default_gpu_compute_percent,
         }
     }
 }
+
+#[cfg(test)]
+#[path = "controller_tests.rs"]
+mod tests;

@@ -297,12 +297,22 @@ pub fn job_request(job: &TrainingJob, budget: u64) -> Result<JobRequest, String>
         id: job_key(job),
         gpus: job.spec.gpus,
         gpu_budget: budget,
-        gpu_compute: compute_thousandths(job.spec.gpu_compute_percent),
+        gpu_compute: compute_thousandths(compute_percent(job)),
         cpu_milli,
         memory_bytes,
         gpu_models: job.spec.gpu_models.clone().unwrap_or_default(),
         tolerations: tolerations(spec),
     })
+}
+
+/// The compute share, percent, the job's current attempt is placed with:
+/// the one its prediction fixed (`status.computePercent`: the spec's, else the
+/// cluster's default), else the spec's (a job predicted before the field).
+pub fn compute_percent(job: &TrainingJob) -> Option<u32> {
+    job.status
+        .as_ref()
+        .and_then(|s| s.compute_percent)
+        .or(job.spec.gpu_compute_percent)
 }
 
 /// The engine's compute units (thousandths of a GPU) of a percentage; none

@@ -423,3 +423,23 @@ fn the_requests_read_from_the_template_json_are_those_of_the_parsed_template() {
         [(0, 0), (0, 0), (0, 0), (2500, GIB + GIB / 2), (1500, 0)]
     );
 }
+
+#[test]
+fn the_request_asks_the_compute_share_the_prediction_fixed() {
+    let mut job = job(
+        json!({"gpuComputePercent": 40, "batch": {"global": 16, "micro": 8}}),
+        json!({"containers": containers()}),
+    );
+    // predicted before the status carried the share: the spec's
+    assert_eq!(job_request(&job, GIB).unwrap().gpu_compute, 400);
+    // the share the prediction fixed (here the cluster's default) wins
+    job.status = Some(crate::api::TrainingJobStatus {
+        compute_percent: Some(60),
+        ..Default::default()
+    });
+    assert_eq!(job_request(&job, GIB).unwrap().gpu_compute, 600);
+    job.spec.gpu_compute_percent = None;
+    assert_eq!(compute_percent(&job), Some(60));
+    job.status = None;
+    assert_eq!(job_request(&job, GIB).unwrap().gpu_compute, 0);
+}

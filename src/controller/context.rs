@@ -46,6 +46,9 @@ pub struct ControllerOptions {
     /// Memory-elastic placement for jobs that do not set
     /// `spec.batch.elastic`.
     pub elastic_default: bool,
+    /// The compute share, percent, of jobs that do not set
+    /// `spec.gpuComputePercent` (`None`: theirs is not counted).
+    pub compute_default: Option<u32>,
 }
 
 /// Who may read the `/ui` page.
@@ -90,6 +93,7 @@ impl Default for ControllerOptions {
             lease: None,
             status_writers: status_writer::DEFAULT_WRITERS,
             elastic_default: false,
+            compute_default: None,
         }
     }
 }
@@ -127,6 +131,9 @@ pub struct Context {
     /// Memory-elastic placement for jobs that do not set
     /// `spec.batch.elastic` (`--elastic-default`).
     pub elastic_default: bool,
+    /// The compute share of jobs without `spec.gpuComputePercent`
+    /// (`--default-gpu-compute-percent`).
+    pub compute_default: Option<u32>,
 }
 
 impl Context {

@@ -96,6 +96,7 @@ fn facts(models: &[(String, u64)], elastic_default: bool) -> PredictFacts<'_> {
         measured: &no_measurement,
         gpu_models: models,
         elastic_default,
+        compute_default: None,
     }
 }
 

@@ -92,6 +92,7 @@ async fn a_reconcile_behind_a_closed_fence_fails_before_any_request() {
             defer_placed_status: false,
             pods_first: Default::default(),
             elastic_default: false,
+            compute_default: None,
         })
     };
     let job: Arc<TrainingJob> = Arc::new(

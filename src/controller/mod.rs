@@ -215,6 +215,7 @@ pub async fn run(client: Client, options: ControllerOptions) -> Result<()> {
         defer_placed_status: options.status_writers > 0,
         pods_first,
         elastic_default: options.elastic_default,
+        compute_default: options.compute_default,
     });
     let (trigger, triggers) = futures::channel::mpsc::unbounded::<ObjectRef<TrainingJob>>();
     if options.status_writers > 0 {

@@ -158,6 +158,7 @@ async fn apply(job: &TrainingJob, ctx: &Context) -> Result<Action> {
             // blocking pool, bounded in time, and a panic in it fails the
             // job instead of the reconcile.
             let elastic_default = ctx.elastic_default;
+            let compute_default = ctx.compute_default;
             let predicted = {
                 let owned = job.clone();
                 let index = ctx.index.clone();
@@ -173,6 +174,7 @@ async fn apply(job: &TrainingJob, ctx: &Context) -> Result<Action> {
                             measured: &|signature| index.measured_peak_for(signature),
                             gpu_models: &gpu_models,
                             elastic_default,
+                            compute_default,
                         },
                     )
                 })

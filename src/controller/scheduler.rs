@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::cluster_view::{
-    ClusterView, compute_thousandths, job_key, job_request, recorded_placement,
+    ClusterView, compute_percent, compute_thousandths, job_key, job_request, recorded_placement,
 };
 use crate::api::{AssignedGpu, ElasticPlacement, GpuModelBudget, PlacementStatus, TrainingJob};
 use crate::place::elastic::{self, Shape};
@@ -337,7 +337,7 @@ fn place_elastic(
             state,
             ends.ends.iter().map(|(end, p)| (*end, p)),
             elastic::Hole::new(spec.gpus.max(1), budget)
-                .with_compute(compute_thousandths(spec.gpu_compute_percent)),
+                .with_compute(compute_thousandths(compute_percent(job))),
             ends.now,
             usable,
         );
@@ -452,7 +452,7 @@ fn place_request(
                 budget_bytes: budget,
                 memory_fraction: fraction,
                 attempt: current_attempt(job),
-                compute_percent: job.spec.gpu_compute_percent,
+                compute_percent: compute_percent(job),
                 gpu_model: model.map(|m| m.gpu_model.clone()),
                 micro_batch: model.map(|m| m.micro_batch),
                 elastic: None,

@@ -245,6 +245,9 @@ pub struct PredictFacts<'a> {
     pub gpu_models: &'a [(String, u64)],
     /// Whether jobs that do not set `spec.batch.elastic` are elastic.
     pub elastic_default: bool,
+    /// The compute share, percent, of jobs that do not set
+    /// `spec.gpuComputePercent` (`None`: theirs is not counted).
+    pub compute_default: Option<u32>,
 }
 
 /// Predicts the attempt's budget: the job waits for the cycle with it, or
@@ -326,6 +329,7 @@ pub fn predict(
         b.predicted_bytes = scaled.predicted;
         b.budget_bytes = scaled.budget;
     }
+    status.compute_percent = spec.gpu_compute_percent.or(facts.compute_default);
     // An elastic job's smaller shapes, for when its own fits no GPU now.
     status.elastic_shapes = if super::elastic::is_elastic(spec, facts.elastic_default) {
         super::elastic::smaller_shapes(

@@ -333,6 +333,7 @@ fn facts<'a>(
         measured,
         gpu_models: models,
         elastic_default: false,
+        compute_default: None,
     }
 }
 
@@ -1361,4 +1362,24 @@ fn an_attempt_without_its_gpu_is_retried_at_the_same_shape_and_is_not_an_oom() {
         "{:?}",
         t.status.message
     );
+}
+
+#[test]
+fn the_prediction_fixes_the_compute_share_the_spec_else_the_cluster_default() {
+    // (spec.gpuComputePercent, the controller's default, the status's share)
+    for (spec, default, want) in [
+        (None, None, None),
+        (None, Some(60), Some(60)),
+        (Some(25), Some(60), Some(25)),
+        (Some(25), None, Some(25)),
+    ] {
+        let mut job = job(None);
+        job.spec.gpu_compute_percent = spec;
+        let facts = PredictFacts {
+            compute_default: default,
+            ..facts(1, &|_| None, &[])
+        };
+        let t = predict(&job, TrainingJobStatus::default(), facts);
+        assert_eq!(t.status.compute_percent, want, "{spec:?} {default:?}");
+    }
 }

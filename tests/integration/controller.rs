@@ -233,6 +233,43 @@ async fn jobs_share_a_gpu_only_while_their_compute_shares_fit_it() {
 }
 
 #[tokio::test]
+async fn the_clusters_default_compute_share_holds_for_jobs_that_set_none() {
+    let cluster = TestCluster::new("compute-default").await;
+    let node = cluster.add_gpu_node("n1", &[("H100-80GB", 80 * GIB)]).await;
+    let _controller = cluster.start_logged_controller(
+        &["--no-leader-election", "--default-gpu-compute-percent=60"],
+        "127.0.0.1:0",
+    );
+    // Neither sets gpuComputePercent: each needs the default's 60 %.
+    cluster
+        .apply_job(mlp_job("first", 64, 8, 1, Some("20Gi")))
+        .await;
+    let first = cluster.wait_phase("first", Phase::Placed).await;
+    let status = first.status.unwrap();
+    assert_eq!(status.compute_percent, Some(60));
+    assert_eq!(status.placement.unwrap().compute_percent, Some(60));
+    cluster.wait_pod("first-a1").await;
+    cluster
+        .apply_job(mlp_job("second", 64, 8, 1, Some("20Gi")))
+        .await;
+    let waiting = cluster
+        .wait_message("second", "needs 60.0 % of the compute")
+        .await;
+    assert_eq!(phase(&waiting), Phase::Pending);
+    // A job's own share wins over the default: 40 % joins the first.
+    let mut third = mlp_job("third", 64, 8, 1, Some("20Gi"));
+    third["spec"]["gpuComputePercent"] = json!(40);
+    cluster.apply_job(third).await;
+    let third = cluster.wait_phase("third", Phase::Placed).await;
+    let placement = third.status.unwrap().placement.unwrap();
+    assert_eq!(placement.compute_percent, Some(40));
+    assert_eq!(
+        (placement.node.as_str(), placement.gpus[0].index),
+        (node.as_str(), 0)
+    );
+}
+
+#[tokio::test]
 async fn job_larger_than_any_gpu_waits_and_is_placed_when_a_larger_gpu_appears() {
     let cluster = TestCluster::new("toobig").await;
     cluster.add_gpu_node("small", &[("L4", 24 * GIB)]).await;
