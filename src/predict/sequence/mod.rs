@@ -443,8 +443,10 @@ impl<'a> Gen<'a> {
     }
 
     fn end_lazy_casts(&mut self) -> Vec<u32> {
-        while !self.pending_casts.is_empty() {
-            self.weight_cast();
+        let left: Vec<u64> = self.pending_casts.drain(..).collect();
+        for b in left {
+            let id = self.t.alloc(b, Category::Parameters);
+            self.made_casts.push(id);
         }
         std::mem::take(&mut self.made_casts)
     }
