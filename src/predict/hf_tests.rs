@@ -219,3 +219,17 @@ fn t5s_gated_gelu_is_gelu_new_and_its_other_projections_are_not() {
         assert_eq!(t.layout.gate_gelu_new, gelu_new, "{proj}");
     }
 }
+
+#[test]
+fn phi3s_projections_have_no_bias_whatever_attention_bias_says() {
+    // Phi3Attention builds qkv_proj and o_proj with bias=False; LLaMA's
+    // o_proj follows `attention_bias`
+    let count = |model_type: &str, bias: bool| {
+        let config = serde_json::json!({"model_type": model_type, "num_hidden_layers": 1,
+            "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 4,
+            "intermediate_size": 128, "vocab_size": 1000, "attention_bias": bias});
+        Arch::Transformer(arch_of(&config, 16).unwrap()).parameter_count()
+    };
+    assert_eq!(count("phi3", true), count("phi3", false));
+    assert_eq!(count("llama", true), count("llama", false) + 3 * 64 + 64);
+}

@@ -1614,3 +1614,41 @@ fn phi3s_attention_projects_once_and_concatenates_its_rotary_embeddings() {
         count(&fwd(&no_cat), N * H * 2) + 2 * 2
     );
 }
+
+#[test]
+fn with_autograd_a_blocks_weight_casts_are_made_together_at_its_start() {
+    // Only the checkpointed first forward makes them at their matmuls (see
+    // `lazy_casts`): made so in forwards with autograd too, the held-out
+    // set's p90 went from 4.3 % to 5.9 %.
+    for family in ["gpt2", "llama", "bert"] {
+        let cfg = config(family, serde_json::json!({}));
+        let evs = events(&cfg, &run(Precision::AmpBf16, Attention::Sdpa));
+        let fwd = first_forward(&evs);
+        let start = fwd
+            .iter()
+            .position(|e| {
+                matches!(
+                    e,
+                    TensorEvent::Alloc {
+                        category: Category::Activations,
+                        ..
+                    }
+                )
+            })
+            .unwrap();
+        let is_cast = |e: &TensorEvent| {
+            matches!(
+                e,
+                TensorEvent::Alloc {
+                    category: Category::Parameters,
+                    ..
+                }
+            )
+        };
+        let first = start + fwd[start..].iter().position(is_cast).unwrap();
+        assert!(
+            is_cast(&fwd[first + 1]),
+            "{family}: the block's casts apart"
+        );
+    }
+}
