@@ -1652,3 +1652,80 @@ fn with_autograd_a_blocks_weight_casts_are_made_together_at_its_start() {
         );
     }
 }
+
+/// The longest run of weight casts made one after the other in `evs`.
+fn longest_run_of_casts(evs: &[TensorEvent]) -> usize {
+    let (mut run, mut longest) = (0, 0);
+    for e in evs {
+        if matches!(
+            e,
+            TensorEvent::Alloc {
+                category: Category::Parameters,
+                ..
+            }
+        ) {
+            run += 1;
+            longest = longest.max(run);
+        } else {
+            run = 0;
+        }
+    }
+    longest
+}
+
+#[test]
+fn blocks_whose_matmuls_the_generator_does_not_walk_make_their_casts_at_their_start() {
+    // A mixture of experts, DeBERTa's disentangled attention, T5's decoder
+    // blocks (their cross-attention) and an image model's blocks ask for no
+    // casts at their matmuls: even in a checkpointed first forward the
+    // block's casts are made together at its start.
+    let cases = [
+        ("mixtral", serde_json::json!({}), 0),
+        (
+            "deberta-v2",
+            serde_json::json!({"relative_attention": true, "position_buckets": 4,
+                "pos_att_type": ["c2p", "p2c"], "share_att_key": true}),
+            0,
+        ),
+        // one encoder block, then the decoder block
+        ("t5", serde_json::json!({}), 1),
+        (
+            "vit",
+            serde_json::json!({"image_size": 16, "patch_size": 8}),
+            0,
+        ),
+    ];
+    for (model_type, extra, block) in cases {
+        let t = family(model_type, extra);
+        let casts = t
+            .param_tensors()
+            .iter()
+            .filter(|p| p.layer == Some(block) && p.matmul_weight)
+            .count();
+        let shape = RunShape {
+            checkpointing: true,
+            ..run(Precision::AmpBf16, Attention::Sdpa)
+        };
+        let evs = training_events(&Arch::Transformer(t), &shape);
+        // the head's casts (one or two) come after the blocks
+        let blocks = first_forward(&evs);
+        let start = blocks
+            .iter()
+            .position(|e| {
+                matches!(
+                    e,
+                    TensorEvent::Alloc {
+                        category: Category::Activations,
+                        ..
+                    }
+                )
+            })
+            .unwrap();
+        assert!(casts >= 4, "{model_type}: {casts}");
+        assert_eq!(
+            longest_run_of_casts(&blocks[start..]),
+            casts,
+            "{model_type}"
+        );
+    }
+}
