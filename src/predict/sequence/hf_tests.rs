@@ -1729,3 +1729,51 @@ fn blocks_whose_matmuls_the_generator_does_not_walk_make_their_casts_at_their_st
         );
     }
 }
+
+#[test]
+fn without_autograd_the_attentions_fp32_inputs_live_until_it_returns_and_its_casts_die_with_the_kernel()
+ {
+    // LLaMA under autocast: the rotary embeddings are fp32; SDPA runs on
+    // their bf16 casts. Nothing keeps the casts once the kernel's output
+    // exists, while the fp32 queries and keys stay in their variables until
+    // the attention returns (after o_proj).
+    let cfg = config("llama", serde_json::json!({}));
+    let shape = RunShape {
+        checkpointing: true,
+        ..run(Precision::AmpBf16, Attention::Sdpa)
+    };
+    let evs = events(&cfg, &shape);
+    let fwd = first_forward(&evs);
+    let lse = MICRO * HEADS * SEQ * 4;
+    let mut live: BTreeMap<u32, u64> = BTreeMap::new();
+    let mut after_lse = false;
+    for e in fwd {
+        match *e {
+            TensorEvent::Alloc {
+                id,
+                bytes,
+                category: Category::Activations,
+                ..
+            } => {
+                if after_lse && bytes == N * H * 2 {
+                    // o_proj's output. Alive in fp32: the block input, the
+                    // norm's output, the rotary queries and keys; in bf16 of
+                    // this size: the values (bf16 already) and SDPA's output,
+                    // not the casts of the queries and keys.
+                    let fp32 = live.values().filter(|&&b| b == N * H * 4).count();
+                    let bf16 = live.values().filter(|&&b| b == N * H * 2).count();
+                    assert_eq!(fp32, 4, "fp32 tensors alive at o_proj");
+                    assert_eq!(bf16, 2, "the kernel's casts outlived it");
+                    return;
+                }
+                after_lse |= bytes == lse;
+                live.insert(id, bytes);
+            }
+            TensorEvent::Free { id } => {
+                live.remove(&id);
+            }
+            TensorEvent::Alloc { .. } => {}
+        }
+    }
+    panic!("no o_proj after the log-sum-exp");
+}
