@@ -692,14 +692,40 @@ impl Gen<'_> {
                         self.t.free(r);
                     }
                 }
+                // GPT-NeoX with the cache: attention reads the cache's copies
+                // of the rotated keys and of the values, so neither the keys
+                // nor the fused output (the values' storage) is kept; the
+                // output lives in its variable until the attention returns.
+                // (GPT-2's queries stay a view of it.)
+                // Under autocast the rotated tensors and the copies are fp32,
+                // and SDPA keeps its low-precision casts of the queries and
+                // both copies instead (the H200's recorded run).
+                let cache_copies = cache && t.layout.rotary_dims > 0;
+                let mut attention_locals = Vec::new();
                 if cache {
-                    let kc = self.t.act(n * kvd * wd.c);
-                    let vc = self.t.act(n * kvd * wd.c);
+                    let width = if cache_copies { wd.e } else { wd.c };
+                    let kc = self.t.act(n * kvd * width);
+                    let vc = self.t.act(n * kvd * width);
                     self.cache.extend([kc, vc]);
+                    if cache_copies && let Some(keys) = saved.pop() {
+                        self.t.free(keys);
+                    }
                 }
                 let o = match attention {
                     Attention::Sdpa | Attention::Flash => {
-                        saved.push(qkv);
+                        if cache_copies {
+                            attention_locals.push(qkv);
+                            if wd.amp
+                                && let Some(queries) = saved.pop()
+                            {
+                                attention_locals.push(queries);
+                                for _ in 0..3 {
+                                    saved.push(self.t.act(n * h * wd.c));
+                                }
+                            }
+                        } else {
+                            saved.push(qkv);
+                        }
                         saved.push(self.t.act(n * h * wd.c));
                         saved.push(self.t.act(lse));
                         false
@@ -720,6 +746,7 @@ impl Gen<'_> {
                 self.hf_attention_output(o, n * h, &mut saved);
                 self.weight_cast();
                 let proj = self.t.act(n * h * wd.c);
+                self.t.free_all(&mut attention_locals);
                 self.drop_unsaved(&mut saved, 0, x);
                 if self.no_grad
                     && let Some(l) = ln1_local.take()

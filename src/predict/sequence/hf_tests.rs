@@ -1777,3 +1777,32 @@ fn without_autograd_the_attentions_fp32_inputs_live_until_it_returns_and_its_cas
     }
     panic!("no o_proj after the log-sum-exp");
 }
+
+#[test]
+fn gpt_neox_with_its_cache_keeps_the_caches_copies_not_its_fused_output() {
+    // With the cache, attention reads the cache's copies of the rotated keys
+    // and of the values: nothing keeps the fused query/key/value output (the
+    // values' storage) or the rotated keys for backward. Without it (as
+    // under checkpointing) SDPA keeps the values, a view of that output.
+    for p in [Precision::Fp32, Precision::AmpBf16] {
+        let w = widths(p);
+        let cached = family("gpt_neox", serde_json::json!({}));
+        let uncached = family("gpt_neox", serde_json::json!({"use_cache": false}));
+        let a = alive_when_backward_starts(&family_events(&cached, p, Attention::Sdpa));
+        let b = alive_when_backward_starts(&family_events(&uncached, p, Attention::Sdpa));
+        let qkv = N * 3 * H * w.c;
+        assert_eq!(count(&a, qkv), 0, "{p:?}");
+        assert_eq!(count(&b, qkv), 2, "{p:?}");
+        // Per block, with the cache: its copies of the keys and values
+        // replace the rotated keys; under autocast (where they and the
+        // rotated queries are fp32, the same number) SDPA keeps three casts
+        // of its own.
+        let (e, c) = (N * H * w.e, N * H * w.c);
+        if w.amp {
+            assert_eq!(count(&a, e), count(&b, e), "{p:?}");
+            assert_eq!(count(&a, c), count(&b, c) + 2 * 3, "{p:?}");
+        } else {
+            assert_eq!(count(&a, e), count(&b, e) + 2, "{p:?}");
+        }
+    }
+}
