@@ -738,8 +738,9 @@ impl Gen<'_> {
                         } else {
                             saved.push(qkv);
                         }
-                        self.hf_score_extras(t, s2, &mut saved);
+                        let score = self.hf_score_extras(t, s2, &mut saved);
                         self.hf_eager_scores(lib, s2, true, false, &mut saved);
+                        locals_of_block.extend(score);
                         true
                     }
                 };
@@ -896,8 +897,9 @@ impl Gen<'_> {
                     Attention::Eager => {
                         self.autocast_input(qe, n * qd, true, &mut saved);
                         self.hf_repeat_kv(gqa, keys, n * kvd, n * qd, owned, &mut saved);
-                        self.hf_score_extras(t, s2, &mut saved);
+                        let score = self.hf_score_extras(t, s2, &mut saved);
                         self.hf_eager_scores(lib, s2, false, true, &mut saved);
+                        locals_of_block.extend(score);
                         self.hf_repeat_kv(gqa, values, n * kvd, n * qd, owned, &mut saved);
                         true
                     }
@@ -998,6 +1000,7 @@ impl Gen<'_> {
                 let k = self.t.act(n * h * wd.c);
                 self.weight_cast();
                 let v = self.t.act(n * h * wd.c);
+                let mut rel_score = None;
                 let o = match attention {
                     Attention::Sdpa | Attention::Flash => {
                         saved.extend([q, k, v]);
@@ -1007,7 +1010,7 @@ impl Gen<'_> {
                     }
                     Attention::Eager => {
                         saved.extend([q, k]);
-                        self.hf_score_extras(t, s2, &mut saved);
+                        rel_score = self.hf_score_extras(t, s2, &mut saved);
                         self.hf_eager_scores(lib, s2, false, false, &mut saved);
                         saved.push(v);
                         true
@@ -1016,6 +1019,9 @@ impl Gen<'_> {
                 self.hf_attention_output(o, n * h, &mut saved);
                 self.weight_cast();
                 let dense = self.t.act(n * h * wd.c);
+                if let Some(score) = rel_score {
+                    self.t.free(score);
+                }
                 self.drop_unsaved(&mut saved, 0, x);
                 let br = self.hf_dropout(lib, dense, n * h, wd.c, &mut saved);
                 let sum = self.t.act(n * h * wd.r);
@@ -1136,28 +1142,42 @@ impl Gen<'_> {
     /// softmax: Gemma 2's softcapping (`/ cap`, `tanh` kept, `* cap`) and
     /// DeBERTa's content-to-position and position-to-content terms (the
     /// relative table projected per block and kept by its product, the
-    /// `batch x heads x seq x rows` scores and their gather into the scores'
-    /// shape).
-    fn hf_score_extras(&mut self, t: &TransformerArch, s2: u64, saved: &mut Vec<u32>) {
+    /// `batch x heads x seq x rows` scores, kept by their `torch.gather`
+    /// into the scores' shape, each gather divided by the scale and summed
+    /// into `score`, in place after the first; the gathers die when the
+    /// function returns). Returns DeBERTa's `score`, which lives until the
+    /// attention returns.
+    fn hf_score_extras(
+        &mut self,
+        t: &TransformerArch,
+        s2: u64,
+        saved: &mut Vec<u32>,
+    ) -> Option<u32> {
         let wd = self.widths();
         if t.layout.attn_softcap {
             let div = self.t.act(s2 * wd.c);
             saved.push(self.t.act(s2 * wd.c));
             self.t.free(div);
         }
-        if let Some(d) = t.layout.disentangled {
-            let rows = d.rel_rows;
-            let per_row = s2 / t.seq_len.max(1);
-            for on in [d.c2p, d.p2c] {
-                if on {
-                    saved.push(self.t.act(rows * t.q_dim() * wd.c));
-                    let rel = self.t.act(per_row * rows * wd.c);
-                    let gathered = self.t.act(s2 * wd.c);
-                    self.t.free(rel);
-                    self.t.free(gathered);
+        let d = t.layout.disentangled?;
+        let rows = d.rel_rows;
+        let per_row = s2 / t.seq_len.max(1);
+        let mut gathered = Vec::new();
+        let mut score = None;
+        for on in [d.c2p, d.p2c] {
+            if on {
+                saved.push(self.t.act(rows * t.q_dim() * wd.c));
+                saved.push(self.t.act(per_row * rows * wd.c));
+                gathered.push(self.t.act(s2 * wd.c));
+                let div = self.t.act(s2 * wd.c);
+                if score.is_none() {
+                    score = Some(self.t.act(s2 * wd.c));
                 }
+                self.t.free(div);
             }
         }
+        self.t.free_all(&mut gathered);
+        score
     }
 
     /// The feed-forward of block `l` between its input's norm and its

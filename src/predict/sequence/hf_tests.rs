@@ -1493,28 +1493,8 @@ fn under_autocast_a_checkpointed_forward_casts_each_weight_at_its_matmul_and_kee
         let evs = events(&cfg, &shape);
         let blocks = first_blocks(&evs).len();
         let fwd = first_forward(&evs);
-        let is_param = |e: &TensorEvent| {
-            matches!(
-                e,
-                TensorEvent::Alloc {
-                    category: Category::Parameters,
-                    ..
-                }
-            )
-        };
         // the model's own parameters come before the step's first activation
-        let start = fwd
-            .iter()
-            .position(|e| {
-                matches!(
-                    e,
-                    TensorEvent::Alloc {
-                        category: Category::Activations,
-                        ..
-                    }
-                )
-            })
-            .unwrap();
+        let start = first_activation(fwd);
         let model = ModelSpec {
             hugging_face: Some(HuggingFaceSpec {
                 config: cfg.as_object().unwrap().clone(),
@@ -1547,10 +1527,10 @@ fn under_autocast_a_checkpointed_forward_casts_each_weight_at_its_matmul_and_kee
         // made at the matmuls: never two casts in a row
         let mut seen = 0;
         for pair in fwd[start..blocks].windows(2) {
-            if is_param(&pair[0]) {
+            if is_cast(&pair[0]) {
                 seen += 1;
                 if seen <= in_blocks {
-                    assert!(!is_param(&pair[1]), "{family}: two casts made together");
+                    assert!(!is_cast(&pair[1]), "{family}: two casts made together");
                 }
             }
         }
@@ -1624,27 +1604,7 @@ fn with_autograd_a_blocks_weight_casts_are_made_together_at_its_start() {
         let cfg = config(family, serde_json::json!({}));
         let evs = events(&cfg, &run(Precision::AmpBf16, Attention::Sdpa));
         let fwd = first_forward(&evs);
-        let start = fwd
-            .iter()
-            .position(|e| {
-                matches!(
-                    e,
-                    TensorEvent::Alloc {
-                        category: Category::Activations,
-                        ..
-                    }
-                )
-            })
-            .unwrap();
-        let is_cast = |e: &TensorEvent| {
-            matches!(
-                e,
-                TensorEvent::Alloc {
-                    category: Category::Parameters,
-                    ..
-                }
-            )
-        };
+        let start = first_activation(fwd);
         let first = start + fwd[start..].iter().position(is_cast).unwrap();
         assert!(
             is_cast(&fwd[first + 1]),
@@ -1709,18 +1669,7 @@ fn blocks_whose_matmuls_the_generator_does_not_walk_make_their_casts_at_their_st
         let evs = training_events(&Arch::Transformer(t), &shape);
         // the head's casts (one or two) come after the blocks
         let blocks = first_forward(&evs);
-        let start = blocks
-            .iter()
-            .position(|e| {
-                matches!(
-                    e,
-                    TensorEvent::Alloc {
-                        category: Category::Activations,
-                        ..
-                    }
-                )
-            })
-            .unwrap();
+        let start = first_activation(blocks);
         assert!(casts >= 4, "{model_type}: {casts}");
         assert_eq!(
             longest_run_of_casts(&blocks[start..]),
@@ -1805,4 +1754,65 @@ fn gpt_neox_with_its_cache_keeps_the_caches_copies_not_its_fused_output() {
             assert_eq!(count(&a, e), count(&b, e) + 2, "{p:?}");
         }
     }
+}
+
+#[test]
+fn debertas_gathers_keep_their_inputs_and_its_score_is_summed_in_place() {
+    // disentangled_attention_bias: per term (c2p, p2c) the batch x heads x
+    // seq x rows product, kept by `torch.gather`; the gather, divided by
+    // the scale and summed into `score` (a new tensor for the first term,
+    // in place for the second).
+    let on = family(
+        "deberta-v2",
+        serde_json::json!({"relative_attention": true, "position_buckets": 7,
+            "pos_att_type": ["c2p", "p2c"], "share_att_key": true}),
+    );
+    let mut off = on.clone();
+    off.layout.disentangled = None;
+    // 2 x 7 relative positions: a size no other tensor has
+    let rows = on.layout.disentangled.unwrap().rel_rows;
+    assert_eq!(rows, 14);
+    let layers = on.layers;
+    for p in [Precision::Fp32, Precision::AmpBf16] {
+        let w = widths(p);
+        let a = family_events(&on, p, Attention::Eager);
+        let b = family_events(&off, p, Attention::Eager);
+        let product = MICRO * HEADS * SEQ * rows * w.c;
+        assert_eq!(
+            count(&alive_when_backward_starts(&a), product),
+            2 * layers as usize,
+            "{p:?}"
+        );
+        // two gathers, two divisions and one score per block
+        let s2 = MICRO * HEADS * SEQ * SEQ * w.c;
+        let fwd = |evs: &[TensorEvent]| count(&acts(first_forward(evs)), s2);
+        assert_eq!(fwd(&a), fwd(&b) + 5 * layers as usize, "{p:?}");
+    }
+}
+
+/// Where the step's first activation is allocated (the model's parameters
+/// come before it).
+fn first_activation(evs: &[TensorEvent]) -> usize {
+    evs.iter()
+        .position(|e| {
+            matches!(
+                e,
+                TensorEvent::Alloc {
+                    category: Category::Activations,
+                    ..
+                }
+            )
+        })
+        .expect("an activation")
+}
+
+/// An autocast weight cast (a parameter-sized allocation in a step).
+fn is_cast(e: &TensorEvent) -> bool {
+    matches!(
+        e,
+        TensorEvent::Alloc {
+            category: Category::Parameters,
+            ..
+        }
+    )
 }
