@@ -579,8 +579,27 @@ impl TransformerArch {
                 Some(m) if self.is_moe_block(l) => {
                     // router, then the experts' fused gate/up and down
                     self.linear(m.experts, h, false, layer, &mut p);
-                    for _ in 0..m.experts {
-                        self.ffn_params(m.expert_ffn, layer, &mut p);
+                    if self.library.is_some() {
+                        // transformers stacks the experts: one gate_up
+                        // (experts, 2 x ffn, hidden) and one down (experts,
+                        // hidden, ffn) parameter; a matmul reads an expert's
+                        // slice, not a leaf, so autocast caches no cast of it
+                        for (rows, cols) in [
+                            (m.experts * 2 * m.expert_ffn, h),
+                            (m.experts * h, m.expert_ffn),
+                        ] {
+                            p.push(ParamTensor {
+                                rows,
+                                cols,
+                                layer,
+                                matmul_weight: false,
+                                sum_rows: 0,
+                            });
+                        }
+                    } else {
+                        for _ in 0..m.experts {
+                            self.ffn_params(m.expert_ffn, layer, &mut p);
+                        }
                     }
                     if m.shared_ffn > 0 {
                         self.ffn_params(m.shared_ffn, layer, &mut p);

@@ -233,3 +233,35 @@ fn phi3s_projections_have_no_bias_whatever_attention_bias_says() {
     assert_eq!(count("phi3", true), count("phi3", false));
     assert_eq!(count("llama", true), count("llama", false) + 3 * 64 + 64);
 }
+
+#[test]
+fn the_library_stacks_the_experts_into_two_parameters_whose_casts_are_not_cached() {
+    // transformers' MoE blocks hold gate_up (experts, 2 x ffn, hidden) and
+    // down (experts, hidden, ffn), as the H200's recorded runs allocate them
+    // (Mixtral: 128 and 64 MiB per block in fp32, not 24 tensors)
+    for (model_type, experts, ffn_key) in [
+        ("mixtral", "num_local_experts", "intermediate_size"),
+        ("qwen2_moe", "num_experts", "moe_intermediate_size"),
+    ] {
+        let mut config = serde_json::json!({"model_type": model_type, "num_hidden_layers": 2,
+            "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 4,
+            "intermediate_size": 96, "moe_intermediate_size": 32,
+            "shared_expert_intermediate_size": 48, "num_experts_per_tok": 2,
+            "vocab_size": 1000});
+        config[experts] = serde_json::json!(4);
+        let f = config[ffn_key].as_u64().unwrap();
+        let t = arch_of(&config, 16).unwrap();
+        let params = t.param_tensors();
+        let stacked: Vec<_> = params
+            .iter()
+            .filter(|p| (p.rows, p.cols) == (4 * 2 * f, 64) || (p.rows, p.cols) == (4 * 64, f))
+            .collect();
+        assert_eq!(stacked.len(), 2 * 2, "{model_type}");
+        assert!(stacked.iter().all(|p| !p.matmul_weight), "{model_type}");
+        // no expert-sized matrix of its own
+        assert!(
+            !params.iter().any(|p| (p.rows, p.cols) == (f, 64)),
+            "{model_type}"
+        );
+    }
+}
