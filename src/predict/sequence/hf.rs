@@ -111,6 +111,16 @@ impl Gen<'_> {
         }
     }
 
+    /// Under `no_grad`, frees the local (a norm's output the block holds) that
+    /// the modelling code drops here; with autograd the block frees it later.
+    fn drop_local(&mut self, local: &mut Option<u32>) {
+        if self.no_grad
+            && let Some(id) = local.take()
+        {
+            self.t.free(id);
+        }
+    }
+
     /// Frees the casts made for the kernel whose output was just allocated.
     fn free_kernel_casts(&mut self) {
         let mut casts = std::mem::take(&mut self.kernel_casts);
@@ -749,11 +759,7 @@ impl Gen<'_> {
                 let proj = self.t.act(n * h * wd.c);
                 self.t.free_all(&mut attention_locals);
                 self.drop_unsaved(&mut saved, 0, x);
-                if self.no_grad
-                    && let Some(l) = ln1_local.take()
-                {
-                    self.t.free(l);
-                }
+                self.drop_local(&mut ln1_local);
                 let br = self.hf_dropout(lib, proj, n * h, wd.c, &mut saved);
                 let x1 = self.t.act(n * h * wd.r);
                 self.t.free(br);
@@ -800,11 +806,7 @@ impl Gen<'_> {
                 self.weight_cast();
                 let p2 = self.t.act(n * h * wd.c);
                 self.drop_unsaved(&mut saved, ffn_mark, x);
-                if self.no_grad
-                    && let Some(l) = ln2_local.take()
-                {
-                    self.t.free(l);
-                }
+                self.drop_local(&mut ln2_local);
                 let br = self.hf_dropout(lib, p2, n * h, wd.c, &mut saved);
                 let out = self.t.act(n * h * wd.r);
                 self.t.free(br);
@@ -909,11 +911,7 @@ impl Gen<'_> {
                 let mut proj = self.t.act(n * h * wd.c);
                 // the attention returns: its locals and the norm's output die
                 self.drop_unsaved(&mut saved, attn_mark, x);
-                if self.no_grad
-                    && let Some(l) = nrm_local.take()
-                {
-                    self.t.free(l);
-                }
+                self.drop_local(&mut nrm_local);
                 if t.layout.sandwich_norms {
                     // Gemma 2/3: post_attention_layernorm of the output
                     let normed = self.hf_rmsnorm(n, h, &mut saved);
@@ -967,11 +965,7 @@ impl Gen<'_> {
                 let mut down = self.t.act(n * h * wd.c);
                 // the feed-forward returns
                 self.drop_unsaved(&mut saved, ffn_mark, x);
-                if self.no_grad
-                    && let Some(l) = nrm2_local.take()
-                {
-                    self.t.free(l);
-                }
+                self.drop_local(&mut nrm2_local);
                 if t.layout.sandwich_norms {
                     // post_feedforward_layernorm
                     let normed = self.hf_rmsnorm(n, h, &mut saved);

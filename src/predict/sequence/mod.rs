@@ -437,18 +437,21 @@ impl<'a> Gen<'a> {
     /// Autocast's cast of the next weight a matmul uses, if one is pending.
     fn weight_cast(&mut self) {
         if let Some(b) = self.pending_casts.pop_front() {
-            let id = self.t.alloc(b, Category::Parameters);
-            self.made_casts.push(id);
+            self.make_cast(b);
         }
     }
 
     fn end_lazy_casts(&mut self) -> Vec<u32> {
         let left: Vec<u64> = self.pending_casts.drain(..).collect();
         for b in left {
-            let id = self.t.alloc(b, Category::Parameters);
-            self.made_casts.push(id);
+            self.make_cast(b);
         }
         std::mem::take(&mut self.made_casts)
+    }
+
+    fn make_cast(&mut self, bytes: u64) {
+        let id = self.t.alloc(bytes, Category::Parameters);
+        self.made_casts.push(id);
     }
 
     fn cast_sizes(&self, layer: Option<u32>) -> Vec<u64> {
