@@ -9,16 +9,19 @@ const PODS: &str = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod
         p2,2000,8192,0,0,,BE,Running,0,0,0\n\
         p3,16000,65536,1,1000,V100M32,LS,Running,0,0,0\n";
 
-fn write(name: &str, text: &str) -> PathBuf {
-    let path = std::env::temp_dir().join(format!("vramfit-bench-{}-{name}", std::process::id()));
-    std::fs::write(&path, text).unwrap();
-    path
+/// A file of its own for each call: the tests run in parallel, and a path shared
+/// between them lets one test read a file another is rewriting.
+fn write(text: &str) -> tempfile::TempPath {
+    let mut file = tempfile::NamedTempFile::new().unwrap();
+    std::io::Write::write_all(&mut file, text.as_bytes()).unwrap();
+    file.into_temp_path()
 }
 
 fn pack(output: OutputFormat, seeds: Option<(u64, u64)>) -> String {
+    let (nodes, pods) = (write(NODES), write(PODS));
     let args = PackArgs {
-        nodes: Some(write("nodes.csv", NODES)),
-        pods: Some(write("pods.csv", PODS)),
+        nodes: Some(nodes.to_path_buf()),
+        pods: Some(pods.to_path_buf()),
         tune: 1.3,
         seed: 42,
         seeds,
