@@ -404,6 +404,66 @@ FRESH = [
     tv("convnext_small", 48, "fp32", "sgd-momentum"),
 ]
 
+# A second fresh set (`--set fresh2`), written after the rules read from the
+# recorded sequences on 2026-12-05 (no-grad first forwards, lazy casts, Phi-3's
+# fused projection, T5's gelu_new, NeoX's cache, DeBERTa's gathers, stacked
+# experts); its predictions are committed before it runs.
+G_QWEN3 = dict(num_hidden_layers=8, hidden_size=1024, num_attention_heads=16, num_key_value_heads=8,
+               head_dim=128, intermediate_size=3072)
+G_LLAMA32 = dict(num_hidden_layers=6, hidden_size=2048, num_attention_heads=32, num_key_value_heads=8,
+                 intermediate_size=8192, vocab_size=128256, tie_word_embeddings=True)
+G_GEMMA2 = dict(num_hidden_layers=4, hidden_size=1152, num_attention_heads=8, num_key_value_heads=4,
+                head_dim=128, intermediate_size=4608)
+G_GEMMA3 = dict(num_hidden_layers=6, hidden_size=1024, num_attention_heads=8, num_key_value_heads=4,
+                head_dim=128, intermediate_size=3072)
+G_PHI3 = dict(num_hidden_layers=6, hidden_size=1280, num_attention_heads=10, intermediate_size=3584)
+G_NEOX = dict(num_hidden_layers=10, hidden_size=1024, num_attention_heads=8, intermediate_size=4096,
+              vocab_size=50304)
+G_OPT = dict(num_hidden_layers=8, hidden_size=1024, num_attention_heads=16, ffn_dim=4096)
+G_MIXTRAL = dict(num_hidden_layers=3, hidden_size=1024, num_attention_heads=16, num_key_value_heads=4,
+                 intermediate_size=1792, num_local_experts=8, num_experts_per_tok=2)
+G_QWEN2MOE = dict(num_hidden_layers=2, hidden_size=1024, num_attention_heads=16, num_key_value_heads=4,
+                  num_experts=8, num_experts_per_tok=2, moe_intermediate_size=1024,
+                  shared_expert_intermediate_size=2048)
+G_T5 = dict(d_model=768, num_layers=6, num_heads=12, d_kv=64, d_ff=2048,
+            feed_forward_proj="gated-gelu", tie_word_embeddings=False, decoder_start_token_id=0)
+FRESH2 = [
+    hf("qwen3g", "qwen3", G_QWEN3, 2048, 4, "amp-bf16", "adamw", ckpt=True),
+    hf("llama32g", "llama", G_LLAMA32, 4096, 2, "bf16", "adamw", ckpt=True),
+    hf("gemma2g", "gemma2", G_GEMMA2, 1024, 2, "bf16", "adamw", "eager", ckpt=True),
+    hf("gemma3g", "gemma3_text", G_GEMMA3, 2048, 2, "amp-bf16", "adamw"),
+    hf("phi3g", "phi3", G_PHI3, 1024, 2, "fp32", "adamw"),
+    hf("phi3g", "phi3", G_PHI3, 2048, 4, "amp-bf16", "adamw", ckpt=True),
+    hf("neoxg", "gpt_neox", G_NEOX, 2048, 4, "amp-bf16", "adamw", ckpt=True),
+    hf("optg", "opt", G_OPT, 1024, 8, "amp-fp16", "adam"),
+    hf("mixtralg", "mixtral", G_MIXTRAL, 2048, 2, "amp-bf16", "adamw", ckpt=True),
+    hf("qwen2moeg", "qwen2_moe", G_QWEN2MOE, 1024, 4, "amp-bf16", "adamw"),
+    hf("t5g", "t5", G_T5, 512, 16, "amp-bf16", "adamw"),
+    hf("robertag", "roberta", dict(num_hidden_layers=8), 512, 16, "fp32", "adamw", ckpt=True),
+    hf("debertag", "deberta-v2", dict(num_hidden_layers=6, hidden_size=768, num_attention_heads=12,
+                                      intermediate_size=3072), 256, 16, "fp32", "adamw", "eager"),
+    hf("vitg", "vit", dict(num_hidden_layers=8, hidden_size=768, num_attention_heads=12,
+                           intermediate_size=3072, num_labels=10), 197, 128, "amp-fp16", "sgd-momentum"),
+    hf("gpt2g", "gpt2", dict(n_layer=8), 1024, 8, "fp32", "adamw", "eager", ckpt=True),
+    hf("gpt2g", "gpt2", dict(n_layer=8), 1024, 16, "bf16", "sgd-momentum"),
+    hf("llamag", "llama", dict(num_hidden_layers=8, hidden_size=1280, num_attention_heads=10,
+                               num_key_value_heads=2, intermediate_size=3456), 2048, 4, "amp-fp16",
+       "adamw", accum=2),
+    hf("mistralg", "mistral", dict(num_hidden_layers=6, hidden_size=1024, num_attention_heads=16,
+                                   num_key_value_heads=4, intermediate_size=3584), 4096, 2, "amp-bf16",
+       "adagrad", ckpt=True),
+    hf("qwen2g", "qwen2", dict(num_hidden_layers=7, hidden_size=1024, num_attention_heads=16,
+                               num_key_value_heads=2, intermediate_size=2816), 2048, 4, "amp-bf16",
+       "adamw", ckpt=True),
+    hf("bertlg", "bert", dict(num_hidden_layers=12, hidden_size=1024, num_attention_heads=16,
+                              intermediate_size=4096), 512, 16, "amp-bf16", "adamw"),
+    tv("resnet152", 64, "amp-bf16", "sgd-momentum"),
+    tv("convnext_base", 32, "amp-bf16", "adamw"),
+    tv("efficientnet_b2", 64, "fp32", "sgd-momentum", image=260),
+    tv("mobilenet_v2", 256, "amp-fp16", "adamw"),
+    tv("vit_b_32", 128, "amp-bf16", "adamw"),
+]
+
 # Run again alone at the end, to check that running side by side changes nothing.
 REPEATS = ["hf-gpt2-s1024-b8-ampbf16-adamw-sdpa", "tv-resnet50-i224-b128-ampbf16-sgdm",
            "hf-llama-s2048-b4-bf16-adamw-sdpa"]
@@ -771,7 +831,7 @@ def main():
     ap.add_argument("--timeout", type=float, default=60.0, help="per case")
     ap.add_argument("--only", default="", help="comma-separated case names")
     ap.add_argument("--set", default="calibration",
-                    choices=["calibration", "validation", "families", "heldout", "fresh"],
+                    choices=["calibration", "validation", "families", "heldout", "fresh", "fresh2"],
                     help="the calibration cases (fit/holdout), the fresh validation set, or "
                          "the families added later (gemma2/3, gpt_neox, opt, mixtral, "
                          "qwen2_moe, t5, deberta-v2, vit)")
@@ -801,15 +861,15 @@ def main():
     if args.smoke:
         for name in args.smoke.split(","):
             print(name, flush=True)
-            child(small(next(x for x in CASES + VALIDATION + FAMILIES + HELDOUT + FRESH
+            child(small(next(x for x in CASES + VALIDATION + FAMILIES + HELDOUT + FRESH + FRESH2
                              if x["name"] == name)), None)
         return
-    names = [c["name"] for c in CASES + VALIDATION + FAMILIES + HELDOUT + FRESH]
+    names = [c["name"] for c in CASES + VALIDATION + FAMILIES + HELDOUT + FRESH + FRESH2]
     assert len(names) == len(set(names)), "duplicate case names"
     assert all(r in names for r in REPEATS), "a repeat names no case"
     validation = args.set != "calibration"
     chosen = {"calibration": CASES, "validation": VALIDATION, "families": FAMILIES,
-              "heldout": HELDOUT, "fresh": FRESH}[args.set]
+              "heldout": HELDOUT, "fresh": FRESH, "fresh2": FRESH2}[args.set]
     cases = [c for c in chosen if not args.only or c["name"] in args.only.split(",")]
     if args.snapshots:
         cases = [dict(c, snapshot=True, **({"stacks": "all"} if args.stacks else {}))
@@ -846,7 +906,7 @@ def main():
     sampler = threading.Thread(target=nvml.sample_forever, daemon=True)
     sampler.start()
 
-    stem = args.set if args.set in ("families", "heldout", "fresh") else "libraries"
+    stem = args.set if args.set in ("families", "heldout", "fresh", "fresh2") else "libraries"
     out_path = os.path.join(args.out, f"{stem}.jsonl")
     prof_path = os.path.join(args.out, f"{stem}-profiles.jsonl" if stem != "libraries"
                              else "profiles.jsonl")

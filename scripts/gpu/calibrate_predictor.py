@@ -555,8 +555,13 @@ def main():
                     help="seconds after which remaining configurations are skipped")
     ap.add_argument("--only", default="", help="comma-separated names to run")
     ap.add_argument("--dry-run", action="store_true", help="list the zoo without a GPU")
+    ap.add_argument("--snapshots", action="store_true",
+                    help="record every chosen configuration's allocation history; its profile "
+                         "keeps the allocator's segments (`allocator`)")
     args = ap.parse_args()
     zoo = [c for c in ZOO if not args.only or c["name"] in args.only.split(",")]
+    if args.snapshots:
+        zoo = [dict(c, snapshot=True, allocator=True) for c in zoo]
     names = [c["name"] for c in zoo]
     assert len(names) == len(set(names)), "duplicate configuration names"
     if args.dry_run:
@@ -605,7 +610,8 @@ def main():
                 pk = os.path.join(snapdir, c["name"] + ".pickle")
                 prof = snapshot_to_profile.convert_file(pk, micro_batch=c["micro"],
                                                         grad_accum=c["accum"],
-                                                        source=c["name"])
+                                                        source=c["name"],
+                                                        with_allocator=c.get("allocator", False))
                 if "measured" in line:
                     prof["measured"] = {k: line["measured"][k] for k in
                                         ("nvmlPeakBytes", "maxReservedBytes",
