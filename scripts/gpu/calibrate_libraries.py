@@ -464,6 +464,62 @@ FRESH2 = [
     tv("vit_b_32", 128, "amp-bf16", "adamw"),
 ]
 
+# A third fresh set (`--set fresh3`), written after a library model's
+# prediction became its replay with no loss block on top (2026-12-05); its
+# predictions are committed before it runs. It probes the rows that rule left
+# under (Qwen2 with checkpointing, Mistral fp32 with SGD-momentum, LLaMA GQA
+# bf16 eager) with new shapes, and RoBERTa with the position table its
+# checkpoints ship (514 rows).
+FRESH3 = [
+    hf("qwen2h", "qwen2", dict(num_hidden_layers=12, hidden_size=1024, num_attention_heads=16,
+                               num_key_value_heads=2, intermediate_size=2816), 2048, 2, "bf16",
+       "adamw", ckpt=True),
+    hf("qwen2h", "qwen2", dict(num_hidden_layers=6, hidden_size=896, num_attention_heads=14,
+                               num_key_value_heads=2, intermediate_size=4864), 4096, 1, "amp-bf16",
+       "adamw", ckpt=True),
+    hf("llama3h", "llama", dict(num_hidden_layers=4, hidden_size=1536, num_attention_heads=12,
+                                num_key_value_heads=4, intermediate_size=4096, vocab_size=128256),
+       2048, 2, "bf16", "adamw", ckpt=True),
+    hf("gemma2h", "gemma2", dict(num_hidden_layers=3, hidden_size=768, num_attention_heads=8,
+                                 num_key_value_heads=4, head_dim=128, intermediate_size=3072),
+       2048, 1, "amp-bf16", "adamw", "eager"),
+    hf("mistralh", "mistral", dict(num_hidden_layers=6, hidden_size=1024, num_attention_heads=16,
+                                   num_key_value_heads=8, intermediate_size=3584), 1024, 4, "fp32",
+       "sgd-momentum"),
+    hf("llamagqah", "llama", dict(num_hidden_layers=6, hidden_size=1024, num_attention_heads=16,
+                                  num_key_value_heads=4, intermediate_size=2816, vocab_size=32000),
+       1024, 8, "bf16", "sgd", "eager"),
+    hf("phi3h", "phi3", dict(num_hidden_layers=4, hidden_size=1536, num_attention_heads=12,
+                             intermediate_size=4096), 2048, 4, "bf16", "adamw"),
+    hf("neoxh", "gpt_neox", dict(num_hidden_layers=8, hidden_size=768, num_attention_heads=12,
+                                 intermediate_size=3072, vocab_size=50304), 1024, 8, "fp32", "adamw",
+       ckpt=True),
+    hf("opth", "opt", dict(num_hidden_layers=10, hidden_size=768, num_attention_heads=12, ffn_dim=3072),
+       2048, 4, "amp-bf16", "adamw", ckpt=True),
+    hf("qwen3h", "qwen3", dict(num_hidden_layers=4, hidden_size=1024, num_attention_heads=16,
+                               num_key_value_heads=8, head_dim=128, intermediate_size=3072), 4096, 1,
+       "bf16", "sgd-momentum"),
+    hf("robertah", "roberta", dict(num_hidden_layers=8, max_position_embeddings=514, type_vocab_size=1,
+                                   pad_token_id=1), 512, 16, "fp32", "adamw", ckpt=True),
+    hf("berth", "bert", dict(num_hidden_layers=6), 256, 64, "fp32", "adamw"),
+    hf("t5h", "t5", dict(d_model=512, num_layers=4, num_heads=8, d_kv=64, d_ff=2048,
+                         decoder_start_token_id=0), 256, 32, "fp32", "adamw"),
+    hf("gpt2h", "gpt2", dict(n_layer=10), 1024, 12, "amp-bf16", "adamw"),
+    hf("mixtralh", "mixtral", dict(num_hidden_layers=2, hidden_size=768, num_attention_heads=12,
+                                   num_key_value_heads=4, intermediate_size=2048, num_local_experts=8,
+                                   num_experts_per_tok=2), 1024, 4, "bf16", "adamw"),
+    hf("debertah", "deberta-v2", dict(num_hidden_layers=4, hidden_size=768, num_attention_heads=12,
+                                      intermediate_size=3072), 512, 8, "amp-bf16", "adamw", "eager"),
+    hf("vith", "vit", dict(num_hidden_layers=6, hidden_size=768, num_attention_heads=12,
+                           intermediate_size=3072, num_labels=100), 197, 64, "fp32", "sgd-momentum"),
+    hf("gemma3h", "gemma3_text", dict(num_hidden_layers=4, hidden_size=1024, num_attention_heads=8,
+                                      num_key_value_heads=4, head_dim=128, intermediate_size=4096),
+       4096, 1, "amp-bf16", "adamw", ckpt=True),
+    tv("resnet50", 96, "amp-fp16", "adamw"),
+    tv("mobilenet_v3_small", 256, "fp32", "sgd-momentum"),
+    tv("densenet169", 48, "amp-bf16", "sgd-momentum"),
+]
+
 # Run again alone at the end, to check that running side by side changes nothing.
 REPEATS = ["hf-gpt2-s1024-b8-ampbf16-adamw-sdpa", "tv-resnet50-i224-b128-ampbf16-sgdm",
            "hf-llama-s2048-b4-bf16-adamw-sdpa"]
@@ -831,7 +887,7 @@ def main():
     ap.add_argument("--timeout", type=float, default=60.0, help="per case")
     ap.add_argument("--only", default="", help="comma-separated case names")
     ap.add_argument("--set", default="calibration",
-                    choices=["calibration", "validation", "families", "heldout", "fresh", "fresh2"],
+                    choices=["calibration", "validation", "families", "heldout", "fresh", "fresh2", "fresh3"],
                     help="the calibration cases (fit/holdout), the fresh validation set, or "
                          "the families added later (gemma2/3, gpt_neox, opt, mixtral, "
                          "qwen2_moe, t5, deberta-v2, vit)")
@@ -861,15 +917,15 @@ def main():
     if args.smoke:
         for name in args.smoke.split(","):
             print(name, flush=True)
-            child(small(next(x for x in CASES + VALIDATION + FAMILIES + HELDOUT + FRESH + FRESH2
+            child(small(next(x for x in CASES + VALIDATION + FAMILIES + HELDOUT + FRESH + FRESH2 + FRESH3
                              if x["name"] == name)), None)
         return
-    names = [c["name"] for c in CASES + VALIDATION + FAMILIES + HELDOUT + FRESH + FRESH2]
+    names = [c["name"] for c in CASES + VALIDATION + FAMILIES + HELDOUT + FRESH + FRESH2 + FRESH3]
     assert len(names) == len(set(names)), "duplicate case names"
     assert all(r in names for r in REPEATS), "a repeat names no case"
     validation = args.set != "calibration"
     chosen = {"calibration": CASES, "validation": VALIDATION, "families": FAMILIES,
-              "heldout": HELDOUT, "fresh": FRESH, "fresh2": FRESH2}[args.set]
+              "heldout": HELDOUT, "fresh": FRESH, "fresh2": FRESH2, "fresh3": FRESH3}[args.set]
     cases = [c for c in chosen if not args.only or c["name"] in args.only.split(",")]
     if args.snapshots:
         cases = [dict(c, snapshot=True, **({"stacks": "all"} if args.stacks else {}))
@@ -906,7 +962,7 @@ def main():
     sampler = threading.Thread(target=nvml.sample_forever, daemon=True)
     sampler.start()
 
-    stem = args.set if args.set in ("families", "heldout", "fresh", "fresh2") else "libraries"
+    stem = args.set if args.set in ("families", "heldout", "fresh", "fresh2", "fresh3") else "libraries"
     out_path = os.path.join(args.out, f"{stem}.jsonl")
     prof_path = os.path.join(args.out, f"{stem}-profiles.jsonl" if stem != "libraries"
                              else "profiles.jsonl")

@@ -10,13 +10,18 @@
 #      over the torchvision models' own shapes and layouts (channels-last as the
 #      model hands it over).
 #
-#   scripts/gpu/fresh_sequences.sh OUT
+#   scripts/gpu/fresh_sequences.sh OUT [SET]
 #
-# OUT gets: fresh2.jsonl, runs.log, libraries-under.jsonl,
+# SET is the fresh set (fresh2 by default; its predictions are
+# data/calibration/SET-predictions.jsonl). UNDER=0 leaves out step 2 and
+# SWEEP=0 the convolution sweep.
+#
+# OUT gets: SET.jsonl, runs.log, libraries-under.jsonl,
 # h200-under.jsonl, sequences.tgz (every recorded sequence as a profile),
 # captures.tgz, conv-workspaces-layout.jsonl.gz and side.log.
 set -uo pipefail
-out=${1:?usage: fresh_sequences.sh OUT}
+out=${1:?usage: fresh_sequences.sh OUT [SET]}
+set_name=${2:-fresh2}
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$repo"
 mkdir -p "$out"
@@ -28,41 +33,49 @@ nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv
 
 {
   PYTHONPATH=python taskset -c $((ncpu - 4))-$((ncpu - 1)) python3 scripts/capture_library_profiles.py \
-    data/calibration/fresh2-cases.jsonl "$work/captures/fresh2"
+    "data/calibration/$set_name-cases.jsonl" "$work/captures/$set_name"
   echo "capture rc=$?"
 } >"$out/capture.log" 2>&1 &
-{
-  taskset -c $((ncpu - 6)),$((ncpu - 5)) python3 scripts/gpu/conv_workspaces.py --grid 0 \
-    --out "$work/conv-workspaces-layout.jsonl"
-  echo "sweep rc=$?"
-} >"$out/sweep.log" 2>&1 &
+if [[ ${SWEEP:-1} != 0 ]]; then
+  {
+    taskset -c $((ncpu - 6)),$((ncpu - 5)) python3 scripts/gpu/conv_workspaces.py --grid 0 \
+      --out "$work/conv-workspaces-layout.jsonl"
+    echo "sweep rc=$?"
+  } >"$out/sweep.log" 2>&1 &
+fi
 
-taskset -c "$gpu_cpus" python3 scripts/gpu/calibrate_libraries.py --set fresh2 --snapshots \
-  --out "$work/fresh2" --predictions data/calibration/fresh2-predictions.jsonl --budget-gib 110 \
+taskset -c "$gpu_cpus" python3 scripts/gpu/calibrate_libraries.py --set "$set_name" --snapshots \
+  --out "$work/$set_name" --predictions "data/calibration/$set_name-predictions.jsonl" --budget-gib 110 \
   --timeout 150 --deadline 240 2>&1 | tee "$out/runs.log"
 
-under_libraries=hf-llamagqa-s2048-b4-bf16-sgd-eager,hf-llama-s1024-b4-ampbf16-adamw-sdpa-accum4,\
+if [[ ${UNDER:-1} != 0 ]]; then
+  under_libraries=hf-llamagqa-s2048-b4-bf16-sgd-eager,hf-llama-s1024-b4-ampbf16-adamw-sdpa-accum4,\
 hf-mistral-s2048-b2-fp32-sgdm-sdpa,hf-qwen2-s2048-b2-bf16-adamw-sdpa-ckpt,\
 hf-bert-s512-b32-ampbf16-adamw-sdpa
-taskset -c "$gpu_cpus" python3 scripts/gpu/calibrate_libraries.py --set calibration --snapshots \
-  --no-repeats --only "$under_libraries" --out "$work/under" --timeout 120 --deadline 100 \
-  2>&1 | tee -a "$out/runs.log"
+  taskset -c "$gpu_cpus" python3 scripts/gpu/calibrate_libraries.py --set calibration --snapshots \
+    --no-repeats --only "$under_libraries" --out "$work/under" --timeout 120 --deadline 100 \
+    2>&1 | tee -a "$out/runs.log"
 
-under_zoo=gpt2s-s1024-b8-ampbf16-adagrad,gpt2s-s1024-b8-ampbf16-adafactor,\
+  under_zoo=gpt2s-s1024-b8-ampbf16-adagrad,gpt2s-s1024-b8-ampbf16-adafactor,\
 gpt2l-s1024-b4-ampbf16-adamw-ckpt,qwen2-s2048-b2-bf16-adamw-ckpt
-taskset -c "$gpu_cpus" python3 scripts/gpu/calibrate_predictor.py --snapshots --only "$under_zoo" \
-  --out "$work/zoo" --deadline 120 2>&1 | tee -a "$out/runs.log"
+  taskset -c "$gpu_cpus" python3 scripts/gpu/calibrate_predictor.py --snapshots --only "$under_zoo" \
+    --out "$work/zoo" --deadline 120 2>&1 | tee -a "$out/runs.log"
+fi
 
 wait
-cat "$out/capture.log" "$out/sweep.log" >"$out/side.log"
+cat "$out/capture.log" "$out"/sweep.log >"$out/side.log" 2>/dev/null
 rm -f "$out/capture.log" "$out/sweep.log"
-cp "$work/fresh2/fresh2.jsonl" "$out/"
-cp "$work/under/libraries.jsonl" "$out/libraries-under.jsonl"
-cp "$work/zoo/h200.jsonl" "$out/h200-under.jsonl"
+cp "$work/$set_name/$set_name.jsonl" "$out/"
 mkdir -p "$work/sequences"
-cp "$work/fresh2/fresh2-profiles.jsonl" "$work/under/profiles.jsonl" "$work"/zoo/*.profile.json \
-  "$work/sequences/" 2>/dev/null
+cp "$work/$set_name/$set_name-profiles.jsonl" "$work/sequences/"
+if [[ ${UNDER:-1} != 0 ]]; then
+  cp "$work/under/libraries.jsonl" "$out/libraries-under.jsonl"
+  cp "$work/zoo/h200.jsonl" "$out/h200-under.jsonl"
+  cp "$work/under/profiles.jsonl" "$work"/zoo/*.profile.json "$work/sequences/" 2>/dev/null
+fi
 tar -C "$work" -czf "$out/sequences.tgz" sequences
 tar -C "$work" -czf "$out/captures.tgz" captures
-gzip -9c "$work/conv-workspaces-layout.jsonl" >"$out/conv-workspaces-layout.jsonl.gz"
+if [[ -f "$work/conv-workspaces-layout.jsonl" ]]; then
+  gzip -9c "$work/conv-workspaces-layout.jsonl" >"$out/conv-workspaces-layout.jsonl.gz"
+fi
 ls -l "$out"
