@@ -2896,21 +2896,21 @@ fn phi3s_fused_projections_are_one_tensor_each_and_llamas_query_key_value_three(
     );
 }
 
+/// The rows of a measured set that the analytic path predicts.
+fn analytic_rows(measured: &str) -> Vec<BenchRow> {
+    bench_predict(measured, None)
+        .unwrap()
+        .rows
+        .into_iter()
+        .filter(|r| r.source == "model")
+        .collect()
+}
+
 #[test]
 fn the_analytic_path_meets_the_goal_on_the_fresh_set_predicted_before_it_ran() {
     // 15 transformers runs written after every rule of 2026-12-04 and
     // predicted (data/calibration/fresh-predictions.jsonl) before they ran.
-    let report = bench_predict(
-        include_str!("../../data/calibration/h200-fresh.jsonl"),
-        None,
-    )
-    .unwrap();
-    let hf: Vec<BenchRow> = report
-        .rows
-        .iter()
-        .filter(|r| r.source == "model")
-        .cloned()
-        .collect();
+    let hf = analytic_rows(include_str!("../../data/calibration/h200-fresh.jsonl"));
     assert_eq!(hf.len(), 15);
     let stats = error_stats(&hf, None);
     assert!(stats.median <= 0.03 && stats.p90 <= 0.06, "{stats:?}");
@@ -2924,17 +2924,7 @@ fn the_analytic_path_meets_the_goal_on_the_second_fresh_set() {
     // median 0.7 %, p90 8.2 %, none under beyond 5 % then. Read afterwards:
     // a library model keeps no loss block beyond its replay
     // (`loss_block_margin`), which leaves 0.4 %, 1.8 %, max 2.5 %.
-    let report = bench_predict(
-        include_str!("../../data/calibration/h200-fresh2.jsonl"),
-        None,
-    )
-    .unwrap();
-    let hf: Vec<BenchRow> = report
-        .rows
-        .iter()
-        .filter(|r| r.source == "model")
-        .cloned()
-        .collect();
+    let hf = analytic_rows(include_str!("../../data/calibration/h200-fresh2.jsonl"));
     assert_eq!(hf.len(), 19);
     let stats = error_stats(&hf, None);
     assert!(stats.median <= 0.03 && stats.p90 <= 0.03, "{stats:?}");
@@ -2949,17 +2939,7 @@ fn the_analytic_path_puts_no_run_of_the_third_fresh_set_under() {
     // SGD-momentum +17.6 %, Mixtral bf16 +10.9 %): the generated sequence's
     // second step needs one more loss segment than the H200's did, the
     // mirror of Qwen2 bf16 with checkpointing in the library set.
-    let report = bench_predict(
-        include_str!("../../data/calibration/h200-fresh3.jsonl"),
-        None,
-    )
-    .unwrap();
-    let hf: Vec<BenchRow> = report
-        .rows
-        .iter()
-        .filter(|r| r.source == "model")
-        .cloned()
-        .collect();
+    let hf = analytic_rows(include_str!("../../data/calibration/h200-fresh3.jsonl"));
     assert_eq!(hf.len(), 18);
     let stats = error_stats(&hf, None);
     assert!(stats.median <= 0.01, "{stats:?}");
