@@ -46,8 +46,8 @@ pub use plan::{
 };
 pub use pytorch::PytorchAllocator;
 pub use replay::{
-    AllocEvent, ReplayReport, replay_events, replay_events_observed, replay_snapshot,
-    replay_snapshot_file,
+    AddressOrder, AllocEvent, ReplayReport, replay_events, replay_events_observed,
+    replay_events_ordered, replay_snapshot, replay_snapshot_file,
 };
 pub use snapshot::{Snapshot, TraceAction, TraceEntry, parse_snapshot};
 pub use stats::{MemoryStats, Stat};

@@ -91,15 +91,36 @@ pub fn replay_events(events: &[AllocEvent], policy: Policy) -> Result<ReplayRepo
 pub fn replay_events_observed(
     events: &[AllocEvent],
     policy: Policy,
+    observe: impl FnMut(usize, &MemoryStats),
+) -> Result<ReplayReport, AllocError> {
+    replay_events_ordered(events, policy, AddressOrder::Descending, observe)
+}
+
+/// The order in which the simulated driver hands out fresh segment
+/// addresses. PyTorch breaks ties between equal-size cached blocks by
+/// address, so the order can decide which block a request takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AddressOrder {
+    /// Each new segment below the one before, as `cudaMalloc` mostly does on
+    /// the H200 ([`SimulatedDevice::top_down`]).
+    Descending,
+    /// Each new segment above the one before ([`SimulatedDevice::new`]).
+    Ascending,
+}
+
+/// [`replay_events_observed`] on a device that hands out addresses in
+/// `order`.
+pub fn replay_events_ordered(
+    events: &[AllocEvent],
+    policy: Policy,
+    order: AddressOrder,
     mut observe: impl FnMut(usize, &MemoryStats),
 ) -> Result<ReplayReport, AllocError> {
-    let outcome = run_events(
-        events,
-        policy,
-        SimulatedDevice::top_down(REPLAY_CAPACITY),
-        None,
-        &mut observe,
-    )?;
+    let device = match order {
+        AddressOrder::Descending => SimulatedDevice::top_down(REPLAY_CAPACITY),
+        AddressOrder::Ascending => SimulatedDevice::new(REPLAY_CAPACITY),
+    };
+    let outcome = run_events(events, policy, device, None, &mut observe)?;
     Ok(outcome.into_report(policy, 0, None, 0))
 }
 

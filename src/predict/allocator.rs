@@ -4,14 +4,14 @@
 //! There is one implementation of the allocator's rules, the one in
 //! [`crate::alloc`]: [`CachingAllocatorModel`] turns the tensor events into
 //! [`AllocEvent`]s on their streams and replays them with
-//! [`crate::alloc::replay_events_observed`] on an unlimited simulated device.
+//! [`crate::alloc::replay_events_ordered`] on an unlimited simulated device.
 //! With [`Policy::Pytorch`] (the default) that is PyTorch's
 //! `CUDACachingAllocator` rule by rule, the model that reproduces PyTorch's
 //! reserved peak on recorded traces (docs/allocator.md).
 
 use std::collections::HashMap;
 
-use crate::alloc::{AllocEvent, Policy, replay_events_observed};
+use crate::alloc::{AddressOrder, AllocEvent, Policy, replay_events_ordered};
 
 use super::PredictError;
 use super::sequence::{Category, TensorEvent};
@@ -108,14 +108,35 @@ fn alloc_event(e: &TensorEvent) -> AllocEvent {
 }
 
 impl AllocatorModel for CachingAllocatorModel {
+    /// The larger of the replays with descending and ascending segment
+    /// addresses. The driver mostly hands out descending ones, but not
+    /// always, and where equal-size cached blocks tie the address decides
+    /// which one a request splits; the run may go either way.
     fn replay(&self, events: &[TensorEvent]) -> Result<ReplayOutcome, PredictError> {
+        let down = self.replay_ordered(events, AddressOrder::Descending)?;
+        let up = self.replay_ordered(events, AddressOrder::Ascending)?;
+        Ok(if up.reserved_peak > down.reserved_peak {
+            up
+        } else {
+            down
+        })
+    }
+}
+
+impl CachingAllocatorModel {
+    /// Replays `events` on a device that hands out addresses in `order`.
+    pub fn replay_ordered(
+        &self,
+        events: &[TensorEvent],
+        order: AddressOrder,
+    ) -> Result<ReplayOutcome, PredictError> {
         let alloc_events: Vec<AllocEvent> = events.iter().map(alloc_event).collect();
         let mut alive: HashMap<u32, (u64, Category, u64)> = HashMap::new();
         let mut live = LiveBytes::default();
         // Live bytes and their running maximum per non-default stream.
         let mut by_stream: HashMap<u64, (u64, u64)> = HashMap::new();
         let mut out = ReplayOutcome::default();
-        let report = replay_events_observed(&alloc_events, self.policy, |i, stats| {
+        let report = replay_events_ordered(&alloc_events, self.policy, order, |i, stats| {
             match events[i] {
                 TensorEvent::Alloc {
                     id,

@@ -865,9 +865,10 @@ fn convolution_nets_get_their_cudnn_workspaces() {
     let stats = error_stats(&rows, None);
     assert!(stats.median <= 0.03 && stats.p90 <= 0.06, "{stats:?}");
     assert!(stats.under_predictions.is_empty(), "{stats:?}");
-    // the rows furthest under without them
+    // the rows furthest under without them (VGG-16-BN +2.1 % since the
+    // reserve is the larger of the two address orders' replays, -0.3 % before)
     for (name, within) in [
-        ("tv-vgg16_bn-i224-b32-fp32-sgdm", 0.02),
+        ("tv-vgg16_bn-i224-b32-fp32-sgdm", 0.025),
         ("tv-resnet18-i224-b128-fp32-adam", 0.05),
         ("tv-convnext_small-i224-b48-fp32-sgdm", 0.02),
         ("tv-resnet34-i224-b96-ampbf16-sgdm", 0.04),
@@ -2944,4 +2945,44 @@ fn the_analytic_path_puts_no_run_of_the_third_fresh_set_under() {
     let stats = error_stats(&hf, None);
     assert!(stats.median <= 0.01, "{stats:?}");
     assert!(stats.under_predictions.is_empty(), "{stats:?}");
+}
+
+#[test]
+fn the_reserve_is_the_larger_of_the_replays_in_either_address_order() {
+    // hf-llama-s1024-b4-ampbf16-adamw-sdpa-accum4 on the H200: with
+    // descending segment addresses alone the replay of its sequence is 5.7 %
+    // under; with ascending ones its reserve is the H200's (+0.1 %).
+    let measured = include_str!("../../data/calibration/h200-libraries.jsonl");
+    let name = "hf-llama-s1024-b4-ampbf16-adamw-sdpa-accum4";
+    let row: serde_json::Value = measured
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|r| r["name"] == name)
+        .unwrap();
+    let model: ModelSpec = serde_json::from_value(row["spec"]["model"].clone()).unwrap();
+    let job = JobShape {
+        gpus: 1,
+        global_batch: 16,
+        micro_batch: 4,
+    };
+    let events = sequence::training_events(
+        &resolve_arch(&model).unwrap(),
+        &run_shape(&model, &job, default_gpu()).unwrap(),
+    );
+    let replay = |order| {
+        CachingAllocatorModel::PYTORCH
+            .replay_ordered(&events, order)
+            .unwrap()
+            .reserved_peak
+    };
+    let (down, up) = (
+        replay(crate::alloc::AddressOrder::Descending),
+        replay(crate::alloc::AddressOrder::Ascending),
+    );
+    assert!(up > down, "{up} {down}");
+    let p = predict_model(&model, &job, default_gpu()).unwrap();
+    assert_eq!(p.reserved_bytes, up);
+    let nvml = row["measured"]["nvmlPeakBytes"].as_u64().unwrap() as f64;
+    let err = (p.peak_bytes as f64 - nvml) / nvml;
+    assert!(err.abs() < 0.01, "{:+.1} %", 100.0 * err);
 }
