@@ -886,6 +886,8 @@ def main():
                     help="seconds after which no new case starts")
     ap.add_argument("--timeout", type=float, default=60.0, help="per case")
     ap.add_argument("--only", default="", help="comma-separated case names")
+    ap.add_argument("--library", choices=("transformers", "torchvision"),
+                    help="only the cases of this library")
     ap.add_argument("--set", default="calibration",
                     choices=["calibration", "validation", "families", "heldout", "fresh", "fresh2", "fresh3"],
                     help="the calibration cases (fit/holdout), the fresh validation set, or "
@@ -927,6 +929,7 @@ def main():
     chosen = {"calibration": CASES, "validation": VALIDATION, "families": FAMILIES,
               "heldout": HELDOUT, "fresh": FRESH, "fresh2": FRESH2, "fresh3": FRESH3}[args.set]
     cases = [c for c in chosen if not args.only or c["name"] in args.only.split(",")]
+    cases = [c for c in cases if not args.library or c["library"] == args.library]
     if args.snapshots:
         cases = [dict(c, snapshot=True, **({"stacks": "all"} if args.stacks else {}))
                  for c in cases]
