@@ -12,12 +12,9 @@
 # captures.tgz (the CPU captures, one folder per set).
 set -uo pipefail
 out=${1:?usage: allocator_snapshots.sh OUT}
-repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-cd "$repo"
-mkdir -p "$out"
-export PYTHONUNBUFFERED=1
-work=$(mktemp -d)
-ncpu=$(nproc)
+# shellcheck source=scripts/gpu/common.sh
+. "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+setup_run "$out"
 gpu_cpus=0-$((ncpu - 5))
 
 capture() { # SET ROWS CPUS

@@ -22,12 +22,9 @@
 set -uo pipefail
 out=${1:?usage: fresh_sequences.sh OUT [SET]}
 set_name=${2:-fresh2}
-repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-cd "$repo"
-mkdir -p "$out"
-export PYTHONUNBUFFERED=1
-work=$(mktemp -d)
-ncpu=$(nproc)
+# shellcheck source=scripts/gpu/common.sh
+. "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+setup_run "$out"
 gpu_cpus=0-$((ncpu - 7))
 nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv,noheader
 
