@@ -287,15 +287,10 @@ fn predict_arch(
     let run = run_shape(model, job, gpu)?;
     let events = training_events(&arch, &run);
     let mut outcome = alloc.replay(&events)?;
-    // The fp32 logits-sized blocks of the loss (upcast, log-softmax and their
-    // gradients) are the largest requests of a step. Whether the second
-    // step's loss finds them in the cache again depends on where the first
-    // step's later blocks landed in the freed loss segments. A library
-    // model's sequence follows the library's step tensor by tensor (read
-    // from the H200's recorded sequences), and its replay decides that
-    // itself ([`loss_block_margin`]); the generic descriptions keep one more
-    // such block reserved, fitted on the `fit` split of
-    // data/calibration/h200.jsonl.
+    // The loss's blocks are the largest requests of a step; whether the
+    // second step's loss finds them in the cache again is the replay's
+    // answer for a library model, and one more block for the generic
+    // descriptions ([`loss_block_margin`]).
     // That block is in the default stream's pool; blocks cached then for
     // other streams (FSDP's all-gather and reduce-scatter buffers) cannot
     // hold it, so they come on top.
@@ -332,7 +327,7 @@ fn predict_arch(
 /// `transformer` and `mlp` descriptions, whose sequences are coarser, keep
 /// one block of the loss's largest tensor: tokens x vocab of fp32 logits
 /// (the repository's reference transformer upcasts them), batch x width of
-/// fp32 for the MLP.
+/// fp32 for the MLP; fitted on the `fit` split of data/calibration/h200.jsonl.
 fn loss_block_margin(arch: &Arch, micro_batch: u32) -> u64 {
     let b = u64::from(micro_batch);
     match arch {

@@ -859,11 +859,14 @@ fn checkpointing_keeps_block_inputs_and_recomputes_each_block_before_its_backwar
     }
 }
 
-/// Sizes of the activations alive just before backward's first allocation
-/// in the first micro-step (the forward's locals freed), sorted.
-fn alive_when_backward_starts(evs: &[TensorEvent]) -> Vec<u64> {
+/// The activations alive (id to bytes) when `stop`, asked at each
+/// allocation before it is counted (with its bytes and category), first says
+/// yes; `None` if it never does.
+fn live_activations_until(
+    evs: &[TensorEvent],
+    mut stop: impl FnMut(u64, Category) -> bool,
+) -> Option<BTreeMap<u32, u64>> {
     let mut live: BTreeMap<u32, u64> = BTreeMap::new();
-    let mut loss_seen = false;
     for e in evs {
         match *e {
             TensorEvent::Alloc {
@@ -872,10 +875,9 @@ fn alive_when_backward_starts(evs: &[TensorEvent]) -> Vec<u64> {
                 category,
                 ..
             } => {
-                if loss_seen {
-                    break;
+                if stop(bytes, category) {
+                    return Some(live);
                 }
-                loss_seen = bytes == 512;
                 if category == Category::Activations {
                     live.insert(id, bytes);
                 }
@@ -885,6 +887,19 @@ fn alive_when_backward_starts(evs: &[TensorEvent]) -> Vec<u64> {
             }
         }
     }
+    None
+}
+
+/// Sizes of the activations alive just before backward's first allocation
+/// in the first micro-step (the forward's locals freed), sorted.
+fn alive_when_backward_starts(evs: &[TensorEvent]) -> Vec<u64> {
+    let mut loss_seen = false;
+    let live = live_activations_until(evs, |bytes, _| {
+        let after_loss = loss_seen;
+        loss_seen = bytes == 512;
+        after_loss
+    })
+    .expect("an allocation after the loss");
     let mut v: Vec<u64> = live.into_values().collect();
     v.sort_unstable();
     v
@@ -1694,37 +1709,23 @@ fn without_autograd_the_attentions_fp32_inputs_live_until_it_returns_and_its_cas
     let evs = events(&cfg, &shape);
     let fwd = first_forward(&evs);
     let lse = MICRO * HEADS * SEQ * 4;
-    let mut live: BTreeMap<u32, u64> = BTreeMap::new();
     let mut after_lse = false;
-    for e in fwd {
-        match *e {
-            TensorEvent::Alloc {
-                id,
-                bytes,
-                category: Category::Activations,
-                ..
-            } => {
-                if after_lse && bytes == N * H * 2 {
-                    // o_proj's output. Alive in fp32: the block input, the
-                    // norm's output, the rotary queries and keys; in bf16 of
-                    // this size: the values (bf16 already) and SDPA's output,
-                    // not the casts of the queries and keys.
-                    let fp32 = live.values().filter(|&&b| b == N * H * 4).count();
-                    let bf16 = live.values().filter(|&&b| b == N * H * 2).count();
-                    assert_eq!(fp32, 4, "fp32 tensors alive at o_proj");
-                    assert_eq!(bf16, 2, "the kernel's casts outlived it");
-                    return;
-                }
-                after_lse |= bytes == lse;
-                live.insert(id, bytes);
-            }
-            TensorEvent::Free { id } => {
-                live.remove(&id);
-            }
-            TensorEvent::Alloc { .. } => {}
+    let live = live_activations_until(fwd, |bytes, category| {
+        if category != Category::Activations {
+            return false;
         }
-    }
-    panic!("no o_proj after the log-sum-exp");
+        let o_proj = after_lse && bytes == N * H * 2;
+        after_lse |= bytes == lse;
+        o_proj
+    })
+    .expect("no o_proj after the log-sum-exp");
+    // o_proj's output. Alive in fp32: the block input, the norm's output,
+    // the rotary queries and keys; in bf16 of this size: the values (bf16
+    // already) and SDPA's output, not the casts of the queries and keys.
+    let fp32 = live.values().filter(|&&b| b == N * H * 4).count();
+    let bf16 = live.values().filter(|&&b| b == N * H * 2).count();
+    assert_eq!(fp32, 4, "fp32 tensors alive at o_proj");
+    assert_eq!(bf16, 2, "the kernel's casts outlived it");
 }
 
 #[test]
