@@ -41,7 +41,7 @@
 use crate::api::{Attention, MlpKind, PositionalKind};
 use crate::predict::arch::{HfFamily, HfImpl, TransformerArch};
 
-use super::Gen;
+use super::{Gen, Trace};
 
 /// Element widths of one run.
 #[derive(Clone, Copy)]
@@ -378,16 +378,13 @@ impl Gen<'_> {
         } else {
             g_lsm
         };
-        // The head's matmul is the first of backward's to run: its output
-        // is allocated, then cuBLAS's workspace of the backward thread (on
-        // its first use), after the loss's large blocks were freed.
-        let g_head = self.t.act(rows * hw * wd.c);
-        self.workspace(1);
-        let tied_contribution = self.hf_head_grads(t, g_logits);
-        let mut g = self.t.act(n * h * wd.r);
-        self.t.free(g_head);
-        let mut head_casts = head_casts;
-        self.t.free_all(&mut head_casts);
+        // The head's matmul node is the first of backward's to run, after the
+        // loss's large blocks were freed: the weight's gradient, then cuBLAS's
+        // workspace of the backward thread (on its first use), then the
+        // input's gradient; `g_logits` and autocast's copy of the weight go
+        // when the node returns.
+        let (tied_contribution, mut g) =
+            self.hf_head_grads(t, g_logits, rows * hw * wd.c, head_casts, n * h * wd.r);
         let x_last = head_saved.remove(0);
         for id in head_saved {
             self.release(id);
@@ -439,16 +436,33 @@ impl Gen<'_> {
         tables
     }
 
-    /// The head's weight gradients at the loss's backward; `g_logits` (the
-    /// head matmul's grad_output) is released when the matmul's backward
-    /// node returns. With a tied head the word embedding's gradient from the
-    /// head waits in autograd's input buffer (returned) until the
-    /// embedding's own contribution arrives.
-    fn hf_head_grads(&mut self, t: &TransformerArch, g_logits: u32) -> Option<u32> {
+    /// The head's backward at the loss: its matmul's weight gradient, cuBLAS's
+    /// workspace, the input's gradient (`input_bytes`), then
+    /// `g_logits` (the matmul's grad_output) and `casts` (autocast's copies
+    /// of the head-side weights, saved for it) released as the node returns
+    /// (the order of the H200's recorded runs, tied heads and untied, in
+    /// every precision); the other head-side weights' gradients after, and the
+    /// residual's gradient (`residual_bytes`, returned second; under autocast
+    /// before the untied weight's cast back). With a tied head the word
+    /// embedding's gradient from the head waits in autograd's input buffer
+    /// (returned first) until the embedding's own contribution arrives.
+    fn hf_head_grads(
+        &mut self,
+        t: &TransformerArch,
+        g_logits: u32,
+        input_bytes: u64,
+        mut casts: Vec<u32>,
+        residual_bytes: u64,
+    ) -> (Option<u32>, u32) {
         if self.fsdp() {
+            let g_head = self.t.act(input_bytes);
+            self.workspace(1);
             self.grads_of_layer(None);
             self.t.free(g_logits);
-            return None;
+            self.t.free_all(&mut casts);
+            let g = self.t.act(residual_bytes);
+            self.t.free(g_head);
+            return (None, g);
         }
         let tables = self.hf_embedding_tables(t);
         let idx: Vec<usize> = (0..self.params.len())
@@ -459,22 +473,49 @@ impl Gen<'_> {
             .last()
             .copied()
             .filter(|&i| !t.tied && self.params[i].matmul_weight);
-        // The head's matmul is the first node: g_logits goes when it returns.
-        for i in idx.into_iter().rev() {
-            if Some(i) == head {
-                self.weight_grad_releasing(i, Some(g_logits));
-            } else {
-                self.weight_grad(i);
+        let workspace = (self.workspaces <= 1 && self.run.cublas_workspace > 0)
+            .then_some(self.run.cublas_workspace);
+        if workspace.is_some() {
+            self.workspaces = 2;
+        }
+        let g_head = std::cell::Cell::new(None);
+        let g = std::cell::Cell::new(None);
+        let mut node_return = |tr: &mut Trace| {
+            if let Some(bytes) = workspace {
+                tr.alloc(bytes, super::Category::Workspace);
             }
+            g_head.set(Some(tr.act(input_bytes)));
+            tr.free(g_logits);
+            tr.free_all(&mut casts);
+        };
+        // Under autocast the residual's gradient (the cast back of the
+        // head's input) comes before the weight's cast back.
+        let residual = |tr: &mut Trace| {
+            g.set(Some(tr.act(residual_bytes)));
+            if let Some(h) = g_head.take() {
+                tr.free(h);
+            }
+        };
+        let tied = if let Some(i) = head {
+            self.weight_grad_then(i, node_return, residual);
+            None
+        } else {
+            let tied = t
+                .tied
+                .then(|| self.t.act(self.params[0].numel() * self.widths().c));
+            node_return(&mut self.t);
+            tied
+        };
+        for i in idx.into_iter().rev().filter(|&i| Some(i) != head) {
+            self.weight_grad(i);
         }
-        if head.is_some() {
-            return None;
-        }
-        let tied = t
-            .tied
-            .then(|| self.t.act(self.params[0].numel() * self.widths().c));
-        self.t.free(g_logits);
-        tied
+        let g = g.take().unwrap_or_else(|| {
+            let g = self.t.act(residual_bytes);
+            self.t
+                .free(g_head.take().expect("the head's node returned"));
+            g
+        });
+        (tied, g)
     }
 
     /// The embedding backward: a dense gradient of each table; with a tied
@@ -749,7 +790,7 @@ impl Gen<'_> {
                             saved.push(qkv);
                         }
                         let score = self.hf_score_extras(t, s2, &mut saved);
-                        self.hf_eager_scores(lib, s2, true, false, &mut saved);
+                        self.hf_eager_scores(lib, s2, true, false, additive_mask(t), &mut saved);
                         locals_of_block.extend(score);
                         true
                     }
@@ -900,7 +941,7 @@ impl Gen<'_> {
                         self.autocast_input(qe, n * qd, true, &mut saved);
                         self.hf_repeat_kv(gqa, keys, n * kvd, n * qd, owned, &mut saved);
                         let score = self.hf_score_extras(t, s2, &mut saved);
-                        self.hf_eager_scores(lib, s2, false, true, &mut saved);
+                        self.hf_eager_scores(lib, s2, false, true, additive_mask(t), &mut saved);
                         locals_of_block.extend(score);
                         self.hf_repeat_kv(gqa, values, n * kvd, n * qd, owned, &mut saved);
                         true
@@ -1005,7 +1046,7 @@ impl Gen<'_> {
                     Attention::Eager => {
                         saved.extend([q, k]);
                         rel_score = self.hf_score_extras(t, s2, &mut saved);
-                        self.hf_eager_scores(lib, s2, false, false, &mut saved);
+                        self.hf_eager_scores(lib, s2, false, false, additive_mask(t), &mut saved);
                         saved.push(v);
                         true
                     }
@@ -1301,7 +1342,7 @@ impl Gen<'_> {
             }
             Attention::Eager => {
                 saved.extend([q, k]);
-                self.hf_eager_scores(lib, s2, false, true, saved);
+                self.hf_eager_scores(lib, s2, false, true, false, saved);
                 saved.push(v);
                 true
             }
@@ -1371,20 +1412,35 @@ impl Gen<'_> {
         s2: u64,
         cast_first: bool,
         softmax_fp32: bool,
+        additive_mask: bool,
         saved: &mut Vec<u32>,
     ) {
         let wd = self.widths();
         let s1 = self.t.act(s2 * wd.c);
         let sc = self.t.act(s2 * wd.c);
         self.t.free(s1);
-        let masked = self.t.act(s2 * wd.c);
+        // The additive mask has the embeddings' dtype: under autocast the
+        // fp32 weights' width, and the sum is promoted to it.
+        let mw = if additive_mask { wd.c.max(wd.w) } else { wd.c };
+        let masked = self.t.act(s2 * mw);
         self.t.free(sc);
         let pw = if softmax_fp32 { 4 } else { wd.e };
+        // A softmax wider than its input converts the input first (the
+        // copy dies with the call); the sum itself is rebound only after
+        // the probabilities' cast.
+        let converted = (pw > mw).then(|| self.t.act(s2 * pw));
         let p = self.t.act(s2 * pw);
-        self.softmax.insert(p, (s2, wd.c, true));
+        self.softmax.insert(p, (s2, pw, true));
         saved.push(p);
-        self.t.free(masked);
+        if let Some(c) = converted {
+            self.t.free(c);
+        } else {
+            self.t.free(masked);
+        }
         let cast = (pw != wd.c && (cast_first || !lib.attn_dropout)).then(|| self.t.act(s2 * wd.c));
+        if converted.is_some() {
+            self.t.free(masked);
+        }
         if lib.attn_dropout {
             let width = if cast.is_some() { wd.c } else { pw };
             let d = self.t.act(s2 * width);
@@ -1427,10 +1483,23 @@ impl Gen<'_> {
                 if let Some(p) = tmp.take() {
                     self.t.free(p);
                 }
-                let g_scores = self.t.act(elems * scores_w);
+                // softmax's backward writes the scores' gradient beside a
+                // temporary of the same size; its own inputs go after it.
+                let mut g_scores = self.t.act(elems * scores_w);
+                let scratch = self.t.act(elems * scores_w);
+                self.t.free(scratch);
                 self.t.free(g_out);
+                self.release(id);
+                if scores_w > wd.c {
+                    // A softmax run wider than the scaled scores (the mask's
+                    // promotion, its own conversion): the gradient is cast
+                    // back to their width.
+                    let cast = self.t.act(elems * wd.c);
+                    self.t.free(g_scores);
+                    g_scores = cast;
+                }
                 let g = if scaled {
-                    let g2 = self.t.act(elems * scores_w);
+                    let g2 = self.t.act(self.t.bytes(g_scores));
                     self.t.free(g_scores);
                     g2
                 } else {
@@ -1454,4 +1523,12 @@ impl Gen<'_> {
         saved.push(input);
         g_in
     }
+}
+
+/// Whether eager attention adds a float mask to the scores (the library's
+/// `eager_attention_forward` with the causal or padding mask it builds in the
+/// embeddings' dtype); DeBERTa fills its mask in, T5 adds its position bias
+/// and ViT has no mask.
+fn additive_mask(t: &TransformerArch) -> bool {
+    t.layout.disentangled.is_none() && t.layout.rel_buckets == 0 && t.layout.image.is_none()
 }

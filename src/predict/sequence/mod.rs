@@ -352,10 +352,32 @@ impl<'a> Gen<'a> {
     /// weight's gradient in the matmul's precision and before autocast's cast
     /// back to the fp32 master weight (a node of its own) runs.
     fn weight_grad_releasing(&mut self, i: usize, grad_output: Option<u32>) {
-        let mut grad_output = grad_output;
+        self.weight_grad_then(
+            i,
+            |t| {
+                if let Some(g) = grad_output {
+                    t.free(g);
+                }
+            },
+            |_| {},
+        );
+    }
+
+    /// [`Self::weight_grad`], running `node_return` once where the matmul's
+    /// backward node returns (after the weight's gradient in the matmul's
+    /// precision) and, under autocast, `cast_back` once right before
+    /// autocast's cast back to the fp32 master weight (a node of its own)
+    /// makes its copy; without a cast back `cast_back` is not run.
+    fn weight_grad_then(
+        &mut self,
+        i: usize,
+        node_return: impl FnOnce(&mut Trace),
+        cast_back: impl FnOnce(&mut Trace),
+    ) {
+        let mut node_return = Some(node_return);
         let mut release = |t: &mut Trace| {
-            if let Some(g) = grad_output.take() {
-                t.free(g);
+            if let Some(f) = node_return.take() {
+                f(t);
             }
         };
         let n = self.shard(self.params[i].numel(), 2);
@@ -364,10 +386,17 @@ impl<'a> Gen<'a> {
         if self.params[i].sum_rows > 0 {
             self.column_sum_staging(full, self.run.micro_batch * self.params[i].sum_rows);
         }
+        let mut cast_back = lowp.then_some(cast_back);
+        let mut before_cast = |t: &mut Trace| {
+            if let Some(f) = cast_back.take() {
+                f(t);
+            }
+        };
         if self.fsdp() {
             // Full-size until the unit's reduce-scatter (zero.rs).
             let tmp = lowp.then(|| self.t.act(full * self.d.compute));
             release(&mut self.t);
+            before_cast(&mut self.t);
             self.fsdp_unsharded_grad(i, full * self.d.weight);
             if let Some(tmp) = tmp {
                 self.t.free(tmp);
@@ -379,6 +408,7 @@ impl<'a> Gen<'a> {
                 let tmp = lowp.then(|| self.t.act(full * self.d.compute));
                 if lowp {
                     release(&mut self.t);
+                    before_cast(&mut self.t);
                 }
                 self.grad_ids[i] = Some(self.t.alloc(n * self.d.weight, Category::Gradients));
                 release(&mut self.t);
@@ -391,6 +421,7 @@ impl<'a> Gen<'a> {
                     .t
                     .act(full * if lowp { self.d.compute } else { self.d.weight });
                 release(&mut self.t);
+                before_cast(&mut self.t);
                 let tmp2 = lowp.then(|| self.t.act(full * self.d.weight));
                 if let Some(t2) = tmp2 {
                     self.t.free(t2);
