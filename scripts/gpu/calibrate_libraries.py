@@ -520,6 +520,62 @@ FRESH3 = [
     tv("densenet169", 48, "amp-bf16", "sgd-momentum"),
 ]
 
+# A fourth fresh set (`--set fresh4`), written after the head's backward, eager
+# scores and softmax backward were read from the recorded sequences
+# (2026-12-05); its predictions are committed before it runs. Eager attention
+# in every precision and family that has it, the head's order on large
+# vocabularies, and T5 under autocast.
+FRESH4 = [
+    hf("llamae4", "llama", dict(num_hidden_layers=6, hidden_size=1024, num_attention_heads=16,
+                                num_key_value_heads=4, intermediate_size=2816, vocab_size=32000),
+       1024, 8, "amp-bf16", "adamw", "eager"),
+    hf("qwen2e4", "qwen2", dict(num_hidden_layers=8, hidden_size=896, num_attention_heads=14,
+                                num_key_value_heads=2, intermediate_size=4864), 2048, 2, "bf16",
+       "sgd-momentum", "eager"),
+    hf("mistrale4", "mistral", dict(num_hidden_layers=6, hidden_size=1024, num_attention_heads=16,
+                                    num_key_value_heads=8, intermediate_size=3584), 1024, 4,
+       "amp-fp16", "adamw", "eager"),
+    hf("gpt2e4", "gpt2", dict(n_layer=8, n_embd=1024, n_head=16), 1024, 8, "bf16", "adamw", "eager"),
+    hf("gpt2e4", "gpt2", dict(n_layer=12), 1024, 16, "amp-bf16", "sgd-momentum", "eager", ckpt=True),
+    hf("berte4", "bert", dict(num_hidden_layers=8), 512, 32, "amp-fp16", "adamw", "eager"),
+    hf("robertae4", "roberta", dict(num_hidden_layers=6, max_position_embeddings=514,
+                                    type_vocab_size=1, pad_token_id=1), 512, 16, "bf16", "adamw",
+       "eager"),
+    hf("opte4", "opt", dict(num_hidden_layers=8, hidden_size=1024, num_attention_heads=16,
+                            ffn_dim=4096), 1024, 4, "amp-bf16", "adamw", "eager"),
+    hf("phi3e4", "phi3", dict(num_hidden_layers=4, hidden_size=1024, num_attention_heads=16,
+                              intermediate_size=4096), 1024, 4, "bf16", "adamw", "eager"),
+    hf("neoxe4", "gpt_neox", dict(num_hidden_layers=6, hidden_size=1024, num_attention_heads=16,
+                                  intermediate_size=4096, vocab_size=50304), 1024, 4, "amp-fp16",
+       "adamw", "eager"),
+    hf("qwen3s4", "qwen3", dict(num_hidden_layers=6, hidden_size=1024, num_attention_heads=16,
+                                num_key_value_heads=8, head_dim=128, intermediate_size=3072), 2048,
+       2, "amp-bf16", "adamw"),
+    hf("llama3s4", "llama", dict(num_hidden_layers=4, hidden_size=2048, num_attention_heads=16,
+                                 num_key_value_heads=8, intermediate_size=8192,
+                                 vocab_size=128256), 2048, 2, "bf16", "sgd-momentum"),
+    hf("qwen2s4", "qwen2", dict(num_hidden_layers=6, hidden_size=1024, num_attention_heads=16,
+                                num_key_value_heads=2, intermediate_size=2816), 1024, 8,
+       "amp-bf16", "adamw"),
+    hf("mixtrals4", "mixtral", dict(num_hidden_layers=2, hidden_size=1024, num_attention_heads=16,
+                                    num_key_value_heads=4, intermediate_size=2816,
+                                    num_local_experts=4, num_experts_per_tok=2), 1024, 4,
+       "amp-bf16", "adamw"),
+    hf("gemma2e4", "gemma2", dict(num_hidden_layers=4, hidden_size=1024, num_attention_heads=8,
+                                  num_key_value_heads=4, head_dim=128, intermediate_size=4096),
+       1024, 2, "bf16", "adamw", "eager"),
+    hf("t5a4", "t5", dict(d_model=512, num_layers=6, num_heads=8, d_kv=64, d_ff=2048,
+                          decoder_start_token_id=0), 512, 16, "amp-bf16", "adamw"),
+    hf("debertae4", "deberta-v2", dict(num_hidden_layers=6, hidden_size=768, num_attention_heads=12,
+                                       intermediate_size=3072), 256, 32, "bf16", "adamw", "eager"),
+    hf("vite4", "vit", dict(num_hidden_layers=8, hidden_size=768, num_attention_heads=12,
+                            intermediate_size=3072, num_labels=1000), 197, 128, "amp-bf16", "adamw",
+       "eager"),
+    tv("resnet101", 64, "amp-bf16", "adamw"),
+    tv("efficientnet_b0", 128, "amp-fp16", "sgd-momentum"),
+    tv("convnext_tiny", 64, "fp32", "adamw"),
+]
+
 # Run again alone at the end, to check that running side by side changes nothing.
 REPEATS = ["hf-gpt2-s1024-b8-ampbf16-adamw-sdpa", "tv-resnet50-i224-b128-ampbf16-sgdm",
            "hf-llama-s2048-b4-bf16-adamw-sdpa"]
@@ -889,7 +945,8 @@ def main():
     ap.add_argument("--library", choices=("transformers", "torchvision"),
                     help="only the cases of this library")
     ap.add_argument("--set", default="calibration",
-                    choices=["calibration", "validation", "families", "heldout", "fresh", "fresh2", "fresh3"],
+                    choices=["calibration", "validation", "families", "heldout", "fresh", "fresh2", "fresh3",
+                             "fresh4"],
                     help="the calibration cases (fit/holdout), the fresh validation set, or "
                          "the families added later (gemma2/3, gpt_neox, opt, mixtral, "
                          "qwen2_moe, t5, deberta-v2, vit)")
@@ -919,15 +976,16 @@ def main():
     if args.smoke:
         for name in args.smoke.split(","):
             print(name, flush=True)
-            child(small(next(x for x in CASES + VALIDATION + FAMILIES + HELDOUT + FRESH + FRESH2 + FRESH3
+            child(small(next(x for x in CASES + VALIDATION + FAMILIES + HELDOUT + FRESH + FRESH2 + FRESH3 + FRESH4
                              if x["name"] == name)), None)
         return
-    names = [c["name"] for c in CASES + VALIDATION + FAMILIES + HELDOUT + FRESH + FRESH2 + FRESH3]
+    names = [c["name"] for c in CASES + VALIDATION + FAMILIES + HELDOUT + FRESH + FRESH2 + FRESH3 + FRESH4]
     assert len(names) == len(set(names)), "duplicate case names"
     assert all(r in names for r in REPEATS), "a repeat names no case"
     validation = args.set != "calibration"
     chosen = {"calibration": CASES, "validation": VALIDATION, "families": FAMILIES,
-              "heldout": HELDOUT, "fresh": FRESH, "fresh2": FRESH2, "fresh3": FRESH3}[args.set]
+              "heldout": HELDOUT, "fresh": FRESH, "fresh2": FRESH2, "fresh3": FRESH3,
+              "fresh4": FRESH4}[args.set]
     cases = [c for c in chosen if not args.only or c["name"] in args.only.split(",")]
     cases = [c for c in cases if not args.library or c["library"] == args.library]
     if args.snapshots:
@@ -965,7 +1023,8 @@ def main():
     sampler = threading.Thread(target=nvml.sample_forever, daemon=True)
     sampler.start()
 
-    stem = args.set if args.set in ("families", "heldout", "fresh", "fresh2", "fresh3") else "libraries"
+    stem = args.set if args.set in ("families", "heldout", "fresh", "fresh2", "fresh3",
+                                    "fresh4") else "libraries"
     out_path = os.path.join(args.out, f"{stem}.jsonl")
     prof_path = os.path.join(args.out, f"{stem}-profiles.jsonl" if stem != "libraries"
                              else "profiles.jsonl")
