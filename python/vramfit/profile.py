@@ -32,8 +32,9 @@ differently from a CUDA run, the capture does what CUDA does:
 - ``torch._grouped_mm`` (MoE experts) runs in fp32 as CUDA's kernel does;
 - optimizers use their ``foreach`` implementations, CUDA's default;
 - the positions where cuBLAS's two workspaces (forward thread, autograd
-  thread) are first needed are written as ``cublasWorkspaceAt``; the
-  predictor allocates the GPU's workspace size there;
+  thread) are first needed are written as ``cublasWorkspaceAt`` (before the
+  call's output); the predictor allocates the GPU's workspace size right
+  after that output, where cuBLAS takes it;
 - a value the step reads from a tensor (``.item()``, ``bool()``), which fake
   tensors do not have, is the usual one: ``False``, 0.0 or 1.
 

@@ -153,6 +153,33 @@ fn a_captured_profile_gets_the_gpus_cublas_workspaces_where_it_says() {
 }
 
 #[test]
+fn a_captured_cublas_workspace_follows_its_calls_output() {
+    // The capture names the position before the call's output (2 MiB, the
+    // head's weight gradient); cuBLAS takes its workspace when the call
+    // runs, after ATen allocated that output, as the H200's recorded runs
+    // show. Before it, Qwen3 bf16's capture was 17.7 % over and Gemma 2
+    // amp's 13.0 %: the workspace split the freed loss segment.
+    use sequence::TensorEvent;
+    let text = r#"{"format":"vramfit.profile/v1","microBatch":1,"sizes":[1048576,2097152],
+        "events":[0,1,-1,-2],"cublasWorkspaceAt":[1]}"#;
+    let prof = profile::parse_profile(text).unwrap();
+    let events = profile::profile_events(&prof, 1, default_gpu()).unwrap();
+    let sizes: Vec<Option<u64>> = events
+        .iter()
+        .map(|e| match *e {
+            TensorEvent::Alloc { bytes, .. } => Some(bytes),
+            TensorEvent::Free { .. } => None,
+        })
+        .collect();
+    let ws = default_gpu().cublas_workspace_bytes;
+    assert_eq!(
+        sizes,
+        [Some(1 << 20), Some(2 << 20), Some(ws), None, None],
+        "{events:?}"
+    );
+}
+
+#[test]
 fn a_captured_convolution_takes_its_cudnn_workspace_for_the_call_only() {
     // 1 MiB alive, then freed; the weight gradient of a depthwise 3x3
     // convolution of a channels-last 1 x 16 x 512 x 512 fp32 input (16 MiB):
@@ -831,6 +858,49 @@ fn captures_made_with_the_measuring_machines_libraries_predict_the_transformers_
         );
         assert!(stats.under_predictions.is_empty(), "{dir}: {stats:?}");
     }
+}
+
+#[test]
+fn captures_of_the_third_fresh_set_put_the_cublas_workspace_after_its_call() {
+    // The third fresh set's CPU captures (made on the GPU machine) against
+    // its H200 runs. With the cuBLAS workspace before its call's output
+    // Qwen3 bf16 was +17.7 % (the workspace split a freed loss segment); it
+    // is within 1 % now. Two rows stay beyond 10 %, each by one loss
+    // segment with its allocated peak within 1 %: DeBERTa-v3 amp eager
+    // (-15.4 %, the one under beyond 5 %) and Llama-3 bf16 with
+    // checkpointing (+15.6 %).
+    let hf: Vec<BenchRow> = rows_from_captures(
+        include_str!("../../data/calibration/h200-fresh3.jsonl"),
+        "fresh3-h200",
+    )
+    .into_iter()
+    .filter(|r| r.name.starts_with("hf-") && r.source == "profile")
+    .collect();
+    assert_eq!(hf.len(), 18);
+    let stats = error_stats(&hf, None);
+    assert!(stats.median <= 0.01, "{stats:?}");
+    assert_eq!(
+        stats.under_predictions,
+        ["hf-debertah-s512-b8-ampbf16-adamw-eager"],
+        "{stats:?}"
+    );
+    let beyond: Vec<&str> = hf
+        .iter()
+        .filter(|r| r.relative_error.abs() > 0.10)
+        .map(|r| r.name.as_str())
+        .collect();
+    assert_eq!(
+        beyond,
+        [
+            "hf-llama3h-s2048-b2-bf16-adamw-sdpa-ckpt",
+            "hf-debertah-s512-b8-ampbf16-adamw-eager"
+        ]
+    );
+    let qwen3 = hf
+        .iter()
+        .find(|r| r.name == "hf-qwen3h-s4096-b1-bf16-sgdm-sdpa")
+        .unwrap();
+    assert!(qwen3.relative_error.abs() <= 0.01, "{qwen3:?}");
 }
 
 #[test]

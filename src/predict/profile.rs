@@ -130,8 +130,12 @@ pub fn profile_events(
     let mut live = Vec::<bool>::new();
     // Workspace ids come after every id of the profile.
     let mut next_ws = p.events.iter().filter(|&&e| e >= 0).count() as u32;
-    let workspaces_before = |pos: usize, out: &mut Vec<TensorEvent>, next_ws: &mut u32| {
-        for _ in p.cublas_workspace_at.iter().filter(|&&at| at == pos) {
+    // cuBLAS takes its workspace when the call runs, once ATen has allocated
+    // the call's output: the capture names the position before that output,
+    // so the workspace follows the next allocation (the H200's recorded runs
+    // show the head's weight gradient, then the backward workspace).
+    let cublas = |out: &mut Vec<TensorEvent>, next_ws: &mut u32, pending: &mut usize| {
+        for _ in 0..std::mem::take(pending) {
             out.push(TensorEvent::Alloc {
                 id: *next_ws,
                 bytes: gpu.cublas_workspace_bytes,
@@ -140,37 +144,46 @@ pub fn profile_events(
             });
             *next_ws += 1;
         }
-        // A convolution's workspace lives only for its call.
-        for call in p.convolutions.iter().filter(|c| c.at == pos) {
-            // (a call without one takes 0 bytes, which the replay ignores)
-            out.push(TensorEvent::Alloc {
-                id: *next_ws,
-                bytes: cudnn_workspace(call),
-                category: Category::Workspace,
-                stream: Stream::Default,
-            });
-            out.push(TensorEvent::Free { id: *next_ws });
-            *next_ws += 1;
-        }
-        // The reduction kernel's partial sums and semaphores, given back
-        // after it (the semaphores first).
-        for sum in p.reductions.iter().filter(|r| r.at == pos) {
-            let Some(staging) = column_sum_staging(sum.outputs, sum.rows, 4, gpu.reduce) else {
-                continue;
-            };
-            for bytes in [staging.buffer, staging.semaphores] {
+    };
+    let mut pending = 0;
+    let workspaces_before =
+        |pos: usize, out: &mut Vec<TensorEvent>, next_ws: &mut u32, pending: &mut usize| {
+            *pending += p
+                .cublas_workspace_at
+                .iter()
+                .filter(|&&at| at == pos)
+                .count();
+            // A convolution's workspace lives only for its call.
+            for call in p.convolutions.iter().filter(|c| c.at == pos) {
+                // (a call without one takes 0 bytes, which the replay ignores)
                 out.push(TensorEvent::Alloc {
                     id: *next_ws,
-                    bytes,
-                    category: Category::Activations,
+                    bytes: cudnn_workspace(call),
+                    category: Category::Workspace,
                     stream: Stream::Default,
                 });
+                out.push(TensorEvent::Free { id: *next_ws });
                 *next_ws += 1;
             }
-            out.push(TensorEvent::Free { id: *next_ws - 1 });
-            out.push(TensorEvent::Free { id: *next_ws - 2 });
-        }
-    };
+            // The reduction kernel's partial sums and semaphores, given back
+            // after it (the semaphores first).
+            for sum in p.reductions.iter().filter(|r| r.at == pos) {
+                let Some(staging) = column_sum_staging(sum.outputs, sum.rows, 4, gpu.reduce) else {
+                    continue;
+                };
+                for bytes in [staging.buffer, staging.semaphores] {
+                    out.push(TensorEvent::Alloc {
+                        id: *next_ws,
+                        bytes,
+                        category: Category::Activations,
+                        stream: Stream::Default,
+                    });
+                    *next_ws += 1;
+                }
+                out.push(TensorEvent::Free { id: *next_ws - 1 });
+                out.push(TensorEvent::Free { id: *next_ws - 2 });
+            }
+        };
     // Allocations the profile never frees outlive the step: weights,
     // gradients, optimizer state. The others are the step's transients.
     let allocs = p.events.iter().filter(|&&e| e >= 0).count();
@@ -181,7 +194,7 @@ pub fn profile_events(
         }
     }
     for (pos, &e) in p.events.iter().enumerate() {
-        workspaces_before(pos, &mut out, &mut next_ws);
+        workspaces_before(pos, &mut out, &mut next_ws, &mut pending);
         if e >= 0 {
             let bytes = *p.sizes.get(e as usize).ok_or_else(|| {
                 PredictError::Invalid(format!(
@@ -201,6 +214,7 @@ pub fn profile_events(
                 },
                 stream: Stream::Default,
             });
+            cublas(&mut out, &mut next_ws, &mut pending);
         } else {
             let id = (-(e + 1)) as usize;
             match live.get_mut(id) {
@@ -214,6 +228,7 @@ pub fn profile_events(
             out.push(TensorEvent::Free { id: id as u32 });
         }
     }
-    workspaces_before(p.events.len(), &mut out, &mut next_ws);
+    workspaces_before(p.events.len(), &mut out, &mut next_ws, &mut pending);
+    cublas(&mut out, &mut next_ws, &mut pending);
     Ok(out)
 }
