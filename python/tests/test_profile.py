@@ -381,3 +381,44 @@ def test_an_image_classifier_from_transformers_trains_on_pixels_and_class_labels
     assert b * 3 * side * side * 4 in seq  # the pixels
     assert b * hidden * (side // patch) ** 2 * 4 in seq  # the patch embedding's output
     assert b * labels * 4 in seq  # the logits
+
+
+def test_a_tied_tables_two_gradients_are_added_in_place_as_on_cuda() -> None:
+    # The word table is read twice (embedding and head). Autograd adds the
+    # second gradient into the first when it holds the only reference, on
+    # CUDA; fake tensors are a tensor subclass, for which it makes a new sum,
+    # so the capture turns that sum back into the first gradient.
+    vocab, dim = 1000, 48  # a table of a size no activation has
+    table = vocab * dim * 4
+
+    class Tied(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb = torch.nn.Embedding(vocab, dim)
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return self.emb(ids) @ self.emb.weight.t()
+
+    model = Tied()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step(m: torch.nn.Module) -> None:
+        ids = torch.randint(0, vocab, (4, 16))
+        m(ids).float().logsumexp(-1).mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    p = profile.capture_step(model, step, micro_batch=4, optimizers=[optimizer])
+    seq = sizes_in_order(p)
+    # the weight; each step the head's gradient (kept as .grad) and the
+    # embedding's dense one, added into it and freed: no third of that size
+    assert seq.count(table) == 1 + 2 * 2
+    live, most, alive = {}, 0, 0
+    for e in p["events"]:
+        if e >= 0:
+            live[len(live)] = p["sizes"][e]
+            alive += p["sizes"][e] == table
+            most = max(most, alive)
+        else:
+            alive -= live[-e - 1] == table
+    assert most == 3  # the weight and the two gradients, never a sum beside them

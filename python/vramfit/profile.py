@@ -35,6 +35,11 @@ differently from a CUDA run, the capture does what CUDA does:
   thread) are first needed are written as ``cublasWorkspaceAt`` (before the
   call's output); the predictor allocates the GPU's workspace size right
   after that output, where cuBLAS takes it;
+- autograd's accumulation of two gradients of one tensor (a tied word table,
+  the residual stream's two branches) adds the second into the first, as
+  CUDA's engine does for plain tensors; for fake tensors (a tensor subclass)
+  the engine makes a new sum, which the capture turns back into the first
+  gradient (``_accumulate_in_place``);
 - a value the step reads from a tensor (``.item()``, ``bool()``), which fake
   tensors do not have, is the usual one: ``False``, 0.0 or 1.
 
@@ -96,6 +101,10 @@ class _Recorder:
         self.convolutions: List[Dict[str, Any]] = []
         self.reductions: List[Dict[str, int]] = []
         self.data_reads = 0
+        # allocation indices of sums made in backward (``aten.add``): the
+        # candidates for autograd's gradient accumulation, which CUDA does
+        # in place (see ``_accumulate_in_place``)
+        self.backward_sums: set = set()
         self._ws_forward = False
         self._ws_backward = False
 
@@ -116,6 +125,12 @@ class _Recorder:
         self._ids.pop(key, None)
         self.events.append(("f", index))
         self.live -= nbytes
+
+    def backward_sum(self, out: Any) -> None:
+        """``out`` is a sum made while autograd runs backward."""
+        index = self._ids.get(id(out.untyped_storage()))
+        if index is not None:
+            self.backward_sums.add(index)
 
     def blas(self, in_backward: bool) -> None:
         """A cuBLAS call: the first in forward and in backward needs a workspace."""
@@ -221,6 +236,8 @@ def _dispatch_mode(rec: _Recorder) -> Any:
                 rec.column_sum(args[0], args[1])
             else:
                 record(out)
+                if func is aten.add.Tensor and isinstance(out, FakeTensor) and _in_backward():
+                    rec.backward_sum(out)
             return out
 
     def record(out: Any) -> None:
@@ -1097,17 +1114,89 @@ def capture_step(model: Any, step_fn: Callable[[Any], Any], *, micro_batch: int,
         "model": source or type(model).__name__, "steps": steps, "api": "capture_step"})
 
 
+def _accumulate_in_place(rec: _Recorder) -> Tuple[List[Tuple[str, int]], Any, int]:
+    """The recorded events with autograd's gradient accumulation made in
+    place, as CUDA runs it, and a map of the old event positions to the new.
+
+    When two gradients meet in one input buffer (a tied word table, the
+    residual stream's two branches) the engine adds the second into the
+    first if it holds the only reference to it and neither is a tensor
+    subclass; fake tensors are one, so the capture sees ``old + new``: a new
+    tensor of the same size, then both freed. The H200's recorded runs
+    (GPT-2 and DeBERTa-v3's tied tables) add in place. Such a sum (a
+    backward ``add`` of two same-sized gradients, both freed right after it)
+    becomes the older one: its allocation and the older one's free go, its
+    later frees are the older one's."""
+    ev = rec.events
+    size_of: List[int] = [v for k, v in ev if k == "a"]
+    drop: set = set()
+    alias: Dict[int, int] = {}
+
+    def resolve(i: int) -> int:
+        while i in alias:
+            i = alias[i]
+        return i
+
+    index = -1
+    for pos, (kind, value) in enumerate(ev):
+        if kind != "a":
+            continue
+        index += 1
+        if index not in rec.backward_sums or pos + 2 >= len(ev):
+            continue
+        (k1, a), (k2, b) = ev[pos + 1], ev[pos + 2]
+        if k1 != "f" or k2 != "f" or not size_of[a] == size_of[b] == value:
+            continue
+        older = min(a, b)
+        drop.update((pos, pos + 1 if a == older else pos + 2))
+        alias[index] = older
+    renumber: Dict[int, int] = {}
+    events: List[Tuple[str, int]] = []
+    index = -1
+    for pos, (kind, value) in enumerate(ev):
+        if kind == "a":
+            index += 1
+            if pos not in drop:
+                renumber[index] = len(renumber)
+        if pos in drop:
+            continue
+        events.append((kind, value) if kind == "a" else ("f", renumber[resolve(value)]))
+    before = [0] * (len(ev) + 1)
+    for pos in range(len(ev)):
+        before[pos + 1] = before[pos] + (pos in drop)
+
+    def moved(pos: int) -> int:
+        return pos - before[pos]
+
+    live = peak = 0
+    live_sizes: Dict[int, int] = {}
+    index = -1
+    for kind, value in events:
+        if kind == "a":
+            index += 1
+            live_sizes[index] = value
+            live += value
+            peak = max(peak, live)
+        else:
+            live -= live_sizes.pop(value)
+    return events, moved, peak
+
+
 def to_profile(rec: _Recorder, micro_batch: int, grad_accum: int,
                capture_info: Dict[str, Any]) -> Dict[str, Any]:
     """The recorded events in the vramfit.profile/v1 form."""
-    sizes = sorted({v for k, v in rec.events if k == "a"})
+    recorded, moved, peak = _accumulate_in_place(rec)
+    sizes = sorted({v for k, v in recorded if k == "a"})
     index = {s: i for i, s in enumerate(sizes)}
-    events = [index[v] if k == "a" else -(v + 1) for k, v in rec.events]
+    events = [index[v] if k == "a" else -(v + 1) for k, v in recorded]
+    allocations = sum(1 for k, _ in recorded if k == "a")
     return {"format": FORMAT, "microBatch": micro_batch, "gradAccum": grad_accum,
-            "sizes": sizes, "events": events, "cublasWorkspaceAt": rec.workspace_at,
-            "convolutions": rec.convolutions, "reductions": rec.reductions,
+            "sizes": sizes, "events": events,
+            "cublasWorkspaceAt": [moved(at) for at in rec.workspace_at],
+            "convolutions": [dict(c, at=moved(c["at"])) for c in rec.convolutions],
+            "reductions": [dict(r, at=moved(r["at"])) for r in rec.reductions],
             "source": f"vramfit.profile {capture_info.get('model', '')}".rstrip(),
-            "capture": dict(capture_info, peakLiveBytes=rec.peak, allocations=rec.count)}
+            "capture": dict(capture_info, peakLiveBytes=peak, allocations=allocations)}
 
 
 def summary(prof: Dict[str, Any]) -> str:

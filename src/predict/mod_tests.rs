@@ -177,6 +177,20 @@ fn a_captured_cublas_workspace_follows_its_calls_output() {
         [Some(1 << 20), Some(2 << 20), Some(ws), None, None],
         "{events:?}"
     );
+    // A tensor the profile never frees (a weight) keeps its id: the
+    // workspace's comes after every allocation's.
+    let kept = r#"{"format":"vramfit.profile/v1","microBatch":1,"sizes":[1048576,2097152],
+        "events":[0,1,-1],"cublasWorkspaceAt":[1]}"#;
+    let events =
+        profile::profile_events(&profile::parse_profile(kept).unwrap(), 1, default_gpu()).unwrap();
+    let ids: Vec<u32> = events
+        .iter()
+        .filter_map(|e| match *e {
+            TensorEvent::Alloc { id, .. } => Some(id),
+            TensorEvent::Free { .. } => None,
+        })
+        .collect();
+    assert_eq!(ids, [0, 1, 2], "{events:?}");
 }
 
 #[test]
