@@ -463,10 +463,12 @@ def _function_mode() -> Any:
                                params.get("out_dtype"))
 
     class HalfToFloatSoftmax(torch.autograd.Function):
-        """(log-)softmax of a bf16/fp16 input into fp32, as CUDA's kernels do
-        it when asked for dtype=float32 (`half_to_float`): no upcast copy of
-        the input, and the backward writes the gradient in the input's
-        precision directly."""
+        """(log-)softmax of an fp16 input into fp32, as CUDA's kernels do it
+        when asked for dtype=float32 (`half_to_float`): no upcast copy of the
+        input, and the backward writes the gradient in the input's precision
+        directly. ATen takes that path for Half only: a bf16 input is
+        converted to fp32 first (``input.toType``), on CUDA as on the CPU,
+        so bf16 takes the CPU's own path."""
 
         @staticmethod
         def forward(ctx, x, dim, log):  # type: ignore[no-untyped-def]
@@ -483,10 +485,10 @@ def _function_mode() -> Any:
                  F.log_softmax: True, torch.log_softmax: True, T.log_softmax: True}
 
     def half_to_float(func: Any, args: Any, kwargs: Any, autocast: bool) -> Any:
-        """The fused (log-)softmax for a low-precision input asked for (or,
-        under autocast, given) fp32; None when the call is something else."""
+        """The fused (log-)softmax for an fp16 input asked for (or, under
+        autocast, given) fp32; None when the call is something else."""
         x = args[0] if args else None
-        if not isinstance(x, torch.Tensor) or x.dtype not in low:
+        if not isinstance(x, torch.Tensor) or x.dtype is not torch.float16:
             return None
         dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
         dtype = kwargs.get("dtype")

@@ -38,7 +38,7 @@
 //! Backward frees each block's saved tensors newest first, with one gradient
 //! of each saved tensor's size alive at a time beside the residual gradient.
 
-use crate::api::{Attention, MlpKind, PositionalKind};
+use crate::api::{Attention, MlpKind, PositionalKind, Precision};
 use crate::predict::arch::{HfFamily, HfImpl, TransformerArch};
 
 use super::{Gen, Trace};
@@ -1426,11 +1426,16 @@ impl Gen<'_> {
         self.t.free(sc);
         let pw = if softmax_fp32 { 4 } else { wd.e };
         // A softmax wider than its input converts the input first (the
-        // copy dies with the call); the sum itself is rebound only after
-        // the probabilities' cast.
-        let converted = (pw > mw).then(|| self.t.act(s2 * pw));
+        // copy dies with the call) and its gradient is cast back; the sum
+        // itself is rebound only after the probabilities' cast. ATen's
+        // fused `half_to_float` kernel spares fp16 both (Half only: bf16 is
+        // converted).
+        let half = matches!(self.run.precision, Precision::Fp16 | Precision::AmpFp16);
+        let widened = pw > mw && !half;
+        let converted = widened.then(|| self.t.act(s2 * pw));
         let p = self.t.act(s2 * pw);
-        self.softmax.insert(p, (s2, pw, true));
+        self.softmax
+            .insert(p, (s2, if pw > mw && half { mw } else { pw }, true));
         saved.push(p);
         if let Some(c) = converted {
             self.t.free(c);

@@ -1880,3 +1880,23 @@ fn eager_scores_die_where_the_library_rebinds_them() {
         assert!(checked >= 2, "{p:?}: {checked}");
     }
 }
+
+#[test]
+fn a_bf16_softmax_into_fp32_converts_its_input_and_an_fp16_one_does_not() {
+    // ATen's softmax(x, dim, dtype=float32): CUDA's fused half_to_float
+    // kernel for fp16 (no copy, the fp16 gradient written directly); a bf16
+    // input is converted to fp32 first and its fp32 gradient cast back.
+    let cfg = config("llama", serde_json::json!({}));
+    let fp32_scores = |p: Precision| {
+        let evs = events(&cfg, &run(p, Attention::Eager));
+        let fwd = count(&acts(first_forward(&evs)), S2 * 4);
+        let all = count(&acts(&evs), S2 * 4);
+        (fwd, all)
+    };
+    let (bf16_fwd, bf16_all) = fp32_scores(Precision::Bf16);
+    let (fp16_fwd, fp16_all) = fp32_scores(Precision::Fp16);
+    // per block: the converted copy beside the probabilities (2 blocks)
+    assert_eq!(bf16_fwd, fp16_fwd + 2, "{bf16_fwd} {fp16_fwd}");
+    // and in backward the fp32 gradients that fp16 writes in fp16
+    assert!(bf16_all > fp16_all + 2, "{bf16_all} {fp16_all}");
+}
