@@ -3107,3 +3107,36 @@ fn the_reserve_is_the_larger_of_the_replays_in_either_address_order() {
     }
     assert_eq!(larger, [false, true], "one row of each order");
 }
+
+#[test]
+fn mixtures_of_experts_run_grouped_as_transformers_runs_them_on_cuda() {
+    // transformers 5 runs the experts with `grouped_mm_experts_forward` on
+    // CUDA: every routed token in one sorted tensor, fp32 under autocast.
+    // Generated as a loop over the experts (the same bytes in many small
+    // tensors) the allocated peak agreed but the reserve did not: Qwen2-MoE
+    // +9.3 and +9.4 %, Mixtral bf16 +10.9 %, held-out Mixtral +5.5 %. Every
+    // mixture-of-experts run of the H200 sets is within 2 % now.
+    let mut rows = Vec::new();
+    for measured in [
+        include_str!("../../data/calibration/h200-families.jsonl"),
+        include_str!("../../data/calibration/h200-heldout.jsonl"),
+        include_str!("../../data/calibration/h200-fresh.jsonl"),
+        include_str!("../../data/calibration/h200-fresh2.jsonl"),
+        include_str!("../../data/calibration/h200-fresh3.jsonl"),
+    ] {
+        rows.extend(
+            analytic_rows(measured)
+                .into_iter()
+                .filter(|r| r.name.contains("mixtral") || r.name.contains("moe")),
+        );
+    }
+    assert!(rows.len() >= 9, "{}", rows.len());
+    for row in &rows {
+        assert!(
+            row.relative_error.abs() <= 0.02,
+            "{}: {:+.1} %",
+            row.name,
+            row.relative_error * 100.0
+        );
+    }
+}

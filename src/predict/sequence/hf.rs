@@ -1222,12 +1222,13 @@ impl Gen<'_> {
     /// - not gated: the first projection and its activation (ReLU: its
     ///   output only), then T5's dropout;
     /// - a mixture of experts: the router's logits (`tokens x experts`),
-    ///   their fp32 softmax and the top-k weights and indices, then for each
-    ///   expert its routed tokens' input, its gated tensors and its weighted
-    ///   output, for `tokens x top_k / experts` tokens each: the average
-    ///   when routing is balanced (a skewed router puts more on some
-    ///   experts, and the peak with them); Qwen2-MoE's shared expert sees
-    ///   every token, with its sigmoid gate.
+    ///   their fp32 softmax and the top-k weights and indices; a library's
+    ///   experts then run grouped (below), a reference description's loop
+    ///   over the experts, each with its routed tokens' input, its gated
+    ///   tensors and its weighted output, for `tokens x top_k / experts`
+    ///   tokens: the average when routing is balanced (a skewed router puts
+    ///   more on some experts, and the peak with them); Qwen2-MoE's shared
+    ///   expert sees every token, with its sigmoid gate.
     fn hf_ffn(&mut self, t: &TransformerArch, lib: HfImpl, l: u64, n: u64, saved: &mut Vec<u32>) {
         let wd = self.widths();
         let h = t.hidden;
@@ -1241,6 +1242,49 @@ impl Gen<'_> {
             }
         };
         match &t.layout.moe {
+            Some(m) if t.is_moe_block(l) && t.library.is_some() => {
+                // transformers 5 on CUDA: `grouped_mm_experts_forward`, every
+                // routed token in one tensor sorted by expert and grouped
+                // matrix products (fp32 under autocast: the tokens and the
+                // stacked weights are); the shared expert runs first
+                let ew = if wd.amp { 4 } else { wd.c };
+                if m.shared_ffn > 0 {
+                    gated(self, n, m.shared_ffn, saved);
+                    saved.push(self.t.act(n * h * wd.c));
+                }
+                let logits = self.t.act(n * m.experts * wd.c);
+                saved.push(self.t.act(n * m.experts * 4));
+                self.t.free(logits);
+                saved.push(self.t.act(n * m.top_k * 4));
+                saved.push(self.t.act(n * m.top_k * 8));
+                let s = n * m.top_k;
+                let f = m.expert_ffn;
+                saved.push(self.t.act(s * h * ew));
+                for width in [2 * f, h] {
+                    if width == h {
+                        // act(gate), act(gate) * up
+                        saved.push(self.t.act(s * f * ew));
+                        saved.push(self.t.act(s * f * ew));
+                    }
+                    let raw = self.t.act(s * width * ew);
+                    saved.push(self.t.act(s * width * ew));
+                    self.t.free(raw);
+                }
+                // weighted by the router, back in token order, summed over
+                // the top-k
+                let weighted = self.t.act(s * h * ew);
+                let tokens = self.t.act(s * h * ew);
+                self.t.free(weighted);
+                let routed = self.t.act(n * h * ew);
+                self.t.free(tokens);
+                if m.shared_ffn > 0 {
+                    // the shared expert's sigmoid gate and its product
+                    saved.push(self.t.act(n * wd.c));
+                    let product = self.t.act(n * h * wd.c);
+                    self.t.free(product);
+                }
+                self.t.free(routed);
+            }
             Some(m) if t.is_moe_block(l) => {
                 let logits = self.t.act(n * m.experts * wd.c);
                 saved.push(self.t.act(n * m.experts * 4));

@@ -1289,12 +1289,13 @@ fn each_family_decision_changes_the_tensors_it_describes() {
             |t| t.layout.moe = None,
             N * 4 * 4,
         ),
-        // each expert's share of the routed tokens: 15 x 2 / 4 -> 8 tokens
+        // every routed token in one tensor sorted by expert (transformers'
+        // grouped experts): 15 x 2 tokens, fp32 under autocast
         (
             "mixtral",
             serde_json::json!({}),
             |t| t.layout.moe = None,
-            8 * H * 2,
+            N * 2 * H * 4,
         ),
         (
             "qwen2_moe",
