@@ -1221,14 +1221,11 @@ impl Gen<'_> {
     /// - gated (SwiGLU, GeGLU): gate, act(gate), up, act(gate) * up;
     /// - not gated: the first projection and its activation (ReLU: its
     ///   output only), then T5's dropout;
-    /// - a mixture of experts: the router's logits (`tokens x experts`),
-    ///   their fp32 softmax and the top-k weights and indices; a library's
-    ///   experts then run grouped (below), a reference description's loop
-    ///   over the experts, each with its routed tokens' input, its gated
-    ///   tensors and its weighted output, for `tokens x top_k / experts`
-    ///   tokens: the average when routing is balanced (a skewed router puts
-    ///   more on some experts, and the peak with them); Qwen2-MoE's shared
-    ///   expert sees every token, with its sigmoid gate.
+    /// - a mixture of experts: Qwen2-MoE's shared expert (every token, with
+    ///   its sigmoid gate), the router's logits (`tokens x experts`), their
+    ///   fp32 softmax and the top-k weights and indices, then the experts
+    ///   grouped as transformers runs them on CUDA (below): `tokens x top_k`
+    ///   routed tokens whatever the router's balance.
     fn hf_ffn(&mut self, t: &TransformerArch, lib: HfImpl, l: u64, n: u64, saved: &mut Vec<u32>) {
         let wd = self.widths();
         let h = t.hidden;
@@ -1242,7 +1239,7 @@ impl Gen<'_> {
             }
         };
         match &t.layout.moe {
-            Some(m) if t.is_moe_block(l) && t.library.is_some() => {
+            Some(m) if t.is_moe_block(l) => {
                 // transformers 5 on CUDA: `grouped_mm_experts_forward`, every
                 // routed token in one tensor sorted by expert and grouped
                 // matrix products (fp32 under autocast: the tokens and the
@@ -1284,24 +1281,6 @@ impl Gen<'_> {
                     self.t.free(product);
                 }
                 self.t.free(routed);
-            }
-            Some(m) if t.is_moe_block(l) => {
-                let logits = self.t.act(n * m.experts * wd.c);
-                saved.push(self.t.act(n * m.experts * 4));
-                self.t.free(logits);
-                saved.push(self.t.act(n * m.top_k * 4));
-                saved.push(self.t.act(n * m.top_k * 8));
-                let per = (n * m.top_k).div_ceil(m.experts);
-                for _ in 0..m.experts {
-                    saved.push(self.t.act(per * h * wd.c));
-                    gated(self, per, m.expert_ffn, saved);
-                    saved.push(self.t.act(per * h * wd.c));
-                }
-                if m.shared_ffn > 0 {
-                    gated(self, n, m.shared_ffn, saved);
-                    saved.push(self.t.act(n * wd.c));
-                    saved.push(self.t.act(n * h * wd.c));
-                }
             }
             _ if t.mlp == MlpKind::Swiglu && t.layout.fused_gate_up => {
                 // gate_up's output (its two chunks are views), act(gate), act(gate) * up

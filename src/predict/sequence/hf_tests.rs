@@ -1901,3 +1901,29 @@ fn a_bf16_softmax_into_fp32_converts_its_input_and_an_fp16_one_does_not() {
     // and in backward the fp32 gradients that fp16 writes in fp16
     assert!(bf16_all > fp16_all + 2, "{bf16_all} {fp16_all}");
 }
+
+#[test]
+fn a_librarys_experts_run_grouped_and_only_qwen2_moe_has_a_shared_expert() {
+    // 15 tokens, top-2 of 4 experts: transformers sorts all 30 routed tokens
+    // into one tensor (fp32 under autocast), not 8 a expert in a loop.
+    for p in [Precision::Fp32, Precision::AmpBf16] {
+        let w = widths(p);
+        let ew = if w.amp { 4 } else { w.c };
+        let mixtral = family("mixtral", serde_json::json!({}));
+        let grouped = acts(first_forward(&family_events(&mixtral, p, Attention::Sdpa))).to_vec();
+        let (sorted, per_expert) = (N * 2 * H * ew, 8 * H * w.c);
+        assert!(
+            count(&grouped, sorted) >= 2 && count(&grouped, per_expert) == 0,
+            "{p:?}"
+        );
+        // Qwen2-MoE's shared expert: its sigmoid gate (a value a token) in
+        // each of the 2 blocks; without it, no gate and nothing of no size
+        let qwen = family("qwen2_moe", serde_json::json!({}));
+        let mut unshared = qwen.clone();
+        unshared.layout.moe.as_mut().unwrap().shared_ffn = 0;
+        let with = acts(first_forward(&family_events(&qwen, p, Attention::Sdpa))).to_vec();
+        let without = acts(first_forward(&family_events(&unshared, p, Attention::Sdpa))).to_vec();
+        assert_eq!(count(&with, N * w.c), count(&without, N * w.c) + 2, "{p:?}");
+        assert_eq!(count(&without, 0), 0, "{p:?}");
+    }
+}
