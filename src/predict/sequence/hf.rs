@@ -473,11 +473,7 @@ impl Gen<'_> {
             .last()
             .copied()
             .filter(|&i| !t.tied && self.params[i].matmul_weight);
-        let workspace = (self.workspaces <= 1 && self.run.cublas_workspace > 0)
-            .then_some(self.run.cublas_workspace);
-        if workspace.is_some() {
-            self.workspaces = 2;
-        }
+        let workspace = self.first_workspace(1);
         let g_head = std::cell::Cell::new(None);
         let g = std::cell::Cell::new(None);
         let mut node_return = |tr: &mut Trace| {

@@ -335,10 +335,19 @@ impl<'a> Gen<'a> {
     /// A cuBLAS workspace appears at the first matmul of each thread (forward
     /// and the autograd thread), and stays.
     fn workspace(&mut self, which: u32) {
-        if self.workspaces <= which && self.run.cublas_workspace > 0 {
-            self.t.alloc(self.run.cublas_workspace, Category::Workspace);
-            self.workspaces = which + 1;
+        if let Some(bytes) = self.first_workspace(which) {
+            self.t.alloc(bytes, Category::Workspace);
         }
+    }
+
+    /// The size of cuBLAS's workspace `which` (0: the forward thread's, 1:
+    /// the backward thread's) when this is its first use, marked made; for
+    /// a caller that allocates it at a point of its own.
+    fn first_workspace(&mut self, which: u32) -> Option<u64> {
+        (self.workspaces <= which && self.run.cublas_workspace > 0).then(|| {
+            self.workspaces = which + 1;
+            self.run.cublas_workspace
+        })
     }
 
     /// Weight gradient of parameter `i`: autocast produces it in low precision
