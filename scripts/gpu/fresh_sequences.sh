@@ -27,6 +27,9 @@ set_name=${2:-fresh2}
 setup_run "$out"
 gpu_cpus=0-$((ncpu - 7))
 nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv,noheader
+# The runs side by side may hold the GPU's memory less 30 GiB (110 GiB on an H200).
+total_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
+budget_gib=$((total_mib / 1024 - 30))
 
 {
   PYTHONPATH=python taskset -c $((ncpu - 4))-$((ncpu - 1)) python3 scripts/capture_library_profiles.py \
@@ -42,7 +45,7 @@ if [[ ${SWEEP:-1} != 0 ]]; then
 fi
 
 taskset -c "$gpu_cpus" python3 scripts/gpu/calibrate_libraries.py --set "$set_name" --snapshots \
-  --out "$work/$set_name" --predictions "data/calibration/$set_name-predictions.jsonl" --budget-gib 110 \
+  --out "$work/$set_name" --predictions "data/calibration/$set_name-predictions.jsonl" --budget-gib "$budget_gib" \
   --timeout 150 --deadline 240 2>&1 | tee "$out/runs.log"
 
 if [[ ${UNDER:-1} != 0 ]]; then
