@@ -41,7 +41,7 @@
 use crate::api::{Attention, MlpKind, PositionalKind, Precision};
 use crate::predict::arch::{HfFamily, HfImpl, TransformerArch};
 
-use super::{Gen, Trace};
+use super::{Gen, RmsSaved, Trace};
 
 /// Element widths of one run.
 #[derive(Clone, Copy)]
@@ -386,8 +386,16 @@ impl Gen<'_> {
         let (tied_contribution, mut g) =
             self.hf_head_grads(t, g_logits, rows * hw * wd.c, head_casts, n * h * wd.r);
         let x_last = head_saved.remove(0);
+        // The final RMSNorm's backward runs after the head's (whose kept
+        // input goes first).
+        let norm = head_saved.iter().find_map(|id| self.rmsnorms.remove(id));
         for id in head_saved {
-            self.release(id);
+            if norm.is_none_or(|m| id != m.y && id != m.rs && Some(id) != m.x32) {
+                self.release(id);
+            }
+        }
+        if let Some(norm) = norm {
+            g = self.hf_rmsnorm_backward(norm, g);
         }
         let mut x_in_of_next = x_last;
         for l in (0..t.layers).rev() {
@@ -559,7 +567,8 @@ impl Gen<'_> {
             let sq = self.t.act(n * h * 4);
             let var = self.t.act(n * 4);
             self.t.free(sq);
-            saved.push(self.t.act(n * 4));
+            let rs = self.t.act(n * 4);
+            saved.push(rs);
             self.t.free(var);
             let y = self.t.act(n * h * 4);
             let out = self.t.act(n * h * wd.w);
@@ -567,6 +576,15 @@ impl Gen<'_> {
                 self.t.free(y);
             } else {
                 saved.push(y);
+                self.rmsnorms.insert(
+                    y,
+                    RmsSaved {
+                        x32: None,
+                        rs,
+                        y,
+                        elems: n * h,
+                    },
+                );
             }
             out
         } else if self.no_grad {
@@ -587,16 +605,73 @@ impl Gen<'_> {
             self.t.free(y);
             out
         } else {
-            saved.push(self.t.act(n * h * 4));
+            let x32 = self.t.act(n * h * 4);
+            saved.push(x32);
             let sq = self.t.act(n * h * 4);
             let var = self.t.act(n * 4);
             self.t.free(sq);
-            saved.push(self.t.act(n * 4));
+            let rs = self.t.act(n * 4);
+            saved.push(rs);
             self.t.free(var);
-            let y = self.t.act(n * h * 4);
-            saved.push(self.t.act(n * h * wd.r));
-            self.t.free(y);
+            let y32 = self.t.act(n * h * 4);
+            let y = self.t.act(n * h * wd.r);
+            saved.push(y);
+            self.t.free(y32);
+            self.rmsnorms.insert(
+                y,
+                RmsSaved {
+                    x32: Some(x32),
+                    rs,
+                    y,
+                    elems: n * h,
+                },
+            );
             self.t.act(n * h * wd.w)
+        }
+    }
+
+    /// RMSNorm's backward as autograd runs it, from `g_y`, the gradient of
+    /// the normalised tensor the weight multiplied (the weight's own
+    /// gradient is the parameters' business): the cast back to fp32 of a
+    /// low-precision `g_y`; the product `x * rsqrt`'s two gradients (the
+    /// inverse RMS's, `x * g` summed over each row, and the input's);
+    /// `mean`'s gradient spread over the row and `pow`'s (`x * 2`, times it);
+    /// the second input gradient summed into the first in place, then cast
+    /// to the input's width. Each kept tensor is released when the last
+    /// node reading it has run. Returns the input's gradient.
+    fn hf_rmsnorm_backward(&mut self, norm: RmsSaved, g_y: u32) -> u32 {
+        let wd = self.widths();
+        let e = norm.elems;
+        self.release(norm.y);
+        let g_y32 = if norm.x32.is_some() {
+            let g = self.t.act(e * 4);
+            self.t.free(g_y);
+            g
+        } else {
+            g_y
+        };
+        let row_product = self.t.act(e * 4);
+        let g_x = self.t.act(e * 4);
+        self.t.free(row_product);
+        self.t.free(g_y32);
+        self.release(norm.rs);
+        let g_sq = self.t.act(e * 4);
+        let twice = self.t.act(e * 4);
+        let times = self.t.act(e * 4);
+        let g_x2 = self.t.act(e * 4);
+        self.t.free(times);
+        self.t.free(twice);
+        self.t.free(g_sq);
+        if let Some(x32) = norm.x32 {
+            self.release(x32);
+        }
+        self.t.free(g_x2);
+        if norm.x32.is_some() {
+            let g = self.t.act(e * wd.r);
+            self.t.free(g_x);
+            g
+        } else {
+            g_x
         }
     }
 
@@ -1531,6 +1606,15 @@ impl Gen<'_> {
                 };
                 tmp = Some(g);
                 self.release(id);
+                continue;
+            }
+            if let Some(norm) = self.rmsnorms.remove(&id) {
+                let g_y = self.t.act(bytes);
+                if let Some(p) = tmp.take() {
+                    self.t.free(p);
+                }
+                saved.retain(|&s| s != norm.rs && Some(s) != norm.x32);
+                tmp = Some(self.hf_rmsnorm_backward(norm, g_y));
                 continue;
             }
             let gt = self.t.act(bytes);

@@ -115,6 +115,25 @@ enum Kept {
         scores_w: u64,
         scaled: bool,
     },
+    /// An RMSNorm's fp32 input copy (low precision only), inverse RMS and
+    /// normalised tensor (`r` bytes an element, as the residual): its
+    /// backward is [`rmsnorm_backward`].
+    RmsNorm {
+        r: u64,
+    },
+}
+
+/// An RMSNorm's backward after the gradient of its normalised tensor: that
+/// gradient in fp32 (low precision), the product's two gradients (the
+/// inverse RMS's summed from a temporary), the mean's, pow's two
+/// temporaries and its gradient, then the input's cast back (low precision).
+fn rmsnorm_backward(w: Wd) -> Vec<u64> {
+    let mut v = vec![N * H * 4; 6];
+    if w.r != 4 {
+        v.push(N * H * 4);
+        v.push(N * H * w.r);
+    }
+    v
 }
 
 /// One block: what its forward allocates and what autograd keeps.
@@ -194,6 +213,10 @@ impl Block {
         for k in self.kept.iter().rev() {
             match *k {
                 Kept::Tensor(b) => out.push(b),
+                Kept::RmsNorm { .. } => {
+                    out.push(N * H * w.r);
+                    out.extend(rmsnorm_backward(w));
+                }
                 Kept::Softmax {
                     bytes,
                     scores_w,
@@ -324,16 +347,17 @@ fn rmsnorm(b: &mut Block, w: Wd) {
     if w.r == 4 {
         b.tmp(N * H * 4);
         b.tmp(N * 4);
-        b.keep(N * 4);
-        b.keep(N * H * 4);
+        b.tmp(N * 4);
+        b.tmp(N * H * 4);
     } else {
-        b.keep(N * H * 4); // the fp32 copy of the input
+        b.tmp(N * H * 4); // the fp32 copy of the input
         b.tmp(N * H * 4);
         b.tmp(N * 4);
-        b.keep(N * 4);
+        b.tmp(N * 4);
         b.tmp(N * H * 4);
-        b.keep(N * H * w.r);
+        b.tmp(N * H * w.r);
     }
+    b.kept.push(Kept::RmsNorm { r: w.r });
     b.tmp(N * H * w.w);
 }
 
@@ -575,6 +599,9 @@ fn head_backward(family: &str, w: Wd) -> Vec<u64> {
         v.push(H * H * w.c); // the bf16 gradient of the head's transform
     }
     v.push(N * H * w.r);
+    if family == "llama" {
+        v.extend(rmsnorm_backward(w));
+    }
     v
 }
 
@@ -922,8 +949,10 @@ fn alive_when_backward_starts(evs: &[TensorEvent]) -> Vec<u64> {
 fn kept_bytes(b: &Block) -> Vec<u64> {
     b.kept
         .iter()
-        .map(|k| match *k {
-            Kept::Tensor(b) | Kept::Softmax { bytes: b, .. } => b,
+        .flat_map(|k| match *k {
+            Kept::Tensor(b) | Kept::Softmax { bytes: b, .. } => vec![b],
+            Kept::RmsNorm { r: 4 } => vec![N * 4, N * H * 4],
+            Kept::RmsNorm { r } => vec![N * H * 4, N * 4, N * H * r],
         })
         .collect()
 }

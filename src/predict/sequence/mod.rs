@@ -250,6 +250,9 @@ struct Gen<'a> {
     /// their elements, the width of the scores they were computed from and
     /// whether the scores were scaled after the product (eager).
     softmax: BTreeMap<u32, (u64, u64, bool)>,
+    /// Hugging Face: RMSNorms kept for backward, by the last tensor each
+    /// kept (what the weight's product reads): see [`RmsSaved`].
+    rmsnorms: BTreeMap<u32, RmsSaved>,
     /// Hugging Face: the first forward of a checkpointed block runs without
     /// autograd keeping anything; each tensor dies when the modelling code
     /// drops it.
@@ -263,6 +266,19 @@ struct Gen<'a> {
     pending_casts: std::collections::VecDeque<u64>,
     /// The weight casts made so far in the block.
     made_casts: Vec<u32>,
+}
+
+/// What autograd keeps of one RMSNorm for its backward: the fp32 copy of
+/// a low-precision input (`None`: the input was fp32 and is kept as
+/// itself), the inverse RMS, and the normalised tensor the weight's product
+/// reads (`y`: its low-precision cast, or the fp32 tensor itself); `elems`
+/// is the input's element count.
+#[derive(Clone, Copy)]
+struct RmsSaved {
+    x32: Option<u32>,
+    rs: u32,
+    y: u32,
+    elems: u64,
 }
 
 impl<'a> Gen<'a> {
@@ -292,6 +308,7 @@ impl<'a> Gen<'a> {
             pending_casts: std::collections::VecDeque::new(),
             made_casts: Vec::new(),
             softmax: BTreeMap::new(),
+            rmsnorms: BTreeMap::new(),
         }
     }
 
