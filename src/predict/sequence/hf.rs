@@ -36,7 +36,9 @@
 //!   values and the fp32 probabilities.
 //!
 //! Backward frees each block's saved tensors newest first, with one gradient
-//! of each saved tensor's size alive at a time beside the residual gradient.
+//! of each saved tensor's size alive at a time beside the residual gradient,
+//! except where the H200's recorded runs show more: softmax's and RMSNorm's
+//! backward (`hf_rmsnorm_backward`) allocate as autograd runs them.
 
 use crate::api::{Attention, MlpKind, PositionalKind, Precision};
 use crate::predict::arch::{HfFamily, HfImpl, TransformerArch};
