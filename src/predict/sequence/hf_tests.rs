@@ -1956,3 +1956,47 @@ fn a_librarys_experts_run_grouped_and_only_qwen2_moe_has_a_shared_expert() {
         assert_eq!(count(&without, 0), 0, "{p:?}");
     }
 }
+
+#[test]
+fn the_final_rmsnorms_fp32_input_lives_until_its_backward_has_read_it() {
+    // In pure bf16 the final RMSNorm keeps an fp32 copy of its input, which
+    // its backward (right after the head's) reads last, in pow's: five fp32
+    // tensors of that size come while the copy is alive, the most backward
+    // adds to what the loss left. The blocks' norms reach four beside it,
+    // once the final norm's copy is gone.
+    let evs = events(
+        &config("llama", serde_json::json!({})),
+        &run(Precision::Bf16, Attention::Sdpa),
+    );
+    let fp32 = N * H * 4;
+    let at_start = alive_when_backward_starts(&evs)
+        .iter()
+        .filter(|&&b| b == fp32)
+        .count();
+    let mut live: BTreeMap<u32, u64> = BTreeMap::new();
+    let (mut loss_seen, mut most) = (false, 0);
+    for e in &evs {
+        match *e {
+            TensorEvent::Alloc {
+                id,
+                bytes,
+                category: Category::Activations,
+                ..
+            } => {
+                if loss_seen && bytes == N * 8 {
+                    break; // the next forward
+                }
+                loss_seen |= bytes == 512;
+                live.insert(id, bytes);
+            }
+            TensorEvent::Free { id } => {
+                live.remove(&id);
+            }
+            TensorEvent::Alloc { .. } => {}
+        }
+        if loss_seen {
+            most = most.max(live.values().filter(|&&b| b == fp32).count());
+        }
+    }
+    assert_eq!(most - at_start, 5);
+}
