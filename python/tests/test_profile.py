@@ -345,6 +345,8 @@ def test_the_capture_reports_its_time_and_peak_host_memory() -> None:
     assert "peak host memory" in profile.summary(run())
 
 
+
+
 # ---------------------------------------------------------- a script's own step
 
 
@@ -432,3 +434,10 @@ def test_a_tied_tables_two_gradients_are_added_in_place_as_on_cuda() -> None:
         else:
             alive -= live[-e - 1] == table
     assert most == 3  # the weight and the two gradients, never a sum beside them
+
+
+def test_a_capture_records_the_versions_of_the_modelling_libraries_it_ran() -> None:
+    cfg = {"n_layer": 1, "n_embd": 32, "n_head": 2, "n_positions": 16, "vocab_size": 64}
+    p = profile.capture("transformers:GPT2LMHeadModel", cfg, batch=2, precision="fp32",
+                        optimizer="adamw", seq_len=16)
+    assert p["capture"]["libraries"]["transformers"] == transformers.__version__

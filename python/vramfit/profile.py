@@ -267,6 +267,11 @@ def _unknown_value(rec: _Recorder, t: Any) -> Any:
     return 1
 
 
+# Libraries whose versions a profile records when the captured step imported them.
+MODELLING_LIBRARIES = ("transformers", "torchvision", "timm", "diffusers", "peft", "accelerate",
+                       "lightning", "pytorch_lightning")
+
+
 # ------------------------------------------------------ CUDA behaviour on CPU
 
 
@@ -920,6 +925,12 @@ class Capture:
 
         capture_info: Dict[str, Any] = {"tool": "vramfit.profile", "mode": "fake-cpu",
                                         "torch": torch.__version__}
+        # The modelling libraries the step imported: a capture holds for the
+        # versions it ran (a library's release can change what a model
+        # allocates, as transformers' T5 and Qwen2-MoE did between 5.17 and 5.24).
+        libraries = {name: getattr(sys.modules[name], "__version__", None)
+                     for name in MODELLING_LIBRARIES if name in sys.modules}
+        capture_info["libraries"] = {k: v for k, v in libraries.items() if v}
         capture_info.update(info or {})
         capture_info.update({"seconds": round(self.seconds, 3),
                              "peakHostBytes": self.peak_host_bytes,
