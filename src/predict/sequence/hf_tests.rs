@@ -1976,23 +1976,21 @@ fn the_final_rmsnorms_fp32_input_lives_until_its_backward_has_read_it() {
     let mut live: BTreeMap<u32, u64> = BTreeMap::new();
     let (mut loss_seen, mut most) = (false, 0);
     for e in &evs {
-        match *e {
-            TensorEvent::Alloc {
-                id,
-                bytes,
-                category: Category::Activations,
-                ..
-            } => {
-                if loss_seen && bytes == N * 8 {
-                    break; // the next forward
-                }
-                loss_seen |= bytes == 512;
-                live.insert(id, bytes);
+        if let TensorEvent::Free { id } = *e {
+            live.remove(&id);
+        } else if let TensorEvent::Alloc {
+            id,
+            bytes,
+            category,
+            ..
+        } = *e
+            && category == Category::Activations
+        {
+            if loss_seen && bytes == N * 8 {
+                break; // the next forward
             }
-            TensorEvent::Free { id } => {
-                live.remove(&id);
-            }
-            TensorEvent::Alloc { .. } => {}
+            loss_seen |= bytes == 512;
+            live.insert(id, bytes);
         }
         if loss_seen {
             most = most.max(live.values().filter(|&&b| b == fp32).count());
