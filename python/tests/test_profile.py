@@ -345,8 +345,6 @@ def test_the_capture_reports_its_time_and_peak_host_memory() -> None:
     assert "peak host memory" in profile.summary(run())
 
 
-
-
 # ---------------------------------------------------------- a script's own step
 
 

@@ -928,9 +928,9 @@ class Capture:
         # The modelling libraries the step imported: a capture holds for the
         # versions it ran (a library's release can change what a model
         # allocates, as transformers' T5 and Qwen2-MoE did between 5.17 and 5.24).
-        libraries = {name: getattr(sys.modules[name], "__version__", None)
-                     for name in MODELLING_LIBRARIES if name in sys.modules}
-        capture_info["libraries"] = {k: v for k, v in libraries.items() if v}
+        versions = ((name, getattr(sys.modules.get(name), "__version__", None))
+                    for name in MODELLING_LIBRARIES)
+        capture_info["libraries"] = {name: v for name, v in versions if v}
         capture_info.update(info or {})
         capture_info.update({"seconds": round(self.seconds, 3),
                              "peakHostBytes": self.peak_host_bytes,

@@ -392,7 +392,7 @@ impl Gen<'_> {
         // input goes first).
         let norm = head_saved.iter().find_map(|id| self.rmsnorms.remove(id));
         for id in head_saved {
-            if norm.is_none_or(|m| id != m.y && id != m.rs && Some(id) != m.x32) {
+            if norm.is_none_or(|m| !m.holds(id)) {
                 self.release(id);
             }
         }
@@ -1615,7 +1615,7 @@ impl Gen<'_> {
                 if let Some(p) = tmp.take() {
                     self.t.free(p);
                 }
-                saved.retain(|&s| s != norm.rs && Some(s) != norm.x32);
+                saved.retain(|&s| !norm.holds(s));
                 tmp = Some(self.hf_rmsnorm_backward(norm, g_y));
                 continue;
             }

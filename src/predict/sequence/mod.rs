@@ -281,6 +281,13 @@ struct RmsSaved {
     elems: u64,
 }
 
+impl RmsSaved {
+    /// Whether `id` is one of the tensors this norm kept.
+    fn holds(&self, id: u32) -> bool {
+        id == self.y || id == self.rs || Some(id) == self.x32
+    }
+}
+
 impl<'a> Gen<'a> {
     fn new(arch: &'a Arch, run: &'a RunShape) -> Self {
         let params = arch.param_tensors();
