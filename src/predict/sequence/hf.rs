@@ -1330,16 +1330,18 @@ impl Gen<'_> {
                 let s = n * m.top_k;
                 let f = m.expert_ffn;
                 saved.push(self.t.act(s * h * ew));
-                for width in [2 * f, h] {
-                    if width == h {
-                        // act(gate), act(gate) * up
-                        saved.push(self.t.act(s * f * ew));
-                        saved.push(self.t.act(s * f * ew));
-                    }
-                    let raw = self.t.act(s * width * ew);
-                    saved.push(self.t.act(s * width * ew));
-                    self.t.free(raw);
-                }
+                // a grouped product's output, and the copy of it kept
+                let grouped = |g: &mut Self, width: u64| {
+                    let raw = g.t.act(s * width * ew);
+                    let kept = g.t.act(s * width * ew);
+                    g.t.free(raw);
+                    kept
+                };
+                saved.push(grouped(self, 2 * f)); // gate_up
+                // act(gate), act(gate) * up
+                saved.push(self.t.act(s * f * ew));
+                saved.push(self.t.act(s * f * ew));
+                saved.push(grouped(self, h)); // down
                 // weighted by the router, back in token order, summed over
                 // the top-k
                 let weighted = self.t.act(s * h * ew);

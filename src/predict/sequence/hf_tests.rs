@@ -1998,3 +1998,22 @@ fn the_final_rmsnorms_fp32_input_lives_until_its_backward_has_read_it() {
     }
     assert_eq!(most - at_start, 5);
 }
+
+#[test]
+fn grouped_experts_keep_one_activation_and_one_product_whatever_their_width() {
+    // The grouped experts keep gate_up's output, act(gate), act(gate) * up
+    // and down's output: as many tensors when the experts' two projections
+    // together are as wide as the hidden size as when they are not.
+    let allocations = |moe_ffn: u64| {
+        let t = family(
+            "mixtral",
+            serde_json::json!({"moe_intermediate_size": moe_ffn,
+            "intermediate_size": moe_ffn}),
+        );
+        family_events(&t, Precision::AmpBf16, Attention::Sdpa)
+            .iter()
+            .filter(|e| matches!(e, TensorEvent::Alloc { .. }))
+            .count()
+    };
+    assert_eq!(allocations(H / 2), allocations(H / 2 + 4));
+}
