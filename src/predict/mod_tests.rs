@@ -1257,18 +1257,13 @@ fn the_analytic_hugging_face_path_predicts_the_library_runs() {
         "{held_out:?}"
     );
     // No held-out run under by more than 5% (the softmax-backward rule was
-    // added after seeing one, docs/benchmarks/library-models.md). Fit rows
-    // not below -8%, but for Qwen2 bf16 with checkpointing (-16.3 %): on the
-    // H200 its second step's loss finds no free block for its logits, the
-    // first step's weight gradients having split the freed loss segment, and
-    // the generated sequence places those gradients elsewhere.
+    // added after seeing one, docs/benchmarks/library-models.md). No fit row
+    // below -5%: Qwen2 bf16 with checkpointing was -16.3 % while the
+    // generated sequence made a block's weight gradients after its backward
+    // (on the H200 they split the freed loss segment that the second step's
+    // logits then did not find); made at their matmuls' nodes it is -0.0 %.
     assert!(held_out.under_predictions.is_empty(), "{held_out:?}");
-    let qwen2_ckpt = "hf-qwen2-s2048-b2-bf16-adamw-sdpa-ckpt";
-    assert!(
-        hf.iter()
-            .all(|r| r.relative_error > -0.08 || r.name == qwen2_ckpt),
-        "{hf:?}"
-    );
+    assert!(hf.iter().all(|r| r.relative_error > -0.05), "{hf:?}");
     let fit = error_stats(&hf, Some("fit"));
     assert!(fit.median <= 0.02 && fit.p90 <= 0.09, "{fit:?}");
 }
@@ -3054,9 +3049,10 @@ fn the_analytic_path_meets_the_goal_on_the_third_fresh_set() {
 #[test]
 fn the_reserve_is_the_larger_of_the_replays_in_either_address_order() {
     // Two H200 runs whose generated sequences reserve more in a different
-    // address order: LLaMA amp with accumulation with descending segment
-    // addresses (500 MiB more), T5 fp32 eager with ascending ones (502 MiB
-    // more). Either order alone puts one of them under by about 5 %.
+    // address order: Llama-3 8B at 8,192 tokens with descending segment
+    // addresses (one more loss segment), LLaMA amp with checkpointing with
+    // ascending ones. Either order alone puts one of them under by more than
+    // 2 % (-8.7 % and -2.7 %).
     let row = |measured: &str, name: &str| -> serde_json::Value {
         measured
             .lines()
@@ -3064,12 +3060,11 @@ fn the_reserve_is_the_larger_of_the_replays_in_either_address_order() {
             .find(|r| r["name"] == name)
             .unwrap()
     };
-    let libraries = include_str!("../../data/calibration/h200-libraries.jsonl");
-    let families = include_str!("../../data/calibration/h200-families.jsonl");
+    let heldout = include_str!("../../data/calibration/h200-heldout.jsonl");
     let mut larger = Vec::new();
     for row in [
-        row(libraries, "hf-llama-s1024-b4-ampbf16-adamw-sdpa-accum4"),
-        row(families, "hf-t5-s512-b8-fp32-adamw-eager"),
+        row(heldout, "hf-llama3-8b-s8192-b1-bf16-adamw-sdpa-ckpt"),
+        row(heldout, "hf-llama-s1024-b4-ampbf16-adamw-sdpa-ckpt"),
     ] {
         let model: ModelSpec = serde_json::from_value(row["spec"]["model"].clone()).unwrap();
         let batch = &row["spec"]["batch"];
@@ -3100,7 +3095,7 @@ fn the_reserve_is_the_larger_of_the_replays_in_either_address_order() {
         assert!(err.abs() < 0.02, "{}: {:+.1} %", row["name"], 100.0 * err);
         let smaller = (p.peak_bytes - up.abs_diff(down)) as f64;
         assert!(
-            smaller < 0.96 * nvml,
+            smaller < 0.98 * nvml,
             "{}: either order alone meets it",
             row["name"]
         );

@@ -69,11 +69,14 @@ struct W {
 /// order. Mixture-of-experts, disentangled, cross-attention and image
 /// blocks keep the eager order (their matmuls do not call for the casts).
 fn lazy_casts(t: &TransformerArch, l: u64, first_ckpt: bool) -> bool {
-    first_ckpt
-        && t.layout.moe.is_none()
-        && t.layout.disentangled.is_none()
-        && !t.is_cross_block(l)
-        && t.layout.image.is_none()
+    first_ckpt && matmuls_in_order(t) && !t.is_cross_block(l) && t.layout.image.is_none()
+}
+
+/// Whether the blocks' forward calls [`Gen::weight_cast`] at each of their
+/// matmuls in the order of their parameters: not in mixture-of-experts
+/// and disentangled blocks, whose router and relative projections do not.
+fn matmuls_in_order(t: &TransformerArch) -> bool {
+    t.layout.moe.is_none() && t.layout.disentangled.is_none()
 }
 
 impl Gen<'_> {
@@ -411,8 +414,9 @@ impl Gen<'_> {
                 self.release(out);
                 saved = sv;
             }
-            g = self.hf_block_backward(t, n, g, &mut saved);
-            self.grads_of_layer(Some(l as u32));
+            let made;
+            (g, made) = self.hf_block_backward(t, l, n, g, &mut saved);
+            self.grads_of_layer_but(Some(l as u32), &made);
             self.t.free_all(&mut casts);
             self.fsdp_post_backward(Some(l as u32));
             self.release(x_in_of_next);
@@ -486,7 +490,8 @@ impl Gen<'_> {
         let workspace = self.first_workspace(1);
         let g_head = std::cell::Cell::new(None);
         let g = std::cell::Cell::new(None);
-        let mut node_return = |tr: &mut Trace| {
+        let mut node_return = |g: &mut Self| {
+            let tr = &mut g.t;
             if let Some(bytes) = workspace {
                 tr.alloc(bytes, super::Category::Workspace);
             }
@@ -509,7 +514,7 @@ impl Gen<'_> {
             let tied = t
                 .tied
                 .then(|| self.t.act(self.params[0].numel() * self.widths().c));
-            node_return(&mut self.t);
+            node_return(self);
             tied
         };
         for i in idx.into_iter().rev().filter(|&i| Some(i) != head) {
@@ -785,6 +790,14 @@ impl Gen<'_> {
         let mut saved: Vec<u32> = Vec::new();
         let mut locals_of_block: Vec<u32> = Vec::new();
         let ckpt = self.run.checkpointing;
+        self.matmul_marks.remove(&l);
+        self.pending_matmuls.clear();
+        if !self.fsdp() && matmuls_in_order(t) {
+            let layer = Some(l as u32);
+            self.pending_matmuls = (0..self.params.len())
+                .filter(|&i| self.params[i].layer == layer && self.params[i].matmul_weight)
+                .collect();
+        }
         let out = match lib.family {
             HfFamily::Gpt2 => {
                 saved.push(self.t.act(n * 8)); // LayerNorm statistics
@@ -1169,6 +1182,8 @@ impl Gen<'_> {
         };
         self.drop_unsaved(&mut saved, 0, x);
         self.t.free_all(&mut locals_of_block);
+        self.matmuls_left += self.pending_matmuls.len();
+        self.pending_matmuls.clear();
         // the block input goes last so that the caller pops it after backward
         saved.retain(|&id| id != x);
         saved.push(x);
@@ -1428,9 +1443,10 @@ impl Gen<'_> {
                 saved.push(self.t.act(n * h * wd.c));
             }
         }
-        let q = self.t.act(n * qd * wd.c);
-        let k = self.t.act(n * kvd * wd.c);
-        let v = self.t.act(n * kvd * wd.c);
+        let [q, k, v] = [qd, kvd, kvd].map(|d| {
+            self.weight_cast();
+            self.t.act(n * d * wd.c)
+        });
         let o = match attention {
             Attention::Sdpa | Attention::Flash => {
                 saved.extend([q, k, v]);
@@ -1446,6 +1462,7 @@ impl Gen<'_> {
             }
         };
         self.hf_attention_output(o, n * qd, saved);
+        self.weight_cast();
         let proj = self.t.act(n * h * wd.c);
         let proj = self.hf_dropout(lib, proj, n * h, wd.c, saved);
         let sum = self.t.act(n * h * wd.r);
@@ -1562,21 +1579,65 @@ impl Gen<'_> {
         }
     }
 
-    /// Backward of one block: frees the saved tensors newest first, one
+    /// Backward of block `l`: frees the saved tensors newest first, one
     /// gradient of each one's size alive at a time beside the residual
     /// gradient `g`; returns the gradient of the block input, which stays
-    /// last in `saved`.
+    /// last in `saved`, and the weights whose gradients it made.
+    ///
+    /// Autograd makes a matmul weight's gradient at the matmul's node,
+    /// before the gradient of the matmul's input (the H200's recorded
+    /// runs): here, when the walk first reaches a kept tensor older than the
+    /// matmul (its mark from the forward), the rest before the block
+    /// input's gradient.
     fn hf_block_backward(
         &mut self,
         t: &TransformerArch,
+        l: u64,
         n: u64,
         g: u32,
         saved: &mut Vec<u32>,
-    ) -> u32 {
+    ) -> (u32, Vec<usize>) {
         let wd = self.widths();
         let input = saved.pop().expect("block input");
+        let mut marks = self.matmul_marks.remove(&l).unwrap_or_default();
+        let made: Vec<usize> = marks.iter().map(|&(_, i)| i).collect();
         let mut tmp: Option<u32> = None;
         while let Some(id) = saved.pop() {
+            let mut at_node = Vec::new();
+            while let Some(&(mark, i)) = marks.last()
+                && id < mark
+            {
+                marks.pop();
+                at_node.push(i);
+            }
+            let reads = at_node.pop();
+            for i in at_node {
+                self.weight_grad(i);
+            }
+            if let Some(i) = reads
+                && !self.softmax.contains_key(&id)
+                && !self.rmsnorms.contains_key(&id)
+            {
+                // The node of the matmul that read `id`: the weight's
+                // gradient, then `id`'s, then `id` goes as the node returns,
+                // before autocast's cast back of the weight's gradient.
+                let bytes = self.t.bytes(id);
+                self.weight_grad_then(
+                    i,
+                    |g| {
+                        let gt = g.t.act(bytes);
+                        if let Some(p) = tmp.replace(gt) {
+                            g.t.free(p);
+                        }
+                        g.release(id);
+                    },
+                    |_| {},
+                );
+                continue;
+            }
+            if let Some(i) = reads {
+                self.weight_grad(i);
+            }
             let bytes = self.t.bytes(id);
             if let Some((elems, scores_w, scaled)) = self.softmax.remove(&id) {
                 // softmax backward reads the gradient of its output and
@@ -1627,13 +1688,16 @@ impl Gen<'_> {
             }
             self.release(id);
         }
+        while let Some((_, i)) = marks.pop() {
+            self.weight_grad(i);
+        }
         let g_in = self.t.act(n * t.hidden * wd.r);
         if let Some(p) = tmp {
             self.t.free(p);
         }
         self.release(g);
         saved.push(input);
-        g_in
+        (g_in, made)
     }
 }
 

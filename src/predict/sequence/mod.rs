@@ -216,6 +216,17 @@ pub fn training_events(arch: &Arch, run: &RunShape) -> Vec<TensorEvent> {
     g.t.events
 }
 
+/// How many of the blocks' matmul weights one micro-step's forward left
+/// unmarked (see [`Gen::weight_cast`]): 0 when each block's forward runs a
+/// matmul for each of its matmul weights.
+#[cfg(test)]
+fn matmul_weights_left(arch: &Arch, run: &RunShape) -> usize {
+    let mut g = Gen::new(arch, run);
+    g.build();
+    g.micro_step();
+    g.matmuls_left
+}
+
 struct Gen<'a> {
     arch: &'a Arch,
     run: &'a RunShape,
@@ -266,6 +277,19 @@ struct Gen<'a> {
     pending_casts: std::collections::VecDeque<u64>,
     /// The weight casts made so far in the block.
     made_casts: Vec<u32>,
+    /// The block's matmul weights (parameter indices) not reached yet by
+    /// its forward, in the order its matmuls run; empty where the weight
+    /// gradients are made after the block's backward (see
+    /// [`Self::grads_at_matmuls`]).
+    pending_matmuls: std::collections::VecDeque<usize>,
+    /// Per block: where each matmul ran in its latest forward (the id the
+    /// next tensor got, so that every tensor the matmul read is older) and
+    /// its weight. Backward makes the weight's gradient at the matmul's
+    /// node, when it first reaches a kept tensor older than the mark.
+    matmul_marks: BTreeMap<u64, Vec<(u32, usize)>>,
+    /// Matmul weights of the blocks that their forward never reached (a
+    /// forward out of step with the parameters' order leaves some).
+    matmuls_left: usize,
 }
 
 /// What autograd keeps of one RMSNorm for its backward: the fp32 copy of
@@ -314,6 +338,9 @@ impl<'a> Gen<'a> {
             kernel_casts: Vec::new(),
             pending_casts: std::collections::VecDeque::new(),
             made_casts: Vec::new(),
+            pending_matmuls: std::collections::VecDeque::new(),
+            matmul_marks: BTreeMap::new(),
+            matmuls_left: 0,
             softmax: BTreeMap::new(),
             rmsnorms: BTreeMap::new(),
         }
@@ -387,9 +414,9 @@ impl<'a> Gen<'a> {
     fn weight_grad_releasing(&mut self, i: usize, grad_output: Option<u32>) {
         self.weight_grad_then(
             i,
-            |t| {
-                if let Some(g) = grad_output {
-                    t.free(g);
+            |g| {
+                if let Some(go) = grad_output {
+                    g.t.free(go);
                 }
             },
             |_| {},
@@ -404,13 +431,13 @@ impl<'a> Gen<'a> {
     fn weight_grad_then(
         &mut self,
         i: usize,
-        node_return: impl FnOnce(&mut Trace),
+        node_return: impl FnOnce(&mut Self),
         cast_back: impl FnOnce(&mut Trace),
     ) {
         let mut node_return = Some(node_return);
-        let mut release = |t: &mut Trace| {
+        let mut release = |g: &mut Self| {
             if let Some(f) = node_return.take() {
-                f(t);
+                f(g);
             }
         };
         let n = self.shard(self.params[i].numel(), 2);
@@ -428,7 +455,7 @@ impl<'a> Gen<'a> {
         if self.fsdp() {
             // Full-size until the unit's reduce-scatter (zero.rs).
             let tmp = lowp.then(|| self.t.act(full * self.d.compute));
-            release(&mut self.t);
+            release(self);
             before_cast(&mut self.t);
             self.fsdp_unsharded_grad(i, full * self.d.weight);
             if let Some(tmp) = tmp {
@@ -440,11 +467,11 @@ impl<'a> Gen<'a> {
             None => {
                 let tmp = lowp.then(|| self.t.act(full * self.d.compute));
                 if lowp {
-                    release(&mut self.t);
+                    release(self);
                     before_cast(&mut self.t);
                 }
                 self.grad_ids[i] = Some(self.t.alloc(n * self.d.weight, Category::Gradients));
-                release(&mut self.t);
+                release(self);
                 if let Some(tmp) = tmp {
                     self.t.free(tmp);
                 }
@@ -453,7 +480,7 @@ impl<'a> Gen<'a> {
                 let tmp = self
                     .t
                     .act(full * if lowp { self.d.compute } else { self.d.weight });
-                release(&mut self.t);
+                release(self);
                 before_cast(&mut self.t);
                 let tmp2 = lowp.then(|| self.t.act(full * self.d.weight));
                 if let Some(t2) = tmp2 {
@@ -498,10 +525,20 @@ impl<'a> Gen<'a> {
         self.made_casts.clear();
     }
 
-    /// Autocast's cast of the next weight a matmul uses, if one is pending.
+    /// A matmul of the block runs: autocast's cast of the next weight it
+    /// uses, if one is pending, and the matmul's mark for the backward.
     fn weight_cast(&mut self) {
         if let Some(b) = self.pending_casts.pop_front() {
             self.make_cast(b);
+        }
+        if let Some(i) = self.pending_matmuls.pop_front()
+            && let Some(layer) = self.params[i].layer
+        {
+            let mark = self.t.next;
+            self.matmul_marks
+                .entry(u64::from(layer))
+                .or_default()
+                .push((mark, i));
         }
     }
 
@@ -530,8 +567,14 @@ impl<'a> Gen<'a> {
     }
 
     fn grads_of_layer(&mut self, layer: Option<u32>) {
+        self.grads_of_layer_but(layer, &[]);
+    }
+
+    /// [`Self::grads_of_layer`] but for the weights in `made` (whose
+    /// gradients the block's backward made at their matmuls).
+    fn grads_of_layer_but(&mut self, layer: Option<u32>, made: &[usize]) {
         let idx: Vec<usize> = (0..self.params.len())
-            .filter(|&i| self.params[i].layer == layer)
+            .filter(|&i| self.params[i].layer == layer && !made.contains(&i))
             .collect();
         for i in idx.into_iter().rev() {
             self.weight_grad(i);
