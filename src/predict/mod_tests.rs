@@ -879,10 +879,11 @@ fn captures_of_the_third_fresh_set_put_the_cublas_workspace_after_its_call() {
     // The third fresh set's CPU captures (made on the GPU machine) against
     // its H200 runs. With the cuBLAS workspace before its call's output
     // Qwen3 bf16 was +17.7 % (the workspace split a freed loss segment); it
-    // is within 1 % now. Two rows stay beyond 10 %, each by one loss
-    // segment with its allocated peak within 1 %: DeBERTa-v3 amp eager
-    // (-15.4 %, the one under beyond 5 %) and Llama-3 bf16 with
-    // checkpointing (+15.6 %).
+    // is within 1 % now. Captured again with the current capture (in-place
+    // accumulation, the bf16 softmax rule), DeBERTa-v3 amp eager went from
+    // -15.4 % to within 1 %; Llama-3 bf16 with checkpointing stays beyond
+    // 10 % (+15.6 %), one loss segment apart with its allocated peak within
+    // 0.1 %.
     let hf: Vec<BenchRow> = rows_from_captures(
         include_str!("../../data/calibration/h200-fresh3.jsonl"),
         "fresh3-h200",
@@ -893,23 +894,13 @@ fn captures_of_the_third_fresh_set_put_the_cublas_workspace_after_its_call() {
     assert_eq!(hf.len(), 18);
     let stats = error_stats(&hf, None);
     assert!(stats.median <= 0.01, "{stats:?}");
-    assert_eq!(
-        stats.under_predictions,
-        ["hf-debertah-s512-b8-ampbf16-adamw-eager"],
-        "{stats:?}"
-    );
+    assert!(stats.under_predictions.is_empty(), "{stats:?}");
     let beyond: Vec<&str> = hf
         .iter()
         .filter(|r| r.relative_error.abs() > 0.10)
         .map(|r| r.name.as_str())
         .collect();
-    assert_eq!(
-        beyond,
-        [
-            "hf-llama3h-s2048-b2-bf16-adamw-sdpa-ckpt",
-            "hf-debertah-s512-b8-ampbf16-adamw-eager"
-        ]
-    );
+    assert_eq!(beyond, ["hf-llama3h-s2048-b2-bf16-adamw-sdpa-ckpt"]);
     let qwen3 = hf
         .iter()
         .find(|r| r.name == "hf-qwen3h-s4096-b1-bf16-sgdm-sdpa")
