@@ -2,7 +2,7 @@
 //!
 //! Pure: a model description (or a captured allocation profile), the batch
 //! shape and a GPU profile in; bytes out. The analytic path generates the
-//! tensor allocations of building the model and two optimizer steps
+//! tensor allocations of building the model and three optimizer steps
 //! ([`sequence`]) and replays them through the PyTorch-policy caching allocator
 //! of [`crate::alloc`] ([`allocator`]); the profile path replays a recorded
 //! sequence ([`profile`]) the same way.

@@ -378,14 +378,15 @@ fn only_fsdp_uses_the_all_gather_and_reduce_scatter_streams() {
             "stage {stage} on {gpus} GPUs"
         );
     }
-    // Two optimizer steps of one micro-step each; three units (root, two
+    // Optimizer steps of one micro-step each; three units (root, two
     // blocks). Stage 2 gathers each unit once per step, stage 3 gathers the
     // blocks again for backward; every unit is reduce-scattered once.
+    let steps = sequence::STEPS_GENERATED as usize;
     for (stage, gathers) in [(2, 3), (3, 5)] {
         let (evs, params) = two_block_events(stage, 2);
         let s = per_stream(&evs);
-        assert_eq!(s[&Stream::AllGather].0, 2 * gathers, "stage {stage}");
-        assert_eq!(s[&Stream::ReduceScatter].0, 2 * 3, "stage {stage}");
+        assert_eq!(s[&Stream::AllGather].0, steps * gathers, "stage {stage}");
+        assert_eq!(s[&Stream::ReduceScatter].0, steps * 3, "stage {stage}");
         // The reduce-scatter outputs are the sharded gradients: one per unit
         // alive at the optimizer step, half the model's fp32 bytes in all.
         assert_eq!(s[&Stream::ReduceScatter].1, 3, "stage {stage}");
@@ -402,7 +403,7 @@ fn only_fsdp_uses_the_all_gather_and_reduce_scatter_streams() {
                 _ => None,
             })
             .sum();
-        assert_eq!(rs, 2 * shard, "stage {stage}");
+        assert_eq!(rs, steps as u64 * shard, "stage {stage}");
         // In forward a unit's flat all-gather output is kept until the next
         // unit's copy-out, so two are alive at once, never more.
         assert_eq!(s[&Stream::AllGather].1, 2, "stage {stage}");
@@ -1102,10 +1103,11 @@ fn bert_loss_under_autocast_keeps_low_precision_log_probabilities_and_their_fp32
             _ => None,
         })
         .collect();
-    // (two micro-steps)
+    // (one micro-step in each step)
+    let steps = sequence::STEPS_GENERATED as usize;
     assert_eq!(
         (count(&created, n * v * 2), count(&created, n * v * 4)),
-        (8, 4)
+        (4 * steps, 2 * steps)
     );
     let (_, at) = live_at_peak(&hf_events(
         tiny("bert"),
@@ -1325,7 +1327,7 @@ fn a_tied_heads_two_gradient_contributions_are_summed_into_a_new_tensor() {
 }
 
 #[test]
-fn the_analytic_hugging_face_path_on_the_fresh_validation_runs_is_under_only_by_one_loss_segment() {
+fn the_analytic_hugging_face_path_on_the_fresh_validation_runs_is_not_under() {
     // 14 transformers runs measured after the model was written, with shapes
     // and combinations in no calibration case (scripts/gpu/validate_hf.sh).
     let measured = include_str!("../../data/calibration/h200-libraries-validation.jsonl");
@@ -1333,21 +1335,18 @@ fn the_analytic_hugging_face_path_on_the_fresh_validation_runs_is_under_only_by_
     assert_eq!(report.rows.len(), 14);
     let all = error_stats(&report.rows, None);
     assert!(all.median <= 0.03 && all.p90 <= 0.06, "{all:?}");
-    // The one row under beyond 5 % (-5.4 %) is the loss-segment residual:
-    // its allocated peak and the sequence's first two steps match the
+    // Mistral amp eager was under by 5.4 % while two steps were generated:
+    // its allocated peak and the sequence's first two steps matched the
     // H200's recorded ones (validation-profiles.jsonl.gz), and the H200's
-    // third step took one more 1000 MiB segment for its fp32 logits.
-    assert_eq!(
-        all.under_predictions,
-        ["hf-mistral-s1024-b8-ampbf16-adam-eager"],
-        "{all:?}"
-    );
+    // third step took one more 1000 MiB segment for its fp32 logits. With
+    // three steps generated it is within 0.5 %.
+    assert!(all.under_predictions.is_empty(), "{all:?}");
     let mistral = report
         .rows
         .iter()
         .find(|r| r.name == "hf-mistral-s1024-b8-ampbf16-adam-eager")
         .unwrap();
-    assert!(mistral.relative_error > -0.06, "{mistral:?}");
+    assert!(mistral.relative_error.abs() < 0.005, "{mistral:?}");
 }
 
 /// The optimizer term of the breakdown at the peak of an fp32 MLP (two
@@ -3041,16 +3040,21 @@ fn the_analytic_path_meets_the_goal_on_the_third_fresh_set() {
 fn the_fourth_fresh_set_stays_within_its_recorded_figures() {
     // 18 transformers runs, eager attention and fp16 autocast for most,
     // predicted (data/calibration/fresh4-predictions.jsonl) before they ran:
-    // median 0.4 %, p90 6.6 %, LLaMA amp eager -6.6 % under. Every allocated
-    // peak but T5 amp's (+5.1 %) and ViT's (-1.7 %) is within 0.6 %; the rows
-    // beyond 5 % are each one loss segment apart (LLaMA amp eager and Mixtral
-    // amp under: the H200's second step took a new segment for its logits;
-    // BERT fp16 eager and OPT amp eager over).
+    // median 0.4 %, p90 6.6 %, LLaMA amp eager -6.6 % under (the H200's
+    // third step took a new segment for its fp32 logits; from three
+    // generated steps it is -0.2 %). Every allocated peak but T5 amp's
+    // (+5.1 %) and ViT's (-1.7 %) is within 0.6 %; the rows still beyond 5 %
+    // are each one loss segment apart (Mixtral amp under, BERT fp16 eager
+    // and OPT amp eager over).
     let hf = analytic_rows(include_str!("../../data/calibration/h200-fresh4.jsonl"));
     assert_eq!(hf.len(), 18);
     let stats = error_stats(&hf, None);
     assert!(stats.median <= 0.01 && stats.p90 <= 0.07, "{stats:?}");
-    assert!(stats.under_predictions.len() <= 2, "{stats:?}");
+    assert_eq!(
+        stats.under_predictions,
+        ["hf-mixtrals4-s1024-b4-ampbf16-adamw-sdpa"],
+        "{stats:?}"
+    );
     assert!(hf.iter().all(|r| r.relative_error > -0.07), "{hf:?}");
 }
 

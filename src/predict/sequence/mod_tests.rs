@@ -199,16 +199,17 @@ fn the_head_keeps_the_logits_and_the_fp32_log_softmax_for_the_loss() {
 #[test]
 fn the_embedding_gradient_is_a_dense_table_once_a_micro_step() {
     let (evs, _) = events_of(&model(serde_json::json!({})), &run(Precision::Fp32));
-    // Two optimizer steps of one micro-step each.
-    assert_eq!(count(&sizes(&evs, Category::Activations), V * H * 4), 2);
+    // One micro-step in each optimizer step.
+    let steps = STEPS_GENERATED as usize;
+    assert_eq!(count(&sizes(&evs, Category::Activations), V * H * 4), steps);
     let mut accumulating = run(Precision::Fp32);
     accumulating.grad_accum = 3;
     let (evs, _) = events_of(&model(serde_json::json!({})), &accumulating);
-    // Six tables, and in each step's two later micro-steps the temporary
-    // that adds the table into the existing .grad.
+    // A table a micro-step, and in each step's two later micro-steps the
+    // temporary that adds the table into the existing .grad.
     assert_eq!(
         count(&sizes(&evs, Category::Activations), V * H * 4),
-        6 + 2 * 2
+        3 * steps + 2 * steps
     );
 }
 
@@ -272,14 +273,19 @@ fn gradients_are_made_once_and_later_micro_steps_add_into_them() {
         let grads = sizes(&evs, Category::Gradients);
         // One fp32 gradient per parameter, made in each step's backward
         // (the optimizer step sets them to None).
-        assert_eq!(grads.len(), 2 * params.len(), "{precision:?}");
+        let steps = STEPS_GENERATED as usize;
+        assert_eq!(grads.len(), steps * params.len(), "{precision:?}");
         let all: u64 = params.iter().map(|p| p.numel * 4).sum();
-        assert_eq!(grads.iter().sum::<u64>(), 2 * all, "{precision:?}");
+        assert_eq!(
+            grads.iter().sum::<u64>(),
+            STEPS_GENERATED * all,
+            "{precision:?}"
+        );
     }
     // With accumulation, every later micro-step adds each weight's
     // gradient into .grad through an fp32 temporary of its size (under
     // autocast converted from the bf16 gradient). Counted against the same
-    // model with one micro-step a step (2 steps, 3 micro-steps each).
+    // model with one micro-step a step (3 micro-steps a step).
     let (_, params) = events_of(&model(serde_json::json!({})), &run(Precision::Fp32));
     let h4: Vec<&ParamTensorSizes> = params
         .iter()
@@ -295,7 +301,7 @@ fn gradients_are_made_once_and_later_micro_steps_add_into_them() {
             count(&sizes(&acc, Category::Activations), bytes) as i64
                 - 3 * count(&sizes(&plain, Category::Activations), bytes) as i64
         };
-        let later_micro_steps = 2 * 2;
+        let later_micro_steps = 2 * STEPS_GENERATED as usize;
         let fp32_temps = (later_micro_steps * h4.len()) as i64;
         assert_eq!(extra(4 * H * H * 4), fp32_temps, "{precision:?}");
         if precision == Precision::AmpBf16 {
@@ -304,7 +310,7 @@ fn gradients_are_made_once_and_later_micro_steps_add_into_them() {
             // more than once a micro-step with it.
             assert!(h4.iter().all(|p| p.matmul_weight));
             let bf16 = count(&sizes(&plain, Category::Activations), 4 * H * H * 2);
-            assert_eq!(bf16, 2 * h4.len(), "bf16 gradients");
+            assert_eq!(bf16, STEPS_GENERATED as usize * h4.len(), "bf16 gradients");
             assert_eq!(extra(4 * H * H * 2), 0, "bf16 gradients, accumulating");
         }
     }
@@ -316,17 +322,18 @@ fn fsdp_makes_full_size_gradients_until_the_reduce_scatter() {
     (fsdp.zero_stage, fsdp.gpus) = (2, 2);
     let (evs, params) = events_of(&model(serde_json::json!({})), &fsdp);
     // Every parameter's gradient is made full size (fp32) on the default
-    // stream, from a bf16 one for the matmul weights; both steps.
+    // stream, from a bf16 one for the matmul weights; every step.
     let acts = sizes(&evs, Category::Activations);
     for p in params.iter().filter(|p| p.numel == 4 * H * H) {
         assert!(p.matmul_weight);
     }
     let h4 = params.iter().filter(|p| p.numel == 4 * H * H).count();
-    assert_eq!(count(&acts, 4 * H * H * 2), 2 * h4, "bf16 gradients");
+    let steps = STEPS_GENERATED as usize;
+    assert_eq!(count(&acts, 4 * H * H * 2), steps * h4, "bf16 gradients");
     let grads = sizes(&evs, Category::Gradients);
     assert_eq!(
         count(&grads, 4 * H * H * 4),
-        2 * h4,
+        steps * h4,
         "full fp32 gradients: {grads:?}"
     );
 }
@@ -573,10 +580,11 @@ fn a_bias_summed_over_many_rows_stages_partial_sums_around_its_gradient() {
         .filter(|(_, e)| matches!(e, TensorEvent::Alloc { bytes, .. } if *bytes == 32 << 20))
         .map(|(i, _)| i)
         .collect();
-    // Once a micro-step, two steps.
-    assert_eq!(staging.len(), 2, "{staging:?}");
+    // Once a micro-step, one micro-step a step.
+    let steps = STEPS_GENERATED as usize;
+    assert_eq!(staging.len(), steps, "{staging:?}");
     assert!(allocs(&plain).iter().all(|&(_, b)| b != 32 << 20));
-    assert_eq!(staged.len(), plain.len() + 2 * 4);
+    assert_eq!(staged.len(), plain.len() + steps * 4);
     for &at in &staging {
         let TensorEvent::Alloc { id: buffer, .. } = staged[at] else {
             unreachable!()
