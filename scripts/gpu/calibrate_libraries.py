@@ -747,7 +747,7 @@ def child(c, fd):
 
     cuda.reset_peak_memory_stats()
     t0 = time.time()
-    steps = 3
+    steps = int(os.environ.get("VRAMFIT_CALIBRATION_STEPS", "3"))
     outputs = loss = b = None  # the loop's variables live across iterations, as in the docs
     for step in range(steps):
         for micro in range(c["accum"]):
@@ -780,6 +780,7 @@ def child(c, fd):
         if c["library"] == "transformers":
             opt.zero_grad()  # where the transformers docs' loop clears gradients
         mark(phases[-1], "optimizer")
+        phases[-1]["reservedAfterStep"] = cuda.memory_reserved()
     cuda.synchronize()
     secs = time.time() - t0
     if c["snapshot"] and not smoke:
@@ -951,6 +952,9 @@ def main():
                          "the families added later (gemma2/3, gpt_neox, opt, mixtral, "
                          "qwen2_moe, t5, deberta-v2, vit)")
     ap.add_argument("--no-repeats", action="store_true")
+    ap.add_argument("--steps", type=int, default=3,
+                    help="optimizer steps each case runs (the committed sets ran 3); each "
+                         "step's last phase records the reserve after it")
     ap.add_argument("--predictions", help="recorded predictions (scripts/record_predictions.py): "
                     "a case starts only while the predicted peaks of the running cases and its "
                     "own stay within --budget-gib")
@@ -979,6 +983,7 @@ def main():
             child(small(next(x for x in CASES + VALIDATION + FAMILIES + HELDOUT + FRESH + FRESH2 + FRESH3 + FRESH4
                              if x["name"] == name)), None)
         return
+    os.environ["VRAMFIT_CALIBRATION_STEPS"] = str(args.steps)  # the children read it
     names = [c["name"] for c in CASES + VALIDATION + FAMILIES + HELDOUT + FRESH + FRESH2 + FRESH3 + FRESH4]
     assert len(names) == len(set(names)), "duplicate case names"
     assert all(r in names for r in REPEATS), "a repeat names no case"
