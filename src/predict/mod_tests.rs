@@ -3042,14 +3042,17 @@ fn the_fourth_fresh_set_stays_within_its_recorded_figures() {
     // predicted (data/calibration/fresh4-predictions.jsonl) before they ran:
     // median 0.4 %, p90 6.6 %, LLaMA amp eager -6.6 % under (the H200's
     // third step took a new segment for its fp32 logits; from three
-    // generated steps it is -0.2 %). Every allocated peak but T5 amp's
-    // (+5.1 %) and ViT's (-1.7 %) is within 0.6 %; the rows still beyond 5 %
-    // are each one loss segment apart (Mixtral amp under, BERT fp16 eager
-    // and OPT amp eager over).
+    // generated steps it is -0.2 %) and BERT fp16 eager +8.3 % over (until
+    // eager attention followed the recorded runs: no mask for an encoder
+    // trained without one, the dropout's output held until the layer
+    // returns; -0.5 % since). Every allocated peak but T5 amp's (+5.1 %) and
+    // ViT's is within 0.6 %; the rows still beyond 5 % are each one loss
+    // segment apart (Mixtral amp under, OPT amp eager over).
     let hf = analytic_rows(include_str!("../../data/calibration/h200-fresh4.jsonl"));
     assert_eq!(hf.len(), 18);
     let stats = error_stats(&hf, None);
     assert!(stats.median <= 0.01 && stats.p90 <= 0.07, "{stats:?}");
+    assert!(stats.max <= 0.07, "{stats:?}");
     assert_eq!(
         stats.under_predictions,
         ["hf-mixtrals4-s1024-b4-ampbf16-adamw-sdpa"],

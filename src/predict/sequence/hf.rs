@@ -40,7 +40,7 @@
 //! except where the H200's recorded runs show more: softmax's and RMSNorm's
 //! backward (`hf_rmsnorm_backward`) allocate as autograd runs them.
 
-use crate::api::{Attention, MlpKind, PositionalKind, Precision};
+use crate::api::{Attention, MlpKind, PositionalKind, Precision, TransformerKind};
 use crate::predict::arch::{HfFamily, HfImpl, TransformerArch};
 
 use super::{Gen, RmsSaved, Trace};
@@ -876,7 +876,9 @@ impl Gen<'_> {
                             saved.push(qkv);
                         }
                         let score = self.hf_score_extras(t, s2, &mut saved);
-                        self.hf_eager_scores(lib, s2, true, false, additive_mask(t), &mut saved);
+                        let weights =
+                            self.hf_eager_scores(lib, s2, true, false, score_mask(t), &mut saved);
+                        locals_of_block.extend(weights);
                         locals_of_block.extend(score);
                         true
                     }
@@ -1027,7 +1029,9 @@ impl Gen<'_> {
                         self.autocast_input(qe, n * qd, true, &mut saved);
                         self.hf_repeat_kv(gqa, keys, n * kvd, n * qd, owned, &mut saved);
                         let score = self.hf_score_extras(t, s2, &mut saved);
-                        self.hf_eager_scores(lib, s2, false, true, additive_mask(t), &mut saved);
+                        let weights =
+                            self.hf_eager_scores(lib, s2, false, true, score_mask(t), &mut saved);
+                        locals_of_block.extend(weights);
                         locals_of_block.extend(score);
                         self.hf_repeat_kv(gqa, values, n * kvd, n * qd, owned, &mut saved);
                         true
@@ -1132,7 +1136,9 @@ impl Gen<'_> {
                     Attention::Eager => {
                         saved.extend([q, k]);
                         rel_score = self.hf_score_extras(t, s2, &mut saved);
-                        self.hf_eager_scores(lib, s2, false, false, additive_mask(t), &mut saved);
+                        let weights =
+                            self.hf_eager_scores(lib, s2, false, false, score_mask(t), &mut saved);
+                        locals_of_block.extend(weights);
                         saved.push(v);
                         true
                     }
@@ -1456,7 +1462,11 @@ impl Gen<'_> {
             }
             Attention::Eager => {
                 saved.extend([q, k]);
-                self.hf_eager_scores(lib, s2, false, true, false, saved);
+                if let Some(weights) =
+                    self.hf_eager_scores(lib, s2, false, true, ScoreMask::Same, saved)
+                {
+                    self.t.free(weights);
+                }
                 saved.push(v);
                 true
             }
@@ -1520,25 +1530,36 @@ impl Gen<'_> {
     /// mask, softmax (kept: in fp32 under autocast, and always when
     /// `softmax_fp32`, as LLaMA asks for), its low-precision copy and dropout.
     /// `cast_first`: the probabilities are cast before dropout (GPT-2) rather
-    /// than after (BERT).
+    /// than after (BERT). Returns the dropout's output when only its cast
+    /// is kept: the attention returns it as its weights, and the layer holds
+    /// them until it returns (the H200's recorded BERT runs).
     fn hf_eager_scores(
         &mut self,
         lib: HfImpl,
         s2: u64,
         cast_first: bool,
         softmax_fp32: bool,
-        additive_mask: bool,
+        mask: ScoreMask,
         saved: &mut Vec<u32>,
-    ) {
+    ) -> Option<u32> {
         let wd = self.widths();
         let s1 = self.t.act(s2 * wd.c);
         let sc = self.t.act(s2 * wd.c);
         self.t.free(s1);
         // The additive mask has the embeddings' dtype: under autocast the
         // fp32 weights' width, and the sum is promoted to it.
-        let mw = if additive_mask { wd.c.max(wd.w) } else { wd.c };
-        let masked = self.t.act(s2 * mw);
-        self.t.free(sc);
+        let mw = if mask == ScoreMask::Float {
+            wd.c.max(wd.w)
+        } else {
+            wd.c
+        };
+        let masked = if mask == ScoreMask::None {
+            sc
+        } else {
+            let m = self.t.act(s2 * mw);
+            self.t.free(sc);
+            m
+        };
         let pw = if softmax_fp32 { 4 } else { wd.e };
         // A softmax wider than its input converts the input first (the
         // copy dies with the call) and its gradient is cast back; the sum
@@ -1562,21 +1583,22 @@ impl Gen<'_> {
             self.t.free(masked);
         }
         if lib.attn_dropout {
+            // native_dropout makes its mask, then its output
             let width = if cast.is_some() { wd.c } else { pw };
-            let d = self.t.act(s2 * width);
             saved.push(self.t.act(s2));
+            let d = self.t.act(s2 * width);
             if let Some(pc) = cast {
                 self.t.free(pc);
             }
             if width != wd.c {
                 saved.push(self.t.act(s2 * wd.c));
-                self.t.free(d);
-            } else {
-                saved.push(d);
+                return Some(d);
             }
+            saved.push(d);
         } else if let Some(pc) = cast {
             saved.push(pc);
         }
+        None
     }
 
     /// Backward of block `l`: frees the saved tensors newest first, one
@@ -1701,10 +1723,27 @@ impl Gen<'_> {
     }
 }
 
-/// Whether eager attention adds a float mask to the scores (the library's
-/// `eager_attention_forward` with the causal or padding mask it builds in the
-/// embeddings' dtype); DeBERTa fills its mask in, T5 adds its position bias
-/// and ViT has no mask.
-fn additive_mask(t: &TransformerArch) -> bool {
-    t.layout.disentangled.is_none() && t.layout.rel_buckets == 0 && t.layout.image.is_none()
+/// What eager attention does to its scaled scores before the softmax.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum ScoreMask {
+    /// Nothing: an encoder trained without an attention mask (BERT and
+    /// RoBERTa get none from transformers 5 when the batch has no padding
+    /// mask; ViT has none), so the softmax reads the scaled scores.
+    None,
+    /// The causal mask the library builds in the embeddings' dtype, added
+    /// (the sum is promoted to it).
+    Float,
+    /// A term in the scores' own width: DeBERTa fills its mask in, T5 adds
+    /// its position bias, cross-attention its zero bias.
+    Same,
+}
+
+fn score_mask(t: &TransformerArch) -> ScoreMask {
+    if t.layout.disentangled.is_some() || t.layout.rel_buckets > 0 {
+        ScoreMask::Same
+    } else if t.layout.image.is_some() || t.kind == TransformerKind::Encoder {
+        ScoreMask::None
+    } else {
+        ScoreMask::Float
+    }
 }

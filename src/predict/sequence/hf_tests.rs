@@ -181,15 +181,25 @@ impl Block {
             self.keep(N * H);
         }
     }
-    /// Eager attention's scores: the product, its scaling and the mask (in
-    /// the embeddings' dtype: fp32 under autocast), the softmax (after a
-    /// conversion of a narrower input), its low-precision copy and dropout on
-    /// the probabilities.
-    fn eager_scores(&mut self, w: Wd, cast_first: bool, softmax_fp32: bool, dropout: bool) {
+    /// Eager attention's scores: the product, its scaling and the causal
+    /// mask (`masked`: in the embeddings' dtype, fp32 under autocast; BERT
+    /// trains without one), the softmax (after a conversion of a narrower
+    /// input), its low-precision copy and dropout on the probabilities (its
+    /// mask first).
+    fn eager_scores(
+        &mut self,
+        w: Wd,
+        masked: bool,
+        cast_first: bool,
+        softmax_fp32: bool,
+        dropout: bool,
+    ) {
         self.tmp(S2 * w.c);
         self.tmp(S2 * w.c);
-        let mw = w.c.max(w.w);
-        self.tmp(S2 * mw);
+        let mw = if masked { w.c.max(w.w) } else { w.c };
+        if masked {
+            self.tmp(S2 * mw);
+        }
         let pw = if softmax_fp32 { 4 } else { w.e };
         if pw > mw {
             self.tmp(S2 * pw);
@@ -201,11 +211,11 @@ impl Block {
         }
         if dropout {
             let width = if cast { w.c } else { pw };
-            self.tmp(S2 * width);
             self.keep(S2);
             if width == w.c {
-                self.keep_earlier(S2 * width);
+                self.keep(S2 * width);
             } else {
+                self.tmp(S2 * width);
                 self.keep(S2 * w.c);
             }
         } else if cast {
@@ -320,7 +330,7 @@ fn gpt2_block(w: Wd, o: Opt) -> Block {
         if o.cache {
             b.keep(N * H * w.c);
         }
-        b.eager_scores(w, true, false, o.dropout);
+        b.eager_scores(w, true, true, false, o.dropout);
         b.contiguous_output(w);
     } else {
         b.keep(N * H * w.c); // SDPA's output, already contiguous
@@ -452,7 +462,7 @@ fn llama_block_pass(w: Wd, o: Opt, no_grad: bool) -> Block {
         autocast_input(&mut b, w, N * H * w.e, N * H, true);
         for (i, bytes) in [keys, values].into_iter().enumerate() {
             if i == 1 {
-                b.eager_scores(w, false, true, o.dropout);
+                b.eager_scores(w, true, false, true, o.dropout);
             }
             if gqa {
                 // repeat_kv: a full-width copy in the same dtype
@@ -522,7 +532,7 @@ fn bert_block(w: Wd, o: Opt) -> Block {
         b.keep(N * H * w.c);
         b.matmul(H * H);
         b.tmp(N * H * w.c);
-        b.eager_scores(w, false, false, o.dropout);
+        b.eager_scores(w, false, false, false, o.dropout);
         b.keep_earlier(N * H * w.c); // the values
         b.contiguous_output(w);
     } else {
@@ -1849,14 +1859,12 @@ fn debertas_gathers_keep_their_inputs_and_its_score_is_summed_in_place() {
             2 * layers as usize,
             "{p:?}"
         );
-        // two gathers, two divisions and one score per block; without the
-        // disentangled bias the block adds a float mask instead of filling
-        // one in, and autocast promotes that sum to fp32: one score of the
-        // compute width fewer
+        // two gathers, two divisions and one score per block, and the mask
+        // filled in; without the disentangled bias the encoder, trained
+        // without an attention mask, adds none
         let s2 = MICRO * HEADS * SEQ * SEQ * w.c;
         let fwd = |evs: &[TensorEvent]| count(&acts(first_forward(evs)), s2);
-        let promoted = if w.amp { layers as usize } else { 0 };
-        assert_eq!(fwd(&a), fwd(&b) + 5 * layers as usize + promoted, "{p:?}");
+        assert_eq!(fwd(&a), fwd(&b) + 6 * layers as usize, "{p:?}");
     }
 }
 
@@ -2114,4 +2122,23 @@ fn a_matmuls_weight_gradient_comes_before_its_inputs_inside_the_blocks_backward(
             >= 3,
         "{before_o_proj:?}"
     );
+}
+
+#[test]
+fn the_attention_weights_live_until_the_layer_returns() {
+    // BERT under autocast, eager, with attention dropout: the fp32
+    // softmax output (kept) and the fp32 dropout output, which the
+    // attention returns as its weights and the layer holds until it
+    // returns; only the dropout output's bf16 cast is kept. Both are alive
+    // when the feed-forward's first product is made (the H200's recorded
+    // BERT runs free the dropout output after the feed-forward).
+    let evs = events(
+        &config("bert", serde_json::json!({})),
+        &run(Precision::AmpBf16, Attention::Eager),
+    );
+    let live = live_activations_until(&evs, |bytes, category| {
+        category == Category::Activations && bytes == N * F * 2
+    })
+    .expect("the feed-forward's product");
+    assert_eq!(live.values().filter(|&&b| b == S2 * 4).count(), 2);
 }
