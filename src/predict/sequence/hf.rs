@@ -1188,8 +1188,7 @@ impl Gen<'_> {
         };
         self.drop_unsaved(&mut saved, 0, x);
         self.t.free_all(&mut locals_of_block);
-        self.matmuls_left += self.pending_matmuls.len();
-        self.pending_matmuls.clear();
+        self.matmuls_left.extend(self.pending_matmuls.drain(..));
         // the block input goes last so that the caller pops it after backward
         saved.retain(|&id| id != x);
         saved.push(x);

@@ -224,11 +224,11 @@ pub fn training_events(arch: &Arch, run: &RunShape) -> Vec<TensorEvent> {
     g.t.events
 }
 
-/// How many of the blocks' matmul weights one micro-step's forward left
-/// unmarked (see [`Gen::weight_cast`]): 0 when each block's forward runs a
-/// matmul for each of its matmul weights.
+/// The blocks' matmul weights (parameter indices) that one micro-step's
+/// forward left unmarked (see [`Gen::weight_cast`]): none when each block's
+/// forward runs a matmul for each of its matmul weights.
 #[cfg(test)]
-fn matmul_weights_left(arch: &Arch, run: &RunShape) -> usize {
+fn matmul_weights_left(arch: &Arch, run: &RunShape) -> Vec<usize> {
     let mut g = Gen::new(arch, run);
     g.build();
     g.micro_step();
@@ -295,9 +295,10 @@ struct Gen<'a> {
     /// its weight. Backward makes the weight's gradient at the matmul's
     /// node, when it first reaches a kept tensor older than the mark.
     matmul_marks: BTreeMap<u64, Vec<(u32, usize)>>,
-    /// Matmul weights of the blocks that their forward never reached (a
-    /// forward out of step with the parameters' order leaves some).
-    matmuls_left: usize,
+    /// Matmul weights (parameter indices) of the blocks that their forward
+    /// never reached (a forward out of step with the parameters' order
+    /// leaves some).
+    matmuls_left: Vec<usize>,
 }
 
 /// What autograd keeps of one RMSNorm for its backward: the fp32 copy of
@@ -348,7 +349,7 @@ impl<'a> Gen<'a> {
             made_casts: Vec::new(),
             pending_matmuls: std::collections::VecDeque::new(),
             matmul_marks: BTreeMap::new(),
-            matmuls_left: 0,
+            matmuls_left: Vec::new(),
             softmax: BTreeMap::new(),
             rmsnorms: BTreeMap::new(),
         }
