@@ -1724,7 +1724,7 @@ impl Gen<'_> {
 
 /// What eager attention does to its scaled scores before the softmax.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum ScoreMask {
+pub(super) enum ScoreMask {
     /// Nothing: an encoder trained without an attention mask (BERT and
     /// RoBERTa get none from transformers 5 when the batch has no padding
     /// mask; ViT has none), so the softmax reads the scaled scores.
@@ -1737,7 +1737,7 @@ enum ScoreMask {
     Same,
 }
 
-fn score_mask(t: &TransformerArch) -> ScoreMask {
+pub(super) fn score_mask(t: &TransformerArch) -> ScoreMask {
     if t.layout.disentangled.is_some() || t.layout.rel_buckets > 0 {
         ScoreMask::Same
     } else if t.layout.image.is_some() || t.kind == TransformerKind::Encoder {

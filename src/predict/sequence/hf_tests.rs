@@ -2146,3 +2146,32 @@ fn the_attention_weights_live_until_the_layer_returns() {
     .expect("the feed-forward's product");
     assert_eq!(live.values().filter(|&&b| b == S2 * 4).count(), 2);
 }
+
+#[test]
+fn eager_scores_get_the_mask_each_family_builds() {
+    // T5's position bias and DeBERTa's filled mask (with its relative
+    // attention, as DeBERTa-v3's configs have it) are terms of the scores'
+    // width; the causal decoders add a float mask; BERT, RoBERTa (trained
+    // without an attention mask) and ViT add nothing.
+    use super::hf::{ScoreMask, score_mask};
+    let image = serde_json::json!({"image_size": 16, "patch_size": 8});
+    let relative = serde_json::json!({"relative_attention": true, "position_buckets": 4,
+        "pos_att_type": ["c2p", "p2c"]});
+    for (model_type, want) in [
+        ("t5", ScoreMask::Same),
+        ("deberta-v2", ScoreMask::Same),
+        ("bert", ScoreMask::None),
+        ("roberta", ScoreMask::None),
+        ("vit", ScoreMask::None),
+        ("llama", ScoreMask::Float),
+        ("gpt2", ScoreMask::Float),
+        ("opt", ScoreMask::Float),
+    ] {
+        let extra = match model_type {
+            "vit" => image.clone(),
+            "deberta-v2" => relative.clone(),
+            _ => serde_json::json!({}),
+        };
+        assert_eq!(score_mask(&family(model_type, extra)), want, "{model_type}");
+    }
+}
