@@ -791,7 +791,6 @@ impl Gen<'_> {
         let mut locals_of_block: Vec<u32> = Vec::new();
         let ckpt = self.run.checkpointing;
         self.matmul_marks.remove(&l);
-        self.pending_matmuls.clear();
         if !self.fsdp() && matmuls_in_order(t) {
             let layer = Some(l as u32);
             self.pending_matmuls = (0..self.params.len())
@@ -1631,33 +1630,15 @@ impl Gen<'_> {
                 marks.pop();
                 at_node.push(i);
             }
-            let reads = at_node.pop();
+            let mut reads = at_node.pop();
             for i in at_node {
                 self.weight_grad(i);
             }
-            if let Some(i) = reads
-                && !self.softmax.contains_key(&id)
-                && !self.rmsnorms.contains_key(&id)
-            {
-                // The node of the matmul that read `id`: the weight's
-                // gradient, then `id`'s, then `id` goes as the node returns,
-                // before autocast's cast back of the weight's gradient.
-                let bytes = self.t.bytes(id);
-                self.weight_grad_then(
-                    i,
-                    |g| {
-                        let gt = g.t.act(bytes);
-                        if let Some(p) = tmp.replace(gt) {
-                            g.t.free(p);
-                        }
-                        g.release(id);
-                    },
-                    |_| {},
-                );
-                continue;
-            }
-            if let Some(i) = reads {
-                self.weight_grad(i);
+            if self.softmax.contains_key(&id) || self.rmsnorms.contains_key(&id) {
+                // their backward is their own; the weight's gradient first
+                if let Some(i) = reads.take() {
+                    self.weight_grad(i);
+                }
             }
             let bytes = self.t.bytes(id);
             if let Some((elems, scores_w, scaled)) = self.softmax.remove(&id) {
@@ -1703,11 +1684,20 @@ impl Gen<'_> {
                 tmp = Some(self.hf_rmsnorm_backward(norm, g_y));
                 continue;
             }
-            let gt = self.t.act(bytes);
-            if let Some(p) = tmp.replace(gt) {
-                self.t.free(p);
+            // `id`'s gradient, then `id` goes; where a matmul read `id`,
+            // inside its node: after the weight's gradient, before
+            // autocast's cast back of it
+            let mut gradient = |g: &mut Self| {
+                let gt = g.t.act(bytes);
+                if let Some(p) = tmp.replace(gt) {
+                    g.t.free(p);
+                }
+                g.release(id);
+            };
+            match reads {
+                Some(i) => self.weight_grad_then(i, gradient, |_| {}),
+                None => gradient(self),
             }
-            self.release(id);
         }
         while let Some((_, i)) = marks.pop() {
             self.weight_grad(i);

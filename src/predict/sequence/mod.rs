@@ -1,7 +1,8 @@
 //! One training run's tensor allocations and frees, generated from the model
 //! description: model build, then [`STEPS_GENERATED`] optimizer steps (the
-//! first creates the optimizer state, the later ones are the steady state). Replaying the sequence
-//! through an allocator model gives the reserved peak and what is alive then.
+//! first creates the optimizer state, the later ones are the steady state).
+//! Replaying the sequence through an allocator model gives the reserved peak
+//! and what is alive then.
 //!
 //! The generator is split by idea: the model build and the pieces every
 //! step shares (here), a transformer micro-step (`transformer.rs`) and its
