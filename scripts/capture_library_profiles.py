@@ -9,8 +9,8 @@ Usage:
         data/calibration/h200-libraries.jsonl data/profiles/libraries [--only torchvision]
 
 The rows may also be a set's `--dry-run` listing (name, split, library,
-case, spec; no measurement), to capture before the GPU runs. A model the
-capture has no class for is reported and skipped.
+case, spec; no measurement), to capture before the GPU runs. A model type
+without a class here is built by `AutoModelForCausalLM` from its config.
 """
 
 import argparse
@@ -43,10 +43,6 @@ def main():
         row = json.loads(line)
         if row["split"] == "repeat" or (args.only and row["library"] != args.only):
             continue
-        if row["library"] == "transformers" and row["case"]["model_type"] not in HF_CLASS:
-            print(f"{row['name']}: skipped, no model class for {row['case']['model_type']}",
-                  flush=True)
-            continue
         out = os.path.join(args.outdir, row["name"] + ".profile.json")
         if os.path.exists(out) and not args.force:
             continue
@@ -71,7 +67,9 @@ def capture_row(profile, row, c, m):
                                c["micro"], c["precision"], c["optimizer"],
                                input_shape=(3, c["image"], c["image"]), grad_accum=c["accum"])
     cfg = m["huggingFace"]["config"]
-    return profile.capture(f"transformers:{HF_CLASS[c['model_type']]}", cfg, c["micro"],
+    # another causal LM: the Auto class, which the config's model_type names
+    cls = HF_CLASS.get(c["model_type"], "AutoModelForCausalLM")
+    return profile.capture(f"transformers:{cls}", cfg, c["micro"],
                            c["precision"], c["optimizer"], seq_len=c["seq"],
                            grad_accum=c["accum"], checkpointing=c["ckpt"],
                            attention=c["attention"])

@@ -232,14 +232,15 @@ def test_an_fp16_softmax_into_fp32_makes_no_upcast_copy_and_a_bf16_one_does() ->
 
     # fp16: the log-softmax (half_to_float) and its gradient, in fp32; the
     # logits and the gradient the fused backward writes, in fp16
+    steps = profile.STEPS
     fp16 = capture(torch.float16)
-    assert fp16.count(b * c * 4) == 2 * 2
-    assert fp16.count(b * c * 2) == 2 * 2
+    assert fp16.count(b * c * 4) == steps * 2
+    assert fp16.count(b * c * 2) == steps * 2
     # bf16: besides, the fp32 copy of the logits and the fp32 gradient of
     # that copy, which the copy's backward casts back to bf16
     bf16 = capture(torch.bfloat16)
-    assert bf16.count(b * c * 4) == 2 * 4
-    assert bf16.count(b * c * 2) == 2 * 2
+    assert bf16.count(b * c * 4) == steps * 4
+    assert bf16.count(b * c * 2) == steps * 2
 
 
 # ------------------------------------------------ models that failed or fell short
@@ -368,7 +369,7 @@ def test_capture_step_records_a_plain_scripts_step() -> None:
     assert seq[:2] == [32 * 32 * 4, 32 * 4]  # the parameters, first, in .to() order
     assert 8 * 32 * 2 in seq  # a bf16 activation: torch.autocast("cuda") became CPU autocast
     assert seq.count(32 * 32 * 4) >= 3  # weight, its gradient, its momentum buffer
-    assert p["microBatch"] == 8 and len(seen) == 2
+    assert p["microBatch"] == 8 and len(seen) == profile.STEPS
 
 
 def test_a_data_loaders_shuffle_draws_real_indices_and_is_not_recorded() -> None:
@@ -393,11 +394,16 @@ def test_an_image_classifier_from_transformers_trains_on_pixels_and_class_labels
     assert b * labels * 4 in seq  # the logits
 
 
-def test_a_tied_tables_two_gradients_are_added_in_place_as_on_cuda() -> None:
-    # The word table is read twice (embedding and head). Autograd adds the
-    # second gradient into the first when it holds the only reference, on
-    # CUDA; fake tensors are a tensor subclass, for which it makes a new sum,
-    # so the capture turns that sum back into the first gradient.
+@pytest.mark.parametrize("autocast", [True, False])
+def test_a_tied_tables_two_gradients_are_added_as_on_cuda(autocast: bool) -> None:
+    # The word table is read twice (embedding and head). On CUDA autograd
+    # adds the second gradient into the first when it holds the only
+    # reference to it and its storage: under autocast the head's gradient
+    # is the cast's fresh copy, so the sum is made in place; without, it is
+    # the transposed view of the matrix product, which keeps its base, so
+    # the sum is a new tensor (the H200's recorded runs). Fake tensors are a
+    # tensor subclass, for which autograd always makes a new sum, so the
+    # capture turns the in-place case back into the first gradient.
     vocab, dim = 1000, 48  # a table of a size no activation has
     table = vocab * dim * 4
 
@@ -407,22 +413,26 @@ def test_a_tied_tables_two_gradients_are_added_in_place_as_on_cuda() -> None:
             self.emb = torch.nn.Embedding(vocab, dim)
 
         def forward(self, ids: torch.Tensor) -> torch.Tensor:
-            return self.emb(ids) @ self.emb.weight.t()
+            # a head as transformers writes it: the weight cast, then used
+            return torch.nn.functional.linear(self.emb(ids), self.emb.weight)
 
     model = Tied()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 
     def step(m: torch.nn.Module) -> None:
         ids = torch.randint(0, vocab, (4, 16))
-        m(ids).float().logsumexp(-1).mean().backward()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            logits = m(ids)
+        logits.float().logsumexp(-1).mean().backward()
         optimizer.step()
         optimizer.zero_grad()
 
     p = profile.capture_step(model, step, micro_batch=4, optimizers=[optimizer])
     seq = sizes_in_order(p)
-    # the weight; each step the head's gradient (kept as .grad) and the
-    # embedding's dense one, added into it and freed: no third of that size
-    assert seq.count(table) == 1 + 2 * 2
+    # the weight; each step the head's gradient and the embedding's dense
+    # one, added into the head's (kept as .grad) or into a new sum
+    per_step = 2 if autocast else 3
+    assert seq.count(table) == 1 + per_step * profile.STEPS
     live, most, alive = {}, 0, 0
     for e in p["events"]:
         if e >= 0:
@@ -431,7 +441,8 @@ def test_a_tied_tables_two_gradients_are_added_in_place_as_on_cuda() -> None:
             most = max(most, alive)
         else:
             alive -= live[-e - 1] == table
-    assert most == 3  # the weight and the two gradients, never a sum beside them
+    # the weight and the two gradients, and a new sum beside them
+    assert most == 1 + per_step
 
 
 def test_a_capture_records_the_versions_of_the_modelling_libraries_it_ran() -> None:
@@ -439,3 +450,18 @@ def test_a_capture_records_the_versions_of_the_modelling_libraries_it_ran() -> N
     p = profile.capture("transformers:GPT2LMHeadModel", cfg, batch=2, precision="fp32",
                         optimizer="adamw", seq_len=16)
     assert p["capture"]["libraries"]["transformers"] == transformers.__version__
+
+
+def test_an_auto_class_builds_the_model_its_configs_model_type_names() -> None:
+    # Any causal LM transformers knows, without a class named for it: the
+    # config's model_type picks OLMo 2 here (a family vramfit has no analytic
+    # description of), whose logits the capture sees.
+    b, seq, vocab = 2, 16, 500
+    cfg = {"model_type": "olmo2", "num_hidden_layers": 1, "hidden_size": 64,
+           "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": vocab}
+    p = profile.capture("transformers:AutoModelForCausalLM", cfg, batch=b, precision="fp32",
+                        optimizer="adamw", seq_len=seq)
+    assert b * seq * vocab * 4 in sizes_in_order(p)
+    with pytest.raises(profile.CaptureError, match="model_type"):
+        profile.capture("transformers:AutoModelForCausalLM", {"hidden_size": 64}, batch=b,
+                        precision="fp32", optimizer="adamw", seq_len=seq)

@@ -1,8 +1,8 @@
 """Capture a training run's allocation profile on the CPU, without a GPU.
 
 ``python -m vramfit.profile --model MODULE:CALLABLE ... -o FILE`` builds the
-model, runs a few training steps (the first creates the optimizer state, the
-second is the steady state) under PyTorch's ``FakeTensorMode`` on the CPU, and
+model, runs ``STEPS`` training steps (the first creates the optimizer state,
+the later ones are the steady state) under PyTorch's ``FakeTensorMode`` on the CPU, and
 writes the ``vramfit.profile/v1`` file that ``vramfit predict --profile FILE``
 replays through its caching-allocator model (docs/profile-format.md).
 
@@ -126,8 +126,16 @@ class _Recorder:
         self.events.append(("f", index))
         self.live -= nbytes
 
-    def backward_sum(self, out: Any) -> None:
-        """``out`` is a sum made while autograd runs backward."""
+    def backward_sum(self, out: Any, first: Any) -> None:
+        """``out`` is a sum made while autograd runs backward, ``first`` its
+        first operand (the gradient autograd's input buffer held). A view
+        shares its storage with its base, which it keeps alive, so the
+        engine does not add into it: a tied head's gradient, the transposed
+        view of its matrix product where the weight is not cast, is summed
+        into a new tensor on CUDA (the H200's recorded fp32 and bf16 runs of
+        GPT-2, Gemma, Qwen2, LLaMA 3.2; their autocast runs add in place)."""
+        if first._is_view():
+            return
         index = self._ids.get(id(out.untyped_storage()))
         if index is not None:
             self.backward_sums.add(index)
@@ -237,7 +245,7 @@ def _dispatch_mode(rec: _Recorder) -> Any:
             else:
                 record(out)
                 if func is aten.add.Tensor and isinstance(out, FakeTensor) and _in_backward():
-                    rec.backward_sum(out)
+                    rec.backward_sum(out, args[0])
             return out
 
     def record(out: Any) -> None:
@@ -268,6 +276,12 @@ def _unknown_value(rec: _Recorder, t: Any) -> Any:
 
 
 # Libraries whose versions a profile records when the captured step imported them.
+# Optimizer steps a capture records: the first creates the optimizer's state,
+# the second is the steady state, and the H200's runs show the caching
+# allocator can still take a new segment in the third (a step's logits no
+# longer fitting the blocks the second left), so three.
+STEPS = 3
+
 MODELLING_LIBRARIES = ("transformers", "torchvision", "timm", "diffusers", "peft", "accelerate",
                        "lightning", "pytorch_lightning")
 
@@ -699,21 +713,37 @@ def _construct(fn: Callable[..., Any], spec: str, config: Dict[str, Any],
     if not is_transformers(spec):
         return fn(**config)
     cfg_cls = getattr(fn, "config_class", None)
-    if cfg_cls is None:
+    auto = cfg_cls is None and hasattr(fn, "from_config")
+    if auto:
+        # an Auto class (AutoModelForCausalLM, ...): the config's model_type
+        # names the model, as from_config reads it
+        import transformers
+
+        kind = config.get("model_type")
+        if not kind:
+            raise CaptureError(f"--model: '{spec}' is an Auto class; the config must name its "
+                               "model_type")
+        rest = {k: v for k, v in config.items() if k != "model_type"}
+        try:
+            cfg = transformers.AutoConfig.for_model(kind, **rest)
+        except ValueError as e:
+            raise CaptureError(f"--model: '{spec}': {e}") from e
+    elif cfg_cls is None:
         raise CaptureError(f"--model: '{spec}' is not a transformers model class")
-    cfg = cfg_cls.from_dict(dict(config))
+    else:
+        cfg = cfg_cls.from_dict(dict(config))
     if attention:
         cfg._attn_implementation = attention
     if getattr(cfg, "is_encoder_decoder", False) and getattr(cfg, "decoder_start_token_id", None) is None:
         # `labels=` makes the decoder's inputs by shifting the labels right
         # behind this token (T5: the pad token); only its presence matters here
         cfg.decoder_start_token_id = getattr(cfg, "pad_token_id", None) or 0
-    if hasattr(fn, "_from_config"):
+    build = fn.from_config if auto else getattr(fn, "_from_config", None)
+    if build is not None:
         try:
-            return fn._from_config(cfg, attn_implementation=attention) if attention \
-                else fn._from_config(cfg)
+            return build(cfg, attn_implementation=attention) if attention else build(cfg)
         except TypeError:
-            return fn._from_config(cfg)
+            return build(cfg)
     return fn(cfg)
 
 
@@ -965,7 +995,7 @@ def _autocast_on_cpu() -> Any:
 
 def capture(model_spec: str, config: Dict[str, Any], batch: int, precision: str,
             optimizer: str, input_shape: Optional[Sequence[int]] = None,
-            seq_len: Optional[int] = None, steps: int = 2, grad_accum: int = 1,
+            seq_len: Optional[int] = None, steps: int = STEPS, grad_accum: int = 1,
             checkpointing: bool = False, attention: Optional[str] = None,
             num_classes: Optional[int] = None,
             zero_grad: Optional[str] = None) -> Dict[str, Any]:
@@ -1091,14 +1121,14 @@ def capture(model_spec: str, config: Dict[str, Any], batch: int, precision: str,
 
 
 def capture_step(model: Any, step_fn: Callable[[Any], Any], *, micro_batch: int,
-                 steps: int = 2, grad_accum: int = 1, optimizers: Sequence[Any] = (),
+                 steps: int = STEPS, grad_accum: int = 1, optimizers: Sequence[Any] = (),
                  dtype: Any = None, source: Optional[str] = None) -> Dict[str, Any]:
     """Captures the allocation profile of arbitrary training code.
 
     ``step_fn(model)`` runs one whole training step of ``model`` the way the
     script does it (forward, backward, optimizer step, clearing the
     gradients); it is called ``steps`` times (the first creates the
-    optimizer's state, the second is the steady state) under the capture, on
+    optimizer's state, the later ones are the steady state) under the capture, on
     the CPU, with no GPU and no memory for tensors. ``micro_batch`` is the
     samples per forward pass the step uses and ``grad_accum`` the forward
     passes per optimizer step: the profile is a prediction for them.
@@ -1327,7 +1357,7 @@ def finish_profile_phase(make_profile: Callable[[], Dict[str, Any]]) -> NoReturn
 class LoopProfile:
     """The protocol inside a training loop that the adapters hook: ``start``
     before the first step (the model and optimizers exist), ``finish`` after
-    the second optimizer step; a failure in between (an exception that
+    optimizer step ``STEPS``; a failure in between (an exception that
     reaches the top of the process) is reported as the protocol's error."""
 
     def __init__(self, source: str) -> None:
@@ -1349,7 +1379,7 @@ class LoopProfile:
 
         sys.excepthook = hook
 
-    def finish(self, micro_batch: int, grad_accum: int = 1, steps: int = 2) -> NoReturn:
+    def finish(self, micro_batch: int, grad_accum: int = 1, steps: int = STEPS) -> NoReturn:
         def make() -> Dict[str, Any]:
             assert self.capture is not None
             self.capture.__exit__(None, None, None)
@@ -1381,7 +1411,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--batch", type=int, required=True, help="micro-batch per GPU")
     ap.add_argument("--precision", default="fp32", choices=PRECISIONS)
     ap.add_argument("--optimizer", default="adamw", choices=OPTIMIZERS)
-    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=STEPS)
     ap.add_argument("--grad-accum", type=int, default=1)
     ap.add_argument("--checkpointing", action="store_true",
                     help="the library's gradient_checkpointing_enable()")

@@ -29,8 +29,10 @@ pub struct PredictArgs {
     /// does for `batch.autoMicro`, and print it with its prediction.
     #[arg(long)]
     pub fit: Option<String>,
-    /// Also write the allocation sequence the analytic model generated as a
-    /// `vramfit.profile/v1` file (to inspect it or compare it with a capture).
+    /// Also write the allocation sequence the prediction replays as a
+    /// `vramfit.profile/v1` file (to inspect it or compare it with a capture
+    /// or a recorded run): the analytic model's, or for a profile-based job
+    /// the profile's with the GPU's workspaces and staging in place.
     #[arg(long, conflicts_with = "fit")]
     pub events_out: Option<PathBuf>,
     /// List every micro-batch the job may run at (the global batch kept)
@@ -134,14 +136,15 @@ fn predicted(
     } else {
         let micro = args.micro.unwrap_or(job.batch.micro);
         if let Some(path) = &args.events_out {
-            if job.model.profile.is_some() || job.model.auto.is_some() {
-                anyhow::bail!("--events-out: a profile-based job generates no sequence");
-            }
             let shape = crate::predict::JobShape {
                 micro_batch: micro,
                 ..job.shape()
             };
-            let doc = crate::predict::generated_profile(&job.model, &shape, gpu)?;
+            // A profile-based job writes its profile as replayed on the GPU.
+            let doc = match profile.as_deref() {
+                Some(text) => crate::predict::replayed_profile(text, &shape, gpu)?,
+                None => crate::predict::generated_profile(&job.model, &shape, gpu)?,
+            };
             std::fs::write(path, serde_json::to_string(&doc)?)
                 .with_context(|| format!("writing {}", path.display()))?;
         }

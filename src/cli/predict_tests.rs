@@ -37,9 +37,37 @@ fn events_out_writes_a_profile_that_predicts_the_same_allocated_peak() {
     b.profile = Some(out);
     let replayed: serde_json::Value = serde_json::from_str(&run(&b).unwrap()).unwrap();
     assert_eq!(replayed["allocatedBytes"], direct["allocatedBytes"]);
-    // a profile job has no generated sequence to write
-    b.events_out = Some(dir.join("x.json"));
-    assert!(run(&b).unwrap_err().to_string().contains("--events-out"));
+    // a profile job writes its profile as replayed: the workspaces the
+    // capture only names are allocations there, and the file alone predicts
+    // the same reserve
+    let capture =
+        examples.join("../data/profiles/heldout-h200/tv-vgg11_bn-i224-b32-fp32-sgdm.profile.json");
+    let captured: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&capture).unwrap()).unwrap();
+    let named = captured["cublasWorkspaceAt"].as_array().unwrap().len()
+        + captured["convolutions"].as_array().unwrap().len();
+    assert!(named > 2);
+    b.profile = Some(capture);
+    let replayed_out = dir.join("replayed.json");
+    b.events_out = Some(replayed_out.clone());
+    let first: serde_json::Value = serde_json::from_str(&run(&b).unwrap()).unwrap();
+    let written: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&replayed_out).unwrap()).unwrap();
+    let allocs = |d: &serde_json::Value| {
+        d["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e.as_i64().unwrap() >= 0)
+            .count()
+    };
+    assert!(allocs(&written) >= allocs(&captured) + named);
+    assert!(written.get("cublasWorkspaceAt").is_none());
+    b.profile = Some(replayed_out);
+    b.events_out = None;
+    let second: serde_json::Value = serde_json::from_str(&run(&b).unwrap()).unwrap();
+    assert_eq!(second["reservedBytes"], first["reservedBytes"]);
+    assert_eq!(second["allocatedBytes"], first["allocatedBytes"]);
     std::fs::remove_dir_all(&dir).ok();
 }
 

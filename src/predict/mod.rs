@@ -248,6 +248,41 @@ pub fn generated_profile(
         ));
     }
     let events = training_events(&arch, &run);
+    Ok(profile_document(
+        &events,
+        job.micro_batch,
+        run.grad_accum,
+        "vramfit predict --events-out (the analytic model's sequence)",
+    ))
+}
+
+/// The sequence a captured profile replays on `gpu` at the job's micro-batch
+/// (its events with the GPU's cuBLAS and cuDNN workspaces and the reduction
+/// kernel's staging in place), as a `vramfit.profile/v1` document whose
+/// replay alone gives the same prediction.
+pub fn replayed_profile(
+    profile_text: &str,
+    job: &JobShape,
+    gpu: &'static GpuProfile,
+) -> Result<serde_json::Value, PredictError> {
+    let prof = profile::parse_profile(profile_text)?;
+    let events = profile::profile_events(&prof, job.micro_batch, gpu)?;
+    Ok(profile_document(
+        &events,
+        job.micro_batch,
+        u64::from(job.grad_accum()?),
+        "vramfit predict --events-out (a captured profile as replayed)",
+    ))
+}
+
+/// Writes `events` as a `vramfit.profile/v1` document: allocations numbered
+/// in the order they happen, as the format counts them.
+fn profile_document(
+    events: &[sequence::TensorEvent],
+    micro_batch: u32,
+    grad_accum: u64,
+    source: &str,
+) -> serde_json::Value {
     let mut sizes: Vec<u64> = events
         .iter()
         .filter_map(|e| match e {
@@ -257,23 +292,25 @@ pub fn generated_profile(
         .collect();
     sizes.sort_unstable();
     sizes.dedup();
+    let mut order = std::collections::HashMap::new();
     let coded: Vec<i64> = events
         .iter()
         .map(|e| match e {
-            sequence::TensorEvent::Alloc { bytes, .. } => {
+            sequence::TensorEvent::Alloc { id, bytes, .. } => {
+                order.insert(*id, order.len() as i64);
                 sizes.binary_search(bytes).expect("a listed size") as i64
             }
-            sequence::TensorEvent::Free { id } => -i64::from(*id) - 1,
+            sequence::TensorEvent::Free { id } => -order[id] - 1,
         })
         .collect();
-    Ok(serde_json::json!({
+    serde_json::json!({
         "format": "vramfit.profile/v1",
-        "microBatch": job.micro_batch,
-        "gradAccum": run.grad_accum,
+        "microBatch": micro_batch,
+        "gradAccum": grad_accum,
         "sizes": sizes,
         "events": coded,
-        "source": "vramfit predict --events-out (the analytic model's sequence)",
-    }))
+        "source": source,
+    })
 }
 
 fn predict_arch(

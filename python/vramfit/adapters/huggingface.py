@@ -8,7 +8,7 @@
     train(trainer)      # trainer.train() under the OOM exit protocol
 
 Under ``VRAMFIT_PHASE=profile`` the callback captures the Trainer's first
-two optimizer steps on the CPU (the automatic-profiling protocol,
+``vramfit.profile.STEPS`` optimizer steps on the CPU (the automatic-profiling protocol,
 docs/profile-format.md), reports the profile and ends the process;
 :func:`train` adds the callback when the Trainer has none.
 
@@ -53,8 +53,9 @@ class VramfitTrainerCallback(transformers.TrainerCallback):
     A Trainer built with other values would train another global batch than the
     TrainingJob says, and the controller's back-off would not reach it.
 
-    Under ``VRAMFIT_PHASE=profile`` it captures the Trainer's first two
-    optimizer steps (from ``on_train_begin`` to the second ``on_step_end``),
+    Under ``VRAMFIT_PHASE=profile`` it captures the Trainer's first
+    ``vramfit.profile.STEPS`` optimizer steps (from ``on_train_begin`` to that
+    ``on_step_end``),
     reports the profile and ends the process.
 
     After each optimizer step it reports progress (:func:`vramfit.progress`):
@@ -76,7 +77,7 @@ class VramfitTrainerCallback(transformers.TrainerCallback):
             self._profiling.start(model, [kwargs.get("optimizer")])
 
     def on_step_end(self, args: Any, state_: Any, control: Any, **kwargs: Any) -> None:
-        if self._profiling is not None and state_.global_step - self._first_step >= 2:
+        if self._profiling is not None and state_.global_step - self._first_step >= profile.STEPS:
             self._profiling.finish(args.per_device_train_batch_size, args.gradient_accumulation_steps)
         total = getattr(state_, "max_steps", 0) or 0
         report_progress(state_.global_step, total if total > 0 else None)

@@ -10,8 +10,8 @@ Restart path (automatic optimisation)::
 turns an OOM anywhere in ``fit`` into the exit protocol (exit 42), after which
 the controller starts the next attempt with half the micro-batch.
 
-Under ``VRAMFIT_PHASE=profile`` the callback captures the first two
-optimizer steps of ``fit`` on the CPU (the automatic-profiling protocol,
+Under ``VRAMFIT_PHASE=profile`` the callback captures the first
+``vramfit.profile.STEPS`` optimizer steps of ``fit`` on the CPU (the automatic-profiling protocol,
 docs/profile-format.md), reports the profile and ends the process.
 
 In-process (manual optimisation): Lightning's automatic loop draws one
@@ -75,7 +75,7 @@ class VramfitCallback(pl.Callback):
     def on_train_batch_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", outputs: Any,
                            batch: Any, batch_idx: int) -> None:
         report_progress(trainer.global_step, self._total_steps)
-        if self._profiling is None or trainer.global_step - self._first_step < 2:
+        if self._profiling is None or trainer.global_step - self._first_step < profile.STEPS:
             return
         current = self.attempt or state.attempt()
         try:
