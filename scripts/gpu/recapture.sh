@@ -6,7 +6,7 @@
 #
 #   scripts/gpu/recapture.sh OUT [SET...]
 #
-# SET names data/calibration/h200-SET.jsonl (all seven by default); each set
+# SET names data/calibration/h200-SET.jsonl (all eight by default); each set
 # is captured on two CPUs of its own, the sets side by side. OUT gets
 # recaptures.tgz (SET/NAME.profile.json) and recapture.log (each capture's
 # events, live peak and seconds, the host's peak memory per set).
@@ -15,7 +15,7 @@ out=${1:?usage: recapture.sh OUT [SET...]}
 shift
 sets=("$@")
 if ((${#sets[@]} == 0)); then
-  sets=(libraries libraries-validation families heldout fresh fresh2 fresh3)
+  sets=(libraries libraries-validation families heldout fresh fresh2 fresh3 fresh4)
 fi
 # shellcheck source=scripts/gpu/common.sh
 . "$(dirname "${BASH_SOURCE[0]}")/common.sh"
