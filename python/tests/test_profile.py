@@ -465,3 +465,38 @@ def test_an_auto_class_builds_the_model_its_configs_model_type_names() -> None:
     with pytest.raises(profile.CaptureError, match="model_type"):
         profile.capture("transformers:AutoModelForCausalLM", {"hidden_size": 64}, batch=b,
                         precision="fp32", optimizer="adamw", seq_len=seq)
+
+
+def transients(p: dict) -> list:
+    """Sizes of the allocations freed right after they are made."""
+    ev, sizes, out, count = p["events"], p["sizes"], [], 0
+    for here, after in zip(ev, ev[1:]):
+        if here >= 0:
+            if after == -count - 1:
+                out.append(sizes[here])
+            count += 1
+    return out
+
+
+def test_softmax_backward_and_the_safe_softmax_take_cudas_temporaries() -> None:
+    # CUDA's softmax backward multiplies the gradient by the output into a
+    # temporary of its size; the math attention's softmax (_safe_softmax)
+    # finds fully masked rows through a boolean of the scores' shape. The CPU
+    # kernels take neither; the capture adds both, each given back at once.
+    b, c = 8, 3000
+    model = torch.nn.Linear(32, c)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step(m: torch.nn.Module) -> None:
+        logits = m(torch.randn(b, 32))
+        p1 = torch.softmax(logits, -1)
+        p2 = torch.ops.aten._safe_softmax.default(logits, -1)
+        (p1[:, 0].sum() + p2[:, 1].sum()).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    p = profile.capture_step(model, step, micro_batch=b, optimizers=[optimizer])
+    seen = transients(p)
+    # each step: two softmax backwards' temporaries, one boolean
+    assert seen.count(b * c * 4) == 2 * profile.STEPS
+    assert seen.count(b * c) == profile.STEPS

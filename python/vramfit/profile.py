@@ -40,6 +40,10 @@ differently from a CUDA run, the capture does what CUDA does:
   CUDA's engine does for plain tensors; for fake tensors (a tensor subclass)
   the engine makes a new sum, which the capture turns back into the first
   gradient (``_accumulate_in_place``);
+- CUDA's softmax backward multiplies the gradient by the output into a
+  temporary first, and the math attention's ``_safe_softmax`` finds fully
+  masked rows through a boolean of the scores' shape: each is taken and given
+  back inside its call (``transient``);
 - a value the step reads from a tensor (``.item()``, ``bool()``), which fake
   tensors do not have, is the usual one: ``False``, 0.0 or 1.
 
@@ -125,6 +129,15 @@ class _Recorder:
         self._ids.pop(key, None)
         self.events.append(("f", index))
         self.live -= nbytes
+
+    def transient(self, nbytes: int) -> None:
+        """A buffer a CUDA kernel takes and gives back inside its call, which
+        the CPU kernel does not have."""
+        index = self.count
+        self.count += 1
+        self.events.append(("a", nbytes))
+        self.peak = max(self.peak, self.live + nbytes)
+        self.events.append(("f", index))
 
     def backward_sum(self, out: Any, first: Any) -> None:
         """``out`` is a sum made while autograd runs backward, ``first`` its
@@ -242,6 +255,17 @@ def _dispatch_mode(rec: _Recorder) -> Any:
             elif func is aten.sum.dim_IntList and len(args) >= 2:
                 record(out)
                 rec.column_sum(args[0], args[1])
+            elif func is aten._softmax_backward_data.default:
+                # CUDA's kernel multiplies the gradient by the output into a
+                # temporary first (the H200's recorded runs: the scores'
+                # gradient, then a buffer of its size taken and given back)
+                record(out)
+                rec.transient(args[0].numel() * args[0].element_size())
+            elif func is aten._safe_softmax.default:
+                # CUDA's softmax that zeroes fully masked rows finds them
+                # through a boolean of the input's shape (the math attention's)
+                record(out)
+                rec.transient(args[0].numel())
             else:
                 record(out)
                 if func is aten.add.Tensor and isinstance(out, FakeTensor) and _in_backward():
