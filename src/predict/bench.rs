@@ -5,7 +5,8 @@
 //! form) and `measured.nvmlPeakBytes` (the process's peak as NVML reports it).
 //! Lines whose model has no analytic description (`model.torchvision`, from
 //! scripts/gpu/calibrate_libraries.py) are predicted from a captured profile
-//! when one is given for the line's name, else skipped.
+//! when one is given for the line's name, else skipped; so are lines of a
+//! Hugging Face family the analytic path does not describe (with the reason).
 //!
 //! A line's `library` names the library that built the model
 //! (calibrate_libraries.py writes `transformers` or `torchvision`). A
@@ -61,7 +62,8 @@ pub struct ErrorStats {
 pub struct BenchReport {
     /// Per configuration.
     pub rows: Vec<BenchRow>,
-    /// Lines skipped (no measurement), with the reason.
+    /// Lines skipped (no measurement, no profile for a model that needs
+    /// one), with the reason.
     pub skipped: Vec<String>,
 }
 
@@ -143,8 +145,17 @@ pub fn bench_predict_with_profiles(
                 super::predict_reference_model(&job.model, &job.shape(), profile)
             } else {
                 predict_model(&job.model, &job.shape(), profile)
-            }
-            .map_err(|e| PredictError::Invalid(format!("{}: {e}", line.name)))?;
+            };
+            let p = match p {
+                Ok(p) => p,
+                // a model the analytic path does not describe has no
+                // prediction without its capture: reported, not fatal
+                Err(PredictError::Unsupported(why)) => {
+                    skipped.push(format!("{}: {why}", line.name));
+                    continue;
+                }
+                Err(e) => return Err(PredictError::Invalid(format!("{}: {e}", line.name))),
+            };
             (p, "model")
         };
         let measured = m.nvml_peak_bytes.max(1);
