@@ -3086,6 +3086,68 @@ fn the_fourth_fresh_set_stays_within_its_recorded_figures() {
 }
 
 #[test]
+fn the_gpu_machines_captures_of_every_measured_set_meet_the_goal() {
+    // Every transformers run of the eight measured sets, captured on the GPU
+    // machine's CPUs (its PyTorch 2.11 and transformers 5.17) with three
+    // steps and the tied sums and softmax temporaries CUDA makes: each set's
+    // median within 0.5 % and p90 within 6 %; one run under beyond 5 % (LLaMA
+    // amp eager, whose third step on the H200 took one more segment for its
+    // fp32 logits; the capture's replay does not).
+    let sets = [
+        (
+            include_str!("../../data/calibration/h200-libraries.jsonl"),
+            "libraries-h200",
+        ),
+        (
+            include_str!("../../data/calibration/h200-libraries-validation.jsonl"),
+            "libraries-validation-h200",
+        ),
+        (
+            include_str!("../../data/calibration/h200-families.jsonl"),
+            "families-h200",
+        ),
+        (
+            include_str!("../../data/calibration/h200-heldout.jsonl"),
+            "heldout-h200",
+        ),
+        (
+            include_str!("../../data/calibration/h200-fresh.jsonl"),
+            "fresh-h200",
+        ),
+        (
+            include_str!("../../data/calibration/h200-fresh2.jsonl"),
+            "fresh2-h200",
+        ),
+        (
+            include_str!("../../data/calibration/h200-fresh3.jsonl"),
+            "fresh3-h200",
+        ),
+        (
+            include_str!("../../data/calibration/h200-fresh4.jsonl"),
+            "fresh4-h200",
+        ),
+    ];
+    let mut under = Vec::new();
+    let mut count = 0;
+    for (measured, dir) in sets {
+        // (the library set's repeat of a run alone has no capture of its own)
+        let rows: Vec<BenchRow> = rows_from_captures(measured, dir)
+            .into_iter()
+            .filter(|r| r.name.starts_with("hf-") && r.source == "profile")
+            .collect();
+        count += rows.len();
+        let stats = error_stats(&rows, None);
+        assert!(
+            stats.median <= 0.005 && stats.p90 <= 0.06,
+            "{dir}: {stats:?}"
+        );
+        under.extend(stats.under_predictions);
+    }
+    assert_eq!(count, 167);
+    assert_eq!(under, ["hf-llamae4-s1024-b8-ampbf16-adamw-eager"]);
+}
+
+#[test]
 fn the_fifth_fresh_set_stays_within_its_recorded_figures() {
     // 21 runs on an H100 (its context and workspaces are the H200's),
     // analytic predictions recorded (data/calibration/fresh5-predictions.jsonl)
