@@ -299,13 +299,13 @@ def _unknown_value(rec: _Recorder, t: Any) -> Any:
     return 1
 
 
-# Libraries whose versions a profile records when the captured step imported them.
 # Optimizer steps a capture records: the first creates the optimizer's state,
 # the second is the steady state, and the H200's runs show the caching
 # allocator can still take a new segment in the third (a step's logits no
 # longer fitting the blocks the second left), so three.
 STEPS = 3
 
+# Libraries whose versions a profile records when the captured step imported them.
 MODELLING_LIBRARIES = ("transformers", "torchvision", "timm", "diffusers", "peft", "accelerate",
                        "lightning", "pytorch_lightning")
 

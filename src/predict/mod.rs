@@ -292,12 +292,15 @@ fn profile_document(
         .collect();
     sizes.sort_unstable();
     sizes.dedup();
+    // an id's position among the allocations (a freed id may be reused)
     let mut order = std::collections::HashMap::new();
+    let mut allocs = 0i64;
     let coded: Vec<i64> = events
         .iter()
         .map(|e| match e {
             sequence::TensorEvent::Alloc { id, bytes, .. } => {
-                order.insert(*id, order.len() as i64);
+                order.insert(*id, allocs);
+                allocs += 1;
                 sizes.binary_search(bytes).expect("a listed size") as i64
             }
             sequence::TensorEvent::Free { id } => -order[id] - 1,
