@@ -25,9 +25,21 @@ impl Gen<'_> {
             n1
         };
         saved.push(a_in);
+        self.weight_cast();
         let qkv = self.t.act(n * (h + 2 * kvd) * c);
-        saved.push(qkv);
-        if t.positional == PositionalKind::Rotary {
+        // q, k and v are views of the projection's output; the attention
+        // keeps whichever it reads as they are, and with them the output.
+        // With rotary positions and grouped heads it reads none: the
+        // rotated q, and k (rotated) and v expanded to every head (copies).
+        let rotary = t.positional == PositionalKind::Rotary;
+        let grouped = t.kv_heads < t.heads;
+        let mut dropped = Vec::new();
+        if rotary && grouped {
+            dropped.push(qkv);
+        } else {
+            saved.push(qkv);
+        }
+        if rotary {
             for width in [h, kvd] {
                 let t1 = self.t.act(n * width * c);
                 let t2 = self.t.act(n * width * c);
@@ -36,13 +48,18 @@ impl Gen<'_> {
                 for id in [t1, t2, t3] {
                     self.t.free(id);
                 }
-                saved.push(out);
+                if grouped && width == kvd {
+                    dropped.push(out);
+                } else {
+                    saved.push(out);
+                }
             }
         }
-        if t.kv_heads < t.heads {
+        if grouped {
             saved.push(self.t.act(n * h * c));
             saved.push(self.t.act(n * h * c));
         }
+        self.t.free_all(&mut dropped);
         let heads_s2 = self.run.micro_batch * t.heads * t.seq_len * t.seq_len;
         let y = match self.run.attention {
             Attention::Eager => {
@@ -73,6 +90,7 @@ impl Gen<'_> {
             }
         };
         saved.push(y);
+        self.weight_cast();
         let proj = self.t.act(n * h * c);
         let x1 = self.t.act(n * h * r);
         self.t.free(proj);
@@ -91,15 +109,21 @@ impl Gen<'_> {
         let f = t.ffn;
         match t.mlp {
             MlpKind::Gelu => {
+                self.weight_cast();
                 saved.push(self.t.act(n * f * c));
                 saved.push(self.t.act(n * f * c));
             }
             MlpKind::Swiglu => {
-                for _ in 0..4 {
+                // gate, its SiLU, up, the product
+                for i in 0..4 {
+                    if i % 2 == 0 {
+                        self.weight_cast();
+                    }
                     saved.push(self.t.act(n * f * c));
                 }
             }
         }
+        self.weight_cast();
         let down = self.t.act(n * h * c);
         let out = self.t.act(n * h * r);
         self.t.free(down);
@@ -107,6 +131,123 @@ impl Gen<'_> {
         let input = saved.remove(0);
         saved.push(input);
         (saved, out)
+    }
+
+    /// A checkpointed block's first forward, without autograd: each tensor
+    /// dies where the reference modules drop it (a call returns, a name is
+    /// rebound), as the H200's recorded runs show; autocast's casts of an
+    /// activation die with their matmul. Returns the output; the input stays
+    /// (the checkpoint holds it).
+    pub(super) fn block_forward_no_grad(&mut self, t: &TransformerArch, n: u64) -> u32 {
+        let (h, r, c) = (t.hidden, self.d.residual, self.d.compute);
+        let kvd = t.kv_dim();
+        // attention half: ln1's output is Attn's argument until it returns
+        let n1 = self.norm_no_grad(t, n * h * r);
+        let qkv = self.matmul_no_grad(n1, n * h, n * (h + 2 * kvd) * c);
+        let mut locals = vec![qkv];
+        if t.positional == PositionalKind::Rotary {
+            for width in [h, kvd] {
+                let tmp: Vec<u32> = (0..3).map(|_| self.t.act(n * width * c)).collect();
+                locals.push(self.t.act(n * width * c));
+                for id in tmp {
+                    self.t.free(id);
+                }
+            }
+        }
+        if t.kv_heads < t.heads {
+            // k and v expanded to every head
+            locals.push(self.t.act(n * h * c));
+            locals.push(self.t.act(n * h * c));
+        }
+        let heads_s2 = self.run.micro_batch * t.heads * t.seq_len * t.seq_len;
+        let y = match self.run.attention {
+            Attention::Eager => {
+                let s1 = self.t.act(heads_s2 * c);
+                let s2 = self.t.act(heads_s2 * c);
+                self.t.free(s1);
+                let s3 = if t.kind == TransformerKind::Decoder {
+                    let s3 = self.t.act(heads_s2 * c);
+                    self.t.free(s2);
+                    s3
+                } else {
+                    s2
+                };
+                // softmax (fp32 under autocast), kept in `att` until return
+                let p = self.t.act(heads_s2 * if self.d.amp { 4 } else { c });
+                self.t.free(s3);
+                locals.push(p);
+                let y = self.matmul_no_grad(p, heads_s2, n * h * c);
+                // the heads put back side by side: a copy
+                let o = self.t.act(n * h * c);
+                self.t.free(y);
+                o
+            }
+            Attention::Sdpa | Attention::Flash => {
+                let y = self.t.act(n * h * c);
+                let lse = self.t.act(self.run.micro_batch * t.heads * t.seq_len * 4);
+                self.t.free(lse);
+                y
+            }
+        };
+        self.weight_cast();
+        let proj = self.t.act(n * h * c);
+        locals.push(y);
+        locals.push(n1);
+        self.t.free_all(&mut locals);
+        let x1 = self.t.act(n * h * r);
+        self.t.free(proj);
+        // feed-forward half
+        let n2 = self.norm_no_grad(t, n * h * r);
+        let f = t.ffn;
+        let hidden = match t.mlp {
+            MlpKind::Gelu => {
+                let up = self.matmul_no_grad(n2, n * h, n * f * c);
+                let g = self.t.act(n * f * c);
+                self.t.free(up);
+                g
+            }
+            MlpKind::Swiglu => {
+                let gate = self.matmul_no_grad(n2, n * h, n * f * c);
+                let silu = self.t.act(n * f * c);
+                self.t.free(gate);
+                let up = self.matmul_no_grad(n2, n * h, n * f * c);
+                let prod = self.t.act(n * f * c);
+                self.t.free(silu);
+                self.t.free(up);
+                prod
+            }
+        };
+        let down = self.matmul_no_grad(hidden, n * f, n * h * c);
+        self.t.free(hidden);
+        self.t.free(n2);
+        let out = self.t.act(n * h * r);
+        self.t.free(down);
+        self.t.free(x1);
+        out
+    }
+
+    /// A norm without autograd: its output; its statistics die at once.
+    fn norm_no_grad(&mut self, t: &TransformerArch, bytes: u64) -> u32 {
+        let stats = if t.norm == NormKind::Layernorm { 2 } else { 1 };
+        let rows = bytes / t.hidden / self.d.residual;
+        let out = self.t.act(bytes);
+        let s = self.t.act(rows * 4 * stats);
+        self.t.free(s);
+        out
+    }
+
+    /// A matmul without autograd reading `input` (`elems` elements): the
+    /// weight's cast (if pending), under autocast the input's cast in the
+    /// compute width when it is wider (dying with the matmul), the output.
+    fn matmul_no_grad(&mut self, input: u32, elems: u64, out_bytes: u64) -> u32 {
+        self.weight_cast();
+        let c = self.d.compute;
+        let cast = (self.d.amp && self.t.bytes(input) > elems * c).then(|| self.t.act(elems * c));
+        let out = self.t.act(out_bytes);
+        if let Some(cast) = cast {
+            self.t.free(cast);
+        }
+        out
     }
 
     /// Backward of one block: frees saved tensors as autograd releases them and
@@ -138,13 +279,23 @@ impl Gen<'_> {
         self.t.free(m_in);
         let stats = saved.pop().expect("norm stats");
         self.t.free(stats);
+        // A pre-norm decoder adds the norm's input gradient into the
+        // residual's in place: autograd's buffer for it is `g` itself (the
+        // sum passes its gradient on), one tensor through the whole
+        // backward. A post-norm encoder's sums feed its norms: new tensors.
+        let in_place = t.kind == TransformerKind::Decoder;
         let g_x1 = self.t.act(n * h * r);
         self.t.free(g_n2);
         let x1 = saved.pop().expect("residual");
         self.t.free(x1);
-        let g_sum = self.t.act(n * h * r);
+        let g_sum = if in_place {
+            g
+        } else {
+            let g_sum = self.t.act(n * h * r);
+            self.t.free(g);
+            g_sum
+        };
         self.t.free(g_x1);
-        self.t.free(g);
         // attention half
         let y = saved.pop().expect("attention output");
         let g_y = self.t.act(n * h * c);
@@ -166,33 +317,48 @@ impl Gen<'_> {
             self.t.free(acc);
         }
         self.t.free(g_y);
-        // pop everything down to the qkv projection output
-        let keep_from_rope = usize::from(t.positional == PositionalKind::Rotary) * 2;
+        // pop everything down to the qkv projection output (see the forward
+        // for what is kept)
+        let rotary = t.positional == PositionalKind::Rotary;
+        let grouped = t.kv_heads < t.heads;
+        let qkv_kept = !(rotary && grouped);
+        let keep_from_rope = match (rotary, grouped) {
+            (false, _) => 0,
+            (true, false) => 2,
+            (true, true) => 1,
+        };
         let eager_extra = if self.run.attention == Attention::Eager {
             1 + usize::from(self.d.amp)
         } else {
             1
         };
-        let gqa = if t.kv_heads < t.heads { 2 } else { 0 };
+        let gqa = if grouped { 2 } else { 0 };
         for _ in 0..(eager_extra + gqa + keep_from_rope) {
             let s = saved.pop().expect("attention saved");
             self.t.free(s);
         }
         let g_qkv = self.t.act(n * (h + 2 * kvd) * c);
         self.t.free_all(&mut grads);
-        let qkv = saved.pop().expect("qkv");
+        let qkv = qkv_kept.then(|| saved.pop().expect("qkv"));
         let g_n1 = self.t.act(n * h * c);
         self.t.free(g_qkv);
-        self.t.free(qkv);
+        if let Some(qkv) = qkv {
+            self.t.free(qkv);
+        }
         let a_in = saved.pop().expect("attention input");
         self.t.free(a_in);
         let stats = saved.pop().expect("norm stats");
         self.t.free(stats);
         let g_x = self.t.act(n * h * r);
         self.t.free(g_n1);
-        let g_in = self.t.act(n * h * r);
+        let g_in = if in_place {
+            g_sum
+        } else {
+            let g_in = self.t.act(n * h * r);
+            self.t.free(g_sum);
+            g_in
+        };
         self.t.free(g_x);
-        self.t.free(g_sum);
         saved.push(input);
         g_in
     }

@@ -366,27 +366,54 @@ impl<'a> Gen<'a> {
     }
 
     fn build(&mut self) {
+        // The repository's reference modules (scripts/gpu/calibrate_predictor.py,
+        // and calibrate_zero.py without FSDP, which makes them on the meta
+        // device) are made on the GPU in fp32 and then converted with
+        // `model.to(dtype)`: each tensor's copy is made before its fp32
+        // original goes.
+        let reference = match self.arch {
+            Arch::Transformer(t) => t.library.is_none().then_some(t),
+            Arch::Mlp { .. } => None,
+        };
+        let made_on_gpu = self.run.zero_stage <= 1
+            && (reference.is_some() || matches!(self.arch, Arch::Mlp { .. }));
+        let made_in_fp32 = made_on_gpu && self.d.weight < 4;
+        let made = if made_in_fp32 { 4 } else { self.d.weight };
         for i in 0..self.params.len() {
             // FSDP (stages 2 and 3) keeps only this GPU's shard.
             let n = self.shard(self.params[i].numel(), 2);
-            let id = self.t.alloc(n * self.d.weight, Category::Parameters);
+            let id = self.t.alloc(n * made, Category::Parameters);
             self.param_ids.push(id);
         }
-        self.ddp_buckets();
-        if let Arch::Transformer(t) = self.arch
-            && t.library.is_none()
-        {
+        let mut buffers = Vec::new();
+        if let Some(t) = reference {
+            if t.tied && made_on_gpu {
+                // nn.Linear makes the head's own weight before the tie replaces it
+                let own = self.t.alloc(t.vocab * t.hidden * 4, Category::Parameters);
+                self.t.free(own);
+            }
             if t.positional == PositionalKind::Rotary {
                 // cos and sin tables (seq x head_dim), fp32 or the pure dtype
                 for _ in 0..2 {
-                    self.t
-                        .alloc(t.seq_len * t.head_dim * self.d.weight, Category::Parameters);
+                    buffers.push(
+                        self.t
+                            .alloc(t.seq_len * t.head_dim * made, Category::Parameters),
+                    );
                 }
             }
             if self.run.attention == Attention::Eager && t.kind == TransformerKind::Decoder {
                 self.t.alloc(t.seq_len * t.seq_len, Category::Activations);
             }
         }
+        if made_in_fp32 {
+            for id in self.param_ids.iter_mut().chain(buffers.iter_mut()) {
+                let bytes = self.t.bytes(*id) / 4 * self.d.weight;
+                let copy = self.t.alloc(bytes, Category::Parameters);
+                self.t.free(*id);
+                *id = copy;
+            }
+        }
+        self.ddp_buckets();
         if self.run.optimizer == Optimizer::Adagrad {
             // Adagrad creates its sums in the constructor.
             self.create_state();
