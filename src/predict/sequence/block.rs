@@ -144,21 +144,38 @@ impl Gen<'_> {
         // attention half: ln1's output is Attn's argument until it returns
         let n1 = self.norm_no_grad(t, n * h * r);
         let qkv = self.matmul_no_grad(n1, n * h, n * (h + 2 * kvd) * c);
-        let mut locals = vec![qkv];
-        if t.positional == PositionalKind::Rotary {
+        // as with autograd (`block_forward`): with rotary positions and
+        // grouped heads the names rebound to the expanded k and v let go of
+        // the projection's output and the rotated k
+        let rotary = t.positional == PositionalKind::Rotary;
+        let grouped = t.kv_heads < t.heads;
+        let mut locals = Vec::new();
+        let mut dropped = Vec::new();
+        if rotary && grouped {
+            dropped.push(qkv);
+        } else {
+            locals.push(qkv);
+        }
+        if rotary {
             for width in [h, kvd] {
                 let tmp: Vec<u32> = (0..3).map(|_| self.t.act(n * width * c)).collect();
-                locals.push(self.t.act(n * width * c));
+                let out = self.t.act(n * width * c);
+                if grouped && width == kvd {
+                    dropped.push(out);
+                } else {
+                    locals.push(out);
+                }
                 for id in tmp {
                     self.t.free(id);
                 }
             }
         }
-        if t.kv_heads < t.heads {
+        if grouped {
             // k and v expanded to every head
             locals.push(self.t.act(n * h * c));
             locals.push(self.t.act(n * h * c));
         }
+        self.t.free_all(&mut dropped);
         let heads_s2 = self.run.micro_batch * t.heads * t.seq_len * t.seq_len;
         let y = match self.run.attention {
             Attention::Eager => {

@@ -2175,3 +2175,36 @@ fn eager_scores_get_the_mask_each_family_builds() {
         assert_eq!(score_mask(&family(model_type, extra)), want, "{model_type}");
     }
 }
+
+#[test]
+fn a_library_model_is_made_in_its_own_dtype() {
+    // transformers makes the weights in the dtype it is asked for: no fp32
+    // original to convert (the repository's reference modules have one).
+    let evs = events(
+        &config("llama", serde_json::json!({})),
+        &run(Precision::Bf16, Attention::Sdpa),
+    );
+    let made: Vec<&TensorEvent> = evs
+        .iter()
+        .take_while(|e| {
+            matches!(
+                e,
+                TensorEvent::Alloc {
+                    category: Category::Parameters,
+                    ..
+                }
+            )
+        })
+        .collect();
+    assert!(!made.is_empty());
+    assert!(
+        !evs[..made.len() + 1]
+            .iter()
+            .any(|e| matches!(e, TensorEvent::Free { .. })),
+        "nothing converted"
+    );
+    assert!(
+        made.iter()
+            .any(|e| matches!(e, TensorEvent::Alloc { bytes, .. } if *bytes == V * H * 2))
+    );
+}

@@ -373,6 +373,36 @@ fn building_the_model_allocates_its_weights_and_the_rotary_tables() {
 }
 
 #[test]
+fn fsdps_reference_modules_are_made_on_the_meta_device_in_their_dtype() {
+    // calibrate_zero.py makes them on the meta device for stages 2 and 3:
+    // no fp32 originals, no head weight before the tie.
+    for zero_stage in [2, 3] {
+        let mut r = run(Precision::Bf16);
+        (r.zero_stage, r.gpus) = (zero_stage, 2);
+        let (evs, _) = events_of(&model(serde_json::json!({})), &r);
+        let first_free = evs
+            .iter()
+            .position(|e| matches!(e, TensorEvent::Free { .. }))
+            .unwrap();
+        let built: Vec<u64> = evs[..first_free]
+            .iter()
+            .filter_map(|e| match e {
+                TensorEvent::Alloc {
+                    bytes,
+                    category: Category::Parameters,
+                    ..
+                } => Some(*bytes),
+                _ => None,
+            })
+            .collect();
+        assert!(
+            !built.contains(&(V * H * 4)),
+            "stage {zero_stage}: {built:?}"
+        );
+    }
+}
+
+#[test]
 fn a_tied_heads_own_weight_is_made_and_freed_before_the_tie() {
     // nn.Linear makes the head's weight, then the tie replaces it.
     for (tied, want) in [(true, vec![V * H * 4]), (false, vec![])] {
@@ -502,6 +532,138 @@ fn a_checkpointed_forward_keeps_autocasts_casts_until_the_loss() {
         let apart = casts.windows(2).all(|w| w[1].0 > w[0].0 + 1);
         assert_eq!(apart, ckpt, "ckpt {ckpt}: {casts:?}");
     }
+}
+
+/// A one-block model's checkpointed forward in fp32 as `+bytes` (an
+/// activation made) and `-bytes` (one freed), from the block's first norm
+/// to the logits (not included), the head's final norm's output last.
+fn checkpointed_forward(extra: serde_json::Value, attention: Attention) -> String {
+    checkpointed_forward_in(extra, attention, Precision::Fp32)
+}
+
+/// [`checkpointed_forward`] in `precision`.
+fn checkpointed_forward_in(
+    extra: serde_json::Value,
+    attention: Attention,
+    precision: Precision,
+) -> String {
+    let mut spec = serde_json::json!({"layers": 1, "tiedEmbeddings": false});
+    spec.as_object_mut()
+        .unwrap()
+        .extend(extra.as_object().unwrap().clone());
+    let m = model(spec);
+    let mut r = run(precision);
+    r.checkpointing = true;
+    r.attention = attention;
+    let (evs, _) = events_of(&m, &r);
+    let logits = N * V * if precision == Precision::Fp32 { 4 } else { 2 };
+    // the ids, the targets and the embeddings (plus the learned positions' sum)
+    let learned = m.transformer.as_ref().unwrap().positional == crate::api::PositionalKind::Learned;
+    let skip = 3 + usize::from(learned);
+    let mut bytes = std::collections::HashMap::new();
+    let mut words = Vec::new();
+    let mut acts = 0;
+    for e in &evs[build_events(&evs).len()..] {
+        match *e {
+            TensorEvent::Alloc { bytes: b, .. } if b == logits => break,
+            TensorEvent::Alloc {
+                id,
+                bytes: b,
+                category: Category::Activations,
+                ..
+            } => {
+                acts += 1;
+                if acts > skip {
+                    bytes.insert(id, b);
+                    words.push(format!("+{b}"));
+                }
+            }
+            TensorEvent::Free { id } => {
+                if let Some(b) = bytes.get(&id) {
+                    words.push(format!("-{b}"));
+                }
+            }
+            TensorEvent::Alloc { .. } => {}
+        }
+    }
+    words.join(" ")
+}
+
+#[test]
+fn a_checkpointed_blocks_first_forward_keeps_nothing_but_its_input() {
+    // Without autograd each tensor dies where the reference module drops
+    // it: a norm's statistics at once, an input's cast after its matmul,
+    // the attention's locals and the first norm's output when Attn
+    // returns, the projection after the residual sum, the MLP's first
+    // product after its activation, the sum when the block returns; then
+    // the head's final norm (with autograd: its statistics kept).
+    let (nh, nf, lse) = (N * H * 4, N * 4 * H * 4, MICRO * HEADS * SEQ * 4);
+    let gpt = format!(
+        "+{nh} +{s2} -{s2} +{qkv} +{nh} +{lse} -{lse} +{nh} -{qkv} -{nh} -{nh} +{nh} -{nh} \
+         +{nh} +{s2} -{s2} +{nf} +{nf} -{nf} +{nh} -{nf} -{nh} +{nh} -{nh} -{nh} \
+         +{s2} +{nh}",
+        s2 = N * 8,
+        qkv = N * 3 * H * 4,
+    );
+    let gpt: Vec<&str> = gpt.split_whitespace().collect();
+    assert_eq!(
+        checkpointed_forward(serde_json::json!({}), Attention::Sdpa),
+        gpt.join(" ")
+    );
+    // LLaMA-style: one statistic, rotary on q and k (three temporaries and
+    // the result each), k and v expanded to every head (the projection's
+    // output and the rotated k then let go), SwiGLU.
+    let kvd = H / HEADS;
+    let (f, kv) = (N * 4 * H * 4, N * kvd * 4);
+    let llama = format!(
+        "+{nh} +{n4} -{n4} +{qkv} +{nh} +{nh} +{nh} +{nh} -{nh} -{nh} -{nh} \
+         +{kv} +{kv} +{kv} +{kv} -{kv} -{kv} -{kv} +{nh} +{nh} -{qkv} -{kv} +{nh} +{lse} -{lse} +{nh} \
+         -{nh} -{nh} -{nh} -{nh} -{nh} +{nh} -{nh} \
+         +{nh} +{n4} -{n4} +{f} +{f} -{f} +{f} +{f} -{f} -{f} +{nh} -{f} -{nh} +{nh} -{nh} -{nh} \
+         +{n8} +{nh}",
+        n4 = N * 4,
+        n8 = N * 8,
+        qkv = N * (H + 2 * kvd) * 4,
+    );
+    let llama: Vec<&str> = llama.split_whitespace().collect();
+    assert_eq!(
+        checkpointed_forward(
+            serde_json::json!({"positional": "rotary", "norm": "rmsnorm", "mlp": "swiglu",
+                "kvHeads": 1, "ffn": 4 * H}),
+            Attention::Sdpa
+        ),
+        llama.join(" ")
+    );
+    // Eager in a decoder: the scores, scaled, masked and softmaxed (kept in
+    // `att` until Attn returns), the product and the heads' merged copy.
+    let s = S2 * 4;
+    let eager = format!(
+        "+{nh} +{s2} -{s2} +{qkv} +{s} +{s} -{s} +{s} -{s} +{s} -{s} +{nh} +{nh} -{nh} +{nh} \
+         -{qkv} -{s} -{nh} -{nh} +{nh} -{nh}",
+        s2 = N * 8,
+        qkv = N * 3 * H * 4,
+    );
+    let got = checkpointed_forward(serde_json::json!({}), Attention::Eager);
+    assert!(
+        got.starts_with(&eager.split_whitespace().collect::<Vec<_>>().join(" ")),
+        "{got}"
+    );
+    // Under autocast a matmul's fp32 input is cast for it and the cast dies
+    // with it; the MLP's products stay bf16, so the down projection's input
+    // needs none.
+    let amp = format!(
+        "+{nh} +{s2} -{s2} +{ch} +{qkv} -{ch} +{ch} +{lse} -{lse} +{ch} -{qkv} -{ch} -{nh} \
+         +{nh} -{ch} +{nh} +{s2} -{s2} +{ch} +{f2} -{ch} +{f2} -{f2} +{ch} -{f2} -{nh} +{nh} -{ch} -{nh}",
+        s2 = N * 8,
+        ch = N * H * 2,
+        qkv = N * 3 * H * 2,
+        f2 = N * 4 * H * 2,
+    );
+    let got = checkpointed_forward_in(serde_json::json!({}), Attention::Sdpa, Precision::AmpBf16);
+    assert!(
+        got.starts_with(&amp.split_whitespace().collect::<Vec<_>>().join(" ")),
+        "{got}"
+    );
 }
 
 #[test]
