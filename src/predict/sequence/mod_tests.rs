@@ -257,6 +257,10 @@ fn a_decoders_residual_gradient_is_one_tensor_through_the_backward() {
         freed_at(&evs, residual) < qkv_grad,
         "the encoder's lives on"
     );
+    // and its head has no final norm whose backward makes a new tensor:
+    // the head's input gradient and the residual's only
+    let between = sizes(&evs[loss..first_ffn_grad], Category::Activations);
+    assert_eq!(count(&between, N * H * 4), 2, "{between:?}");
 }
 
 #[test]
