@@ -638,6 +638,19 @@ fn a_checkpointed_blocks_first_forward_keeps_nothing_but_its_input() {
         ),
         llama.join(" ")
     );
+    // Rotary positions without grouped heads: v is a view of the
+    // projection's output, read by the attention, so it stays until Attn
+    // returns.
+    let words = checkpointed_forward(
+        serde_json::json!({"positional": "rotary", "norm": "rmsnorm"}),
+        Attention::Sdpa,
+    );
+    let words: Vec<&str> = words.split_whitespace().collect();
+    let at = |w: String| words.iter().position(|x| *x == w).unwrap();
+    assert!(
+        at(format!("-{}", N * 3 * H * 4)) > at(format!("+{lse}")),
+        "{words:?}"
+    );
     // Eager in a decoder: the scores, scaled, masked and softmaxed (kept in
     // `att` until Attn returns), the product and the heads' merged copy.
     let s = S2 * 4;
@@ -667,6 +680,45 @@ fn a_checkpointed_blocks_first_forward_keeps_nothing_but_its_input() {
     assert!(
         got.starts_with(&amp.split_whitespace().collect::<Vec<_>>().join(" ")),
         "{got}"
+    );
+}
+
+#[test]
+fn the_recomputation_casts_each_weight_at_its_matmul() {
+    // Backward recomputes a checkpointed block with autocast on: each
+    // weight's cast is made at its matmul, the gate's before the gate's
+    // output, the up projection's after the SiLU.
+    let f = 4 * H;
+    let m = model(serde_json::json!({"layers": 1, "mlp": "swiglu", "ffn": f}));
+    let mut r = run(Precision::AmpBf16);
+    r.checkpointing = true;
+    let (evs, _) = events_of(&m, &r);
+    let loss = next_alloc(&evs, 0, 512);
+    let words: Vec<String> = evs[loss..]
+        .iter()
+        .filter_map(|e| match e {
+            TensorEvent::Alloc {
+                bytes,
+                category: Category::Parameters,
+                ..
+            } => Some(format!("P{bytes}")),
+            TensorEvent::Alloc {
+                bytes,
+                category: Category::Activations,
+                ..
+            } => Some(format!("A{bytes}")),
+            _ => None,
+        })
+        .collect();
+    let gate = words
+        .iter()
+        .position(|w| *w == format!("P{}", f * H * 2))
+        .expect("the gate's cast");
+    let (cast, act) = (format!("P{}", f * H * 2), format!("A{}", N * f * 2));
+    assert_ne!(words[gate - 1], act, "the gate's output after its cast");
+    assert_eq!(
+        words[gate..gate + 5],
+        [cast.clone(), act.clone(), act.clone(), cast, act]
     );
 }
 
