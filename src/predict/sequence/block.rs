@@ -29,52 +29,12 @@ impl Gen<'_> {
         let qkv = self.t.act(n * (h + 2 * kvd) * c);
         // q, k and v are views of the projection's output; the attention
         // keeps whichever it reads as they are, and with them the output.
-        // With rotary positions and grouped heads it reads none: the
-        // rotated q, and k (rotated) and v expanded to every head (copies).
-        let rotary = t.positional == PositionalKind::Rotary;
-        let grouped = t.kv_heads < t.heads;
-        let mut dropped = Vec::new();
-        if rotary && grouped {
-            dropped.push(qkv);
-        } else {
-            saved.push(qkv);
-        }
-        if rotary {
-            for width in [h, kvd] {
-                let t1 = self.t.act(n * width * c);
-                let t2 = self.t.act(n * width * c);
-                let t3 = self.t.act(n * width * c);
-                let out = self.t.act(n * width * c);
-                for id in [t1, t2, t3] {
-                    self.t.free(id);
-                }
-                if grouped && width == kvd {
-                    dropped.push(out);
-                } else {
-                    saved.push(out);
-                }
-            }
-        }
-        if grouped {
-            saved.push(self.t.act(n * h * c));
-            saved.push(self.t.act(n * h * c));
-        }
-        self.t.free_all(&mut dropped);
+        let kept = self.attention_inputs(t, n, qkv);
+        saved.extend(kept);
         let heads_s2 = self.run.micro_batch * t.heads * t.seq_len * t.seq_len;
         let y = match self.run.attention {
             Attention::Eager => {
-                let s1 = self.t.act(heads_s2 * c);
-                let s2 = self.t.act(heads_s2 * c);
-                self.t.free(s1);
-                let s3 = if t.kind == TransformerKind::Decoder {
-                    let s3 = self.t.act(heads_s2 * c);
-                    self.t.free(s2);
-                    s3
-                } else {
-                    s2
-                };
-                let p = self.t.act(heads_s2 * if self.d.amp { 4 } else { c });
-                self.t.free(s3);
+                let p = self.eager_softmax(t, heads_s2);
                 saved.push(p);
                 if self.d.amp {
                     saved.push(self.t.act(heads_s2 * c));
@@ -144,54 +104,13 @@ impl Gen<'_> {
         // attention half: ln1's output is Attn's argument until it returns
         let n1 = self.norm_no_grad(t, n * h * r);
         let qkv = self.matmul_no_grad(n1, n * h, n * (h + 2 * kvd) * c);
-        // as with autograd (`block_forward`): with rotary positions and
-        // grouped heads the names rebound to the expanded k and v let go of
-        // the projection's output and the rotated k
-        let rotary = t.positional == PositionalKind::Rotary;
-        let grouped = t.kv_heads < t.heads;
-        let mut locals = Vec::new();
-        let mut dropped = Vec::new();
-        if rotary && grouped {
-            dropped.push(qkv);
-        } else {
-            locals.push(qkv);
-        }
-        if rotary {
-            for width in [h, kvd] {
-                let tmp: Vec<u32> = (0..3).map(|_| self.t.act(n * width * c)).collect();
-                let out = self.t.act(n * width * c);
-                if grouped && width == kvd {
-                    dropped.push(out);
-                } else {
-                    locals.push(out);
-                }
-                for id in tmp {
-                    self.t.free(id);
-                }
-            }
-        }
-        if grouped {
-            // k and v expanded to every head
-            locals.push(self.t.act(n * h * c));
-            locals.push(self.t.act(n * h * c));
-        }
-        self.t.free_all(&mut dropped);
+        // what the attention reads stays until Attn returns
+        let mut locals = self.attention_inputs(t, n, qkv);
         let heads_s2 = self.run.micro_batch * t.heads * t.seq_len * t.seq_len;
         let y = match self.run.attention {
             Attention::Eager => {
-                let s1 = self.t.act(heads_s2 * c);
-                let s2 = self.t.act(heads_s2 * c);
-                self.t.free(s1);
-                let s3 = if t.kind == TransformerKind::Decoder {
-                    let s3 = self.t.act(heads_s2 * c);
-                    self.t.free(s2);
-                    s3
-                } else {
-                    s2
-                };
-                // softmax (fp32 under autocast), kept in `att` until return
-                let p = self.t.act(heads_s2 * if self.d.amp { 4 } else { c });
-                self.t.free(s3);
+                // the softmax, kept in `att` until return
+                let p = self.eager_softmax(t, heads_s2);
                 locals.push(p);
                 let y = self.matmul_no_grad(p, heads_s2, n * h * c);
                 // the heads put back side by side: a copy
@@ -241,6 +160,67 @@ impl Gen<'_> {
         self.t.free(down);
         self.t.free(x1);
         out
+    }
+
+    /// The attention's inputs from the qkv projection's output `qkv`: q and
+    /// k rotated (three temporaries and the result each) with rotary
+    /// positions, k and v expanded to every head (copies) with grouped
+    /// heads. Returns what the attention reads and so keeps: q, k and v are
+    /// views of `qkv`, which stays with them, except with rotary positions
+    /// and grouped heads, where the names rebound to the copies let go of it
+    /// and of the rotated k (freed here).
+    fn attention_inputs(&mut self, t: &TransformerArch, n: u64, qkv: u32) -> Vec<u32> {
+        let (h, c) = (t.hidden, self.d.compute);
+        let kvd = t.kv_dim();
+        let rotary = t.positional == PositionalKind::Rotary;
+        let grouped = t.kv_heads < t.heads;
+        let mut kept = Vec::new();
+        let mut dropped = Vec::new();
+        if rotary && grouped {
+            dropped.push(qkv);
+        } else {
+            kept.push(qkv);
+        }
+        if rotary {
+            for width in [h, kvd] {
+                let tmp: Vec<u32> = (0..3).map(|_| self.t.act(n * width * c)).collect();
+                let out = self.t.act(n * width * c);
+                for id in tmp {
+                    self.t.free(id);
+                }
+                if grouped && width == kvd {
+                    dropped.push(out);
+                } else {
+                    kept.push(out);
+                }
+            }
+        }
+        if grouped {
+            kept.push(self.t.act(n * h * c));
+            kept.push(self.t.act(n * h * c));
+        }
+        self.t.free_all(&mut dropped);
+        kept
+    }
+
+    /// Eager attention's scores (`heads_s2` elements): q k^T, scaled,
+    /// masked in a decoder, then the softmax (fp32 under autocast),
+    /// returned; each intermediate dies at the next.
+    fn eager_softmax(&mut self, t: &TransformerArch, heads_s2: u64) -> u32 {
+        let c = self.d.compute;
+        let s1 = self.t.act(heads_s2 * c);
+        let s2 = self.t.act(heads_s2 * c);
+        self.t.free(s1);
+        let s3 = if t.kind == TransformerKind::Decoder {
+            let s3 = self.t.act(heads_s2 * c);
+            self.t.free(s2);
+            s3
+        } else {
+            s2
+        };
+        let p = self.t.act(heads_s2 * if self.d.amp { 4 } else { c });
+        self.t.free(s3);
+        p
     }
 
     /// A norm without autograd: its output; its statistics die at once.

@@ -636,4 +636,4 @@ impl<'a> Gen<'a> {
 mod hf_tests;
 #[cfg(test)]
 #[path = "mod_tests.rs"]
-mod tests;
+pub(super) mod tests;

@@ -434,6 +434,43 @@ fn a_tied_heads_own_weight_is_made_and_freed_before_the_tie() {
     }
 }
 
+/// Where the sequence's cuBLAS workspaces are made (event indices).
+pub(in crate::predict) fn workspaces_at(evs: &[TensorEvent]) -> Vec<usize> {
+    evs.iter()
+        .enumerate()
+        .filter(|(_, e)| {
+            matches!(
+                e,
+                TensorEvent::Alloc {
+                    category: Category::Workspace,
+                    ..
+                }
+            )
+        })
+        .map(|(i, _)| i)
+        .collect()
+}
+
+/// The tensors of `bytes` bytes still alive after `evs`.
+pub(in crate::predict) fn alive_of_size(
+    evs: &[TensorEvent],
+    bytes: u64,
+) -> std::collections::HashSet<u32> {
+    let mut alive = std::collections::HashSet::new();
+    for e in evs {
+        match *e {
+            TensorEvent::Alloc { id, bytes: b, .. } if b == bytes => {
+                alive.insert(id);
+            }
+            TensorEvent::Free { id } => {
+                alive.remove(&id);
+            }
+            TensorEvent::Alloc { .. } => {}
+        }
+    }
+    alive
+}
+
 #[test]
 fn the_backward_threads_workspace_comes_after_the_losss_blocks_are_freed() {
     // cuBLAS makes it at the head's matmul, the backward's first: after the
@@ -444,39 +481,16 @@ fn the_backward_threads_workspace_comes_after_the_losss_blocks_are_freed() {
         let mut with = run(precision);
         with.cublas_workspace = 1 << 20;
         let (evs, _) = events_of(&model(serde_json::json!({})), &with);
-        let at = evs
-            .iter()
-            .enumerate()
-            .filter(|(_, e)| {
-                matches!(
-                    e,
-                    TensorEvent::Alloc {
-                        category: Category::Workspace,
-                        ..
-                    }
-                )
-            })
-            .map(|(i, _)| i)
-            .nth(1)
-            .expect("the backward's");
+        let workspaces = workspaces_at(&evs);
+        assert_eq!(workspaces.len(), 2, "forward's and backward's");
+        let at = workspaces[1];
         let c = if precision == Precision::Fp32 { 4 } else { 2 };
         assert!(
             matches!(evs[at + 1], TensorEvent::Alloc { bytes, .. } if bytes == N * H * c),
             "{precision:?}: right before the head's input gradient: {:?}",
             evs[at + 1]
         );
-        let mut alive = std::collections::HashSet::new();
-        for e in &evs[..at] {
-            match *e {
-                TensorEvent::Alloc { id, bytes, .. } if bytes == N * V * 4 => {
-                    alive.insert(id);
-                }
-                TensorEvent::Free { id } => {
-                    alive.remove(&id);
-                }
-                TensorEvent::Alloc { .. } => {}
-            }
-        }
+        let alive = alive_of_size(&evs[..at], N * V * 4);
         // the matmul's own grad_output only (fp32 without autocast)
         let held = usize::from(precision == Precision::Fp32);
         assert_eq!(
