@@ -642,6 +642,51 @@ FRESH5 = [
     tv("mobilenet_v2", 192, "amp-bf16", "adamw"),
 ]
 
+# A sixth fresh set (`--set fresh6`), written after the reference modules'
+# sequence followed their recorded histories (2026-12-05); its analytic
+# predictions are committed before it runs. Configs as users paste them: most
+# set a few keys and leave the rest to the library's defaults (Mistral's,
+# Phi-3's, BERT's and ViT's full widths), and torchvision at other sizes.
+FRESH6 = [
+    hf("llamau6", "llama", dict(num_hidden_layers=8, hidden_size=2048, num_attention_heads=16,
+                                intermediate_size=5504), 1024, 4, "bf16", "adamw"),
+    hf("gpt2u6", "gpt2", dict(n_layer=8), 1024, 8, "amp-bf16", "adamw", ckpt=True),
+    hf("mistralu6", "mistral", dict(num_hidden_layers=3), 2048, 2, "bf16", "adamw"),
+    hf("qwen2u6", "qwen2", dict(num_hidden_layers=4, hidden_size=1024, num_attention_heads=16,
+                                num_key_value_heads=2, intermediate_size=2816), 2048, 4,
+       "amp-bf16", "adamw"),
+    hf("bertu6", "bert", dict(), 512, 16, "amp-bf16", "adamw"),
+    hf("gemma2u6", "gemma2", dict(num_hidden_layers=4, hidden_size=1152, num_attention_heads=4,
+                                  num_key_value_heads=2, head_dim=256, intermediate_size=6912),
+       1024, 4, "bf16", "adamw", "eager"),
+    hf("phi3u6", "phi3", dict(num_hidden_layers=4), 1024, 4, "bf16", "adamw"),
+    hf("neoxu6", "gpt_neox", dict(num_hidden_layers=6, hidden_size=1024, num_attention_heads=16,
+                                  intermediate_size=4096), 1024, 8, "amp-bf16", "adamw"),
+    hf("optu6", "opt", dict(num_hidden_layers=6, hidden_size=1024, num_attention_heads=16,
+                            ffn_dim=4096), 1024, 8, "amp-bf16", "adamw"),
+    hf("robertau6", "roberta", dict(num_hidden_layers=6), 512, 16, "fp32", "adamw"),
+    hf("debertau6", "deberta-v2", dict(num_hidden_layers=4, hidden_size=768,
+                                       num_attention_heads=12, intermediate_size=3072), 512, 8,
+       "bf16", "adamw", "eager"),
+    hf("t5u6", "t5", dict(d_model=512, num_layers=4, num_heads=8, d_kv=64, d_ff=2048,
+                          decoder_start_token_id=0), 512, 16, "amp-bf16", "adamw"),
+    hf("vitu6", "vit", dict(num_labels=1000), 197, 64, "amp-bf16", "adamw"),
+    hf("mixtralu6", "mixtral", dict(num_hidden_layers=2, hidden_size=1024, num_attention_heads=16,
+                                    num_key_value_heads=4, intermediate_size=2816,
+                                    num_local_experts=8, num_experts_per_tok=2), 1024, 4, "bf16",
+       "adamw"),
+    hf("qwen3u6", "qwen3", dict(num_hidden_layers=4, hidden_size=1024, num_attention_heads=16,
+                                num_key_value_heads=8, head_dim=128, intermediate_size=3072),
+       2048, 4, "amp-bf16", "adamw"),
+    hf("gemma3u6", "gemma3_text", dict(num_hidden_layers=6, hidden_size=640, num_attention_heads=4,
+                                       num_key_value_heads=1, head_dim=256,
+                                       intermediate_size=2048), 2048, 4, "bf16", "adamw",
+       ckpt=True),
+    tv("resnet50", 128, "amp-bf16", "sgd-momentum"),
+    tv("mobilenet_v3_large", 128, "fp32", "adamw"),
+    tv("convnext_small", 64, "amp-bf16", "adamw"),
+]
+
 # Run again alone at the end, to check that running side by side changes nothing.
 REPEATS = ["hf-gpt2-s1024-b8-ampbf16-adamw-sdpa", "tv-resnet50-i224-b128-ampbf16-sgdm",
            "hf-llama-s2048-b4-bf16-adamw-sdpa"]
@@ -1013,7 +1058,7 @@ def main():
                     help="only the cases of this library")
     ap.add_argument("--set", default="calibration",
                     choices=["calibration", "validation", "families", "heldout", "fresh", "fresh2", "fresh3",
-                             "fresh4", "fresh5"],
+                             "fresh4", "fresh5", "fresh6"],
                     help="the calibration cases (fit/holdout), the fresh validation set, or "
                          "the families added later (gemma2/3, gpt_neox, opt, mixtral, "
                          "qwen2_moe, t5, deberta-v2, vit)")
@@ -1056,7 +1101,7 @@ def main():
     validation = args.set != "calibration"
     chosen = {"calibration": CASES, "validation": VALIDATION, "families": FAMILIES,
               "heldout": HELDOUT, "fresh": FRESH, "fresh2": FRESH2, "fresh3": FRESH3,
-              "fresh4": FRESH4, "fresh5": FRESH5}[args.set]
+              "fresh4": FRESH4, "fresh5": FRESH5, "fresh6": FRESH6}[args.set]
     cases = [c for c in chosen if not args.only or c["name"] in args.only.split(",")]
     cases = [c for c in cases if not args.library or c["library"] == args.library]
     if args.snapshots:
@@ -1095,7 +1140,7 @@ def main():
     sampler.start()
 
     stem = args.set if args.set in ("families", "heldout", "fresh", "fresh2", "fresh3",
-                                    "fresh4", "fresh5") else "libraries"
+                                    "fresh4", "fresh5", "fresh6") else "libraries"
     out_path = os.path.join(args.out, f"{stem}.jsonl")
     prof_path = os.path.join(args.out, f"{stem}-profiles.jsonl" if stem != "libraries"
                              else "profiles.jsonl")
