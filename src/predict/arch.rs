@@ -340,8 +340,15 @@ impl TransformerArch {
         let usable = self.positions.saturating_sub(self.layout.position_offset);
         if self.positional == PositionalKind::Learned && self.positions > 0 && self.seq_len > usable
         {
+            let offset = match self.layout.position_offset {
+                0 => String::new(),
+                o => format!(
+                    " ({} rows, the first {o} never reached: raise max_position_embeddings)",
+                    self.positions
+                ),
+            };
             return Err(PredictError::Invalid(format!(
-                "{}: seqLen {} exceeds the {usable} learned positions",
+                "{}: seqLen {} exceeds the {usable} learned positions{offset}",
                 self.family, self.seq_len
             )));
         }

@@ -87,6 +87,9 @@ enum Flag {
 /// A structural feature of a family, with the keys it reads.
 #[derive(Clone, Copy)]
 enum Feature {
+    /// RoBERTa: positions count from `pad_token_id` + 1 (default 1), so
+    /// that many rows of the position table are never reached.
+    Roberta,
     /// OPT: `word_embed_proj_dim` (default: hidden), learned positions
     /// offset by 2, `do_layer_norm_before` (false: no final norm), ReLU
     /// unless `activation_function` says otherwise.
@@ -277,6 +280,7 @@ const FAMILIES: &[Row] = &[
     Row {
         model_type: "roberta",
         vocab: key("vocab_size", 50265),
+        features: &[Feature::Roberta],
         ..BERT
     },
     Row {
@@ -524,9 +528,15 @@ fn attention_dropout(probs: &[(&str, f64)]) -> bool {
 /// `type_vocab_size`, which may be 0 (DeBERTa-v3 has no token-type table),
 /// `default` when absent or null.
 fn token_types(cfg: &Config<'_>, default: u64) -> Result<u64, PredictError> {
-    match cfg.get("type_vocab_size") {
+    count_or(cfg, "type_vocab_size", default)
+}
+
+/// A non-negative integer (a count or an id that may be 0), `default` when
+/// absent or null.
+fn count_or(cfg: &Config<'_>, key: &str, default: u64) -> Result<u64, PredictError> {
+    match cfg.get(key) {
         Some(Value::Number(n)) if n.as_u64() == Some(0) => Ok(0),
-        _ => int_or(cfg, "type_vocab_size", default),
+        _ => int_or(cfg, key, default),
     }
 }
 
@@ -819,6 +829,9 @@ fn from_row(row: &Row, cfg: &Config<'_>, seq_len: u64) -> Result<TransformerArch
 fn apply(feature: Feature, cfg: &Config<'_>, a: &mut TransformerArch) -> Result<(), PredictError> {
     let lay = &mut a.layout;
     match feature {
+        Feature::Roberta => {
+            lay.position_offset = count_or(cfg, "pad_token_id", 1)? + 1;
+        }
         Feature::Opt => {
             lay.embed_dim = int_or(cfg, "word_embed_proj_dim", a.hidden)?;
             lay.position_offset = 2;

@@ -2362,6 +2362,32 @@ fn hugging_face_fields_of_the_wrong_type_or_range_are_named() {
             with(tiny("gpt2"), "n_positions", serde_json::json!(32)),
             "gpt2: seqLen 64 exceeds the 32 learned positions".to_string(),
         ),
+        // RoBERTa counts positions from pad_token_id + 1 (transformers' own
+        // run fails there, inside its embeddings)
+        (
+            with(
+                with(tiny("bert"), "model_type", serde_json::json!("roberta")),
+                "max_position_embeddings",
+                serde_json::json!(64),
+            ),
+            "roberta: seqLen 64 exceeds the 62 learned positions (64 rows, the first 2 never \
+             reached: raise max_position_embeddings)"
+                .to_string(),
+        ),
+        (
+            with(
+                with(
+                    with(tiny("bert"), "model_type", serde_json::json!("roberta")),
+                    "max_position_embeddings",
+                    serde_json::json!(64),
+                ),
+                "pad_token_id",
+                serde_json::json!(0),
+            ),
+            "roberta: seqLen 64 exceeds the 63 learned positions (64 rows, the first 1 never \
+             reached: raise max_position_embeddings)"
+                .to_string(),
+        ),
         (
             with(tiny("llama"), "num_key_value_heads", serde_json::json!(3)),
             format!("{f}.num_attention_heads (4) must be divisible by num_key_value_heads (3)"),
