@@ -305,6 +305,24 @@ fn rotary_positions_with_grouped_heads_keep_no_view_of_the_projection() {
         let qkv = next_alloc(&evs, 0, N * width * 4);
         assert_eq!(freed_at(&evs, qkv) > loss, kept, "kv heads {kv_heads}");
     }
+    // In backward the rotated q, which the attention kept, goes when the
+    // attention's node has run, before the projection's gradient is made.
+    let one = model(serde_json::json!({
+        "layers": 1, "positional": "rotary", "norm": "rmsnorm", "mlp": "swiglu", "kvHeads": 1
+    }));
+    let (evs, _) = events_of(&one, &run(Precision::Fp32));
+    let loss = next_alloc(&evs, 0, 512);
+    let width = N * (H + 2 * kvd) * 4;
+    // q's rotation: three temporaries, then the result
+    let mut q = next_alloc(&evs, 0, width);
+    for _ in 0..4 {
+        q = next_alloc(&evs, q + 1, N * H * 4);
+    }
+    let g_qkv = next_alloc(&evs, loss, width);
+    assert!(
+        freed_at(&evs, q) < g_qkv,
+        "the rotated q outlives the attention's node"
+    );
 }
 
 #[test]
