@@ -3161,6 +3161,26 @@ fn the_gpu_machines_captures_of_every_measured_set_meet_the_goal() {
     assert_eq!(under, ["hf-llamae4-s1024-b8-ampbf16-adamw-eager"]);
 }
 
+/// A fresh set's error statistics: the analytic path's over its
+/// transformers rows and the captures' (data/profiles/`profiles`) over every
+/// row, after checking that `answered` (analytic, captured) rows were
+/// predicted each way.
+fn fresh_set_stats(
+    measured: &str,
+    profiles: &str,
+    answered: (usize, usize),
+) -> (
+    crate::predict::bench::ErrorStats,
+    crate::predict::bench::ErrorStats,
+) {
+    let hf = analytic_rows(measured);
+    assert_eq!(hf.len(), answered.0);
+    let captured = rows_from_captures(measured, profiles);
+    assert_eq!(captured.len(), answered.1);
+    assert!(captured.iter().all(|r| r.source == "profile"));
+    (error_stats(&hf, None), error_stats(&captured, None))
+}
+
 #[test]
 fn the_fifth_fresh_set_stays_within_its_recorded_figures() {
     // 21 runs on an H100 (its context and workspaces are the H200's),
@@ -3171,16 +3191,14 @@ fn the_fifth_fresh_set_stays_within_its_recorded_figures() {
     // answer all 21, the four families only a capture describes among them
     // (OLMo 2, StarCoder2, Qwen3-MoE, Granite): median 0.0 %, p90 0.8 %, max
     // +8.2 % (Mistral amp eager), none under.
-    let measured = include_str!("../../data/calibration/h100-fresh5.jsonl");
-    let hf = analytic_rows(measured);
-    assert_eq!(hf.len(), 15);
-    let stats = error_stats(&hf, None);
+    let (stats, captured) = fresh_set_stats(
+        include_str!("../../data/calibration/h100-fresh5.jsonl"),
+        "fresh5-h100",
+        (15, 21),
+    );
     assert!(stats.median <= 0.015 && stats.p90 <= 0.09, "{stats:?}");
     assert!(stats.under_predictions.is_empty(), "{stats:?}");
-    let captured = rows_from_captures(measured, "fresh5-h100");
-    assert_eq!(captured.len(), 21);
-    assert!(captured.iter().all(|r| r.source == "profile"));
-    let stats = error_stats(&captured, None);
+    let stats = captured;
     assert!(stats.median <= 0.005 && stats.p90 <= 0.01, "{stats:?}");
     assert!(
         stats.max <= 0.09 && stats.under_predictions.is_empty(),
@@ -3198,19 +3216,17 @@ fn the_sixth_fresh_set_stays_within_its_recorded_figures() {
     // bf16 with four keys set), none under. The captures made beside the
     // runs answer all 18: median 0.1 %, p90 2.8 %, max 3.6 % (ResNet-50 amp
     // -3.6 %), none under.
-    let measured = include_str!("../../data/calibration/h100-fresh6.jsonl");
-    let hf = analytic_rows(measured);
-    assert_eq!(hf.len(), 15);
-    let stats = error_stats(&hf, None);
+    let (stats, captured) = fresh_set_stats(
+        include_str!("../../data/calibration/h100-fresh6.jsonl"),
+        "fresh6-h100",
+        (15, 18),
+    );
     assert!(stats.median <= 0.01 && stats.p90 <= 0.04, "{stats:?}");
     assert!(
         stats.max <= 0.06 && stats.under_predictions.is_empty(),
         "{stats:?}"
     );
-    let captured = rows_from_captures(measured, "fresh6-h100");
-    assert_eq!(captured.len(), 18);
-    assert!(captured.iter().all(|r| r.source == "profile"));
-    let stats = error_stats(&captured, None);
+    let stats = captured;
     assert!(stats.median <= 0.005 && stats.p90 <= 0.03, "{stats:?}");
     assert!(
         stats.max <= 0.04 && stats.under_predictions.is_empty(),
