@@ -243,6 +243,33 @@ def test_an_fp16_softmax_into_fp32_makes_no_upcast_copy_and_a_bf16_one_does() ->
     assert bf16.count(b * c * 2) == steps * 2
 
 
+@pytest.mark.parametrize("op", ["cat", "stack"])
+def test_joining_a_fp32_and_a_bf16_tensor_under_autocast_copies_nothing(op: str) -> None:
+    # CPU autocast casts cat's and stack's inputs to the widest dtype first;
+    # CUDA autocast leaves them alone and the kernel promotes as it writes (the
+    # H200's recorded LLaMA autocast runs: a fp32 cache grown by a bf16 value,
+    # no copy of the value).
+    b, d = 8, 1000
+    model = torch.nn.Linear(d, d)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step(m: torch.nn.Module) -> None:
+        x = torch.randn(b, d).cuda()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            low = m(x)  # bf16
+            joined = getattr(torch, op)([x, low])  # fp32
+        joined.float().sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    p = profile.capture_step(model, step, micro_batch=b, optimizers=[optimizer])
+    seq = [p["sizes"][e] for e in p["events"] if e >= 0]
+    # each step: the input, the joined tensor (two rows of it); no fp32 copy
+    # of the bf16 output
+    assert seq.count(b * d * 4) == profile.STEPS
+    assert seq.count(2 * b * d * 4) == profile.STEPS
+
+
 # ------------------------------------------------ models that failed or fell short
 
 transformers = pytest.importorskip("transformers")

@@ -371,6 +371,13 @@ def _function_mode() -> Any:
     fp32_opt_dtype = {F.softmax, F.log_softmax, F.softmin, torch.softmax, T.softmax,
                       torch.log_softmax, T.log_softmax, torch.sum, T.sum, torch.cumsum,
                       T.cumsum, torch.prod, T.prod, torch.cumprod, T.cumprod}
+    # CPU autocast casts these ops' inputs to the widest dtype first (a copy
+    # of each narrower input); CUDA autocast leaves them alone and the CUDA
+    # kernel promotes as it writes (PyTorch's autocast op reference: "CPU
+    # Ops that promote to the widest input type"). A fp32 cache grown by a
+    # bf16 value, as transformers' DynamicLayer does, then has no copy.
+    cpu_promote = {torch.cat, torch.concat, torch.concatenate, torch.stack,
+                   torch.index_copy, T.index_copy}
     low = (torch.float16, torch.bfloat16)
     grouped_mms = {f for f in (getattr(F, "grouped_mm", None), getattr(torch, "_grouped_mm", None))
                    if f is not None}
@@ -616,6 +623,9 @@ def _function_mode() -> Any:
                 fused = half_to_float(func, args, kwargs, autocast)
                 if fused is not None:
                     return fused
+            if autocast and func in cpu_promote:
+                with torch.autocast("cpu", enabled=False):
+                    return func(*args, **kwargs)
             if autocast and func is F.cross_entropy:
                 loss = cross_entropy(args, kwargs)
                 if loss is not None:

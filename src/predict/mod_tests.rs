@@ -3104,9 +3104,11 @@ fn the_gpu_machines_captures_of_every_measured_set_meet_the_goal() {
     // Every transformers run of the eight measured sets, captured on the GPU
     // machine's CPUs (its PyTorch 2.11 and transformers 5.17) with three
     // steps and the tied sums and softmax temporaries CUDA makes: each set's
-    // median within 0.5 % and p90 within 6 %; one run under beyond 5 % (LLaMA
-    // amp eager, whose third step on the H200 took one more segment for its
-    // fp32 logits; the capture's replay does not).
+    // median within 0.5 % and p90 within 6 %; none under beyond 5 %. The
+    // autocast captures were made again (transformers 5.17) when mixed-dtype
+    // `cat` stopped copying its narrower input as CPU autocast does: LLaMA
+    // amp eager, whose fp32 value-cache copy per layer had the replay take
+    // one segment fewer than the H200's third step, went -6.3 -> +0.1 %.
     let sets = [
         (
             include_str!("../../data/calibration/h200-libraries.jsonl"),
@@ -3158,7 +3160,7 @@ fn the_gpu_machines_captures_of_every_measured_set_meet_the_goal() {
         under.extend(stats.under_predictions);
     }
     assert_eq!(count, 167);
-    assert_eq!(under, ["hf-llamae4-s1024-b8-ampbf16-adamw-eager"]);
+    assert!(under.is_empty(), "{under:?}");
 }
 
 /// A fresh set's error statistics: the analytic path's over its
