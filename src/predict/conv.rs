@@ -40,7 +40,16 @@
 //!   permuted) it goes to cuDNN, whose weight-gradient kernel keeps per-tile
 //!   partial sums: 8.2-8.4 times the input for inputs of tens of MiB
 //!   (ConvNeXt-S's first two stages in fp32), under the input for small
-//!   ones.
+//!   ones;
+//! - a depthwise convolution in fp16 (not bf16) of at least 32 channels goes
+//!   to cuDNN where ATen's heuristic says it is faster (`use_cudnn_depthwise`);
+//!   measured, a 3x3 or 5x5 of stride 1 on maps of at least 28x28 (and a
+//!   stride-2 one of at least 256 channels there) then takes the input, the
+//!   output and the filter for its weight gradient, as a dense one does
+//!   (MobileNet-V2/V3's and EfficientNet-B0's at their calibration batches,
+//!   within 0.3 %); smaller maps took none, but for EfficientNet's 5x5 of
+//!   1,152 channels on 7x7 (29 MiB) and two the rule gives one that took
+//!   none (240 channels 5x5 on 28x28, 1,024 channels at batch 8).
 //!
 //! The same rule is applied to every GPU; only the H200 was measured.
 
@@ -111,15 +120,24 @@ pub fn cudnn_workspace(call: &ConvCall) -> u64 {
     let (n, c, h, w) = (call.input[0], call.input[1], call.input[2], call.input[3]);
     let (k, r, s) = (call.weight[0], call.weight[2], call.weight[3]);
     let depthwise = call.groups > 1 && call.groups == c && call.weight[1] == 1;
+    let stride = |i: usize| call.stride.get(i).copied().unwrap_or(1).max(1);
+    let out_dim = |size: u64, i: usize, taps: u64| {
+        let pad = call.padding.get(i).copied().unwrap_or(0);
+        let dil = call.dilation.get(i).copied().unwrap_or(1);
+        (size + 2 * pad).saturating_sub(dil * (taps - 1) + 1) / stride(i) + 1
+    };
     if depthwise {
         let input = n * c * h * w * elem;
         return match (call.channels_last, call.kind) {
             (true, ConvPass::Weight) if input >= DEPTHWISE_LARGE_INPUT => input * 84 / 10,
             (true, ConvPass::Weight) => input * 6 / 10,
+            (false, ConvPass::Weight) if fp16_depthwise_in_cudnn(call) => {
+                let output = n * k * out_dim(h, 0, r) * out_dim(w, 1, s) * elem;
+                input + output + k * r * s * elem
+            }
             _ => 0,
         };
     }
-    let stride = |i: usize| call.stride.get(i).copied().unwrap_or(1).max(1);
     let pointwise = r == 1 && s == 1 && stride(0) == 1 && stride(1) == 1;
     // an image stem with a small kernel: no workspace in fp32, and none for
     // the forward in half precision
@@ -139,11 +157,6 @@ pub fn cudnn_workspace(call: &ConvCall) -> u64 {
     };
     let (cin, cg) = (pad(c), pad(call.weight[1]));
     let input = n * cin * h * w * elem;
-    let out_dim = |size: u64, i: usize, taps: u64| {
-        let pad = call.padding.get(i).copied().unwrap_or(0);
-        let dil = call.dilation.get(i).copied().unwrap_or(1);
-        (size + 2 * pad).saturating_sub(dil * (taps - 1) + 1) / stride(i) + 1
-    };
     let output = n * k * out_dim(h, 0, r) * out_dim(w, 1, s) * elem;
     let filter = k * cg * r * s * elem;
     let transposed = input + output + filter;
@@ -151,6 +164,28 @@ pub fn cudnn_workspace(call: &ConvCall) -> u64 {
         ConvPass::Weight => transposed + WEIGHT_GRADIENT_EXTRA,
         ConvPass::Forward | ConvPass::Input => transposed,
     }
+}
+
+/// A contiguous fp16 depthwise convolution whose weight gradient cuDNN runs
+/// with the transposed tensors (measured on the H200; see the module's
+/// notes): at least 32 channels, a square 3x3 or 5x5 without dilation, maps
+/// of at least 28x28, and stride 1, or stride 2 from 256 channels.
+fn fp16_depthwise_in_cudnn(call: &ConvCall) -> bool {
+    let (c, h, w) = (call.input[1], call.input[2], call.input[3]);
+    let (r, s) = (call.weight[2], call.weight[3]);
+    let all = |v: &[u64], x: u64| v.iter().all(|&e| e == x);
+    let stride = match call.stride.as_slice() {
+        [a, b] if a == b => *a,
+        _ => return false,
+    };
+    call.dtype == "float16"
+        && c >= 32
+        && r == s
+        && (r == 3 || r == 5)
+        && all(&call.dilation, 1)
+        && h >= 28
+        && w >= 28
+        && (stride == 1 || (stride == 2 && c >= 256))
 }
 
 fn dtype_bytes(dtype: &str) -> Option<u64> {

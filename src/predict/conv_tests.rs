@@ -304,3 +304,112 @@ fn half_precision_halves_the_transposed_tensors() {
     fp16.dtype = "float16".into();
     assert_eq!(cudnn_workspace(&fp16) * 2, cudnn_workspace(&full));
 }
+
+fn fp16(mut c: ConvCall) -> ConvCall {
+    c.dtype = "float16".into();
+    c
+}
+
+#[test]
+fn fp16_depthwise_weight_gradients_take_cudnns_workspace_where_it_was_measured() {
+    use ConvPass::*;
+    let dw = |n: u64, c: u64, hw: u64, r: u64, stride: u64| {
+        fp16(call(Weight, [n, c, hw, hw], c, r, stride, c))
+    };
+    // (what, call, measured bytes; H200, cuDNN 9.19, PyTorch 2.11, single
+    // calls in data/calibration/h200-conv-workspaces; MobileNet-V2 at batch
+    // 256 from its recorded run, data/calibration/h200-snapshot-profiles)
+    let cases = [
+        ("effnet 32ch 3x3 112", dw(128, 32, 112, 3, 1), 205_702_850),
+        ("effnet 144ch 3x3 56", dw(128, 144, 56, 3, 1), 231_462_706),
+        ("mnv3 72ch 3x3 56", dw(128, 72, 56, 3, 1), 116_150_106),
+        ("mnv3 120ch 5x5 28", dw(128, 120, 28, 5, 1), 48_402_542),
+        ("grid 96ch 5x5 224", dw(32, 96, 224, 5, 1), 616_843_118),
+        ("grid 96ch 5x5 112", dw(128, 96, 112, 5, 1), 618_737_318),
+        ("grid 64ch 3x3 224", dw(32, 64, 224, 3, 1), 412_127_718),
+        ("grid 768ch 3x3 112 s2", dw(16, 768, 112, 3, 2), 386_462_990),
+        ("mnv2 192ch 3x3 28", dw(256, 192, 28, 3, 1), 155_772_950),
+        ("mnv2 144ch 3x3 56", dw(256, 144, 56, 3, 1), 462_673_714),
+        ("mnv2 32ch 3x3 112", dw(256, 32, 112, 3, 1), 411_223_746),
+        // none on 14x14 and 7x7 maps, of stride 2 below 256 channels, of a
+        // 7x7 filter, of fewer than 32 channels
+        ("effnet 480ch 3x3 14", dw(128, 480, 14, 3, 1), 0),
+        ("mnv3 960ch 5x5 7", dw(128, 960, 7, 5, 1), 0),
+        ("effnet 96ch 3x3 112 s2", dw(128, 96, 112, 3, 2), 0),
+        ("mnv3 72ch 5x5 56 s2", dw(128, 72, 56, 5, 2), 0),
+        ("convnext 96ch 7x7 56", dw(64, 96, 56, 7, 1), 0),
+        ("mnv3 16ch 3x3 112", dw(128, 16, 112, 3, 1), 0),
+    ];
+    for (what, c, measured) in cases {
+        let got = cudnn_workspace(&c);
+        assert!(
+            got.abs_diff(measured) <= (measured * 3 / 100).max(MIB),
+            "{what}: {got} bytes, measured {measured}"
+        );
+    }
+}
+
+#[test]
+fn only_an_fp16_depthwise_weight_gradient_takes_the_transposed_tensors() {
+    let weight = fp16(call(ConvPass::Weight, [64, 144, 56, 56], 144, 3, 1, 144));
+    let input = 64 * 144 * 56 * 56 * 2;
+    assert_eq!(cudnn_workspace(&weight), 2 * input + 144 * 9 * 2);
+    // the forward and the input's gradient run without one
+    for kind in [ConvPass::Forward, ConvPass::Input] {
+        let mut c = weight.clone();
+        c.kind = kind;
+        assert_eq!(cudnn_workspace(&c), 0, "{kind:?}");
+    }
+    // bf16 and fp32 stay with ATen's kernel
+    let mut other = weight.clone();
+    for dtype in ["bfloat16", "float32"] {
+        other.dtype = dtype.into();
+        assert_eq!(cudnn_workspace(&other), 0, "{dtype}");
+    }
+    // a dilated or a rectangular filter, a 1x1, a 27-wide map: none
+    let mut dilated = weight.clone();
+    dilated.dilation = vec![2, 2];
+    let mut wide = weight.clone();
+    wide.weight[3] = 5;
+    let mut pointwise = weight.clone();
+    pointwise.weight[2] = 1;
+    pointwise.weight[3] = 1;
+    let mut narrow = weight.clone();
+    narrow.input[3] = 27;
+    let mut uneven = weight.clone();
+    uneven.stride = vec![1, 2];
+    for c in [dilated, wide, pointwise, narrow, uneven] {
+        assert_eq!(cudnn_workspace(&c), 0, "{c:?}");
+    }
+    // 32 channels and 28x28 are in; stride 2 from 256 channels
+    assert!(cudnn_workspace(&fp16(call(ConvPass::Weight, [8, 32, 28, 28], 32, 3, 1, 32))) > 0);
+    assert_eq!(
+        cudnn_workspace(&fp16(call(ConvPass::Weight, [8, 31, 28, 28], 31, 3, 1, 31))),
+        0
+    );
+    assert!(
+        cudnn_workspace(&fp16(call(
+            ConvPass::Weight,
+            [8, 256, 28, 28],
+            256,
+            3,
+            2,
+            256
+        ))) > 0
+    );
+    assert_eq!(
+        cudnn_workspace(&fp16(call(
+            ConvPass::Weight,
+            [8, 255, 28, 28],
+            255,
+            3,
+            2,
+            255
+        ))),
+        0
+    );
+    // the output of a stride-2 call is a quarter of the input
+    let s2 = fp16(call(ConvPass::Weight, [8, 256, 28, 28], 256, 3, 2, 256));
+    let inp = 8 * 256 * 28 * 28 * 2;
+    assert_eq!(cudnn_workspace(&s2), inp + inp / 4 + 256 * 9 * 2);
+}
