@@ -687,6 +687,61 @@ FRESH6 = [
     tv("convnext_small", 64, "amp-bf16", "adamw"),
 ]
 
+# A seventh fresh set (`--set fresh7`), written after mixed-dtype `cat` under
+# autocast and fp16 depthwise convolutions were read from the recorded runs
+# (2026-12-05); its analytic predictions are committed before it runs. Eager
+# attention and fp16 autocast, mixtures of experts, tied encoders under
+# autocast, a long-context LLaMA with a 128k vocabulary, and torchvision's
+# fp16 depthwise nets at other batches.
+FRESH7 = [
+    hf("llamae7", "llama", dict(num_hidden_layers=6, hidden_size=1024, num_attention_heads=16,
+                                num_key_value_heads=4, intermediate_size=2816), 2048, 4,
+       "amp-bf16", "adamw", "eager"),
+    hf("qwen2e7", "qwen2", dict(num_hidden_layers=4, hidden_size=1024, num_attention_heads=16,
+                                num_key_value_heads=2, intermediate_size=2816), 1024, 8,
+       "amp-fp16", "adamw", "eager"),
+    hf("mistrals7", "mistral", dict(num_hidden_layers=4, hidden_size=2048, num_attention_heads=16,
+                                    num_key_value_heads=8, intermediate_size=5632), 2048, 4,
+       "amp-bf16", "adamw", ckpt=True),
+    hf("mixtral7", "mixtral", dict(num_hidden_layers=2, hidden_size=1024, num_attention_heads=16,
+                                   num_key_value_heads=8, intermediate_size=2048,
+                                   num_local_experts=8, num_experts_per_tok=2), 1024, 8,
+       "amp-bf16", "adamw"),
+    hf("qwen2moe7", "qwen2_moe", dict(num_hidden_layers=2, hidden_size=1024, num_attention_heads=16,
+                                      num_key_value_heads=16, intermediate_size=2816,
+                                      moe_intermediate_size=704,
+                                      shared_expert_intermediate_size=2816, num_experts=8,
+                                      num_experts_per_tok=2), 2048, 2, "amp-bf16", "adamw"),
+    hf("qwen3moe7", "qwen3_moe", dict(num_hidden_layers=2, hidden_size=1024, num_attention_heads=16,
+                                      num_key_value_heads=4, head_dim=64, intermediate_size=3072,
+                                      moe_intermediate_size=768, num_experts=8,
+                                      num_experts_per_tok=2), 2048, 2, "bf16", "adamw"),
+    hf("debertae7", "deberta-v2", dict(num_hidden_layers=6, hidden_size=768, num_attention_heads=12,
+                                       intermediate_size=3072), 256, 32, "amp-bf16", "adamw",
+       "eager"),
+    hf("bert7", "bert", dict(num_hidden_layers=8), 512, 32, "amp-bf16", "adamw"),
+    hf("roberta7", "roberta", dict(num_hidden_layers=6), 384, 24, "amp-fp16", "adamw"),
+    hf("gpt2c7", "gpt2", dict(n_layer=12), 1024, 16, "amp-bf16", "adamw", ckpt=True),
+    hf("t57", "t5", dict(d_model=768, num_layers=6, num_heads=12, d_kv=64, d_ff=3072,
+                         decoder_start_token_id=0), 512, 8, "amp-bf16", "adamw"),
+    hf("phi37", "phi3", dict(num_hidden_layers=3), 1024, 4, "amp-bf16", "adamw"),
+    hf("gemma2e7", "gemma2", dict(num_hidden_layers=4, hidden_size=1152, num_attention_heads=4,
+                                  num_key_value_heads=1, head_dim=256, intermediate_size=6912),
+       1024, 4, "amp-bf16", "adamw", "eager"),
+    hf("opte7", "opt", dict(num_hidden_layers=6, hidden_size=1024, num_attention_heads=16,
+                            ffn_dim=4096), 1024, 8, "amp-fp16", "adamw", "eager"),
+    hf("neox7", "gpt_neox", dict(num_hidden_layers=6, hidden_size=1024, num_attention_heads=16,
+                                 intermediate_size=4096), 2048, 4, "amp-fp16", "adamw"),
+    hf("llama3l7", "llama", dict(num_hidden_layers=4, hidden_size=2048, num_attention_heads=32,
+                                 num_key_value_heads=8, intermediate_size=8192,
+                                 vocab_size=128256), 8192, 1, "bf16", "adamw", ckpt=True),
+    hf("vit7", "vit", dict(num_hidden_layers=8, num_labels=1000), 197, 96, "amp-fp16", "adamw"),
+    tv("mobilenet_v2", 128, "amp-fp16", "adamw"),
+    tv("efficientnet_b0", 96, "amp-fp16", "adamw"),
+    tv("mobilenet_v3_large", 192, "amp-fp16", "sgd-momentum"),
+    tv("resnet34", 128, "amp-fp16", "adamw"),
+]
+
 # Run again alone at the end, to check that running side by side changes nothing.
 REPEATS = ["hf-gpt2-s1024-b8-ampbf16-adamw-sdpa", "tv-resnet50-i224-b128-ampbf16-sgdm",
            "hf-llama-s2048-b4-bf16-adamw-sdpa"]
@@ -1058,7 +1113,7 @@ def main():
                     help="only the cases of this library")
     ap.add_argument("--set", default="calibration",
                     choices=["calibration", "validation", "families", "heldout", "fresh", "fresh2", "fresh3",
-                             "fresh4", "fresh5", "fresh6"],
+                             "fresh4", "fresh5", "fresh6", "fresh7"],
                     help="the calibration cases (fit/holdout), the fresh validation set, or "
                          "the families added later (gemma2/3, gpt_neox, opt, mixtral, "
                          "qwen2_moe, t5, deberta-v2, vit)")
@@ -1101,7 +1156,8 @@ def main():
     validation = args.set != "calibration"
     chosen = {"calibration": CASES, "validation": VALIDATION, "families": FAMILIES,
               "heldout": HELDOUT, "fresh": FRESH, "fresh2": FRESH2, "fresh3": FRESH3,
-              "fresh4": FRESH4, "fresh5": FRESH5, "fresh6": FRESH6}[args.set]
+              "fresh4": FRESH4, "fresh5": FRESH5, "fresh6": FRESH6,
+              "fresh7": FRESH7}[args.set]
     cases = [c for c in chosen if not args.only or c["name"] in args.only.split(",")]
     cases = [c for c in cases if not args.library or c["library"] == args.library]
     if args.snapshots:
@@ -1140,7 +1196,7 @@ def main():
     sampler.start()
 
     stem = args.set if args.set in ("families", "heldout", "fresh", "fresh2", "fresh3",
-                                    "fresh4", "fresh5", "fresh6") else "libraries"
+                                    "fresh4", "fresh5", "fresh6", "fresh7") else "libraries"
     out_path = os.path.join(args.out, f"{stem}.jsonl")
     prof_path = os.path.join(args.out, f"{stem}-profiles.jsonl" if stem != "libraries"
                              else "profiles.jsonl")
