@@ -29,6 +29,17 @@ fn bf16(mut c: ConvCall) -> ConvCall {
     c
 }
 
+/// Each case's workspace is within 3 % or 1 MiB of its measurement.
+fn assert_within_measurements(cases: &[(&str, ConvCall, u64)]) {
+    for (what, c, measured) in cases {
+        let got = cudnn_workspace(c);
+        assert!(
+            got.abs_diff(*measured) <= (measured * 3 / 100).max(MIB),
+            "{what}: {got} bytes, measured {measured}"
+        );
+    }
+}
+
 #[test]
 fn the_workspaces_measured_on_the_h200_are_what_the_rule_gives() {
     use ConvPass::*;
@@ -165,14 +176,7 @@ fn the_workspaces_measured_on_the_h200_are_what_the_rule_gives() {
             0,
         ),
     ];
-    for (what, c, measured) in cases {
-        let got = cudnn_workspace(&c);
-        // within 3 % or 1 MiB of the measurement
-        assert!(
-            got.abs_diff(measured) <= (measured * 3 / 100).max(MIB),
-            "{what}: {got} bytes, measured {measured}"
-        );
-    }
+    assert_within_measurements(&cases);
 }
 
 #[test]
@@ -340,13 +344,7 @@ fn fp16_depthwise_weight_gradients_take_cudnns_workspace_where_it_was_measured()
         ("convnext 96ch 7x7 56", dw(64, 96, 56, 7, 1), 0),
         ("mnv3 16ch 3x3 112", dw(128, 16, 112, 3, 1), 0),
     ];
-    for (what, c, measured) in cases {
-        let got = cudnn_workspace(&c);
-        assert!(
-            got.abs_diff(measured) <= (measured * 3 / 100).max(MIB),
-            "{what}: {got} bytes, measured {measured}"
-        );
-    }
+    assert_within_measurements(&cases);
 }
 
 #[test]
