@@ -275,6 +275,25 @@ def test_joining_a_fp32_and_a_bf16_tensor_under_autocast_copies_nothing(op: str)
 transformers = pytest.importorskip("transformers")
 
 
+def test_a_checkpointed_decoder_builds_no_causal_mask_as_on_cuda() -> None:
+    # Without a cache or an attention mask transformers looks for packed
+    # sequences in the position ids, and takes a fake tensor for tracing: the
+    # capture then built the full causal mask and, with grouped-query heads,
+    # repeated the keys and values for SDPA; the H200's recorded runs have
+    # neither (one sequence per row: SDPA applies causality itself).
+    b, s, heads, kv_heads, head_dim = 2, 384, 8, 2, 32
+    cfg = {"hidden_size": heads * head_dim, "intermediate_size": 512,
+           "num_attention_heads": heads, "num_key_value_heads": kv_heads,
+           "head_dim": head_dim, "num_hidden_layers": 2, "vocab_size": 512,
+           "max_position_embeddings": s}
+    p = profile.capture("transformers:LlamaForCausalLM", cfg, batch=b, precision="bf16",
+                        optimizer="adamw", seq_len=s, steps=1, attention="sdpa",
+                        checkpointing=True)
+    # no mask (b x 1 x s x s booleans; with one, transformers also repeats
+    # the grouped keys and values for SDPA)
+    assert b * s * s not in sizes_in_order(p)
+
+
 def test_a_value_fake_tensors_lack_takes_the_steps_usual_value() -> None:
     # OPT's LayerDrop compares a random number with the drop rate in Python
     # (transformers up to 5.17 draws it in every training forward, later ones

@@ -963,6 +963,7 @@ class Capture:
         stack.enter_context(_dispatch_mode(self.rec))
         stack.enter_context(_function_mode())
         stack.enter_context(_autocast_on_cpu())
+        stack.enter_context(_unpacked_sequences())
         self._stack = stack
         _active += 1
         return self
@@ -1025,6 +1026,37 @@ def _autocast_on_cpu() -> Any:
         yield
     finally:
         cls.__init__ = init  # type: ignore[method-assign]
+
+
+@contextlib.contextmanager
+def _unpacked_sequences() -> Any:
+    """transformers looks for packed sequences in the position ids of a step
+    without a cache or an attention mask (a training step with gradient
+    checkpointing), and treats a fake tensor as tracing: it then builds the
+    full causal mask, where the GPU run, seeing one sequence per row, lets
+    SDPA apply causality itself (no mask, and grouped-query heads without
+    repeated keys and values). Fake position ids have no values to look at;
+    a training step's usual answer is one sequence per row."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    mod = sys.modules.get("transformers.masking_utils")
+    find = getattr(mod, "find_packed_sequence_indices", None)
+    if mod is None or find is None:
+        yield
+        return
+
+    def unpacked(position_ids: Any) -> Any:
+        if isinstance(position_ids, FakeTensor) or (
+                isinstance(position_ids, torch.Tensor) and position_ids.device.type == "meta"):
+            return None
+        return find(position_ids)
+
+    mod.find_packed_sequence_indices = unpacked
+    try:
+        yield
+    finally:
+        mod.find_packed_sequence_indices = find
 
 
 def capture(model_spec: str, config: Dict[str, Any], batch: int, precision: str,

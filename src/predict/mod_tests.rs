@@ -916,9 +916,11 @@ fn captures_of_the_third_fresh_set_put_the_cublas_workspace_after_its_call() {
     // Qwen3 bf16 was +17.7 % (the workspace split a freed loss segment); it
     // is within 1 % now. Captured again with the current capture (in-place
     // accumulation, the bf16 softmax rule), DeBERTa-v3 amp eager went from
-    // -15.4 % to within 1 %; Llama-3 bf16 with checkpointing stays beyond
-    // 10 % (+15.6 %), one loss segment apart with its allocated peak within
-    // 0.1 %.
+    // -15.4 % to within 1 %. Llama-3 bf16 with checkpointing was +15.6 %
+    // (one loss segment apart, its allocated peak within 0.1 %) until the
+    // capture stopped building the causal mask that transformers builds for
+    // fake position ids (and with it the repeated grouped keys and values):
+    // 0.0 % since, and no row is beyond 10 %.
     let hf: Vec<BenchRow> = rows_from_captures(
         include_str!("../../data/calibration/h200-fresh3.jsonl"),
         "fresh3-h200",
@@ -935,7 +937,12 @@ fn captures_of_the_third_fresh_set_put_the_cublas_workspace_after_its_call() {
         .filter(|r| r.relative_error.abs() > 0.10)
         .map(|r| r.name.as_str())
         .collect();
-    assert_eq!(beyond, ["hf-llama3h-s2048-b2-bf16-adamw-sdpa-ckpt"]);
+    assert!(beyond.is_empty(), "{beyond:?}");
+    let llama3 = hf
+        .iter()
+        .find(|r| r.name == "hf-llama3h-s2048-b2-bf16-adamw-sdpa-ckpt")
+        .unwrap();
+    assert!(llama3.relative_error.abs() <= 0.01, "{llama3:?}");
     let qwen3 = hf
         .iter()
         .find(|r| r.name == "hf-qwen3h-s4096-b1-bf16-sgdm-sdpa")
