@@ -12,6 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from vramfit import profile  # noqa: E402
+from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 MLP = "profile_models:mlp"
@@ -195,6 +196,51 @@ def test_fused_attention_output_is_transposed_back_without_a_copy() -> None:
         y = torch.nn.functional.scaled_dot_product_attention(q, k, v)
     # laid out (batch, seq, heads, dim) as the CUDA kernels write it
     assert y.shape == (2, 4, 16, 8) and y.transpose(1, 2).is_contiguous()
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2])
+def test_half_precision_fused_attention_backward_takes_one_workspace(kv_heads: int) -> None:
+    # The recorded H200 runs (GPT-2, LLaMA, Mistral in bf16 and fp16): after
+    # the gradients of q, k and v, one buffer of the queries' gradient in fp32
+    # plus the softmax row sums, and with grouped heads the keys' and values'
+    # gradients at every query head; fp32 (the memory-efficient kernel) takes
+    # none of that size.
+    b, h, s, d = 2, 4, 64, 16
+
+    def sizes(dtype: torch.dtype) -> list:
+        q = torch.zeros(b, h, s, d, dtype=dtype, requires_grad=True)
+        k, v = (torch.zeros(b, kv_heads, s, d, dtype=dtype, requires_grad=True) for _ in range(2))
+        rec = profile._Recorder()
+        with FakeTensorMode(allow_non_fake_inputs=True), profile._dispatch_mode(rec), \
+                profile._function_mode():
+            y = torch.nn.functional.scaled_dot_product_attention(
+                q, k, v, enable_gqa=kv_heads != h)
+            y.sum().backward()
+        return [n for kind, n in rec.events if kind == "a"]
+
+    workspace = b * h * s * (d + 1) * 4
+    if kv_heads != h:
+        workspace += b * h * s * 2 * d * 2
+    assert workspace in sizes(torch.bfloat16)
+    assert workspace in sizes(torch.float16)
+    assert workspace not in sizes(torch.float32)
+
+
+def test_autocast_casts_attentions_inputs_last_argument_first() -> None:
+    # CUDA autocast's wrapper evaluates its arguments right to left: the
+    # H200's recorded Mistral autocast runs cast the (fp32) keys and values
+    # before the queries.
+    b, s = 2, 64
+    q = torch.zeros(b, 4, s, 16, requires_grad=True)
+    k = torch.zeros(b, 2, s, 16, requires_grad=True)
+    v = torch.zeros(b, 2, s, 8, requires_grad=True)
+    rec = profile._Recorder()
+    with FakeTensorMode(allow_non_fake_inputs=True), profile._dispatch_mode(rec), \
+            profile._function_mode(), profile._autocast_on_cpu(), \
+            torch.autocast("cuda", dtype=torch.bfloat16):
+        torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    made = [n for kind, n in rec.events if kind == "a"]
+    assert made[:3] == [v.numel() * 2, k.numel() * 2, q.numel() * 2]
 
 
 def test_cross_entropy_of_low_precision_logits_runs_cudas_composite() -> None:

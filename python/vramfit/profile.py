@@ -411,8 +411,22 @@ def _function_mode() -> Any:
         @staticmethod
         def backward(ctx, grad):  # type: ignore[no-untyped-def]
             q, k, v, out, lse, mask = ctx.saved_tensors
-            delta = lse.new_empty(lse.shape)
+            low = q.dtype in (torch.float16, torch.bfloat16)
+            delta = None if low else lse.new_empty(lse.shape)
             dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+            if low:
+                # The half-precision kernels' backward takes one buffer after
+                # the gradients: the queries' gradient accumulated in fp32
+                # and the softmax's row sums, and with grouped heads the keys'
+                # and values' gradients at every query head before they are
+                # summed (the H200's recorded GPT-2, LLaMA and Mistral runs,
+                # to 512 bytes)
+                b, h, sq, d = q.shape
+                nbytes = b * h * sq * (d + 1) * 4
+                if k.shape[-3] != h:
+                    nbytes += b * h * k.shape[-2] * (d + v.shape[-1]) * q.element_size()
+                workspace = q.new_empty((nbytes,), dtype=torch.uint8)
+                del workspace
             dmask = None
             if ctx.bias_grad:
                 keys = k.shape[-2]
@@ -456,11 +470,16 @@ def _function_mode() -> Any:
         p = float(params.get("dropout_p") or 0.0)
         causal = bool(params.get("is_causal") or False)
         if autocast:
-            # CUDA autocast casts every floating-point input, the mask too
+            # CUDA autocast casts every floating-point input, the mask too,
+            # last argument first (its wrapper's arguments are evaluated
+            # right to left: the H200's recorded Mistral autocast runs cast
+            # the keys and values before the queries)
             dt = torch.get_autocast_dtype("cpu")
-            q, k, v = q.to(dt), k.to(dt), v.to(dt)
             if mask is not None and mask.is_floating_point():
                 mask = mask.to(dt)
+            v = v.to(dt)
+            k = k.to(dt)
+            q = q.to(dt)
         if mask is not None and mask.dtype == torch.bool:
             # made additive in the query's dtype before a kernel is chosen
             mask = torch.where(mask, torch.zeros((), dtype=q.dtype),
