@@ -1076,23 +1076,38 @@ impl Gen<'_> {
                     && t.mlp == MlpKind::Swiglu
                     && !t.is_moe_block(l)
                     && !t.layout.gate_gelu_new;
+                // Routed experts without a shared one (Mixtral): only the
+                // router casts the norm's output (the experts read fp32
+                // tokens), and their sum in token order is the block's
+                // feed-forward output, with no projection after it (the
+                // H200's recorded Mixtral autocast runs).
+                let routed_only =
+                    t.is_moe_block(l) && t.layout.moe.as_ref().is_some_and(|m| m.shared_ffn == 0);
                 let mut nrm2_local = if wd.amp {
                     if !chain {
                         saved.push(self.t.act(n * h * wd.c));
-                        saved.push(self.t.act(n * h * wd.c));
+                        if !routed_only {
+                            saved.push(self.t.act(n * h * wd.c));
+                        }
                     }
                     Some(nrm2)
                 } else {
                     saved.push(nrm2);
                     None
                 };
-                if chain {
+                let routed = if chain {
                     self.hf_gated_chain(t, n, &mut saved);
+                    None
                 } else {
-                    self.hf_ffn(t, lib, l, n, &mut saved);
-                }
-                self.weight_cast();
-                let mut down = self.t.act(n * h * wd.c);
+                    self.hf_ffn(t, lib, l, n, &mut saved)
+                };
+                let mut down = match routed {
+                    Some(id) => id,
+                    None => {
+                        self.weight_cast();
+                        self.t.act(n * h * wd.c)
+                    }
+                };
                 // the feed-forward returns
                 self.drop_unsaved(&mut saved, ffn_mark, x);
                 self.drop_local(&mut nrm2_local);
@@ -1318,7 +1333,17 @@ impl Gen<'_> {
     ///   fp32 softmax and the top-k weights and indices, then the experts
     ///   grouped as transformers runs them on CUDA (below): `tokens x top_k`
     ///   routed tokens whatever the router's balance.
-    fn hf_ffn(&mut self, t: &TransformerArch, lib: HfImpl, l: u64, n: u64, saved: &mut Vec<u32>) {
+    ///
+    /// Returns the routed experts' sum where it is the feed-forward's output
+    /// (experts without a shared one).
+    fn hf_ffn(
+        &mut self,
+        t: &TransformerArch,
+        lib: HfImpl,
+        l: u64,
+        n: u64,
+        saved: &mut Vec<u32>,
+    ) -> Option<u32> {
         let wd = self.widths();
         let h = t.hidden;
         let gated = |g: &mut Self, rows: u64, f: u64, saved: &mut Vec<u32>| {
@@ -1368,12 +1393,13 @@ impl Gen<'_> {
                 self.t.free(weighted);
                 let routed = self.t.act(n * h * ew);
                 self.t.free(tokens);
-                if m.shared_ffn > 0 {
-                    // the shared expert's sigmoid gate and its product
-                    saved.push(self.t.act(n * wd.c));
-                    let product = self.t.act(n * h * wd.c);
-                    self.t.free(product);
+                if m.shared_ffn == 0 {
+                    return Some(routed);
                 }
+                // the shared expert's sigmoid gate and its product
+                saved.push(self.t.act(n * wd.c));
+                let product = self.t.act(n * h * wd.c);
+                self.t.free(product);
                 self.t.free(routed);
             }
             _ if t.mlp == MlpKind::Swiglu && t.layout.fused_gate_up => {
@@ -1420,6 +1446,7 @@ impl Gen<'_> {
                 }
             }
         }
+        None
     }
 
     /// A T5 decoder block's cross-attention over the encoder's output (of
