@@ -355,11 +355,17 @@ async fn wait_all(
             .iter()
             .filter(|j| !check(j))
             .map(|j| {
+                // attempt, pod and history too: a job left waiting after a
+                // kill shows which attempt's record the controllers lost
+                let status = j.status.as_ref();
                 format!(
-                    "{} {:?} {:?}",
+                    "{} {:?} {:?} attempt {:?} pod {:?} history {:?}",
                     j.name_any(),
                     phase(j),
-                    j.status.as_ref().and_then(|s| s.message.clone())
+                    status.and_then(|s| s.message.clone()),
+                    status.map(|s| s.attempt),
+                    status.and_then(|s| s.pod_name.clone()),
+                    status.map(|s| &s.history),
                 )
             })
             .collect();
