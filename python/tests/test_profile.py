@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -198,6 +199,16 @@ def test_fused_attention_output_is_transposed_back_without_a_copy() -> None:
     assert y.shape == (2, 4, 16, 8) and y.transpose(1, 2).is_contiguous()
 
 
+def allocations_made(fn: Any) -> list:
+    """The sizes of the storages `fn` makes under the capture's fake tensors
+    and CUDA behaviour, in order."""
+    rec = profile._Recorder()
+    with FakeTensorMode(allow_non_fake_inputs=True), profile._dispatch_mode(rec), \
+            profile._function_mode():
+        fn()
+    return [n for kind, n in rec.events if kind == "a"]
+
+
 @pytest.mark.parametrize("kv_heads", [4, 2])
 def test_half_precision_fused_attention_backward_takes_one_workspace(kv_heads: int) -> None:
     # The recorded H200 runs (GPT-2, LLaMA, Mistral in bf16 and fp16): after
@@ -210,13 +221,13 @@ def test_half_precision_fused_attention_backward_takes_one_workspace(kv_heads: i
     def sizes(dtype: torch.dtype) -> list:
         q = torch.zeros(b, h, s, d, dtype=dtype, requires_grad=True)
         k, v = (torch.zeros(b, kv_heads, s, d, dtype=dtype, requires_grad=True) for _ in range(2))
-        rec = profile._Recorder()
-        with FakeTensorMode(allow_non_fake_inputs=True), profile._dispatch_mode(rec), \
-                profile._function_mode():
+
+        def attend() -> None:
             y = torch.nn.functional.scaled_dot_product_attention(
                 q, k, v, enable_gqa=kv_heads != h)
             y.sum().backward()
-        return [n for kind, n in rec.events if kind == "a"]
+
+        return allocations_made(attend)
 
     workspace = b * h * s * (d + 1) * 4
     if kv_heads != h:
@@ -234,12 +245,12 @@ def test_autocast_casts_attentions_inputs_last_argument_first() -> None:
     q = torch.zeros(b, 4, s, 16, requires_grad=True)
     k = torch.zeros(b, 2, s, 16, requires_grad=True)
     v = torch.zeros(b, 2, s, 8, requires_grad=True)
-    rec = profile._Recorder()
-    with FakeTensorMode(allow_non_fake_inputs=True), profile._dispatch_mode(rec), \
-            profile._function_mode(), profile._autocast_on_cpu(), \
-            torch.autocast("cuda", dtype=torch.bfloat16):
-        torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
-    made = [n for kind, n in rec.events if kind == "a"]
+
+    def attend() -> None:
+        with profile._autocast_on_cpu(), torch.autocast("cuda", dtype=torch.bfloat16):
+            torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+
+    made = allocations_made(attend)
     assert made[:3] == [v.numel() * 2, k.numel() * 2, q.numel() * 2]
 
 
@@ -308,8 +319,8 @@ def test_joining_a_fp32_and_a_bf16_tensor_under_autocast_copies_nothing(op: str)
         optimizer.step()
         optimizer.zero_grad()
 
-    p = profile.capture_step(model, step, micro_batch=b, optimizers=[optimizer])
-    seq = [p["sizes"][e] for e in p["events"] if e >= 0]
+    seq = sizes_in_order(profile.capture_step(model, step, micro_batch=b,
+                                              optimizers=[optimizer]))
     # each step: the input, the joined tensor (two rows of it); no fp32 copy
     # of the bf16 output
     assert seq.count(b * d * 4) == profile.STEPS

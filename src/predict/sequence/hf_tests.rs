@@ -2218,26 +2218,22 @@ fn routed_experts_cast_the_norms_output_once_and_their_sum_is_the_blocks_output(
     // two more hidden-sized low-precision tensors a block.
     let p = Precision::AmpBf16;
     let w = widths(p);
-    let hidden_low = |model_type: &str| {
-        let t = family(model_type, serde_json::json!({}));
-        count(
-            &acts(first_forward(&family_events(&t, p, Attention::Sdpa))),
-            N * H * w.c,
-        )
-    };
-    let (dense, routed) = (hidden_low("llama"), hidden_low("mixtral"));
-    assert_eq!(dense, routed + 2 * 2, "{dense} {routed}");
-    // with a shared expert (Qwen2-MoE) the block keeps both casts and the
-    // projection after the sum
-    let qwen = family("qwen2_moe", serde_json::json!({}));
-    let mut unshared = qwen.clone();
-    unshared.layout.moe.as_mut().unwrap().shared_ffn = 0;
     let low = |t: &crate::predict::arch::TransformerArch| {
         count(
             &acts(first_forward(&family_events(t, p, Attention::Sdpa))),
             N * H * w.c,
         )
     };
+    let (dense, routed) = (
+        low(&family("llama", serde_json::json!({}))),
+        low(&family("mixtral", serde_json::json!({}))),
+    );
+    assert_eq!(dense, routed + 2 * 2, "{dense} {routed}");
+    // with a shared expert (Qwen2-MoE) the block keeps both casts and the
+    // projection after the sum
+    let qwen = family("qwen2_moe", serde_json::json!({}));
+    let mut unshared = qwen.clone();
+    unshared.layout.moe.as_mut().unwrap().shared_ffn = 0;
     assert!(
         low(&qwen) >= low(&unshared) + 2 * 2,
         "{} {}",
