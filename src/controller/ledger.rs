@@ -355,10 +355,9 @@ impl Ledger {
                 if let Some(pod) = placement {
                     match job {
                         Some(job) => {
-                            if !pod.ended
-                                && pod.attempt == current_attempt(job)
-                                && !assignments.is_placed(&pod.job_uid, pod.attempt)
-                            {
+                            if pod_ledger::is_unrecorded(pod, job, |uid, attempt| {
+                                assignments.is_placed(uid, attempt)
+                            }) {
                                 self.unrecorded.insert(
                                     id.clone(),
                                     (pod.job_uid.clone(), pod.attempt, pod.placement.clone()),

@@ -330,7 +330,7 @@ fn a_pod_no_status_records_is_listed_until_the_cycle_assigns_it() {
 }
 
 #[test]
-fn an_ended_pod_or_one_of_an_older_attempt_is_not_unrecorded() {
+fn an_older_attempts_pod_is_not_unrecorded_and_the_current_ones_is_even_ended() {
     let a = waiting("a", 2);
     run(vec![
         (
@@ -340,16 +340,21 @@ fn an_ended_pod_or_one_of_an_older_attempt_is_not_unrecorded() {
             ],
             (&[], &["uid-a"], &[], &[]),
         ),
+        // The pod of the current attempt, ended before the status recorded
+        // it: its attempt ran, the job follows it rather than run it again.
         (
             vec![Step::Pod(Box::new(ended(pod(&a, 2, 0))))],
-            (&[], &["uid-a"], &[], &[]),
-        ),
-        // The pod of the current attempt, running.
-        (
-            vec![Step::Pod(Box::new(pod(&a, 2, 0)))],
             (&[], &["uid-a"], &["uid-a#2"], &[]),
         ),
     ]);
+    let b = waiting("b", 2);
+    run(vec![(
+        vec![
+            Step::Job(Box::new(b.clone())),
+            Step::Pod(Box::new(pod(&b, 2, 0))),
+        ],
+        (&[], &["uid-b"], &["uid-b#2"], &[]),
+    )]);
 }
 
 #[test]

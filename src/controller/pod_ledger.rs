@@ -7,9 +7,10 @@
 //!
 //! - **Unrecorded:** the pod of a live job's current attempt whose status does
 //!   not record it yet (a controller that stopped between the pod and the
-//!   status write). The cycle adopts the pod's placement as its own decision
-//!   for that attempt, so the job is not placed a second time, and the job's
-//!   reconcile writes it to status.
+//!   status write), running or ended. The cycle adopts the pod's placement as
+//!   its own decision for that attempt, so the job is not placed a second
+//!   time, and the job's reconcile writes it to status and follows the pod
+//!   (to its end, when it ended meanwhile).
 //! - **Orphaned:** the pod of a job that no longer exists. It holds its
 //!   memory until it is gone (a kubelet stops it after its grace period), and
 //!   it is deleted.
@@ -197,10 +198,7 @@ pub fn read_pods(
         };
         match job {
             Some(job) => {
-                if !pod.ended
-                    && pod.attempt == current_attempt(job)
-                    && !assigned(&pod.job_uid, pod.attempt)
-                {
+                if is_unrecorded(&pod, job, &assigned) {
                     ledger.unrecorded.push((
                         pod.job_uid.clone(),
                         pod.attempt,
@@ -219,6 +217,20 @@ pub fn read_pods(
         }
     }
     ledger
+}
+
+/// True when `pod` is the current attempt of `job` (a live job whose status
+/// records no placement, [`may_be_unrecorded`]) and the cycle holds no
+/// placement for it. A pod that ended counts as well: its attempt ran (a
+/// controller stopped between the pod and the status write, and the pod
+/// finished before the next one looked), so the job follows it to its end
+/// instead of waiting for room to run the attempt again.
+pub fn is_unrecorded(
+    pod: &PodPlacement,
+    job: &TrainingJob,
+    assigned: impl Fn(&str, u32) -> bool,
+) -> bool {
+    pod.attempt == current_attempt(job) && !assigned(&pod.job_uid, pod.attempt)
 }
 
 /// The pod of a deleted job, to delete.

@@ -143,7 +143,7 @@ fn a_pod_without_placement_attempt_or_owning_job_is_not_read() {
 }
 
 #[test]
-fn the_current_attempts_pod_is_unrecorded_only_while_status_and_cycle_lack_it() {
+fn the_current_attempts_pod_running_or_ended_is_unrecorded_only_while_status_and_cycle_lack_it() {
     let live = job("a");
     let pod = pod_of(&live, 1);
     let unrecorded = vec![("uid-a".to_string(), 1, placement(1))];
@@ -170,11 +170,19 @@ fn the_current_attempts_pod_is_unrecorded_only_while_status_and_cycle_lack_it() 
             pod.clone(),
             vec![],
         ),
+        // Its attempt ran: the job follows the pod to its end rather than
+        // wait for room to run the attempt again.
         (
-            "the pod ended",
+            "the pod failed",
             live.clone(),
             ended(pod.clone(), "Failed"),
-            vec![],
+            unrecorded.clone(),
+        ),
+        (
+            "the pod succeeded",
+            live.clone(),
+            ended(pod.clone(), "Succeeded"),
+            unrecorded.clone(),
         ),
     ];
     for (case, job, pod, expected) in cases {

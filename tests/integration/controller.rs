@@ -446,31 +446,32 @@ async fn deleting_a_job_frees_its_gpu_for_the_next() {
     cluster.wait_phase("second", Phase::Placed).await;
 }
 
-#[tokio::test]
-async fn a_pod_created_before_its_status_was_written_is_taken_as_the_placement() {
-    // A controller that stopped between an attempt's pod and its status
-    // write left the pod as the only record of the placement.
-    let cluster = TestCluster::new("adopt").await;
-    let node = cluster
-        .add_gpu_node("n1", &[("H100-80GB", 80 * GIB), ("H100-80GB", 80 * GIB)])
-        .await;
+/// Applies a 60 GiB job and creates its first attempt's pod on GPU `gpu` of
+/// `node`, as a controller that stopped before the status write leaves it:
+/// the pod is the only record of the placement. Returns the placement.
+async fn job_with_unrecorded_pod(
+    cluster: &TestCluster,
+    node: &str,
+    gpu: u32,
+    name: &str,
+) -> PlacementStatus {
     let gpu_nodes: Api<GpuNode> = Api::all(cluster.client.clone());
     let uuid = gpu_nodes
-        .get_status(&node)
+        .get_status(node)
         .await
         .unwrap()
         .status
         .unwrap()
-        .gpus[1]
+        .gpus[gpu as usize]
         .uuid
         .clone();
     let job = cluster
-        .apply_job(mlp_job("adopted", 64, 8, 1, Some("60Gi")))
+        .apply_job(mlp_job(name, 64, 8, 1, Some("60Gi")))
         .await;
     let placement = PlacementStatus {
         compute_percent: None,
-        node: node.clone(),
-        gpus: vec![AssignedGpu { index: 1, uuid }],
+        node: node.to_string(),
+        gpus: vec![AssignedGpu { index: gpu, uuid }],
         budget_bytes: 60 * GIB,
         memory_fraction: 0.75,
         attempt: 1,
@@ -485,6 +486,18 @@ async fn a_pod_created_before_its_status_was_written_is_taken_as_the_placement()
         .create(&PostParams::default(), &pod)
         .await
         .unwrap();
+    placement
+}
+
+#[tokio::test]
+async fn a_pod_created_before_its_status_was_written_is_taken_as_the_placement() {
+    // A controller that stopped between an attempt's pod and its status
+    // write left the pod as the only record of the placement.
+    let cluster = TestCluster::new("adopt").await;
+    let node = cluster
+        .add_gpu_node("n1", &[("H100-80GB", 80 * GIB), ("H100-80GB", 80 * GIB)])
+        .await;
+    let placement = job_with_unrecorded_pod(&cluster, &node, 1, "adopted").await;
     // Two more jobs of 60 GiB: one fits GPU 0, the other only GPU 1, which
     // the pod holds.
     for name in ["second", "third"] {
@@ -531,6 +544,30 @@ async fn a_pod_created_before_its_status_was_written_is_taken_as_the_placement()
         2,
         "no second pod for the adopted job: {names:?}"
     );
+}
+
+#[tokio::test]
+async fn a_pod_that_ended_before_its_status_was_written_ends_its_job_without_new_room() {
+    // The stopped controller's pods: one finished while no controller ran,
+    // the other still runs and holds the only GPU. The finished attempt is
+    // over: its job succeeds from its pod instead of waiting for room to run
+    // it again (the pods are not placed anew: one pod each).
+    let cluster = TestCluster::new("adopt-ended").await;
+    let node = cluster.add_gpu_node("n1", &[("H100-80GB", 80 * GIB)]).await;
+    job_with_unrecorded_pod(&cluster, &node, 0, "ran").await;
+    cluster.kubelet_exit("ran-a1", 0, "").await;
+    let runs = job_with_unrecorded_pod(&cluster, &node, 0, "runs").await;
+    cluster.kubelet_running("runs-a1").await;
+    let _controller = cluster.start_controller();
+    let done = cluster.wait_phase("ran", Phase::Succeeded).await;
+    let status = done.status.unwrap();
+    assert_eq!(status.attempt, 1);
+    assert_eq!(status.history.len(), 1, "{:?}", status.history);
+    let running = cluster.wait_phase("runs", Phase::Running).await;
+    assert_eq!(running.status.unwrap().placement, Some(runs));
+    let mut names = cluster.pod_names().await;
+    names.sort();
+    assert_eq!(names, ["ran-a1", "runs-a1"], "no attempt placed anew");
 }
 
 #[tokio::test]

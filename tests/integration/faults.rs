@@ -343,6 +343,19 @@ async fn wait_all(
     within: Duration,
     check: impl Fn(&TrainingJob) -> bool,
 ) -> Vec<TrainingJob> {
+    try_wait_all(cluster, what, within, check)
+        .await
+        .unwrap_or_else(|(message, _)| panic!("{message}"))
+}
+
+/// [`wait_all`], answering on time-out with the message and the names of the
+/// jobs not there.
+async fn try_wait_all(
+    cluster: &TestCluster,
+    what: &str,
+    within: Duration,
+    check: impl Fn(&TrainingJob) -> bool,
+) -> Result<Vec<TrainingJob>, (String, Vec<String>)> {
     let deadline = Instant::now() + within;
     loop {
         let jobs = cluster
@@ -370,20 +383,27 @@ async fn wait_all(
             })
             .collect();
         if pending.is_empty() && !jobs.is_empty() {
-            return jobs;
+            return Ok(jobs);
         }
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting for {what}: {} of {} jobs not there:\n{}",
-            pending.len(),
-            jobs.len(),
-            pending
+        if Instant::now() >= deadline {
+            let message = format!(
+                "timed out waiting for {what}: {} of {} jobs not there:\n{}",
+                pending.len(),
+                jobs.len(),
+                pending
+                    .iter()
+                    .take(20)
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            );
+            let names = jobs
                 .iter()
-                .take(20)
-                .cloned()
-                .collect::<Vec<_>>()
-                .join("\n")
-        );
+                .filter(|j| !check(j))
+                .map(|j| j.name_any())
+                .collect();
+            return Err((message, names));
+        }
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
 }
@@ -709,6 +729,8 @@ async fn the_controller_killed_at_random_moments_loses_and_doubles_nothing() {
         cluster.start_logged_controller(&["--no-leader-election"], "127.0.0.1:0")
     };
     let mut controller = start(&cluster);
+    // Each killed controller's log, for the jobs a time-out names.
+    let mut logs: Vec<String> = Vec::new();
 
     // The jobs come over the kills' span, at random sizes; one in ten
     // runs out of memory once; one in ten takes two GPUs.
@@ -747,6 +769,7 @@ async fn the_controller_killed_at_random_moments_loses_and_doubles_nothing() {
         );
         controller.signal(libc::SIGKILL);
         let _ = controller.wait_exit(Duration::from_secs(10)).await;
+        logs.push(controller.log_text());
         auditor
             .check(
                 &cluster,
@@ -760,7 +783,7 @@ async fn the_controller_killed_at_random_moments_loses_and_doubles_nothing() {
         "kill test: {kills} kills done after {:.1} s",
         started.elapsed().as_secs_f64()
     );
-    let jobs = wait_all(
+    let waited = try_wait_all(
         &cluster,
         &format!("every job to end (seed {seed})"),
         // The debug build on two shared cores: about 0.8 s per job, and more
@@ -770,6 +793,13 @@ async fn the_controller_killed_at_random_moments_loses_and_doubles_nothing() {
         |j| phase(j).is_terminal(),
     )
     .await;
+    let jobs = match waited {
+        Ok(jobs) => jobs,
+        Err((message, names)) => {
+            logs.push(controller.log_text());
+            panic!("{message}\n{}", stuck_story(&cluster, &names, &logs).await);
+        }
+    };
     auditor
         .check(&cluster, &format!("at the end (seed {seed})"))
         .await;
@@ -801,6 +831,39 @@ async fn the_controller_killed_at_random_moments_loses_and_doubles_nothing() {
     );
     assert!(controller.is_running(), "{}", controller.log_text());
     drop(agents);
+}
+
+/// What the pods and every controller's log say of the jobs `names` (the
+/// first five): each pod's phase, and each log line naming the job, by
+/// controller in the order they ran.
+async fn stuck_story(cluster: &TestCluster, names: &[String], logs: &[String]) -> String {
+    let pods = cluster
+        .pods()
+        .list(&ListParams::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default();
+    let mut story = String::new();
+    for name in names.iter().take(5) {
+        for pod in pods
+            .iter()
+            .filter(|p| p.labels().get(JOB_LABEL) == Some(name))
+        {
+            let phase = pod.status.as_ref().and_then(|s| s.phase.clone());
+            story.push_str(&format!("pod {} {phase:?}\n", pod.name_any()));
+        }
+        let quoted = format!("{name}\"");
+        let bare = format!("{name} ");
+        for (i, log) in logs.iter().enumerate() {
+            for line in log
+                .lines()
+                .filter(|l| l.contains(&quoted) || l.contains(&bare) || l.ends_with(name.as_str()))
+            {
+                story.push_str(&format!("controller {i}: {line}\n"));
+            }
+        }
+    }
+    story
 }
 
 fn holder(lease: &Lease) -> Option<String> {
