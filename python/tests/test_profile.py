@@ -191,6 +191,69 @@ def test_checkpointed_recomputation_follows_cuda_behaviour_too() -> None:
     assert p["capture"]["checkpointing"] is True
 
 
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_a_scripts_own_checkpoint_recomputes_under_cuda_behaviour(reentrant: bool) -> None:
+    # A script that checkpoints with torch.utils.checkpoint itself (not the
+    # library's gradient_checkpointing_enable): the recomputation in backward
+    # runs where no function mode is active. It must still run attention as
+    # CUDA does (a non-reentrant checkpoint otherwise finds its recomputed
+    # tensors unlike the forward's and fails), and the backward of the
+    # recomputed bf16 attention take the fused kernel's workspace.
+    b, h, s, d = 2, 4, 128, 16
+
+    class Attention(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.qkv = torch.nn.Linear(h * d, 3 * h * d)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            q, k, v = self.qkv(x).view(b, s, 3, h, d).permute(2, 0, 3, 1, 4)
+            y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return y.transpose(1, 2).reshape(b, s, h * d)
+
+    with torch.device("meta"):
+        model = Attention()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step(m: Any) -> None:
+        x = torch.randn(b, s, h * d, device="cuda", requires_grad=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            y = torch.utils.checkpoint.checkpoint(m, x, use_reentrant=reentrant)
+        y.float().sum().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    p = profile.capture_step(model, step, micro_batch=b, steps=2, optimizers=[opt])
+    seq = sizes_in_order(p)
+    assert seq.count(b * h * s * (d + 1) * 4) == 2, "one fused backward workspace a step"
+    assert max(seq) < b * h * s * s * 2, "no score matrix, in the forward or the recomputation"
+
+
+@pytest.mark.parametrize("make", [
+    lambda params, foreach: torch.optim.AdamW(params, foreach=foreach),
+    lambda params, foreach: torch.optim.Adagrad(params, foreach=foreach),
+])
+def test_an_optimizer_left_to_choose_steps_as_on_a_gpu(make: Any) -> None:
+    # PyTorch picks the multi-tensor (foreach) step for parameters on a GPU
+    # when the script leaves `foreach` unset; the capture's parameters are
+    # fake CPU tensors, which would get the one-tensor loop.
+    def sizes(foreach: Any) -> list:
+        with torch.device("meta"):
+            model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Linear(256, 256))
+        opt = make(model.parameters(), foreach)
+
+        def step(m: Any) -> None:
+            m(torch.randn(4, 256, device="cuda")).sum().backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        return sizes_in_order(profile.capture_step(model, step, micro_batch=4, steps=2,
+                                                   optimizers=[opt]))
+
+    assert sizes(True) != sizes(False), "the two implementations allocate alike"
+    assert sizes(None) == sizes(True)
+
+
 def test_fused_attention_output_is_transposed_back_without_a_copy() -> None:
     q, k, v = (torch.zeros(2, 4, 16, 8, requires_grad=True) for _ in range(3))
     with profile._function_mode():

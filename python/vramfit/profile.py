@@ -77,7 +77,7 @@ import os
 import sys
 import time
 import weakref
-from typing import Any, Callable, Dict, List, NoReturn, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, NoReturn, Optional, Sequence, Tuple
 
 FORMAT = "vramfit.profile/v1"
 PRECISIONS = ("fp32", "amp-bf16", "amp-fp16", "bf16", "fp16")
@@ -608,6 +608,8 @@ def _function_mode() -> Any:
     moves = {T.to, T.cuda, T.pin_memory}
 
     class CudaBehaviour(TorchFunctionMode):
+        vramfit_capture = True
+
         def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
             kwargs = kwargs or {}
             if "device" in kwargs:
@@ -981,6 +983,8 @@ class Capture:
         stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
         stack.enter_context(_dispatch_mode(self.rec))
         stack.enter_context(_function_mode())
+        stack.enter_context(_recompute_in_mode())
+        stack.enter_context(_foreach_as_on_cuda())
         stack.enter_context(_autocast_on_cpu())
         stack.enter_context(_unpacked_sequences())
         self._stack = stack
@@ -1020,6 +1024,77 @@ class Capture:
                              "peakHostBytes": self.peak_host_bytes,
                              "dataDependentReads": self.rec.data_reads})
         return to_profile(self.rec, micro_batch, grad_accum, capture_info)
+
+
+@contextlib.contextmanager
+def _foreach_as_on_cuda() -> Iterator[None]:
+    """An optimizer left to choose its implementation (``foreach=None``, the
+    default) asks PyTorch at its step, which picks the multi-tensor
+    (foreach) one for parameters on a device with foreach kernels: on a GPU,
+    with its whole-list temporaries, while the capture's parameters are on
+    the CPU and would get the one-tensor-at-a-time loop. The capture counts
+    the CPU among those devices; each optimizer still decides as it does
+    (Adafactor, which never defaults to foreach, keeps its loop)."""
+    import torch.optim.optimizer as optimizer
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    devices = optimizer._get_foreach_kernels_supported_devices
+    types = optimizer._foreach_supported_types
+    optimizer._get_foreach_kernels_supported_devices = lambda: [*devices(), "cpu"]
+    # the capture's parameters are fake tensors, a type of their own
+    optimizer._foreach_supported_types = [*types, FakeTensor]
+    try:
+        yield
+    finally:
+        optimizer._get_foreach_kernels_supported_devices = devices
+        optimizer._foreach_supported_types = types
+
+
+@contextlib.contextmanager
+def _recompute_in_mode() -> Iterator[None]:
+    """A checkpointed function recomputed in backward runs inside autograd's
+    engine, where no torch-function mode is active (PyTorch keeps dispatch
+    modes there, not function modes): without this, the capture's CUDA rules
+    (fused attention, autocast's fp32 list, fused dropout) would not apply to
+    the recomputation, and a non-reentrant checkpoint would find its
+    recomputed tensors unlike the forward's. The function checkpointing
+    runs (reentrant or not) enters the capture's function mode when none is
+    active."""
+    import torch.utils.checkpoint as ckpt
+    from torch.overrides import _get_current_function_mode_stack
+
+    def in_mode(fn: Any) -> Any:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            if any(getattr(m, "vramfit_capture", False) for m in _get_current_function_mode_stack()):
+                return fn(*args, **kwargs)
+            with _function_mode():
+                return fn(*args, **kwargs)
+        return run
+
+    def wrap_generator(orig: Any) -> Any:
+        def generator(fn: Any, *args: Any, **kwargs: Any) -> Any:
+            return orig(in_mode(fn), *args, **kwargs)
+        return generator
+
+    # The non-reentrant generator takes the function first (its name and
+    # other arguments vary between PyTorch versions).
+    saved = {n: getattr(ckpt, n) for n in ("_checkpoint_without_reentrant_generator",
+                                           "_checkpoint_without_reentrant_generator_impl")
+             if hasattr(ckpt, n)}
+    forward = ckpt.CheckpointFunction.forward
+
+    def reentrant_forward(ctx: Any, run_function: Any, *args: Any) -> Any:
+        return forward(ctx, in_mode(run_function), *args)
+
+    for name, orig in saved.items():
+        setattr(ckpt, name, wrap_generator(orig))
+    ckpt.CheckpointFunction.forward = staticmethod(reentrant_forward)
+    try:
+        yield
+    finally:
+        for name, orig in saved.items():
+            setattr(ckpt, name, orig)
+        ckpt.CheckpointFunction.forward = staticmethod(forward)
 
 
 @contextlib.contextmanager
@@ -1116,12 +1191,11 @@ def capture(model_spec: str, config: Dict[str, Any], batch: int, precision: str,
         if checkpointing:
             if not hasattr(model, "gradient_checkpointing_enable"):
                 raise CaptureError("--checkpointing needs a model with gradient_checkpointing_enable()")
-            # The library's default (non-reentrant) checkpointing; the
-            # recomputation in backward runs outside the modes of the
-            # forward, so it gets its own CUDA-behaviour mode.
+            # The library's default (non-reentrant) checkpointing; its
+            # recomputation in backward gets the capture's function mode
+            # from `_recompute_in_mode`.
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={
-                "use_reentrant": False,
-                "context_fn": lambda: (contextlib.nullcontext(), _function_mode())})
+                "use_reentrant": False})
         model.train()
         opt = make_optimizer(optimizer, model.parameters())
         scaler = _Scaler() if precision == "amp-fp16" else None

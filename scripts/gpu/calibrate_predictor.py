@@ -342,6 +342,50 @@ def make_optimizer(name, params):
     raise ValueError(name)
 
 
+def precisions(c):
+    """(the model's dtype in pure low precision, autocast's dtype) of `c`."""
+    import torch
+    return ({"bf16": torch.bfloat16, "fp16": torch.float16}.get(c["precision"]),
+            {"amp-bf16": torch.bfloat16, "amp-fp16": torch.float16}.get(c["precision"]))
+
+
+def train_step(c, model, opt, scaler, gen=None, attn_ctx=None):
+    """One optimizer step of configuration `c` (its micro-steps, backward,
+    the step and clearing the gradients), as the GPU run trains and as
+    capture_reference_profiles.py captures it on the CPU."""
+    import contextlib
+    import torch
+    import torch.nn.functional as F
+
+    a = c["arch"]
+    pure, amp = precisions(c)
+    B = c["micro"]
+    attn_ctx = attn_ctx or contextlib.nullcontext
+    for _ in range(c["accum"]):
+        if a["family"] == "mlp":
+            dt = pure or torch.float32
+            x = torch.randn(B, a["hidden"], device="cuda", dtype=dt, generator=gen)
+            y = torch.randn(B, a["hidden"], device="cuda", generator=gen)
+            with torch.autocast("cuda", dtype=amp, enabled=amp is not None):
+                loss = F.mse_loss(model(x).float(), y) / c["accum"]
+        else:
+            idx = torch.randint(0, a["vocab"], (B, a["seq"]), device="cuda", generator=gen)
+            tgt = torch.randint(0, a["vocab"], (B, a["seq"]), device="cuda", generator=gen)
+            with torch.autocast("cuda", dtype=amp, enabled=amp is not None), attn_ctx():
+                loss = model(idx, tgt, c["ckpt"]) / c["accum"]
+        if scaler is not None:
+            scaler.scale(loss).backward()
+        else:
+            loss.backward()
+        del loss
+    if scaler is not None:
+        scaler.step(opt)
+        scaler.update()
+    else:
+        opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
 # ------------------------------------------------------------------- the child
 
 
@@ -350,7 +394,6 @@ def child(c, wfd, rfd, snapdir):
     waits for the parent's NVML reading after each."""
     import contextlib
     import torch
-    import torch.nn.functional as F
 
     def stage(name, **kw):
         os.write(wfd, (json.dumps(dict(stage=name, **kw)) + "\n").encode())
@@ -365,8 +408,7 @@ def child(c, wfd, rfd, snapdir):
                                                  stacks="python", max_entries=5_000_000)
     a = c["arch"]
     prec = c["precision"]
-    pure = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(prec)
-    amp = {"amp-bf16": torch.bfloat16, "amp-fp16": torch.float16}.get(prec)
+    pure, _ = precisions(c)
     with torch.device("cuda"):
         model = build_model(a, c["attention"])
     if pure is not None:
@@ -378,7 +420,6 @@ def child(c, wfd, rfd, snapdir):
     stage("built", reserved=torch.cuda.memory_reserved(),
           allocated=torch.cuda.memory_allocated(), params=nparams)
 
-    B = c["micro"]
     gen = torch.Generator(device="cuda").manual_seed(0)
     if c["attention"] == "flash":
         from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -387,29 +428,7 @@ def child(c, wfd, rfd, snapdir):
         attn_ctx = contextlib.nullcontext
     t0 = time.time()
     for _ in range(c["steps"]):
-        for _ in range(c["accum"]):
-            if a["family"] == "mlp":
-                dt = pure or torch.float32
-                x = torch.randn(B, a["hidden"], device="cuda", dtype=dt, generator=gen)
-                y = torch.randn(B, a["hidden"], device="cuda", generator=gen)
-                with torch.autocast("cuda", dtype=amp, enabled=amp is not None):
-                    loss = F.mse_loss(model(x).float(), y) / c["accum"]
-            else:
-                idx = torch.randint(0, a["vocab"], (B, a["seq"]), device="cuda", generator=gen)
-                tgt = torch.randint(0, a["vocab"], (B, a["seq"]), device="cuda", generator=gen)
-                with torch.autocast("cuda", dtype=amp, enabled=amp is not None), attn_ctx():
-                    loss = model(idx, tgt, c["ckpt"]) / c["accum"]
-            if scaler is not None:
-                scaler.scale(loss).backward()
-            else:
-                loss.backward()
-            del loss
-        if scaler is not None:
-            scaler.step(opt)
-            scaler.update()
-        else:
-            opt.step()
-        opt.zero_grad(set_to_none=True)
+        train_step(c, model, opt, scaler, gen, attn_ctx)
     torch.cuda.synchronize()
     secs = time.time() - t0
     if c["snapshot"]:

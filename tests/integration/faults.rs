@@ -835,7 +835,8 @@ async fn the_controller_killed_at_random_moments_loses_and_doubles_nothing() {
 
 /// What the pods and every controller's log say of the jobs `names` (the
 /// first five): each pod's phase, and each log line naming the job, by
-/// controller in the order they ran.
+/// controller in the order they ran; then the last controller's last lines
+/// (a controller that stopped says why there).
 async fn stuck_story(cluster: &TestCluster, names: &[String], logs: &[String]) -> String {
     let pods = cluster
         .pods()
@@ -861,6 +862,14 @@ async fn stuck_story(cluster: &TestCluster, names: &[String], logs: &[String]) -
             {
                 story.push_str(&format!("controller {i}: {line}\n"));
             }
+        }
+    }
+    if let Some(last) = logs.last() {
+        let lines: Vec<&str> = last.lines().collect();
+        story.push_str("the last controller's last lines:\n");
+        for line in &lines[lines.len().saturating_sub(20)..] {
+            story.push_str(line);
+            story.push('\n');
         }
     }
     story

@@ -1,0 +1,85 @@
+#!/usr/bin/env python3
+"""Capture, on the CPU, the allocation profile of each configuration of the
+predictor's calibration zoo (scripts/gpu/calibrate_predictor.py: its own
+GPT-2, LLaMA, Qwen2 and BERT modules and MLPs, not a library's) with
+`vramfit.profile.capture_step`: the zoo's model and training step run as the
+GPU run trains them (checkpointing with `torch.utils.checkpoint` itself),
+so that `vramfit bench predict --profiles DIR --prefer-profiles` checks the
+profile path of arbitrary training code against the H200's measurements.
+
+Usage:
+    PYTHONPATH=python python3 scripts/capture_reference_profiles.py \
+        data/calibration/h200.jsonl OUT [--only NAME,NAME]
+
+A measured row whose configuration is not in the zoo, or whose optimizer
+this machine lacks (8-bit AdamW without bitsandbytes), is reported and left
+out.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu"))
+
+import calibrate_predictor as zoo  # noqa: E402
+
+
+def capture(profile, c):
+    """The profile of zoo configuration `c`, captured on the CPU."""
+    import torch
+
+    pure, _ = zoo.precisions(c)
+    with torch.device("meta"):
+        model = zoo.build_model(c["arch"], c["attention"])
+    opt = zoo.make_optimizer(c["optimizer"], model.parameters())
+    # GradScaler's step reads whether a gradient overflowed, which fake
+    # tensors cannot answer; the capture's scaler runs its kernels instead.
+    scaler = profile._Scaler() if c["precision"] == "amp-fp16" else None
+    return profile.capture_step(
+        model, lambda m: zoo.train_step(c, m, opt, scaler), micro_batch=c["micro"],
+        steps=c["steps"], grad_accum=c["accum"], optimizers=[opt], dtype=pure,
+        source=c["name"])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("measured", help="the zoo's measured rows (JSON lines with `name`)")
+    ap.add_argument("outdir")
+    ap.add_argument("--only", default="", help="comma-separated names")
+    args = ap.parse_args()
+    from vramfit import profile
+
+    by_name = {c["name"]: c for c in zoo.ZOO}
+    only = set(filter(None, args.only.split(",")))
+    os.makedirs(args.outdir, exist_ok=True)
+    failed = 0
+    for line in open(args.measured):
+        name = json.loads(line)["name"]
+        if only and name not in only:
+            continue
+        c = by_name.get(name)
+        if c is None:
+            print(f"{name}: not in the zoo", flush=True)
+            failed += 1
+            continue
+        t0 = time.time()
+        try:
+            p = capture(profile, c)
+        except Exception as e:  # noqa: BLE001
+            print(f"{name}: FAILED {type(e).__name__}: {str(e)[:200]}", flush=True)
+            failed += 1
+            continue
+        p["name"] = name
+        with open(os.path.join(args.outdir, name + ".profile.json"), "w") as f:
+            json.dump(p, f, separators=(",", ":"))
+        print(f"{name}: {len(p['events'])} events, live peak "
+              f"{p['capture']['peakLiveBytes'] / 2**30:.3f} GiB, {time.time() - t0:.1f}s",
+              flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
