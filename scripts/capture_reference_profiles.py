@@ -27,6 +27,20 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu
 import calibrate_predictor as zoo  # noqa: E402
 
 
+def convert(module, dtype):
+    """`module.to(dtype)` as nn.Module runs it (children first, each one's
+    parameters then its buffers, a parameter's data replaced in place), for
+    the capture's parameters, which `Module.to` would try to swap."""
+    for child in module.children():
+        convert(child, dtype)
+    for p in module._parameters.values():
+        if p is not None and p.is_floating_point():
+            p.data = p.data.to(dtype)
+    for name, b in module._buffers.items():
+        if b is not None and b.is_floating_point():
+            module._buffers[name] = b.to(dtype)
+
+
 def capture(profile, c):
     """The profile of zoo configuration `c`, captured on the CPU."""
     import torch
@@ -34,14 +48,23 @@ def capture(profile, c):
     pure, _ = zoo.precisions(c)
     with torch.device("meta"):
         model = zoo.build_model(c["arch"], c["attention"])
-    opt = zoo.make_optimizer(c["optimizer"], model.parameters())
     # GradScaler's step reads whether a gradient overflowed, which fake
     # tensors cannot answer; the capture's scaler runs its kernels instead.
     scaler = profile._Scaler() if c["precision"] == "amp-fp16" else None
-    return profile.capture_step(
-        model, lambda m: zoo.train_step(c, m, opt, scaler), micro_batch=c["micro"],
-        steps=c["steps"], grad_accum=c["accum"], optimizers=[opt], dtype=pure,
-        source=c["name"])
+    made = []
+
+    def step(m):
+        if not made:
+            # The GPU run builds the model in fp32 on the GPU, converts it
+            # to its low precision and then makes the optimizer: so does the
+            # capture, in its first step.
+            if pure is not None:
+                convert(m, pure)
+            made.append(zoo.make_optimizer(c["optimizer"], m.parameters()))
+        zoo.train_step(c, m, made[0], scaler)
+
+    return profile.capture_step(model, step, micro_batch=c["micro"], steps=c["steps"],
+                                grad_accum=c["accum"], source=c["name"])
 
 
 def main():

@@ -300,6 +300,23 @@ def test_half_precision_fused_attention_backward_takes_one_workspace(kv_heads: i
     assert workspace not in sizes(torch.float32)
 
 
+def test_rms_norm_runs_fused_as_on_cuda() -> None:
+    # F.rms_norm (torch.nn.RMSNorm) on CUDA is one kernel: the output and an
+    # fp32 inverse RMS per row, the bf16 input kept as it is; the CPU's
+    # composite path would keep an fp32 copy of the input.
+    rows, h = 256, 512
+
+    def normalize() -> None:
+        x = torch.zeros(rows, h, dtype=torch.bfloat16, requires_grad=True)
+        w = torch.ones(h, dtype=torch.bfloat16, requires_grad=True)
+        torch.nn.functional.rms_norm(x, [h], w, 1e-6).sum().backward()
+
+    made = allocations_made(normalize)
+    assert rows * 4 in made, "the inverse RMS of each row"
+    assert rows * h * 4 not in made, "no fp32 copy of the input"
+    assert made.count(rows * h * 2) == 3, "the input, the output and the input's gradient"
+
+
 def test_autocast_casts_attentions_inputs_last_argument_first() -> None:
     # CUDA autocast's wrapper evaluates its arguments right to left: the
     # H200's recorded Mistral autocast runs cast the (fp32) keys and values

@@ -30,7 +30,14 @@ differently from a CUDA run, the capture does what CUDA does:
   matrix, and the memory-efficient one writes a mask's gradient; the math
   fallback materialises the scores in fp32, as CUDA's does for bf16/fp16;
 - ``torch._grouped_mm`` (MoE experts) runs in fp32 as CUDA's kernel does;
-- optimizers use their ``foreach`` implementations, CUDA's default;
+- ``F.rms_norm`` (``torch.nn.RMSNorm``) is CUDA's fused kernel: the output
+  and an fp32 inverse RMS per row, no fp32 copy of a low-precision input;
+- optimizers use their ``foreach`` implementations, CUDA's default (an
+  optimizer the script made with ``foreach`` unset decides as it would for
+  parameters on a GPU);
+- a function checkpointed with ``torch.utils.checkpoint`` (reentrant or
+  not) is recomputed in backward under the same rules, although autograd's
+  engine runs it outside the forward's torch-function modes;
 - the positions where cuBLAS's two workspaces (forward thread, autograd
   thread) are first needed are written as ``cublasWorkspaceAt`` (before the
   call's output); the predictor allocates the GPU's workspace size right
@@ -531,6 +538,43 @@ def _function_mode() -> Any:
         return GroupedMm.apply(params["mat_a"], params["mat_b"], params.get("offs"),
                                params.get("out_dtype"))
 
+    rms_norms = {f for f in (getattr(F, "rms_norm", None), getattr(torch, "rms_norm", None))
+                 if f is not None}
+
+    class FusedRmsNorm(torch.autograd.Function):
+        """``F.rms_norm`` as CUDA runs it (one fused kernel, ATen's
+        ``_fused_rms_norm``): the output and one fp32 inverse RMS per row,
+        the input kept as it is; the backward writes the input's and the
+        weight's gradients. The CPU's composite path keeps an fp32 copy of a
+        low-precision input instead."""
+
+        @staticmethod
+        def forward(ctx, x, weight, dims):  # type: ignore[no-untyped-def]
+            dtype = x.dtype if weight is None else torch.promote_types(x.dtype, weight.dtype)
+            out = torch.empty_like(x, dtype=dtype)
+            rows = tuple(x.shape[:x.dim() - dims]) + (1,) * dims
+            rstd = x.new_empty(rows, dtype=torch.float32)
+            ctx.save_for_backward(x, weight, rstd)
+            return out
+
+        @staticmethod
+        def backward(ctx, grad):  # type: ignore[no-untyped-def]
+            x, weight, _ = ctx.saved_tensors
+            dx = torch.empty_like(x) if ctx.needs_input_grad[0] else None
+            dw = torch.empty_like(weight) if ctx.needs_input_grad[1] else None
+            return dx, dw, None
+
+    def rms_norm(args: Any, kwargs: Any, autocast: bool) -> Any:
+        params = dict(zip(("input", "normalized_shape", "weight", "eps"), args))
+        params.update(kwargs)
+        x, weight = params["input"], params.get("weight")
+        shape = params["normalized_shape"]
+        dims = 1 if isinstance(shape, int) else len(shape)
+        if autocast:
+            # on autocast's fp32 list, as layer_norm
+            x, weight = up(x), up(weight)
+        return FusedRmsNorm.apply(x, weight, dims)
+
     class HalfToFloatSoftmax(torch.autograd.Function):
         """(log-)softmax of an fp16 input into fp32, as CUDA's kernels do it
         when asked for dtype=float32 (`half_to_float`): no upcast copy of the
@@ -633,6 +677,8 @@ def _function_mode() -> Any:
                 return sdpa(args, kwargs, autocast)
             if func in grouped_mms:
                 return grouped_mm(args, kwargs)
+            if func in rms_norms:
+                return rms_norm(args, kwargs, autocast)
             if func is F.dropout:
                 x = args[0]
                 p = kwargs.get("p", args[1] if len(args) > 1 else 0.5)
