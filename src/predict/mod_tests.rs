@@ -449,8 +449,9 @@ fn fsdp_stream_pools_come_on_top_of_the_default_streams_reserve() {
         out.idle_other_streams_at_allocated_peak >= 2 * 124_439_808,
         "{out:?}"
     );
-    let floor =
-        out.allocated_peak + loss_block_margin(&arch, 8) + out.idle_other_streams_at_allocated_peak;
+    let floor = out.allocated_peak
+        + loss_block_margin(&arch, 8, 2)
+        + out.idle_other_streams_at_allocated_peak;
     assert_eq!(
         p.reserved_bytes,
         out.reserved_peak.max(round_segment(floor))
@@ -1160,14 +1161,15 @@ fn bert_loss_under_autocast_keeps_low_precision_log_probabilities_and_their_fp32
 }
 
 #[test]
-fn only_the_generic_descriptions_keep_a_loss_block_beyond_the_replay() {
+fn only_the_generic_descriptions_on_several_gpus_and_the_mlp_keep_a_loss_block_beyond_the_replay() {
     // A library model's prediction is its replay: no fp32 logits-sized block
     // on top (hf-gpt2g-s1024-b8-fp32-adamw-eager-ckpt on the H200: reserved
     // 0.37 GiB above allocated, where that block is 1.53 GiB).
     let gpt2 = with(tiny("gpt2"), "vocab_size", serde_json::json!(50_000));
     let library = hf_model(gpt2, 64, "fp32", "sdpa");
     let arch = resolve_arch(&library).unwrap();
-    assert_eq!(loss_block_margin(&arch, 8), 0);
+    assert_eq!(loss_block_margin(&arch, 8, 1), 0);
+    assert_eq!(loss_block_margin(&arch, 8, 2), 0);
     let p = predict_model(&library, &one_gpu(8), default_gpu()).unwrap();
     let replayed = CachingAllocatorModel::PYTORCH
         .replay(&sequence::training_events(
@@ -1176,18 +1178,27 @@ fn only_the_generic_descriptions_keep_a_loss_block_beyond_the_replay() {
         ))
         .unwrap();
     assert_eq!(p.reserved_bytes, replayed.reserved_peak);
-    // The repository's reference transformer keeps one block of fp32 logits,
-    // the MLP one fp32 batch x width block.
+    // The repository's reference transformer keeps one block of fp32 logits
+    // on several GPUs and none on one; the MLP one fp32 batch x width block.
     let generic = gpt2_small();
     let arch = resolve_arch(&generic).unwrap();
-    assert_eq!(loss_block_margin(&arch, 8), 8 * 1024 * 50257 * 4);
+    assert_eq!(loss_block_margin(&arch, 8, 1), 0);
+    assert_eq!(loss_block_margin(&arch, 8, 2), 8 * 1024 * 50257 * 4);
     let p = predict_model(&generic, &one_gpu(8), default_gpu()).unwrap();
+    let replayed = CachingAllocatorModel::PYTORCH
+        .replay(&sequence::training_events(
+            &arch,
+            &run_shape(&generic, &one_gpu(8), default_gpu()).unwrap(),
+        ))
+        .unwrap();
+    assert_eq!(p.reserved_bytes, replayed.reserved_peak);
+    let p = predict_model(&generic, &two_gpus(8), default_gpu()).unwrap();
     assert!(p.reserved_bytes >= p.allocated_bytes + 8 * 1024 * 50257 * 4);
     let mlp = Arch::Mlp {
         layers: 2,
         hidden: 1000,
     };
-    assert_eq!(loss_block_margin(&mlp, 8), 8 * 1000 * 4);
+    assert_eq!(loss_block_margin(&mlp, 8, 1), 8 * 1000 * 4);
 }
 
 #[test]
