@@ -356,7 +356,7 @@ impl Ledger {
                     match job {
                         Some(job) => {
                             if pod_ledger::is_unrecorded(pod, job, |uid, attempt| {
-                                assignments.is_placed(uid, attempt)
+                                assignments.is_taken(uid, attempt)
                             }) {
                                 self.unrecorded.insert(
                                     id.clone(),
@@ -525,7 +525,7 @@ fn sort_placements(placements: &mut [Placement]) {
 /// Changes nothing.
 pub fn full_rebuild(jobs: &[&TrainingJob], pods: &[&Pod], assignments: &Locked) -> Snapshot {
     let from_pods = pod_ledger::read_pods(jobs, pods, |uid, attempt| {
-        assignments.is_placed(uid, attempt)
+        assignments.is_taken(uid, attempt)
     });
     let mut placements = recorded_placements(jobs.iter().copied());
     placements.extend(assignments.pending_view(jobs));

@@ -98,6 +98,8 @@ enum Step {
     Assign(&'static str, u32, u32),
     /// A reconcile forgets the job's assignments.
     Forget(&'static str),
+    /// This process wrote a status of the job's attempt (the cache lags it).
+    Written(&'static str, u32),
 }
 
 /// The caches, the assignments and the ledger that follows them.
@@ -138,6 +140,9 @@ impl World {
                 );
             }
             Step::Forget(name) => self.assignments.forget(&format!("uid-{name}")),
+            Step::Written(name, attempt) => self
+                .assignments
+                .forget_before(&format!("uid-{name}"), attempt),
         }
     }
 
@@ -354,6 +359,33 @@ fn an_older_attempts_pod_is_not_unrecorded_and_the_current_ones_is_even_ended() 
             Step::Pod(Box::new(pod(&b, 2, 0))),
         ],
         (&[], &["uid-b"], &["uid-b#2"], &[]),
+    )]);
+}
+
+#[test]
+fn an_attempt_this_process_moved_past_or_whose_pod_is_being_deleted_is_not_unrecorded() {
+    // After an OOM the reconcile writes attempt 2 and deletes attempt 1's
+    // pod; until the cache shows that write the cached job still shows
+    // attempt 1 without a recorded placement. Taking attempt 1's ended pod
+    // then would make it again.
+    let a = waiting("a", 1);
+    run(vec![
+        (
+            vec![
+                Step::Job(Box::new(a.clone())),
+                Step::Pod(Box::new(ended(pod(&a, 1, 0)))),
+            ],
+            (&[], &["uid-a"], &["uid-a#1"], &[]),
+        ),
+        (vec![Step::Written("a", 2)], (&[], &[], &[], &[])),
+    ]);
+    let b = waiting("b", 1);
+    run(vec![(
+        vec![
+            Step::Job(Box::new(b.clone())),
+            Step::Pod(Box::new(deleting(pod(&b, 1, 0)))),
+        ],
+        (&[], &["uid-b"], &[], &[]),
     )]);
 }
 

@@ -168,12 +168,13 @@ pub struct PodLedger {
     pub to_delete: Vec<OrphanPod>,
 }
 
-/// Reads the cached pods against the cached jobs. `assigned` says whether
-/// the cycle already holds a placement for (job UID, attempt).
+/// Reads the cached pods against the cached jobs. `taken` says whether the
+/// cycle already holds a placement for (job UID, attempt), or this process
+/// wrote a later attempt of the job.
 pub fn read_pods(
     jobs: &[&TrainingJob],
     pods: &[&Pod],
-    assigned: impl Fn(&str, u32) -> bool,
+    taken: impl Fn(&str, u32) -> bool,
 ) -> PodLedger {
     let live: HashMap<&str, &TrainingJob> = jobs
         .iter()
@@ -198,7 +199,7 @@ pub fn read_pods(
         };
         match job {
             Some(job) => {
-                if is_unrecorded(&pod, job, &assigned) {
+                if is_unrecorded(&pod, job, &taken) {
                     ledger.unrecorded.push((
                         pod.job_uid.clone(),
                         pod.attempt,
@@ -220,17 +221,21 @@ pub fn read_pods(
 }
 
 /// True when `pod` is the current attempt of `job` (a live job whose status
-/// records no placement, [`may_be_unrecorded`]) and the cycle holds no
-/// placement for it. A pod that ended counts as well: its attempt ran (a
-/// controller stopped between the pod and the status write, and the pod
-/// finished before the next one looked), so the job follows it to its end
-/// instead of waiting for room to run the attempt again.
+/// records no placement, [`may_be_unrecorded`]), its deletion was not asked
+/// for, and the attempt is not `taken` (the cycle holds a placement for it,
+/// or this process wrote a later attempt, which the cached job lags). A pod
+/// that ended counts as well: its attempt ran (a controller stopped between
+/// the pod and the status write, and the pod finished before the next one
+/// looked), so the job follows it to its end instead of waiting for room to
+/// run the attempt again. The pod of an attempt the controller ended and
+/// moved past is being deleted, or is of an attempt this process wrote past:
+/// taking it would make its pod again.
 pub fn is_unrecorded(
     pod: &PodPlacement,
     job: &TrainingJob,
-    assigned: impl Fn(&str, u32) -> bool,
+    taken: impl Fn(&str, u32) -> bool,
 ) -> bool {
-    pod.attempt == current_attempt(job) && !assigned(&pod.job_uid, pod.attempt)
+    !pod.deleting && pod.attempt == current_attempt(job) && !taken(&pod.job_uid, pod.attempt)
 }
 
 /// The pod of a deleted job, to delete.
