@@ -22,11 +22,15 @@ def main():
     ap.add_argument("measured")
     ap.add_argument("--path", default="analytic", choices=("analytic", "profile"))
     args = ap.parse_args()
-    predicted = {}
+    predicted, unanswered = {}, {}
     for line in open(args.predictions):
         r = json.loads(line)
-        if r.get(args.path):
-            predicted[r["name"]] = r[args.path]["peakBytes"]
+        entry = r.get(args.path) or {}
+        if "peakBytes" in entry:
+            predicted[r["name"]] = entry["peakBytes"]
+        elif "error" in entry:
+            # recorded as refused (a family the path does not describe)
+            unanswered[r["name"]] = entry["error"].splitlines()[0][:120]
     rows, failed = [], []
     for line in open(args.measured):
         r = json.loads(line)
@@ -48,6 +52,8 @@ def main():
           f"max {100 * errors[-1]:.1f}% under-predicted >5%: {len(under)} {under}")
     if failed:
         print(f"not measured (the run failed): {failed}")
+    for name, error in unanswered.items():
+        print(f"no prediction recorded for {name}: {error}")
 
 
 if __name__ == "__main__":
