@@ -1122,24 +1122,22 @@ def _recompute_in_mode() -> Iterator[None]:
             return orig(in_mode(fn), *args, **kwargs)
         return generator
 
-    # The non-reentrant generator takes the function first (its name and
-    # other arguments vary between PyTorch versions).
-    saved = {n: getattr(ckpt, n) for n in ("_checkpoint_without_reentrant_generator",
-                                           "_checkpoint_without_reentrant_generator_impl")
-             if hasattr(ckpt, n)}
+    # The non-reentrant generator takes the function first; newer PyTorch
+    # moved it to `..._impl` (the old name calls it), other arguments vary.
+    name = next(n for n in ("_checkpoint_without_reentrant_generator_impl",
+                            "_checkpoint_without_reentrant_generator") if hasattr(ckpt, n))
+    generator = getattr(ckpt, name)
     forward = ckpt.CheckpointFunction.forward
 
     def reentrant_forward(ctx: Any, run_function: Any, *args: Any) -> Any:
         return forward(ctx, in_mode(run_function), *args)
 
-    for name, orig in saved.items():
-        setattr(ckpt, name, wrap_generator(orig))
+    setattr(ckpt, name, wrap_generator(generator))
     ckpt.CheckpointFunction.forward = staticmethod(reentrant_forward)
     try:
         yield
     finally:
-        for name, orig in saved.items():
-            setattr(ckpt, name, orig)
+        setattr(ckpt, name, generator)
         ckpt.CheckpointFunction.forward = staticmethod(forward)
 
 

@@ -1165,33 +1165,31 @@ fn only_the_generic_descriptions_on_several_gpus_and_the_mlp_keep_a_loss_block_b
     // A library model's prediction is its replay: no fp32 logits-sized block
     // on top (hf-gpt2g-s1024-b8-fp32-adamw-eager-ckpt on the H200: reserved
     // 0.37 GiB above allocated, where that block is 1.53 GiB).
+    // On one GPU, the prediction's reserve is the replay's.
+    let reserve_is_the_replays = |model: &ModelSpec| {
+        let arch = resolve_arch(model).unwrap();
+        let p = predict_model(model, &one_gpu(8), default_gpu()).unwrap();
+        let replayed = CachingAllocatorModel::PYTORCH
+            .replay(&sequence::training_events(
+                &arch,
+                &run_shape(model, &one_gpu(8), default_gpu()).unwrap(),
+            ))
+            .unwrap();
+        assert_eq!(p.reserved_bytes, replayed.reserved_peak);
+    };
     let gpt2 = with(tiny("gpt2"), "vocab_size", serde_json::json!(50_000));
     let library = hf_model(gpt2, 64, "fp32", "sdpa");
     let arch = resolve_arch(&library).unwrap();
     assert_eq!(loss_block_margin(&arch, 8, 1), 0);
     assert_eq!(loss_block_margin(&arch, 8, 2), 0);
-    let p = predict_model(&library, &one_gpu(8), default_gpu()).unwrap();
-    let replayed = CachingAllocatorModel::PYTORCH
-        .replay(&sequence::training_events(
-            &arch,
-            &run_shape(&library, &one_gpu(8), default_gpu()).unwrap(),
-        ))
-        .unwrap();
-    assert_eq!(p.reserved_bytes, replayed.reserved_peak);
+    reserve_is_the_replays(&library);
     // The repository's reference transformer keeps one block of fp32 logits
     // on several GPUs and none on one; the MLP one fp32 batch x width block.
     let generic = gpt2_small();
     let arch = resolve_arch(&generic).unwrap();
     assert_eq!(loss_block_margin(&arch, 8, 1), 0);
     assert_eq!(loss_block_margin(&arch, 8, 2), 8 * 1024 * 50257 * 4);
-    let p = predict_model(&generic, &one_gpu(8), default_gpu()).unwrap();
-    let replayed = CachingAllocatorModel::PYTORCH
-        .replay(&sequence::training_events(
-            &arch,
-            &run_shape(&generic, &one_gpu(8), default_gpu()).unwrap(),
-        ))
-        .unwrap();
-    assert_eq!(p.reserved_bytes, replayed.reserved_peak);
+    reserve_is_the_replays(&generic);
     let p = predict_model(&generic, &two_gpus(8), default_gpu()).unwrap();
     assert!(p.reserved_bytes >= p.allocated_bytes + 8 * 1024 * 50257 * 4);
     let mlp = Arch::Mlp {
