@@ -124,6 +124,19 @@ pub struct Layout {
     pub rel_buckets: u64,
     /// DeBERTa-v2's disentangled attention.
     pub disentangled: Option<Disentangled>,
+    /// The encoder collects every block's output (and the embeddings') until
+    /// it returns, whatever the caller asked (DeBERTa-v2 calls its encoder
+    /// with `output_hidden_states=True`): under autocast, where a block keeps
+    /// only casts of its input, the inputs outlive the blocks.
+    pub keeps_hidden_states: bool,
+    /// DeBERTa-v2's own self-attention, with or without relative positions:
+    /// eager only; each projection copied to heads-first layout, the keys
+    /// scaled before their product; the encoder's `[batch, 1, seq, seq]`
+    /// integer mask filled into the scores; and no probabilities returned
+    /// unless asked, so its locals (the key copy, the filled scores, the
+    /// probabilities, the mask's bool view) die when it returns, where other
+    /// encoders hand the probabilities to the layer, which holds them.
+    pub own_attention: bool,
     /// An image model (ViT): patches in, a classifier out.
     pub image: Option<Image>,
 }

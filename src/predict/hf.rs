@@ -963,6 +963,8 @@ fn apply(feature: Feature, cfg: &Config<'_>, a: &mut TransformerArch) -> Result<
         }
         Feature::Deberta => {
             a.token_types = token_types(cfg, 0)?;
+            lay.keeps_hidden_states = true;
+            lay.own_attention = true;
             if !flag(cfg, "position_biased_input", true)? {
                 a.positions = 0;
             }

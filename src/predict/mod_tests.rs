@@ -3210,13 +3210,17 @@ fn the_fifth_fresh_set_stays_within_its_recorded_figures() {
     // captures made beside the runs with the capture's code of that commit
     // answer all 21, the four families only a capture describes among them
     // (OLMo 2, StarCoder2, Qwen3-MoE, Granite): median 0.0 %, p90 0.8 %, max
-    // +8.2 % (Mistral amp eager), none under.
+    // +8.2 % (Mistral amp eager), none under. Read afterwards: DeBERTa's
+    // encoder holds its mask and hidden states to its end and its attention
+    // frees its locals when it returns (-0.1 %); the analytic rows are then
+    // median 0.8 %, p90 3.8 %, max +8.3 % (T5 fp32).
     let (stats, captured) = fresh_set_stats(
         include_str!("../../data/calibration/h100-fresh5.jsonl"),
         "fresh5-h100",
         (15, 21),
     );
-    assert!(stats.median <= 0.015 && stats.p90 <= 0.09, "{stats:?}");
+    assert!(stats.median <= 0.01 && stats.p90 <= 0.04, "{stats:?}");
+    assert!(stats.max <= 0.09, "{stats:?}");
     assert!(stats.under_predictions.is_empty(), "{stats:?}");
     let stats = captured;
     assert!(stats.median <= 0.005 && stats.p90 <= 0.01, "{stats:?}");
@@ -3250,6 +3254,34 @@ fn the_sixth_fresh_set_stays_within_its_recorded_figures() {
     assert!(stats.median <= 0.005 && stats.p90 <= 0.03, "{stats:?}");
     assert!(
         stats.max <= 0.04 && stats.under_predictions.is_empty(),
+        "{stats:?}"
+    );
+}
+
+#[test]
+fn the_seventh_fresh_set_stays_within_its_recorded_figures() {
+    // 21 cases run on an H100 after their analytic predictions were committed
+    // (data/calibration/fresh7-predictions.jsonl): 16 answered, median 0.4 %,
+    // p90 14.4 %, two under beyond 5 % (DeBERTa-v2 amp eager -16.7 %, Mixtral
+    // -9.6 %). Read afterwards: the routed experts' sum (Mixtral -0.0 %);
+    // DeBERTa's encoder holding its mask and hidden states to its end and its
+    // attention freeing its locals when it returns (+0.0 %); BERT's head
+    // under autocast keeping only its cast of the encoder's output (+14.4 ->
+    // -0.0 %). The captures made beside the runs answer all 21.
+    let (stats, captured) = fresh_set_stats(
+        include_str!("../../data/calibration/h100-fresh7.jsonl"),
+        "fresh7-h100",
+        (16, 21),
+    );
+    assert!(stats.median <= 0.005 && stats.p90 <= 0.03, "{stats:?}");
+    assert!(
+        stats.max <= 0.05 && stats.under_predictions.is_empty(),
+        "{stats:?}"
+    );
+    let stats = captured;
+    assert!(stats.median <= 0.005 && stats.p90 <= 0.05, "{stats:?}");
+    assert!(
+        stats.max <= 0.06 && stats.under_predictions.is_empty(),
         "{stats:?}"
     );
 }

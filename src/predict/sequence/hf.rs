@@ -233,6 +233,16 @@ impl Gen<'_> {
             }
         };
         let mut x = x;
+        if t.layout.own_attention {
+            // DeBERTa's encoder builds the `[batch, 1, seq, seq]` mask from
+            // the tokenizer's int64 one; a checkpoint keeps it as an input
+            let mask = self.t.act(b * s * s * 8);
+            if self.run.checkpointing {
+                emb_saved.push(mask);
+            } else {
+                self.encoder_locals.push(mask);
+            }
+        }
         let mut layer_saved: Vec<Vec<u32>> = Vec::new();
         let mut layer_casts: Vec<Vec<u32>> = Vec::new();
         let mut forward_casts: Vec<u32> = Vec::new();
@@ -273,9 +283,14 @@ impl Gen<'_> {
             }
             x = out;
         }
+        // the encoder returns: its mask and list of hidden states go
+        for id in std::mem::take(&mut self.encoder_locals) {
+            self.release(id);
+        }
         // head
         let head_casts = self.cast_weights(None);
         let mut head_saved = vec![x];
+        let mut dead_at_return = None;
         let head_in = match lib.family {
             HfFamily::Gpt2 => {
                 head_saved.push(self.t.act(n * 8));
@@ -283,9 +298,16 @@ impl Gen<'_> {
             }
             HfFamily::Llama => self.hf_rmsnorm(n, h, &mut head_saved),
             HfFamily::Bert => {
-                // transform: dense, gelu, LayerNorm (fp32 under autocast)
+                // transform: dense, gelu, LayerNorm (fp32 under autocast).
+                // Under autocast the dense keeps its cast of the encoder's
+                // output, which lives on only as the forward's local. (The
+                // image classifier shares this head's sequence; its five
+                // measured runs fit the output kept, so it stays.)
                 if wd.amp {
                     head_saved.push(self.t.act(n * h * wd.c));
+                    if t.layout.image.is_none() {
+                        dead_at_return = Some(x);
+                    }
                 }
                 let dense = self.t.act(n * h * wd.c);
                 head_saved.push(dense);
@@ -351,6 +373,9 @@ impl Gen<'_> {
         let nll_copy = (!upcast && wd.amp && wd.c != 4).then(|| self.t.act(rows * v * 4));
         let loss = self.t.act(512);
         self.t.free_all(&mut locals);
+        if let Some(id) = dead_at_return {
+            self.release(id);
+        }
         self.t.free_all(&mut forward_casts);
         // the previous step's outputs are released when this forward returns
         let mut previous = std::mem::take(&mut self.outputs);
@@ -775,8 +800,7 @@ impl Gen<'_> {
         // gradient: SDPA then keeps the whole scores as eager attention does
         // (on the H200, T5 under SDPA predicted as fused was 22-30 % under).
         let attention =
-            if t.layout.attn_softcap || t.layout.disentangled.is_some() || t.layout.rel_buckets > 0
-            {
+            if t.layout.attn_softcap || t.layout.own_attention || t.layout.rel_buckets > 0 {
                 Attention::Eager
             } else {
                 self.run.attention
@@ -1128,17 +1152,34 @@ impl Gen<'_> {
                 out
             }
             HfFamily::Bert => {
-                if wd.amp {
+                let own = t.layout.own_attention;
+                if wd.amp && !own {
                     for _ in 0..3 {
                         saved.push(self.t.act(n * h * wd.c));
                     }
                 }
-                self.weight_cast();
-                let q = self.t.act(n * h * wd.c);
-                self.weight_cast();
-                let k = self.t.act(n * h * wd.c);
-                self.weight_cast();
-                let v = self.t.act(n * h * wd.c);
+                let mut qkv = [0; 3];
+                for p in &mut qkv {
+                    self.weight_cast();
+                    if wd.amp && own {
+                        saved.push(self.t.act(n * h * wd.c));
+                    }
+                    *p = self.t.act(n * h * wd.c);
+                    if own {
+                        // `transpose_for_scores`: a heads-first copy
+                        let copy = self.t.act(n * h * wd.c);
+                        self.t.free(*p);
+                        *p = copy;
+                    }
+                }
+                let [q, mut k, v] = qkv;
+                let mut attention_locals = Vec::new();
+                if own {
+                    // the keys are scaled before the product, which keeps the
+                    // scaled copy; the copy itself lives on in its variable
+                    attention_locals.push(k);
+                    k = self.t.act(n * h * wd.c);
+                }
                 let mut rel_score = None;
                 let o = match attention {
                     Attention::Sdpa | Attention::Flash => {
@@ -1152,12 +1193,20 @@ impl Gen<'_> {
                         rel_score = self.hf_score_extras(t, s2, &mut saved);
                         let weights =
                             self.hf_eager_scores(lib, s2, false, false, score_mask(t), &mut saved);
-                        locals_of_block.extend(weights);
+                        if own {
+                            attention_locals.extend(weights);
+                        } else {
+                            locals_of_block.extend(weights);
+                        }
                         saved.push(v);
                         true
                     }
                 };
                 self.hf_attention_output(o, n * h, &mut saved);
+                self.t.free_all(&mut attention_locals);
+                if own && let Some(score) = rel_score.take() {
+                    self.t.free(score);
+                }
                 self.weight_cast();
                 let dense = self.t.act(n * h * wd.c);
                 if let Some(score) = rel_score {
@@ -1169,8 +1218,13 @@ impl Gen<'_> {
                 self.t.free(br);
                 saved.push(sum);
                 if wd.amp && !ckpt {
-                    // only the casts of the input were kept: it dies at the add
-                    self.release(x);
+                    // only the casts of the input were kept: it dies at the
+                    // add, or with the encoder's list of hidden states
+                    if t.layout.keeps_hidden_states {
+                        self.encoder_locals.push(x);
+                    } else {
+                        self.release(x);
+                    }
                 }
                 saved.push(self.t.act(n * 8));
                 let ln1 = self.t.act(n * h * wd.r);
@@ -1487,11 +1541,9 @@ impl Gen<'_> {
             }
             Attention::Eager => {
                 saved.extend([q, k]);
-                if let Some(weights) =
-                    self.hf_eager_scores(lib, s2, false, true, ScoreMask::Same, saved)
-                {
-                    self.t.free(weights);
-                }
+                let mut weights =
+                    self.hf_eager_scores(lib, s2, false, true, ScoreMask::Same, saved);
+                self.t.free_all(&mut weights);
                 saved.push(v);
                 true
             }
@@ -1566,11 +1618,19 @@ impl Gen<'_> {
         softmax_fp32: bool,
         mask: ScoreMask,
         saved: &mut Vec<u32>,
-    ) -> Option<u32> {
+    ) -> Vec<u32> {
         let wd = self.widths();
+        let mut locals = Vec::new();
         let s1 = self.t.act(s2 * wd.c);
-        let sc = self.t.act(s2 * wd.c);
-        self.t.free(s1);
+        let sc = match mask {
+            // DeBERTa: the keys came scaled; a relative term is added
+            ScoreMask::Filled { summed: false, .. } => s1,
+            _ => {
+                let sc = self.t.act(s2 * wd.c);
+                self.t.free(s1);
+                sc
+            }
+        };
         // The additive mask has the embeddings' dtype: under autocast the
         // fp32 weights' width, and the sum is promoted to it.
         let mw = if mask == ScoreMask::Float {
@@ -1578,13 +1638,26 @@ impl Gen<'_> {
         } else {
             wd.c
         };
-        let masked = if mask == ScoreMask::None {
-            sc
-        } else {
-            let m = self.t.act(s2 * mw);
-            self.t.free(sc);
-            m
+        let masked = match mask {
+            ScoreMask::None => sc,
+            ScoreMask::Filled { heads, .. } => {
+                // `attention_mask.bool()` (a local) and its negation (what
+                // `masked_fill` keeps); the filled scores live on in their
+                // variable until the attention returns
+                locals.push(self.t.act(s2 / heads.max(1)));
+                saved.push(self.t.act(s2 / heads.max(1)));
+                let m = self.t.act(s2 * mw);
+                self.t.free(sc);
+                locals.push(m);
+                m
+            }
+            _ => {
+                let m = self.t.act(s2 * mw);
+                self.t.free(sc);
+                m
+            }
         };
+        let filled = matches!(mask, ScoreMask::Filled { .. });
         let pw = if softmax_fp32 { 4 } else { wd.e };
         // A softmax wider than its input converts the input first (the
         // copy dies with the call) and its gradient is cast back; the sum
@@ -1596,15 +1669,15 @@ impl Gen<'_> {
         let converted = widened.then(|| self.t.act(s2 * pw));
         let p = self.t.act(s2 * pw);
         self.softmax
-            .insert(p, (s2, if pw > mw && half { mw } else { pw }, true));
+            .insert(p, (s2, if pw > mw && half { mw } else { pw }, !filled));
         saved.push(p);
         if let Some(c) = converted {
             self.t.free(c);
-        } else {
+        } else if !filled {
             self.t.free(masked);
         }
         let cast = (pw != wd.c && (cast_first || !lib.attn_dropout)).then(|| self.t.act(s2 * wd.c));
-        if converted.is_some() {
+        if converted.is_some() && !filled {
             self.t.free(masked);
         }
         if lib.attn_dropout {
@@ -1617,13 +1690,14 @@ impl Gen<'_> {
             }
             if width != wd.c {
                 saved.push(self.t.act(s2 * wd.c));
-                return Some(d);
+                locals.push(d);
+                return locals;
             }
             saved.push(d);
         } else if let Some(pc) = cast {
             saved.push(pc);
         }
-        None
+        locals
     }
 
     /// Backward of block `l`: frees the saved tensors newest first, one
@@ -1749,13 +1823,27 @@ pub(super) enum ScoreMask {
     /// The causal mask the library builds in the embeddings' dtype, added
     /// (the sum is promoted to it).
     Float,
-    /// A term in the scores' own width: DeBERTa fills its mask in, T5 adds
-    /// its position bias, cross-attention its zero bias.
+    /// A term in the scores' own width: T5 adds its position bias,
+    /// cross-attention its zero bias.
     Same,
+    /// DeBERTa fills the encoder's mask (`batch x seq x seq`, shared by the
+    /// `heads`) into the scores of the scaled keys, with the relative term
+    /// `summed` in first.
+    Filled {
+        /// Heads sharing one mask.
+        heads: u64,
+        /// A relative-position term was added to the product.
+        summed: bool,
+    },
 }
 
 pub(super) fn score_mask(t: &TransformerArch) -> ScoreMask {
-    if t.layout.disentangled.is_some() || t.layout.rel_buckets > 0 {
+    if t.layout.own_attention {
+        ScoreMask::Filled {
+            heads: t.heads,
+            summed: t.layout.disentangled.is_some(),
+        }
+    } else if t.layout.rel_buckets > 0 {
         ScoreMask::Same
     } else if t.layout.image.is_some() || t.kind == TransformerKind::Encoder {
         ScoreMask::None

@@ -263,6 +263,10 @@ struct Gen<'a> {
     outputs: Vec<u32>,
     /// Hugging Face: the key/value cache of the forward being generated.
     cache: Vec<u32>,
+    /// Hugging Face: what the encoder holds until it returns: DeBERTa's
+    /// integer attention mask and the block inputs its list of hidden states
+    /// keeps (`Layout::keeps_hidden_states`).
+    encoder_locals: Vec<u32>,
     /// Tensors already released (a block input freed in forward by the
     /// library's code, which the backward loop would free again).
     released: HashSet<u32>,
@@ -343,6 +347,7 @@ impl<'a> Gen<'a> {
             rs_input: None,
             outputs: Vec::new(),
             cache: Vec::new(),
+            encoder_locals: Vec::new(),
             released: HashSet::new(),
             no_grad: false,
             kernel_casts: Vec::new(),
