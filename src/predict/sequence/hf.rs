@@ -797,20 +797,24 @@ impl Gen<'_> {
         // Softcapped and disentangled scores exist only in eager attention
         // (transformers refuses SDPA for Gemma 2; DeBERTa has no other).
         // T5's learned relative bias is SDPA's attention mask and needs its
-        // gradient: SDPA then keeps the whole scores as eager attention does
-        // (on the H200, T5 under SDPA predicted as fused was 22-30 % under).
-        let attention =
-            if t.layout.attn_softcap || t.layout.own_attention || t.layout.rel_buckets > 0 {
-                Attention::Eager
-            } else {
-                self.run.attention
-            };
+        // gradient: no fused kernel takes it, and SDPA runs PyTorch's math
+        // path, which keeps the whole scores (on the H200, T5 under SDPA
+        // predicted as fused was 22-30 % under).
+        let attention = if t.layout.attn_softcap || t.layout.own_attention {
+            Attention::Eager
+        } else {
+            self.run.attention
+        };
+        let math_bias = t.layout.rel_buckets > 0 && attention != Attention::Eager;
         let wd = self.widths();
         let (h, f, kvd) = (t.hidden, t.ffn, t.kv_dim());
         let b = self.run.micro_batch;
         let s2 = b * t.heads * t.seq_len * t.seq_len;
         let lse = b * t.heads * t.seq_len * 4;
-        let cache = lib.use_cache && !self.run.checkpointing;
+        // an encoder-decoder's encoder keeps no cache
+        let cache = lib.use_cache
+            && !self.run.checkpointing
+            && (t.layout.decoder_layers == 0 || t.is_cross_block(l));
         let mut saved: Vec<u32> = Vec::new();
         let mut locals_of_block: Vec<u32> = Vec::new();
         let ckpt = self.run.checkpointing;
@@ -1023,6 +1027,17 @@ impl Gen<'_> {
                 };
                 let gqa = t.kv_heads < t.heads;
                 let o = match attention {
+                    Attention::Sdpa | Attention::Flash if math_bias => {
+                        let (kept, output) = self.hf_math_attention(
+                            lib,
+                            [n, qd, kvd, s2],
+                            [qe, keys, values],
+                            owned,
+                        );
+                        saved.extend(kept);
+                        saved.push(output);
+                        false
+                    }
                     Attention::Sdpa | Attention::Flash if !(wd.c == 4 && gqa) => {
                         self.autocast_input(qe, n * qd, true, &mut saved);
                         self.autocast_input(keys, n * kvd, owned, &mut saved);
@@ -1090,7 +1105,16 @@ impl Gen<'_> {
                     saved.push(x1);
                 }
                 let x1 = if t.is_cross_block(l) {
-                    self.hf_cross_attention(t, lib, attention, n, x1, &mut saved)
+                    // Its bias is zeros, which need no gradient unless a
+                    // checkpoint asks for one: SDPA then runs fused as
+                    // requested (the H200's recorded runs, fp32 and under
+                    // autocast).
+                    let cross = if self.run.checkpointing {
+                        Attention::Eager
+                    } else {
+                        attention
+                    };
+                    self.hf_cross_attention(t, lib, cross, n, x1, &mut saved)
                 } else {
                     x1
                 };
@@ -1509,6 +1533,72 @@ impl Gen<'_> {
     /// output (each projection keeping its own low-precision copy under
     /// autocast), the attention, the output projection and the residual
     /// sum, returned.
+    /// PyTorch's math path of SDPA with a mask that needs its gradient
+    /// (T5's position bias) on `[queries, keys, values]`: half-precision
+    /// inputs are copied to fp32 first, the queries and the transposed keys
+    /// are each scaled by the root of the scale (both kept for the product),
+    /// the mask is added in place, `_safe_softmax` keeps its fp32 output
+    /// (with a one-byte temporary per score), dropout keeps its mask and
+    /// output, which the value product keeps with the fp32 values; the
+    /// probabilities' cast to the inputs' dtype is returned and dropped, and
+    /// the fp32 output is cast back. Returns what is kept, the locals that
+    /// die when the attention returns, and the output.
+    fn hf_math_attention(
+        &mut self,
+        lib: HfImpl,
+        [n, qd, kvd, s2]: [u64; 4],
+        [q, k, v]: [u32; 3],
+        owned: bool,
+    ) -> (Vec<u32>, u32) {
+        let wd = self.widths();
+        let half = wd.c != 4;
+        let mut saved = Vec::new();
+        let mut locals = Vec::new();
+        let (qa, ka, va) = if half {
+            let copies = [n * qd, n * kvd, n * kvd].map(|e| self.t.act(e * 4));
+            (Some(copies[0]), Some(copies[1]), copies[2])
+        } else {
+            (None, None, v)
+        };
+        // the scaled queries and transposed keys
+        saved.push(self.t.act(n * qd * 4));
+        saved.push(self.t.act(n * kvd * 4));
+        locals.extend(qa);
+        locals.extend(ka);
+        let scores = self.t.act(s2 * 4);
+        let p = self.t.act(s2 * 4);
+        self.softmax.insert(p, (s2, 4, false));
+        saved.push(p);
+        let rows_done = self.t.act(s2);
+        self.t.free(rows_done);
+        self.t.free(scores);
+        if lib.attn_dropout {
+            saved.push(self.t.act(s2));
+            saved.push(self.t.act(s2 * 4));
+        }
+        if half {
+            // the probabilities cast to the inputs' dtype: returned, dropped
+            locals.push(self.t.act(s2 * wd.c));
+        }
+        saved.push(va);
+        let mut output = self.t.act(n * qd * 4);
+        if half {
+            let cast = self.t.act(n * qd * wd.c);
+            self.t.free(output);
+            output = cast;
+        }
+        // the attention returns: its fp32 copies and its inputs' variables go
+        self.t.free_all(&mut locals);
+        if owned {
+            self.t.free(k);
+            if half {
+                self.t.free(v);
+            }
+        }
+        self.t.free(q);
+        (saved, output)
+    }
+
     fn hf_cross_attention(
         &mut self,
         t: &TransformerArch,
