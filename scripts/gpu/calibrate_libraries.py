@@ -763,7 +763,7 @@ FRESH8 = [
        256, 16, "amp-bf16", "adamw", "eager"),
     hf("bert8", "bert", dict(num_hidden_layers=12), 512, 16, "amp-bf16", "adamw"),
     hf("bertf8", "bert", dict(num_hidden_layers=6), 256, 64, "amp-fp16", "adamw"),
-    hf("roberta8", "roberta", dict(num_hidden_layers=8), 512, 16, "amp-bf16", "adamw"),
+    hf("roberta8", "roberta", dict(num_hidden_layers=8), 256, 48, "amp-bf16", "adamw"),
     hf("t5a8", "t5", dict(d_model=512, num_layers=8, num_heads=8, d_kv=64, d_ff=2048,
                           decoder_start_token_id=0), 512, 12, "amp-bf16", "adamw"),
     hf("t5f8", "t5", dict(d_model=512, num_layers=4, num_heads=8, d_kv=64, d_ff=2048,
