@@ -3353,6 +3353,32 @@ fn the_seventh_fresh_set_stays_within_its_recorded_figures() {
 }
 
 #[test]
+fn the_eighth_fresh_set_stays_within_its_recorded_figures() {
+    // 16 transformers cases written after DeBERTa's encoder, BERT's head
+    // under autocast and T5's attention were read from the recorded runs,
+    // run on an H100 after their analytic predictions were committed
+    // (data/calibration/fresh8-predictions.jsonl): all 16 answered, median
+    // 0.2 %, p90 2.5 %, max -3.2 % (T5 bf16), none under beyond 5 %. The
+    // captures made beside the runs: median 0.1 %, p90 1.5 %, max 1.9 %.
+    let (stats, captured) = fresh_set_stats(
+        include_str!("../../data/calibration/h100-fresh8.jsonl"),
+        "fresh8-h100",
+        (16, 16),
+    );
+    assert!(stats.median <= 0.005 && stats.p90 <= 0.03, "{stats:?}");
+    assert!(
+        stats.max <= 0.035 && stats.under_predictions.is_empty(),
+        "{stats:?}"
+    );
+    let stats = captured;
+    assert!(stats.median <= 0.005 && stats.p90 <= 0.02, "{stats:?}");
+    assert!(
+        stats.max <= 0.02 && stats.under_predictions.is_empty(),
+        "{stats:?}"
+    );
+}
+
+#[test]
 fn the_reserve_is_the_larger_of_the_replays_in_either_address_order() {
     // Two H200 runs whose generated sequences reserve more in a different
     // address order: Llama-3 8B at 8,192 tokens with descending segment
