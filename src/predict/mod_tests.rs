@@ -2921,7 +2921,7 @@ fn t5s_self_attention_under_sdpa_runs_the_math_path_in_fp32_and_its_cross_attent
     assert!(made(true) > made(false));
     // The key/value cache is the decoder's: transformers builds the encoder
     // with `use_cache = False`. Two copies per decoder block and step (fp32
-    // under autocast, keys and values 192 wide).
+    // under autocast as the model keeps them, keys and values 192 wide).
     let copies = |use_cache: bool| {
         let mut config = t5.clone();
         config["use_cache"] = serde_json::json!(use_cache);
