@@ -1580,7 +1580,11 @@ impl Gen<'_> {
             // the probabilities cast to the inputs' dtype: returned, dropped
             locals.push(self.t.act(s2 * wd.c));
         }
-        saved.push(va);
+        // the value product keeps its fp32 values (a cache entry stays
+        // alive anyway)
+        if half || owned {
+            saved.push(va);
+        }
         let mut output = self.t.act(n * qd * 4);
         if half {
             let cast = self.t.act(n * qd * wd.c);

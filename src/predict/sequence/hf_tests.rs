@@ -1931,6 +1931,70 @@ fn debertas_encoder_holds_its_mask_and_under_autocast_every_block_input_until_it
 }
 
 #[test]
+fn every_family_frees_each_tensor_once_and_starts_each_step_from_what_the_last_one_left() {
+    // Whatever a family's modelling keeps or frees early (DeBERTa's encoder
+    // and attention locals, T5's math-path attention), every free names a
+    // live tensor and no step leaves more behind than the one before.
+    let relative = serde_json::json!({"relative_attention": true, "position_buckets": 4,
+        "pos_att_type": ["c2p", "p2c"]});
+    let families = [
+        ("deberta-v2", serde_json::json!({})),
+        ("deberta-v2", relative),
+        ("t5", serde_json::json!({})),
+        ("t5", serde_json::json!({"feed_forward_proj": "gated-gelu"})),
+        ("bert", serde_json::json!({})),
+        ("roberta", serde_json::json!({})),
+    ];
+    for (model_type, extra) in families {
+        let t = family(model_type, extra.clone());
+        for p in PRECISIONS {
+            for a in [Attention::Sdpa, Attention::Eager] {
+                for checkpointing in [false, true] {
+                    let shape = RunShape {
+                        checkpointing,
+                        ..run(p, a)
+                    };
+                    let evs = training_events(&Arch::Transformer(t.clone()), &shape);
+                    let case = format!("{model_type} {extra} {p:?} {a:?} ckpt {checkpointing}");
+                    let mut live: BTreeMap<u32, u64> = BTreeMap::new();
+                    // live activation bytes where each micro-step's input ids come
+                    let mut at_starts = Vec::new();
+                    let mut last_alloc = 0;
+                    for e in &evs {
+                        match *e {
+                            TensorEvent::Alloc {
+                                id,
+                                bytes,
+                                category,
+                                ..
+                            } => {
+                                if category == Category::Activations {
+                                    if bytes == N * 8 && last_alloc == N * 8 {
+                                        at_starts.push(live.values().sum::<u64>() - N * 8);
+                                    }
+                                    last_alloc = bytes;
+                                    live.insert(id, bytes);
+                                }
+                            }
+                            TensorEvent::Free { id } => {
+                                let known = live.remove(&id).is_some()
+                                    || evs.iter().any(|x| {
+                                        matches!(x, TensorEvent::Alloc { id: a, category, .. }
+                                            if *a == id && *category != Category::Activations)
+                                    });
+                                assert!(known, "{case}: free of {id}, not live");
+                            }
+                        }
+                    }
+                    assert!(at_starts.len() >= 3, "{case}: {at_starts:?}");
+                    assert_eq!(at_starts[1], at_starts[2], "{case}: {at_starts:?}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn debertas_attention_frees_its_locals_when_it_returns() {
     // It returns no probabilities: the key copy, the filled scores, the
     // fp32 probabilities and the mask's bool view die before the output
