@@ -1934,17 +1934,23 @@ fn debertas_encoder_holds_its_mask_and_under_autocast_every_block_input_until_it
 fn every_family_frees_each_tensor_once_and_starts_each_step_from_what_the_last_one_left() {
     // Whatever a family's modelling keeps or frees early (DeBERTa's encoder
     // and attention locals, T5's math-path attention), every free names a
-    // live tensor and no step leaves more behind than the one before.
+    // live tensor and no step leaves more behind than the one before: every
+    // supported family, and DeBERTa's relative attention and T5's gated
+    // feed-forward.
     let relative = serde_json::json!({"relative_attention": true, "position_buckets": 4,
         "pos_att_type": ["c2p", "p2c"]});
-    let families = [
-        ("deberta-v2", serde_json::json!({})),
+    let mut families = vec![
         ("deberta-v2", relative),
-        ("t5", serde_json::json!({})),
         ("t5", serde_json::json!({"feed_forward_proj": "gated-gelu"})),
-        ("bert", serde_json::json!({})),
-        ("roberta", serde_json::json!({})),
     ];
+    for model_type in crate::predict::hf::supported_model_types() {
+        // an image of 2 x 2 patches and its class token: the 5 tokens
+        let extra = match model_type {
+            "vit" => serde_json::json!({"image_size": 16, "patch_size": 8}),
+            _ => serde_json::json!({}),
+        };
+        families.push((model_type, extra));
+    }
     for (model_type, extra) in families {
         let t = family(model_type, extra.clone());
         for p in PRECISIONS {
