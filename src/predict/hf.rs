@@ -117,12 +117,19 @@ enum Feature {
     RotaryCat,
     /// Mixture of experts: the experts' key and default, `num_experts_per_tok`'s
     /// default, the expert width key (`None`: the `ffn` key) and default,
-    /// and the shared expert's key and default (Qwen2-MoE).
+    /// the shared expert's key and default (Qwen2-MoE), and whether
+    /// `decoder_sparse_step` and `mlp_only_layers` choose the dense blocks
+    /// (Qwen's mixtures; Mixtral reads neither: every block is sparse). The
+    /// experts' other name, read when the key is absent: transformers 5 maps
+    /// `num_experts` to `num_local_experts` for Mixtral and Qwen3-MoE and
+    /// writes the latter, while the hub's configs have either.
     Moe {
         experts: Key,
+        experts_alias: Option<&'static str>,
         top_k: u64,
         expert_ffn: Option<Key>,
         shared_ffn: Option<Key>,
+        sparse_step: bool,
     },
     /// T5: `num_decoder_layers`, `relative_attention_num_buckets`,
     /// `feed_forward_proj` (relu, gelu, gated-gelu, gated-silu...).
@@ -327,9 +334,11 @@ const FAMILIES: &[Row] = &[
         out_bias: None,
         features: &[Feature::Moe {
             experts: key("num_local_experts", 8),
+            experts_alias: Some("num_experts"),
             top_k: 2,
             expert_ffn: None,
             shared_ffn: None,
+            sparse_step: false,
         }],
         ..LLAMA
     },
@@ -346,9 +355,31 @@ const FAMILIES: &[Row] = &[
         out_bias: None,
         features: &[Feature::Moe {
             experts: key("num_experts", 60),
+            experts_alias: None,
             top_k: 4,
             expert_ffn: Some(key("moe_intermediate_size", 1408)),
             shared_ffn: Some(key("shared_expert_intermediate_size", 5632)),
+            sparse_step: true,
+        }],
+        ..LLAMA
+    },
+    Row {
+        model_type: "qwen3_moe",
+        layers: key("num_hidden_layers", 24),
+        hidden: key("hidden_size", 2048),
+        heads: key("num_attention_heads", 32),
+        kv_heads: key("num_key_value_heads", 4),
+        ffn: key("intermediate_size", 6144),
+        vocab: key("vocab_size", 151936),
+        linear_bias: Flag::Is(false),
+        qk_norm: true,
+        features: &[Feature::Moe {
+            experts: key("num_experts", 128),
+            experts_alias: Some("num_local_experts"),
+            top_k: 8,
+            expert_ffn: Some(key("moe_intermediate_size", 768)),
+            shared_ffn: None,
+            sparse_step: true,
         }],
         ..LLAMA
     },
@@ -874,11 +905,19 @@ fn apply(feature: Feature, cfg: &Config<'_>, a: &mut TransformerArch) -> Result<
         Feature::RotaryCat => lay.rotary_cat = true,
         Feature::Moe {
             experts,
+            experts_alias,
             top_k,
             expert_ffn,
             shared_ffn,
+            sparse_step,
         } => {
-            let n = experts.read(cfg, 0, 0, 0)?;
+            let n = match (opt_int(cfg, experts.name)?, experts_alias) {
+                (None, Some(alias)) => match opt_int(cfg, alias)? {
+                    Some(n) => n,
+                    None => experts.read(cfg, 0, 0, 0)?,
+                },
+                _ => experts.read(cfg, 0, 0, 0)?,
+            };
             let k = int_or(cfg, "num_experts_per_tok", top_k)?;
             if k > n {
                 return Err(PredictError::Invalid(format!(
@@ -886,20 +925,22 @@ fn apply(feature: Feature, cfg: &Config<'_>, a: &mut TransformerArch) -> Result<
                     experts.name
                 )));
             }
-            let step = int_or(cfg, "decoder_sparse_step", 1)?;
-            let only: Vec<u64> = match cfg.get("mlp_only_layers") {
-                None | Some(Value::Null) => Vec::new(),
-                Some(Value::Array(v)) => v
-                    .iter()
-                    .map(|x| {
-                        x.as_u64()
-                            .ok_or_else(|| bad("mlp_only_layers", "a list of layer indices"))
-                    })
-                    .collect::<Result<_, _>>()?,
-                Some(_) => return Err(bad("mlp_only_layers", "a list of layer indices")),
-            };
-            // Qwen2-MoE's rule; Mixtral reads neither key (every block is sparse).
-            let dense_layers = if shared_ffn.is_some() {
+            let dense_layers = if sparse_step {
+                let step = int_or(cfg, "decoder_sparse_step", 1)?;
+                if step == 0 {
+                    return Err(bad("decoder_sparse_step", "at least 1"));
+                }
+                let only: Vec<u64> = match cfg.get("mlp_only_layers") {
+                    None | Some(Value::Null) => Vec::new(),
+                    Some(Value::Array(v)) => v
+                        .iter()
+                        .map(|x| {
+                            x.as_u64()
+                                .ok_or_else(|| bad("mlp_only_layers", "a list of layer indices"))
+                        })
+                        .collect::<Result<_, _>>()?,
+                    Some(_) => return Err(bad("mlp_only_layers", "a list of layer indices")),
+                };
                 (0..a.layers)
                     .filter(|l| only.contains(l) || (l + 1) % step != 0)
                     .collect()

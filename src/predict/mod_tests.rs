@@ -581,12 +581,35 @@ fn hugging_face_error(config: serde_json::Value) -> String {
 }
 
 #[test]
+fn a_mixtures_bad_expert_keys_are_refused_naming_them() {
+    // transformers divides by `decoder_sparse_step`; top-k beyond the
+    // experts cannot route.
+    for (config, key) in [
+        (
+            serde_json::json!({"model_type": "qwen3_moe", "decoder_sparse_step": 0}),
+            "decoder_sparse_step",
+        ),
+        (
+            serde_json::json!({"model_type": "qwen3_moe", "mlp_only_layers": "0"}),
+            "mlp_only_layers",
+        ),
+        (
+            serde_json::json!({"model_type": "qwen3_moe", "num_local_experts": 4, "num_experts_per_tok": 8}),
+            "num_experts_per_tok",
+        ),
+    ] {
+        let err = hugging_face_error(config);
+        assert!(err.contains(&format!("huggingFace.config.{key}")), "{err}");
+    }
+}
+
+#[test]
 fn unknown_hugging_face_model_types_name_the_supported_ones() {
     let config = serde_json::json!({"model_type": "falcon", "hidden_size": 512});
     let err = hugging_face_error(config);
     assert!(
         err.starts_with(
-            "huggingFace.config.model_type 'falcon' is not described analytically, and no supported family reads only keys this config has (supported: gpt2, llama, mistral, qwen2, qwen3, phi3, bert, roberta, gemma2, gemma3_text, mixtral, qwen2_moe, gpt_neox, opt, t5, deberta-v2, vit); "
+            "huggingFace.config.model_type 'falcon' is not described analytically, and no supported family reads only keys this config has (supported: gpt2, llama, mistral, qwen2, qwen3, phi3, bert, roberta, gemma2, gemma3_text, mixtral, qwen2_moe, qwen3_moe, gpt_neox, opt, t5, deberta-v2, vit); "
         ),
         "{err}"
     );
@@ -699,16 +722,16 @@ fn bench_statistics_of_a_hand_made_set() {
 
 #[test]
 fn a_family_the_analytic_path_does_not_describe_is_skipped_with_its_reason() {
-    // The fifth fresh set has four causal LMs only a capture predicts
-    // (OLMo 2, StarCoder2, Qwen3-MoE, Granite) and two torchvision nets:
-    // without captures the bench answers the other fifteen and says why not
-    // the six.
+    // The fifth fresh set has three causal LMs only a capture predicts
+    // (OLMo 2, StarCoder2, Granite) and two torchvision nets: without
+    // captures the bench answers the other sixteen (Qwen3-MoE among them
+    // since 2026-12-06) and says why not the five.
     let measured = include_str!("../../data/calibration/h100-fresh5.jsonl");
     let report = super::bench::bench_predict_with_profiles(measured, None, &|_| None, false)
         .expect("the unknown families do not stop the bench");
-    assert_eq!(report.rows.len(), 15);
-    assert_eq!(report.skipped.len(), 6, "{:?}", report.skipped);
-    for family in ["olmo2", "starcoder2", "qwen3_moe", "granite"] {
+    assert_eq!(report.rows.len(), 16);
+    assert_eq!(report.skipped.len(), 5, "{:?}", report.skipped);
+    for family in ["olmo2", "starcoder2", "granite"] {
         assert!(
             report
                 .skipped
@@ -3279,14 +3302,16 @@ fn the_fifth_fresh_set_stays_within_its_recorded_figures() {
     // +8.2 % (Mistral amp eager), none under. Read afterwards: DeBERTa's
     // encoder holds its mask and hidden states to its end and its attention
     // frees its locals when it returns (-0.1 %); the analytic rows are then
-    // median 0.8 %, p90 3.8 %, max +8.3 % (T5 fp32).
+    // median 0.8 %, p90 3.8 %, max +8.3 % (T5 fp32); with T5's attention as
+    // the library runs it and Qwen3-MoE described (-0.0 %), 16 answered:
+    // median 0.7 %, p90 3.7 %, max 3.8 %.
     let (stats, captured) = fresh_set_stats(
         include_str!("../../data/calibration/h100-fresh5.jsonl"),
         "fresh5-h100",
-        (15, 21),
+        (16, 21),
     );
     assert!(stats.median <= 0.01 && stats.p90 <= 0.04, "{stats:?}");
-    assert!(stats.max <= 0.09, "{stats:?}");
+    assert!(stats.max <= 0.04, "{stats:?}");
     assert!(stats.under_predictions.is_empty(), "{stats:?}");
     let stats = captured;
     assert!(stats.median <= 0.005 && stats.p90 <= 0.01, "{stats:?}");
@@ -3333,11 +3358,12 @@ fn the_seventh_fresh_set_stays_within_its_recorded_figures() {
     // DeBERTa's encoder holding its mask and hidden states to its end and its
     // attention freeing its locals when it returns (+0.0 %); BERT's head
     // under autocast keeping only its cast of the encoder's output (+14.4 ->
-    // -0.0 %). The captures made beside the runs answer all 21.
+    // -0.0 %). Qwen3-MoE, described since (-0.2 %), makes 17 answered. The
+    // captures made beside the runs answer all 21.
     let (stats, captured) = fresh_set_stats(
         include_str!("../../data/calibration/h100-fresh7.jsonl"),
         "fresh7-h100",
-        (16, 21),
+        (17, 21),
     );
     assert!(stats.median <= 0.005 && stats.p90 <= 0.03, "{stats:?}");
     assert!(
