@@ -129,6 +129,12 @@ pub struct Layout {
     /// with `output_hidden_states=True`): under autocast, where a block keeps
     /// only casts of its input, the inputs outlive the blocks.
     pub keeps_hidden_states: bool,
+    /// Granite: each residual branch is multiplied by `residual_multiplier`
+    /// before its add (a new tensor, even at 1.0).
+    pub residual_scale: bool,
+    /// Granite: the logits are divided by `logits_scaling` (a new tensor of
+    /// their size, even at 1.0).
+    pub logits_scaled: bool,
     /// DeBERTa-v2's own self-attention, with or without relative positions:
     /// eager only; each projection copied to heads-first layout, the keys
     /// scaled before their product; the encoder's `[batch, 1, seq, seq]`

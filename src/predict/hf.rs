@@ -138,6 +138,10 @@ enum Feature {
     /// `max_relative_positions`, `pos_att_type`, `norm_rel_ebd`,
     /// `share_att_key`, `position_biased_input`.
     Deberta,
+    /// Granite: LLaMA whose embeddings, residual branches and logits are
+    /// each scaled by a constant of the config (a new tensor each, whatever
+    /// the constant).
+    Granite,
     /// ViT: `image_size`, `patch_size`, `num_channels`, `num_labels`.
     Vit,
 }
@@ -361,6 +365,11 @@ const FAMILIES: &[Row] = &[
             shared_ffn: Some(key("shared_expert_intermediate_size", 5632)),
             sparse_step: true,
         }],
+        ..LLAMA
+    },
+    Row {
+        model_type: "granite",
+        features: &[Feature::Granite],
         ..LLAMA
     },
     Row {
@@ -881,6 +890,21 @@ fn apply(feature: Feature, cfg: &Config<'_>, a: &mut TransformerArch) -> Result<
             lay.attn_softcap = opt_number(cfg, "attn_logit_softcapping", attn_softcap)?.is_some();
             lay.final_softcap =
                 opt_number(cfg, "final_logit_softcapping", final_softcap)?.is_some();
+        }
+        Feature::Granite => {
+            // the constants do not change the memory, but a config that
+            // has them is Granite's, not LLaMA's
+            for key in [
+                "embedding_multiplier",
+                "residual_multiplier",
+                "logits_scaling",
+                "attention_multiplier",
+            ] {
+                opt_number(cfg, key, Some(1.0))?;
+            }
+            lay.embed_scale = true;
+            lay.residual_scale = true;
+            lay.logits_scaled = true;
         }
         Feature::NeoX => {
             lay.parallel_residual = flag(cfg, "use_parallel_residual", true)?;

@@ -351,6 +351,10 @@ impl Gen<'_> {
         // copy of them are both kept for backward; in pure bf16/fp16
         // everything stays in that precision.
         let mut logits = self.t.act(rows * v * wd.c);
+        if t.layout.logits_scaled {
+            // Granite: `logits / logits_scaling`
+            logits = self.hf_scaled(logits);
+        }
         if t.layout.final_softcap {
             // Gemma 2: logits / cap, tanh (kept), * cap
             let div = self.t.act(rows * v * wd.c);
@@ -1087,6 +1091,9 @@ impl Gen<'_> {
                     self.t.free(proj);
                     proj = normed;
                 }
+                if t.layout.residual_scale {
+                    proj = self.hf_scaled(proj);
+                }
                 if t.layout.rel_buckets > 0 {
                     // T5's dropout of the residual branch
                     proj = self.hf_dropout(lib, proj, n * h, wd.c, &mut saved);
@@ -1164,6 +1171,9 @@ impl Gen<'_> {
                     let normed = self.hf_rmsnorm(n, h, &mut saved);
                     self.t.free(down);
                     down = normed;
+                }
+                if t.layout.residual_scale {
+                    down = self.hf_scaled(down);
                 }
                 let out = self.t.act(n * h * wd.r);
                 self.t.free(down);
@@ -1285,6 +1295,14 @@ impl Gen<'_> {
         saved.retain(|&id| id != x);
         saved.push(x);
         (saved, out)
+    }
+
+    /// `x` times a constant (Granite's multipliers): a new tensor of its size;
+    /// autograd keeps nothing and `x` dies.
+    fn hf_scaled(&mut self, x: u32) -> u32 {
+        let scaled = self.t.act(self.t.bytes(x));
+        self.t.free(x);
+        scaled
     }
 
     /// `gelu_new` (GPT-2's activation, T5's `gated-gelu`) of `x` (`nf`

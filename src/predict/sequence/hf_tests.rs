@@ -1341,6 +1341,26 @@ fn each_family_decision_changes_the_tensors_it_describes() {
             |t| t.layout.embed_scale = false,
             N * H * 4,
         ),
+        // Granite's multiplied branches (the projections' bf16 outputs) and
+        // divided logits
+        (
+            "granite",
+            serde_json::json!({}),
+            |t| t.layout.residual_scale = false,
+            N * H * 2,
+        ),
+        (
+            "granite",
+            serde_json::json!({}),
+            |t| t.layout.logits_scaled = false,
+            N * V * 2,
+        ),
+        (
+            "granite",
+            serde_json::json!({}),
+            |t| t.layout.embed_scale = false,
+            N * H * 4,
+        ),
         (
             "gemma3_text",
             serde_json::json!({}),
