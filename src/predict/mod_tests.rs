@@ -3290,6 +3290,16 @@ fn fresh_set_stats(
     (error_stats(&hf, None), error_stats(&captured, None))
 }
 
+/// Asserts a set's figures: median, p90 and the largest error within the
+/// bounds, none under beyond 5 %.
+fn assert_within(stats: &crate::predict::bench::ErrorStats, median: f64, p90: f64, max: f64) {
+    assert!(
+        stats.median <= median && stats.p90 <= p90 && stats.max <= max,
+        "{stats:?}"
+    );
+    assert!(stats.under_predictions.is_empty(), "{stats:?}");
+}
+
 #[test]
 fn the_fifth_fresh_set_stays_within_its_recorded_figures() {
     // 21 runs on an H100 (its context and workspaces are the H200's),
@@ -3310,15 +3320,8 @@ fn the_fifth_fresh_set_stays_within_its_recorded_figures() {
         "fresh5-h100",
         (17, 21),
     );
-    assert!(stats.median <= 0.01 && stats.p90 <= 0.04, "{stats:?}");
-    assert!(stats.max <= 0.04, "{stats:?}");
-    assert!(stats.under_predictions.is_empty(), "{stats:?}");
-    let stats = captured;
-    assert!(stats.median <= 0.005 && stats.p90 <= 0.01, "{stats:?}");
-    assert!(
-        stats.max <= 0.09 && stats.under_predictions.is_empty(),
-        "{stats:?}"
-    );
+    assert_within(&stats, 0.01, 0.04, 0.04);
+    assert_within(&captured, 0.005, 0.01, 0.09);
 }
 
 #[test]
@@ -3336,17 +3339,8 @@ fn the_sixth_fresh_set_stays_within_its_recorded_figures() {
         "fresh6-h100",
         (15, 18),
     );
-    assert!(stats.median <= 0.01 && stats.p90 <= 0.04, "{stats:?}");
-    assert!(
-        stats.max <= 0.06 && stats.under_predictions.is_empty(),
-        "{stats:?}"
-    );
-    let stats = captured;
-    assert!(stats.median <= 0.005 && stats.p90 <= 0.03, "{stats:?}");
-    assert!(
-        stats.max <= 0.04 && stats.under_predictions.is_empty(),
-        "{stats:?}"
-    );
+    assert_within(&stats, 0.01, 0.04, 0.06);
+    assert_within(&captured, 0.005, 0.03, 0.04);
 }
 
 #[test]
@@ -3365,17 +3359,8 @@ fn the_seventh_fresh_set_stays_within_its_recorded_figures() {
         "fresh7-h100",
         (17, 21),
     );
-    assert!(stats.median <= 0.005 && stats.p90 <= 0.03, "{stats:?}");
-    assert!(
-        stats.max <= 0.05 && stats.under_predictions.is_empty(),
-        "{stats:?}"
-    );
-    let stats = captured;
-    assert!(stats.median <= 0.005 && stats.p90 <= 0.05, "{stats:?}");
-    assert!(
-        stats.max <= 0.06 && stats.under_predictions.is_empty(),
-        "{stats:?}"
-    );
+    assert_within(&stats, 0.005, 0.03, 0.05);
+    assert_within(&captured, 0.005, 0.05, 0.06);
 }
 
 #[test]
@@ -3391,17 +3376,8 @@ fn the_eighth_fresh_set_stays_within_its_recorded_figures() {
         "fresh8-h100",
         (16, 16),
     );
-    assert!(stats.median <= 0.005 && stats.p90 <= 0.03, "{stats:?}");
-    assert!(
-        stats.max <= 0.035 && stats.under_predictions.is_empty(),
-        "{stats:?}"
-    );
-    let stats = captured;
-    assert!(stats.median <= 0.005 && stats.p90 <= 0.02, "{stats:?}");
-    assert!(
-        stats.max <= 0.02 && stats.under_predictions.is_empty(),
-        "{stats:?}"
-    );
+    assert_within(&stats, 0.005, 0.03, 0.035);
+    assert_within(&captured, 0.005, 0.02, 0.02);
 }
 
 #[test]
