@@ -1545,12 +1545,6 @@ impl Gen<'_> {
         None
     }
 
-    /// A T5 decoder block's cross-attention over the encoder's output (of
-    /// the same length as the decoder's, `seqLen`): its norm, the queries
-    /// from the decoder and the keys and values projected from the encoder
-    /// output (each projection keeping its own low-precision copy under
-    /// autocast), the attention, the output projection and the residual
-    /// sum, returned.
     /// PyTorch's math path of SDPA with a mask that needs its gradient
     /// (T5's position bias) on `[queries, keys, values]`: half-precision
     /// inputs are copied to fp32 first, the queries and the transposed keys
@@ -1559,8 +1553,8 @@ impl Gen<'_> {
     /// (with a one-byte temporary per score), dropout keeps its mask and
     /// output, which the value product keeps with the fp32 values; the
     /// probabilities' cast to the inputs' dtype is returned and dropped, and
-    /// the fp32 output is cast back. Returns what is kept, the locals that
-    /// die when the attention returns, and the output.
+    /// the fp32 output is cast back. Returns what is kept and the output;
+    /// the fp32 copies and the inputs' variables die when it returns.
     fn hf_math_attention(
         &mut self,
         lib: HfImpl,
@@ -1621,6 +1615,12 @@ impl Gen<'_> {
         (saved, output)
     }
 
+    /// A T5 decoder block's cross-attention over the encoder's output (of
+    /// the same length as the decoder's, `seqLen`): its norm, the queries
+    /// from the decoder and the keys and values projected from the encoder
+    /// output (each projection keeping its own low-precision copy under
+    /// autocast), the attention, the output projection and the residual
+    /// sum, returned.
     fn hf_cross_attention(
         &mut self,
         t: &TransformerArch,
