@@ -224,16 +224,25 @@ fn the_agent_vramfit_run_local_starts_accepts_its_flags_and_stops_cleanly() {
         serde_json::from_str(&std::fs::read_to_string(&status_file).unwrap()).unwrap();
     assert_eq!(status["agent"]["mode"], "nvml");
 
-    // An agent that ends on its own is an error that names its log.
-    let early = AttemptWatchdog::start(
-        std::path::Path::new("/bin/false"),
-        1,
-        1,
-        Duration::from_millis(100),
-        dir.path(),
+    // An agent that ends on its own is an error that names its log. The
+    // stand-in marks that it ran before it exits: on a loaded machine its
+    // start can take longer than any fixed wait.
+    let marker = dir.path().join("ran");
+    let agent = dir.path().join("failing-agent");
+    std::fs::write(
+        &agent,
+        format!("#!/bin/sh\ntouch '{}'\nexit 1\n", marker.display()),
     )
     .unwrap();
-    std::thread::sleep(Duration::from_millis(300));
+    std::fs::set_permissions(&agent, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let early =
+        AttemptWatchdog::start(&agent, 1, 1, Duration::from_millis(100), dir.path()).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !marker.exists() {
+        assert!(Instant::now() < deadline, "the stand-in never ran");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(500));
     let error = early.finish().unwrap_err().to_string();
     assert!(
         error.contains("ended early") && error.contains("agent.log"),
