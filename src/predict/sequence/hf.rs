@@ -189,10 +189,9 @@ impl Gen<'_> {
             HfFamily::Llama => {
                 let mut tok = self.t.act(n * h * wd.w);
                 if t.layout.embed_scale {
-                    // Gemma: `hidden_states * normalizer` (sqrt(hidden))
-                    let scaled = self.t.act(n * h * wd.w);
-                    self.t.free(tok);
-                    tok = scaled;
+                    // Gemma: `hidden_states * normalizer` (sqrt(hidden));
+                    // Granite: `* embedding_multiplier`
+                    tok = self.hf_scaled(tok);
                 }
                 if t.positional == PositionalKind::Rotary {
                     // rotary cos and sin for the positions, in the embeddings' dtype
@@ -1297,8 +1296,9 @@ impl Gen<'_> {
         (saved, out)
     }
 
-    /// `x` times a constant (Granite's multipliers): a new tensor of its size;
-    /// autograd keeps nothing and `x` dies.
+    /// `x` times a constant (Gemma's embedding normalizer, Granite's
+    /// multipliers): a new tensor of its size; autograd keeps nothing and
+    /// `x` dies.
     fn hf_scaled(&mut self, x: u32) -> u32 {
         let scaled = self.t.act(self.t.bytes(x));
         self.t.free(x);
