@@ -787,6 +787,93 @@ FRESH8 = [
     hf("vit8", "vit", dict(num_hidden_layers=12, num_labels=1000), 197, 128, "amp-bf16", "adamw"),
 ]
 
+# A ninth fresh set (`--set fresh9`), written after the eighth ran
+# (2026-12-06); its analytic predictions are committed before it runs. The
+# combinations no set had measured: sliding-window attention shorter than the
+# sequence (Gemma 3's released 512-token window, Mistral's default 4,096 at 8k
+# tokens), gradient accumulation and other optimizers outside GPT-2 and LLaMA,
+# checkpointed T5, DeBERTa and ViT, T5 under fp16 autocast, a Qwen2-1.5B and a
+# Llama-3.2-1B shape at their full widths, and torchvision nets not yet run.
+FRESH9 = [
+    hf("gemma3w9", "gemma3_text", dict(num_hidden_layers=8, hidden_size=1152, num_attention_heads=4,
+                                       num_key_value_heads=1, head_dim=256, intermediate_size=6912,
+                                       sliding_window=512), 2048, 4, "bf16", "adamw"),
+    hf("gemma3a9", "gemma3_text", dict(num_hidden_layers=6, hidden_size=1152, num_attention_heads=4,
+                                       num_key_value_heads=1, head_dim=256, intermediate_size=6912,
+                                       sliding_window=512), 2048, 4, "amp-bf16", "adamw"),
+    hf("gemma3e9", "gemma3_text", dict(num_hidden_layers=6, hidden_size=1152, num_attention_heads=4,
+                                       num_key_value_heads=1, head_dim=256, intermediate_size=6912,
+                                       sliding_window=512), 1024, 8, "amp-bf16", "adamw", "eager"),
+    hf("mistralw9", "mistral", dict(num_hidden_layers=6, hidden_size=2048, num_attention_heads=16,
+                                    num_key_value_heads=8, intermediate_size=5632), 8192, 1,
+       "bf16", "adamw", ckpt=True),
+    hf("mistrala9", "mistral", dict(num_hidden_layers=4, hidden_size=1024, num_attention_heads=16,
+                                    num_key_value_heads=8, intermediate_size=3584), 6144, 1,
+       "amp-bf16", "adamw"),
+    hf("t5c9", "t5", dict(d_model=512, num_layers=6, num_heads=8, d_kv=64, d_ff=2048,
+                          decoder_start_token_id=0), 512, 16, "amp-bf16", "adamw", ckpt=True),
+    hf("t5h9", "t5", dict(d_model=512, num_layers=4, num_heads=8, d_kv=64, d_ff=2048,
+                          decoder_start_token_id=0), 256, 32, "amp-fp16", "adamw"),
+    hf("t5l9", "t5", dict(d_model=768, num_layers=8, num_heads=12, d_kv=64, d_ff=3072,
+                          decoder_start_token_id=0), 512, 8, "fp32", "adamw", accum=2),
+    hf("debertac9", "deberta-v2", dict(num_hidden_layers=8, hidden_size=768, num_attention_heads=12,
+                                       intermediate_size=3072, relative_attention=True,
+                                       position_buckets=256, pos_att_type=["p2c", "c2p"],
+                                       norm_rel_ebd="layer_norm", share_att_key=True,
+                                       position_biased_input=False, max_relative_positions=-1),
+       512, 8, "amp-bf16", "adamw", "eager", ckpt=True),
+    hf("gemma2a9", "gemma2", dict(num_hidden_layers=4, hidden_size=1152, num_attention_heads=8,
+                                  num_key_value_heads=4, head_dim=128, intermediate_size=4608),
+       1024, 8, "amp-bf16", "adamw", "eager", accum=2),
+    hf("phi3h9", "phi3", dict(num_hidden_layers=4, hidden_size=2048, num_attention_heads=16,
+                              intermediate_size=5632), 2048, 4, "amp-fp16", "adamw"),
+    hf("phi3e9", "phi3", dict(num_hidden_layers=3), 1024, 4, "amp-bf16", "adamw", "eager",
+       accum=2),
+    hf("neox9", "gpt_neox", dict(num_hidden_layers=12, hidden_size=1024, num_attention_heads=16,
+                                 intermediate_size=4096, vocab_size=50304), 2048, 4, "bf16",
+       "sgd-momentum"),
+    hf("mixtral9", "mixtral", dict(num_hidden_layers=2, hidden_size=1024, num_attention_heads=16,
+                                   num_key_value_heads=8, intermediate_size=2048,
+                                   num_local_experts=8, num_experts_per_tok=2), 1024, 8,
+       "amp-fp16", "adamw", "eager"),
+    hf("qwen2moe9", "qwen2_moe", dict(num_hidden_layers=3, hidden_size=1024, num_attention_heads=16,
+                                      num_key_value_heads=16, intermediate_size=2816,
+                                      moe_intermediate_size=704,
+                                      shared_expert_intermediate_size=2816, num_experts=8,
+                                      num_experts_per_tok=2), 2048, 4, "amp-bf16", "adamw",
+       ckpt=True),
+    hf("qwen215b9", "qwen2", dict(num_hidden_layers=8, hidden_size=1536, num_attention_heads=12,
+                                  num_key_value_heads=2, intermediate_size=8960,
+                                  tie_word_embeddings=True), 4096, 2, "bf16", "adamw", ckpt=True),
+    hf("llama321b9", "llama", dict(num_hidden_layers=8, hidden_size=2048, num_attention_heads=32,
+                                   num_key_value_heads=8, intermediate_size=8192,
+                                   vocab_size=128256, tie_word_embeddings=True,
+                                   rope_theta=500000.0), 4096, 2, "amp-bf16", "adamw",
+       ckpt=True),
+    hf("opt3509", "opt", dict(num_hidden_layers=12, hidden_size=1024, num_attention_heads=16,
+                              ffn_dim=4096, word_embed_proj_dim=512, do_layer_norm_before=False),
+       2048, 4, "amp-bf16", "adamw"),
+    hf("gpt2a9", "gpt2", dict(n_layer=6), 1024, 8, "fp32", "adam", accum=4),
+    hf("bertl9", "bert", dict(num_hidden_layers=12, hidden_size=1024, num_attention_heads=16,
+                              intermediate_size=4096), 512, 16, "amp-fp16", "sgd-momentum",
+       ckpt=True),
+    hf("robertac9", "roberta", dict(num_hidden_layers=8), 512, 32, "amp-bf16", "adagrad",
+       ckpt=True),
+    hf("vitc9", "vit", dict(num_hidden_layers=12, num_labels=1000), 197, 128, "amp-bf16", "adamw",
+       ckpt=True),
+    hf("granite9", "granite", dict(num_hidden_layers=4, hidden_size=1536, num_attention_heads=12,
+                                   num_key_value_heads=4, intermediate_size=4096,
+                                   vocab_size=49152), 2048, 4, "amp-bf16", "adamw"),
+    hf("qwen3e9", "qwen3", dict(num_hidden_layers=4, hidden_size=1024, num_attention_heads=16,
+                                num_key_value_heads=8, head_dim=128, intermediate_size=3072),
+       1024, 8, "amp-fp16", "adamw", "eager"),
+    tv("vgg16", 64, "fp32", "sgd-momentum"),
+    tv("convnext_tiny", 64, "fp32", "adamw"),
+    tv("regnet_y_1_6gf", 128, "amp-bf16", "sgd-momentum"),
+    tv("wide_resnet50_2", 64, "amp-fp16", "sgd-momentum"),
+    tv("swin_t", 64, "amp-bf16", "adamw"),
+]
+
 # Run again alone at the end, to check that running side by side changes nothing.
 REPEATS = ["hf-gpt2-s1024-b8-ampbf16-adamw-sdpa", "tv-resnet50-i224-b128-ampbf16-sgdm",
            "hf-llama-s2048-b4-bf16-adamw-sdpa"]
@@ -1158,7 +1245,7 @@ def main():
                     help="only the cases of this library")
     ap.add_argument("--set", default="calibration",
                     choices=["calibration", "validation", "families", "heldout", "fresh", "fresh2", "fresh3",
-                             "fresh4", "fresh5", "fresh6", "fresh7", "fresh8"],
+                             "fresh4", "fresh5", "fresh6", "fresh7", "fresh8", "fresh9"],
                     help="the calibration cases (fit/holdout), the fresh validation set, or "
                          "the families added later (gemma2/3, gpt_neox, opt, mixtral, "
                          "qwen2_moe, t5, deberta-v2, vit)")
@@ -1202,7 +1289,7 @@ def main():
     chosen = {"calibration": CASES, "validation": VALIDATION, "families": FAMILIES,
               "heldout": HELDOUT, "fresh": FRESH, "fresh2": FRESH2, "fresh3": FRESH3,
               "fresh4": FRESH4, "fresh5": FRESH5, "fresh6": FRESH6,
-              "fresh7": FRESH7, "fresh8": FRESH8}[args.set]
+              "fresh7": FRESH7, "fresh8": FRESH8, "fresh9": FRESH9}[args.set]
     cases = [c for c in chosen if not args.only or c["name"] in args.only.split(",")]
     cases = [c for c in cases if not args.library or c["library"] == args.library]
     if args.snapshots:
@@ -1241,7 +1328,7 @@ def main():
     sampler.start()
 
     stem = args.set if args.set in ("families", "heldout", "fresh", "fresh2", "fresh3",
-                                    "fresh4", "fresh5", "fresh6", "fresh7", "fresh8") else "libraries"
+                                    "fresh4", "fresh5", "fresh6", "fresh7", "fresh8", "fresh9") else "libraries"
     out_path = os.path.join(args.out, f"{stem}.jsonl")
     prof_path = os.path.join(args.out, f"{stem}-profiles.jsonl" if stem != "libraries"
                              else "profiles.jsonl")
