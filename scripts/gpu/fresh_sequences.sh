@@ -14,7 +14,8 @@
 #
 # SET is the fresh set (fresh2 by default; its predictions are
 # data/calibration/SET-predictions.jsonl). UNDER=0 leaves out step 2 and
-# SWEEP=0 the convolution sweep.
+# SWEEP=0 the convolution sweep; DEADLINE (seconds, 240 by default) is when
+# the set stops starting runs.
 #
 # OUT gets: SET.jsonl, runs.log, libraries-under.jsonl,
 # h200-under.jsonl, sequences.tgz (every recorded sequence as a profile),
@@ -46,7 +47,7 @@ fi
 
 taskset -c "$gpu_cpus" python3 scripts/gpu/calibrate_libraries.py --set "$set_name" --snapshots \
   --out "$work/$set_name" --predictions "data/calibration/$set_name-predictions.jsonl" --budget-gib "$budget_gib" \
-  --timeout 150 --deadline 240 2>&1 | tee "$out/runs.log"
+  --timeout 150 --deadline "${DEADLINE:-240}" 2>&1 | tee "$out/runs.log"
 
 if [[ ${UNDER:-1} != 0 ]]; then
   under_libraries=hf-llamagqa-s2048-b4-bf16-sgd-eager,hf-llama-s1024-b4-ampbf16-adamw-sdpa-accum4,\
