@@ -145,6 +145,14 @@ pub struct Layout {
     pub own_attention: bool,
     /// An image model (ViT): patches in, a classifier out.
     pub image: Option<Image>,
+    /// Sliding-window attention: the blocks in `sliding_layers` attend to
+    /// the last `sliding_window` tokens only (0: no window). Once the
+    /// sequence reaches the window the library builds a boolean mask for
+    /// them, which SDPA takes in place of its causal flag
+    /// ([`TransformerArch::windowed_block`]).
+    pub sliding_window: u64,
+    /// The blocks that attend through the window (0-based).
+    pub sliding_layers: Vec<u64>,
 }
 
 /// A mixture-of-experts feed-forward.
@@ -445,6 +453,15 @@ impl TransformerArch {
     /// Whether block `l` is a decoder block of an encoder-decoder.
     pub fn is_cross_block(&self, l: u64) -> bool {
         l + self.layout.decoder_layers >= self.layers && self.layout.decoder_layers > 0
+    }
+
+    /// Whether block `l` attends through a sliding-window mask: a window
+    /// block once the sequence reaches the window (transformers skips the
+    /// mask for shorter sequences, where the window changes nothing).
+    pub fn windowed_block(&self, l: u64) -> bool {
+        self.layout.sliding_window > 0
+            && self.seq_len >= self.layout.sliding_window
+            && self.layout.sliding_layers.contains(&l)
     }
 
     /// Whether block `l` has the mixture-of-experts feed-forward.

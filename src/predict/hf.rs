@@ -144,6 +144,30 @@ enum Feature {
     Granite,
     /// ViT: `image_size`, `patch_size`, `num_channels`, `num_labels`.
     Vit,
+    /// Sliding-window attention: `sliding_window` (this default when the
+    /// key is absent; null: none) over the blocks `layers` names, unless
+    /// the config lists each block's attention in `layer_types`, as
+    /// transformers 5 writes it.
+    Sliding {
+        window: Option<u64>,
+        layers: Windowed,
+    },
+}
+
+/// Which blocks of a family attend through its sliding window.
+#[derive(Clone, Copy)]
+enum Windowed {
+    /// Every block (Mistral, Mixtral, Phi-3).
+    All,
+    /// Every block but each `every`-th, counted from 1 (Gemma 2: every
+    /// second; Gemma 3: `sliding_window_pattern`, default 6).
+    AllBut {
+        key: Option<&'static str>,
+        every: u64,
+    },
+    /// Only with `use_sliding_window` (default false), the blocks from
+    /// `max_window_layers` (default `first`) on (Qwen2, Qwen3).
+    Gated { first: u64 },
 }
 
 const LLAMA: Row = Row {
@@ -255,6 +279,10 @@ const FAMILIES: &[Row] = &[
         qkv_bias: Flag::Is(false),
         linear_bias: Flag::Is(false),
         out_bias: None,
+        features: &[Feature::Sliding {
+            window: Some(4096),
+            layers: Windowed::All,
+        }],
         ..LLAMA
     },
     Row {
@@ -265,6 +293,10 @@ const FAMILIES: &[Row] = &[
         qkv_bias: Flag::Is(true),
         linear_bias: Flag::Is(false),
         out_bias: None,
+        features: &[Feature::Sliding {
+            window: Some(4096),
+            layers: Windowed::Gated { first: 28 },
+        }],
         ..LLAMA
     },
     Row {
@@ -274,6 +306,10 @@ const FAMILIES: &[Row] = &[
         vocab: key("vocab_size", 151936),
         linear_bias: Flag::Is(false),
         qk_norm: true,
+        features: &[Feature::Sliding {
+            window: Some(4096),
+            layers: Windowed::Gated { first: 28 },
+        }],
         ..LLAMA
     },
     Row {
@@ -284,7 +320,15 @@ const FAMILIES: &[Row] = &[
         qkv_bias: Flag::Is(false),
         linear_bias: Flag::Is(false),
         out_bias: None,
-        features: &[Feature::FusedQkv, Feature::FusedGateUp, Feature::RotaryCat],
+        features: &[
+            Feature::FusedQkv,
+            Feature::FusedGateUp,
+            Feature::RotaryCat,
+            Feature::Sliding {
+                window: None,
+                layers: Windowed::All,
+            },
+        ],
         ..LLAMA
     },
     BERT,
@@ -305,10 +349,19 @@ const FAMILIES: &[Row] = &[
         vocab: key("vocab_size", 256000),
         tied: true,
         linear_bias: Flag::Is(false),
-        features: &[Feature::Gemma {
-            attn_softcap: Some(50.0),
-            final_softcap: Some(30.0),
-        }],
+        features: &[
+            Feature::Gemma {
+                attn_softcap: Some(50.0),
+                final_softcap: Some(30.0),
+            },
+            Feature::Sliding {
+                window: Some(4096),
+                layers: Windowed::AllBut {
+                    key: None,
+                    every: 2,
+                },
+            },
+        ],
         ..LLAMA
     },
     Row {
@@ -323,10 +376,19 @@ const FAMILIES: &[Row] = &[
         tied: true,
         linear_bias: Flag::Is(false),
         qk_norm: true,
-        features: &[Feature::Gemma {
-            attn_softcap: None,
-            final_softcap: None,
-        }],
+        features: &[
+            Feature::Gemma {
+                attn_softcap: None,
+                final_softcap: None,
+            },
+            Feature::Sliding {
+                window: Some(4096),
+                layers: Windowed::AllBut {
+                    key: Some("sliding_window_pattern"),
+                    every: 6,
+                },
+            },
+        ],
         ..LLAMA
     },
     Row {
@@ -336,14 +398,20 @@ const FAMILIES: &[Row] = &[
         qkv_bias: Flag::Is(false),
         linear_bias: Flag::Is(false),
         out_bias: None,
-        features: &[Feature::Moe {
-            experts: key("num_local_experts", 8),
-            experts_alias: Some("num_experts"),
-            top_k: 2,
-            expert_ffn: None,
-            shared_ffn: None,
-            sparse_step: false,
-        }],
+        features: &[
+            Feature::Moe {
+                experts: key("num_local_experts", 8),
+                experts_alias: Some("num_experts"),
+                top_k: 2,
+                expert_ffn: None,
+                shared_ffn: None,
+                sparse_step: false,
+            },
+            Feature::Sliding {
+                window: None,
+                layers: Windowed::All,
+            },
+        ],
         ..LLAMA
     },
     Row {
@@ -950,6 +1018,8 @@ fn apply(feature: Feature, cfg: &Config<'_>, a: &mut TransformerArch) -> Result<
                 )));
             }
             let dense_layers = if sparse_step {
+                // Qwen's mixtures: their windows are not described
+                only_default(cfg, "use_sliding_window", false)?;
                 let step = int_or(cfg, "decoder_sparse_step", 1)?;
                 if step == 0 {
                     return Err(bad("decoder_sparse_step", "at least 1"));
@@ -1119,8 +1189,66 @@ fn apply(feature: Feature, cfg: &Config<'_>, a: &mut TransformerArch) -> Result<
                 labels,
             });
         }
+        Feature::Sliding { window, layers } => {
+            let on = match layers {
+                Windowed::Gated { .. } => flag(cfg, "use_sliding_window", false)?,
+                _ => true,
+            };
+            let window = match cfg.get("sliding_window") {
+                _ if !on => None,
+                None => window,
+                Some(Value::Null) => None,
+                // Qwen's configs write 0 for "none"
+                Some(Value::Number(n)) if n.as_u64() == Some(0) => None,
+                Some(_) => Some(int(cfg, "sliding_window")?),
+            };
+            let Some(window) = window else {
+                return Ok(());
+            };
+            lay.sliding_window = window;
+            lay.sliding_layers = match listed_layer_types(cfg, a.layers)? {
+                Some(sliding) => sliding,
+                None => match layers {
+                    Windowed::All => (0..a.layers).collect(),
+                    Windowed::AllBut { key, every } => {
+                        let every = match key {
+                            Some(k) => int_or(cfg, k, every)?,
+                            None => every,
+                        };
+                        (0..a.layers).filter(|l| (l + 1) % every != 0).collect()
+                    }
+                    Windowed::Gated { first } => {
+                        let first = count_or(cfg, "max_window_layers", first)?;
+                        (first..a.layers).collect()
+                    }
+                },
+            };
+        }
     }
     Ok(())
+}
+
+/// The blocks whose `layer_types` entry is `sliding_attention`, when the
+/// config lists one entry per block (transformers 5 writes the list, and
+/// its model follows it over the family's pattern). The list is read
+/// without counting as a key the family needs: a config without it is
+/// read by the pattern.
+fn listed_layer_types(cfg: &Config<'_>, layers: u64) -> Result<Option<Vec<u64>>, PredictError> {
+    let want = || bad("layer_types", "a list of one attention type per block");
+    match cfg.map.get("layer_types") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Array(types)) if types.len() as u64 == layers => types
+            .iter()
+            .zip(0..)
+            .filter_map(|(t, l)| match t.as_str() {
+                Some("sliding_attention") => Some(Ok(l)),
+                Some(_) => None,
+                None => Some(Err(want())),
+            })
+            .collect::<Result<Vec<u64>, _>>()
+            .map(Some),
+        Some(_) => Err(want()),
+    }
 }
 
 fn divide(a: u64, b: u64, an: &str, bn: &str) -> Result<u64, PredictError> {

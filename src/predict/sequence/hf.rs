@@ -157,6 +157,7 @@ impl Gen<'_> {
 
     pub(super) fn hf_micro_step(&mut self, t: &TransformerArch, lib: HfImpl) {
         let wd = self.widths();
+        self.offset_norms = t.layout.sandwich_norms;
         let (b, s, h, v) = (self.run.micro_batch, t.seq_len, t.hidden, t.vocab);
         let n = b * s;
         let idx = self.t.act(n * 8);
@@ -232,6 +233,17 @@ impl Gen<'_> {
             }
         };
         let mut x = x;
+        if self.hf_attention(t) != Attention::Eager && (0..t.layers).any(|l| t.windowed_block(l)) {
+            // The window's mask lives until the model returns; a checkpoint
+            // keeps it as an input of every block until backward (the
+            // recorded Mistral runs at 6k and 8k tokens).
+            let mask = self.hf_window_mask(s);
+            if self.run.checkpointing {
+                emb_saved.push(mask);
+            } else {
+                self.encoder_locals.push(mask);
+            }
+        }
         if t.layout.own_attention {
             // DeBERTa's encoder builds the `[batch, 1, seq, seq]` mask from
             // the tokenizer's int64 one; a checkpoint keeps it as an input
@@ -593,6 +605,8 @@ impl Gen<'_> {
 
     /// RMSNorm as LLaMA's modelling code writes it: `x.to(float32)`,
     /// `pow(2).mean`, `rsqrt`, `x * rsqrt`, then `weight * y.to(input_dtype)`.
+    /// Gemma's (`offset_norms`) multiplies the fp32 `y` by `1 + weight` and
+    /// casts the product: autograd keeps `y` in fp32 instead of its cast.
     /// Pushes what autograd keeps (besides a fp32 input itself) and returns the
     /// output.
     fn hf_rmsnorm(&mut self, n: u64, h: u64, saved: &mut Vec<u32>) -> u32 {
@@ -634,10 +648,41 @@ impl Gen<'_> {
             let y = self.t.act(n * h * 4);
             self.t.free(x32);
             self.t.free(rs);
+            if self.offset_norms {
+                let product = self.t.act(n * h * 4);
+                self.t.free(y);
+                let out = self.t.act(n * h * wd.r);
+                self.t.free(product);
+                return out;
+            }
             let cast = self.t.act(n * h * wd.r);
             let out = self.t.act(n * h * wd.w);
             self.t.free(cast);
             self.t.free(y);
+            out
+        } else if self.offset_norms {
+            let x32 = self.t.act(n * h * 4);
+            saved.push(x32);
+            let sq = self.t.act(n * h * 4);
+            let var = self.t.act(n * 4);
+            self.t.free(sq);
+            let rs = self.t.act(n * 4);
+            saved.push(rs);
+            self.t.free(var);
+            let y = self.t.act(n * h * 4);
+            saved.push(y);
+            self.rmsnorms.insert(
+                y,
+                RmsSaved {
+                    x32: Some(x32),
+                    rs,
+                    y,
+                    elems: n * h,
+                },
+            );
+            let product = self.t.act(n * h * 4);
+            let out = self.t.act(n * h * wd.r);
+            self.t.free(product);
             out
         } else {
             let x32 = self.t.act(n * h * 4);
@@ -677,12 +722,24 @@ impl Gen<'_> {
     fn hf_rmsnorm_backward(&mut self, norm: RmsSaved, g_y: u32) -> u32 {
         let wd = self.widths();
         let e = norm.elems;
-        self.release(norm.y);
-        let g_y32 = if norm.x32.is_some() {
+        let g_y32 = if norm.x32.is_some() && self.offset_norms {
+            // Gemma: the cast's gradient back to fp32, then the product's
+            // (the weight's, over the rows, and `y`'s)
+            let g = self.t.act(e * 4);
+            self.t.free(g_y);
+            let rows = self.t.act(e * 4);
+            self.t.free(rows);
+            let g_y = self.t.act(e * 4);
+            self.t.free(g);
+            self.release(norm.y);
+            g_y
+        } else if norm.x32.is_some() {
+            self.release(norm.y);
             let g = self.t.act(e * 4);
             self.t.free(g_y);
             g
         } else {
+            self.release(norm.y);
             g_y
         };
         let row_product = self.t.act(e * 4);
@@ -736,6 +793,14 @@ impl Gen<'_> {
             saved.push(self.t.act(rows * 4));
             self.t.free(var);
             let y = self.t.act(elems * 4);
+            if self.offset_norms {
+                // Gemma 3: `y` kept in fp32, the `1 + weight` product cast
+                saved.push(y);
+                let product = self.t.act(elems * 4);
+                let out = self.t.act(elems * wd.c);
+                self.t.free(product);
+                return out;
+            }
             saved.push(self.t.act(elems * wd.c));
             self.t.free(y);
             self.t.act(elems * wd.c)
@@ -797,17 +862,12 @@ impl Gen<'_> {
         n: u64,
         x: u32,
     ) -> (Vec<u32>, u32) {
-        // Softcapped and disentangled scores exist only in eager attention
-        // (transformers refuses SDPA for Gemma 2; DeBERTa has no other).
         // T5's learned relative bias is SDPA's attention mask and needs its
         // gradient: no fused kernel takes it, and SDPA runs PyTorch's math
         // path, which keeps the whole scores (on the H200, T5 under SDPA
         // predicted as fused was 22-30 % under).
-        let attention = if t.layout.attn_softcap || t.layout.own_attention {
-            Attention::Eager
-        } else {
-            self.run.attention
-        };
+        let attention = self.hf_attention(t);
+        let windowed = attention != Attention::Eager && t.windowed_block(l);
         let math_bias = t.layout.rel_buckets > 0 && attention != Attention::Eager;
         let wd = self.widths();
         let (h, f, kvd) = (t.hidden, t.ffn, t.kv_dim());
@@ -1030,6 +1090,10 @@ impl Gen<'_> {
                 };
                 let gqa = t.kv_heads < t.heads;
                 let o = match attention {
+                    Attention::Sdpa | Attention::Flash if windowed => {
+                        self.hf_windowed_sdpa(t, n, [qe, keys, values], owned, &mut saved);
+                        false
+                    }
                     Attention::Sdpa | Attention::Flash if math_bias => {
                         let (kept, output) = self.hf_math_attention(
                             lib,
@@ -1294,6 +1358,92 @@ impl Gen<'_> {
         saved.retain(|&id| id != x);
         saved.push(x);
         (saved, out)
+    }
+
+    /// The attention the blocks run: softcapped and disentangled scores
+    /// exist only in eager attention (transformers refuses SDPA for
+    /// Gemma 2; DeBERTa has no other).
+    fn hf_attention(&self, t: &TransformerArch) -> Attention {
+        if t.layout.attn_softcap || t.layout.own_attention {
+            Attention::Eager
+        } else {
+            self.run.attention
+        }
+    }
+
+    /// The boolean sliding-window mask the model builds once per forward
+    /// (`seq x seq`, shared by the batch and the blocks): the causal and
+    /// the window comparisons, their conjunction. Returns the mask.
+    fn hf_window_mask(&mut self, s: u64) -> u32 {
+        let causal = self.t.act(s * s);
+        let window = self.t.act(s * s);
+        self.t.free(causal);
+        let both = self.t.act(s * s);
+        self.t.free(window);
+        let mask = self.t.act(s * s);
+        self.t.free(both);
+        mask
+    }
+
+    /// SDPA with the window's mask (`qkv`: the rotated queries and the keys
+    /// and values it reads; `owned`: the keys and values are the block's,
+    /// not the cache's). With a mask transformers asks for no grouped-query
+    /// kernel, so `repeat_kv` copies the keys and values to every head (a
+    /// view when one key/value head serves them all; autocast's cast of
+    /// that view is full-size); SDPA turns the mask into an additive one
+    /// of the batch's size in the query's dtype, and the memory-efficient
+    /// kernel keeps it for backward with its inputs, output and
+    /// log-sum-exp. The copies and the block's own keys and values die
+    /// when the attention returns (the recorded Mistral and Gemma 3 runs
+    /// with windows shorter than the sequence). Its backward is
+    /// [`Self::hf_block_backward`]'s, from the log-sum-exp.
+    fn hf_windowed_sdpa(
+        &mut self,
+        t: &TransformerArch,
+        n: u64,
+        qkv: [u32; 3],
+        owned: bool,
+        saved: &mut Vec<u32>,
+    ) {
+        let wd = self.widths();
+        let (qd, kvd) = (t.q_dim(), t.kv_dim());
+        let [q, keys, values] = qkv;
+        let b = self.run.micro_batch;
+        self.autocast_input(q, n * qd, true, saved);
+        let copies = t.kv_heads > 1 && t.kv_heads < t.heads;
+        let elems = if t.kv_heads < t.heads { n * qd } else { n * kvd };
+        let mut locals = Vec::new();
+        for src in [keys, values] {
+            let width = self.t.bytes(src) / (n * kvd).max(1);
+            let full = if copies {
+                let c = self.t.act(n * qd * width);
+                if owned {
+                    locals.push(src);
+                }
+                c
+            } else {
+                src
+            };
+            if wd.amp && width > wd.c {
+                saved.push(self.t.act(elems * wd.c));
+                if copies || owned {
+                    locals.push(full);
+                }
+            } else if copies || owned {
+                saved.push(full);
+            }
+        }
+        let mask = self.t.act(b * t.seq_len * t.seq_len * wd.c);
+        saved.push(mask);
+        saved.push(self.t.act(n * qd * wd.c));
+        self.free_kernel_casts();
+        let lse_bytes = b * t.heads * t.seq_len * 4;
+        let lse = self.t.act(lse_bytes);
+        saved.push(lse);
+        if !self.no_grad {
+            self.windowed.insert(lse, (mask, n * qd * 4 + lse_bytes));
+        }
+        self.t.free_all(&mut locals);
     }
 
     /// `x` times a constant (Gemma's embedding normalizer, Granite's
@@ -1886,6 +2036,17 @@ impl Gen<'_> {
                 };
                 tmp = Some(g);
                 self.release(id);
+                continue;
+            }
+            if let Some((mask, buffer)) = self.windowed.remove(&id) {
+                // the memory-efficient kernel's backward: its fp32 buffer
+                // for the queries' gradient and the log-sum-exp's, then its
+                // inputs go; the mask has no gradient
+                let scratch = self.t.act(buffer);
+                self.t.free(scratch);
+                self.release(id);
+                saved.retain(|&s| s != mask);
+                self.release(mask);
                 continue;
             }
             if let Some(norm) = self.rmsnorms.remove(&id) {

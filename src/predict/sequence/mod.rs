@@ -277,6 +277,13 @@ struct Gen<'a> {
     /// Hugging Face: RMSNorms kept for backward, by the last tensor each
     /// kept (what the weight's product reads): see [`RmsSaved`].
     rmsnorms: BTreeMap<u32, RmsSaved>,
+    /// Hugging Face: the RMSNorms multiply by `1 + weight` in fp32 and cast
+    /// the product back (Gemma's), rather than cast before LLaMA's weight.
+    offset_norms: bool,
+    /// Hugging Face: windowed attention's log-sum-exp kept for backward, with
+    /// the block's additive mask and the bytes of the memory-efficient
+    /// kernel's backward buffer.
+    windowed: BTreeMap<u32, (u32, u64)>,
     /// Hugging Face: the first forward of a checkpointed block runs without
     /// autograd keeping anything; each tensor dies when the modelling code
     /// drops it.
@@ -358,6 +365,8 @@ impl<'a> Gen<'a> {
             matmuls_left: Vec::new(),
             softmax: BTreeMap::new(),
             rmsnorms: BTreeMap::new(),
+            offset_norms: false,
+            windowed: BTreeMap::new(),
         }
     }
 
