@@ -74,6 +74,10 @@ pub struct Layout {
     /// Norms of the attention and feed-forward outputs as well as of their
     /// inputs (Gemma 2 and 3): two more per block.
     pub sandwich_norms: bool,
+    /// The RMSNorms multiply by `1 + weight` in fp32 and cast the product
+    /// back (Gemma's): in low precision autograd keeps the normalised input
+    /// in fp32, where LLaMA's keeps its cast.
+    pub offset_norms: bool,
     /// The embeddings are multiplied by sqrt(hidden) (Gemma): one more
     /// activation of the embeddings' size.
     pub embed_scale: bool,

@@ -954,6 +954,7 @@ fn apply(feature: Feature, cfg: &Config<'_>, a: &mut TransformerArch) -> Result<
             final_softcap,
         } => {
             lay.sandwich_norms = true;
+            lay.offset_norms = true;
             lay.embed_scale = true;
             lay.attn_softcap = opt_number(cfg, "attn_logit_softcapping", attn_softcap)?.is_some();
             lay.final_softcap =

@@ -265,3 +265,151 @@ fn the_library_stacks_the_experts_into_two_parameters_whose_casts_are_not_cached
         );
     }
 }
+
+/// Which blocks attend through a sliding window, as each family's config
+/// class and modelling code decide: the window's default, null for none,
+/// the family's pattern of windowed blocks, and the `layer_types` list
+/// transformers 5 writes, which overrides the pattern.
+#[test]
+fn each_family_reads_its_sliding_window_and_the_blocks_it_covers() {
+    use serde_json::json;
+    let cases: Vec<(serde_json::Value, u64, Vec<u64>)> = vec![
+        (
+            json!({"model_type": "mistral", "num_hidden_layers": 3}),
+            4096,
+            vec![0, 1, 2],
+        ),
+        (
+            json!({"model_type": "mistral", "num_hidden_layers": 3, "sliding_window": null}),
+            0,
+            vec![],
+        ),
+        (
+            json!({"model_type": "mistral", "num_hidden_layers": 2, "sliding_window": 1024}),
+            1024,
+            vec![0, 1],
+        ),
+        (
+            json!({"model_type": "mixtral", "num_hidden_layers": 2}),
+            0,
+            vec![],
+        ),
+        (
+            json!({"model_type": "mixtral", "num_hidden_layers": 2, "sliding_window": 512}),
+            512,
+            vec![0, 1],
+        ),
+        (
+            json!({"model_type": "phi3", "num_hidden_layers": 2}),
+            0,
+            vec![],
+        ),
+        (
+            json!({"model_type": "phi3", "num_hidden_layers": 2, "sliding_window": 2047}),
+            2047,
+            vec![0, 1],
+        ),
+        // Gemma 2: every second block counted from 1 attends globally
+        (
+            json!({"model_type": "gemma2", "num_hidden_layers": 4}),
+            4096,
+            vec![0, 2],
+        ),
+        // Gemma 3: every sixth, or every `sliding_window_pattern`-th
+        (
+            json!({"model_type": "gemma3_text", "num_hidden_layers": 7, "sliding_window": 512}),
+            512,
+            vec![0, 1, 2, 3, 4, 6],
+        ),
+        (
+            json!({"model_type": "gemma3_text", "num_hidden_layers": 4,
+                "sliding_window_pattern": 2}),
+            4096,
+            vec![0, 2],
+        ),
+        (
+            json!({"model_type": "gemma3_text", "num_hidden_layers": 3, "layer_types":
+                ["full_attention", "sliding_attention", "full_attention"]}),
+            4096,
+            vec![1],
+        ),
+        // Qwen: only with use_sliding_window, from max_window_layers on
+        (
+            json!({"model_type": "qwen2", "num_hidden_layers": 4}),
+            0,
+            vec![],
+        ),
+        (
+            json!({"model_type": "qwen2", "num_hidden_layers": 4, "sliding_window": 256}),
+            0,
+            vec![],
+        ),
+        (
+            json!({"model_type": "qwen2", "num_hidden_layers": 4, "use_sliding_window": true,
+                "max_window_layers": 2}),
+            4096,
+            vec![2, 3],
+        ),
+        (
+            json!({"model_type": "qwen3", "num_hidden_layers": 4, "use_sliding_window": true,
+                "sliding_window": 256, "max_window_layers": 0}),
+            256,
+            vec![0, 1, 2, 3],
+        ),
+        (
+            json!({"model_type": "qwen2", "num_hidden_layers": 2, "use_sliding_window": true,
+                "sliding_window": 0}),
+            0,
+            vec![],
+        ),
+        // LLaMA has no window, whatever the config says
+        (
+            json!({"model_type": "llama", "num_hidden_layers": 2, "sliding_window": 256}),
+            0,
+            vec![],
+        ),
+    ];
+    for (config, window, layers) in cases {
+        let a = arch_of(&config, 512).unwrap_or_else(|e| panic!("{config}: {e}"));
+        assert_eq!(
+            (a.layout.sliding_window, a.layout.sliding_layers),
+            (window, layers),
+            "{config}"
+        );
+    }
+    for (config, want) in [
+        (
+            json!({"model_type": "qwen2_moe", "use_sliding_window": true}),
+            "use_sliding_window = true is not described analytically",
+        ),
+        (
+            json!({"model_type": "mistral", "num_hidden_layers": 2,
+                "layer_types": ["sliding_attention"]}),
+            "layer_types must be a list of one attention type per block",
+        ),
+        (
+            json!({"model_type": "mistral", "sliding_window": "wide"}),
+            "sliding_window must be a positive integer",
+        ),
+    ] {
+        let err = arch_of(&config, 512).unwrap_err().to_string();
+        assert!(err.contains(want), "{config}: {err}");
+    }
+}
+
+/// A block attends through its window's mask once the sequence reaches the
+/// window (transformers skips the mask below it), and only a windowed block.
+#[test]
+fn a_block_is_windowed_from_a_sequence_as_long_as_its_window() {
+    let config = serde_json::json!({"model_type": "gemma2", "num_hidden_layers": 2,
+        "sliding_window": 512});
+    for (seq, block, want) in [
+        (511, 0, false),
+        (512, 0, true),
+        (4096, 0, true),
+        (4096, 1, false),
+    ] {
+        let a = arch_of(&config, seq).unwrap();
+        assert_eq!(a.windowed_block(block), want, "seq {seq} block {block}");
+    }
+}

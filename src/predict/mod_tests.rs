@@ -2288,6 +2288,12 @@ fn each_hugging_face_family_maps_onto_its_shapes_and_library_defaults() {
                     qk_norm: false,
                     ..lib(&llama)
                 }),
+                // MistralConfig's default window, over every block
+                layout: arch::Layout {
+                    sliding_window: 4096,
+                    sliding_layers: vec![0, 1],
+                    ..llama.layout.clone()
+                },
                 ..llama.clone()
             },
         ),
@@ -3378,6 +3384,38 @@ fn the_eighth_fresh_set_stays_within_its_recorded_figures() {
     );
     assert_within(&stats, 0.005, 0.03, 0.035);
     assert_within(&captured, 0.005, 0.02, 0.02);
+}
+
+#[test]
+fn the_ninth_fresh_set_stays_within_its_recorded_figures() {
+    // 29 cases (24 transformers, 5 torchvision) run on an H100 after their
+    // analytic predictions were committed (data/calibration/fresh9-predictions.jsonl):
+    // 24 of 24 answered, median 0.7 %, p90 2.6 %, one under beyond 5 % (Phi-3
+    // fp16 autocast -6.3 %, allocated exact: a fragmentation residual);
+    // Mistral at 6k tokens -4.4 % and Gemma 3 with its 512-token window
+    // -1.9 % were the window's masks. Read afterwards from the recorded
+    // runs: the window's mask per block, its repeated keys and values, the
+    // memory-efficient kernel, Gemma's fp32 norm products (median 0.5 %,
+    // p90 1.9 %, Mistral -0.1 %, Gemma 3 -0.1 %). The captures: all 29,
+    // median 0.1 %, p90 3.6 %, VGG-16 fp32 -7.1 % under (allocated exact).
+    let (stats, captured) = fresh_set_stats(
+        include_str!("../../data/calibration/h100-fresh9.jsonl"),
+        "fresh9-h100",
+        (24, 29),
+    );
+    assert!(
+        stats.median <= 0.006 && stats.p90 <= 0.02 && stats.max <= 0.065,
+        "{stats:?}"
+    );
+    assert_eq!(
+        stats.under_predictions,
+        ["hf-phi3h9-s2048-b4-ampfp16-adamw-sdpa"]
+    );
+    assert!(
+        captured.median <= 0.002 && captured.p90 <= 0.04 && captured.max <= 0.075,
+        "{captured:?}"
+    );
+    assert_eq!(captured.under_predictions, ["tv-vgg16-i224-b64-fp32-sgdm"]);
 }
 
 #[test]

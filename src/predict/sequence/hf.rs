@@ -157,7 +157,7 @@ impl Gen<'_> {
 
     pub(super) fn hf_micro_step(&mut self, t: &TransformerArch, lib: HfImpl) {
         let wd = self.widths();
-        self.offset_norms = t.layout.sandwich_norms;
+        self.offset_norms = t.layout.offset_norms;
         let (b, s, h, v) = (self.run.micro_batch, t.seq_len, t.hidden, t.vocab);
         let n = b * s;
         let idx = self.t.act(n * 8);
@@ -1411,7 +1411,11 @@ impl Gen<'_> {
         let b = self.run.micro_batch;
         self.autocast_input(q, n * qd, true, saved);
         let copies = t.kv_heads > 1 && t.kv_heads < t.heads;
-        let elems = if t.kv_heads < t.heads { n * qd } else { n * kvd };
+        let elems = if t.kv_heads < t.heads {
+            n * qd
+        } else {
+            n * kvd
+        };
         let mut locals = Vec::new();
         for src in [keys, values] {
             let width = self.t.bytes(src) / (n * kvd).max(1);

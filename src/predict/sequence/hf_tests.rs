@@ -2434,3 +2434,76 @@ fn routed_experts_cast_the_norms_output_once_and_their_sum_is_the_blocks_output(
         low(&unshared)
     );
 }
+
+/// Activations alive when the first backward starts, for `t` run as `shape`.
+fn alive_at_backward(t: &crate::predict::arch::TransformerArch, shape: &RunShape) -> Vec<u64> {
+    alive_when_backward_starts(&training_events(&Arch::Transformer(t.clone()), shape))
+}
+
+#[test]
+fn a_window_reached_by_the_sequence_keeps_a_mask_per_block_and_repeated_keys_and_values() {
+    // With a mask transformers asks SDPA for no grouped-query kernel:
+    // `repeat_kv` copies the keys and values to every head (a view when one
+    // key/value head serves them all), and the memory-efficient kernel keeps
+    // each block's additive mask, batch x seq x seq in the query's dtype.
+    // A window longer than the sequence changes nothing, nor does eager
+    // attention's path.
+    let shape = run(Precision::Bf16, Attention::Sdpa);
+    let mask = MICRO * SEQ * SEQ * 2;
+    for (kv_heads, copies) in [(2, true), (1, false)] {
+        let mistral = |window: serde_json::Value| {
+            family(
+                "mistral",
+                serde_json::json!({"num_attention_heads": 4, "num_key_value_heads": kv_heads,
+                    "head_dim": 6, "use_cache": false, "sliding_window": window}),
+            )
+        };
+        let (on, off, longer) = (
+            mistral(SEQ.into()),
+            mistral(serde_json::Value::Null),
+            mistral((SEQ + 1).into()),
+        );
+        let (a, b) = (
+            alive_at_backward(&on, &shape),
+            alive_at_backward(&off, &shape),
+        );
+        assert_eq!(alive_at_backward(&longer, &shape), b, "kv heads {kv_heads}");
+        assert_eq!(count(&a, mask), count(&b, mask) + 2, "kv heads {kv_heads}");
+        let (kv, full) = (N * 6 * kv_heads * 2, N * 24 * 2);
+        if copies {
+            assert_eq!(count(&a, full), count(&b, full) + 4);
+            assert_eq!(count(&a, kv) + 4, count(&b, kv));
+        } else {
+            assert_eq!(count(&a, kv), count(&b, kv));
+            assert_eq!(count(&a, full), count(&b, full));
+        }
+        let eager = run(Precision::Bf16, Attention::Eager);
+        assert_eq!(
+            alive_at_backward(&on, &eager),
+            alive_at_backward(&off, &eager),
+            "kv heads {kv_heads}"
+        );
+    }
+}
+
+#[test]
+fn gemmas_norms_keep_their_normalised_input_in_fp32() {
+    // `(x.float() * rsqrt) * (1 + weight.float())`, cast at the end: in low
+    // precision autograd keeps the fp32 normalised tensor where LLaMA's norm
+    // keeps its cast; under autocast the block's norms run in fp32 either
+    // way, and only the query/key norms of the bf16 projections change.
+    let on = family("gemma3_text", serde_json::json!({}));
+    let mut off = on.clone();
+    off.layout.offset_norms = false;
+    // per block: four norms of the residual stream, the query and key norms
+    // (heads x head_dim = hidden here); and the final norm
+    for (p, norms) in [(Precision::Bf16, 2 * 6 + 1), (Precision::AmpBf16, 2 * 2)] {
+        let shape = run(p, Attention::Sdpa);
+        let (a, b) = (
+            alive_at_backward(&on, &shape),
+            alive_at_backward(&off, &shape),
+        );
+        assert_eq!(count(&a, N * H * 4), count(&b, N * H * 4) + norms, "{p:?}");
+        assert_eq!(count(&a, N * H * 2) + norms, count(&b, N * H * 2), "{p:?}");
+    }
+}
