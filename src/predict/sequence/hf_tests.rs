@@ -2483,6 +2483,17 @@ fn a_window_reached_by_the_sequence_keeps_a_mask_per_block_and_repeated_keys_and
             alive_at_backward(&off, &eager),
             "kv heads {kv_heads}"
         );
+        // the model's boolean mask: a checkpoint keeps it, an input of
+        // every block, until backward
+        let ckpt = RunShape {
+            checkpointing: true,
+            ..shape.clone()
+        };
+        let (a, b) = (
+            alive_at_backward(&on, &ckpt),
+            alive_at_backward(&off, &ckpt),
+        );
+        assert_eq!(count(&a, SEQ * SEQ), count(&b, SEQ * SEQ) + 1);
     }
 }
 
