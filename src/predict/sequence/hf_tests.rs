@@ -2494,6 +2494,17 @@ fn a_window_reached_by_the_sequence_keeps_a_mask_per_block_and_repeated_keys_and
             alive_at_backward(&off, &ckpt),
         );
         assert_eq!(count(&a, SEQ * SEQ), count(&b, SEQ * SEQ) + 1);
+        // each windowed block's backward: the memory-efficient kernel's fp32
+        // buffer of the queries' size and the log-sum-exp's
+        let buffer = N * 24 * 4 + MICRO * 4 * SEQ * 4;
+        let all = |t: &crate::predict::arch::TransformerArch| {
+            acts(&training_events(&Arch::Transformer(t.clone()), &shape))
+        };
+        let extra = count(&all(&on), buffer) - count(&all(&off), buffer);
+        assert!(
+            extra > 0 && extra.is_multiple_of(2),
+            "kv heads {kv_heads}: {extra}"
+        );
     }
 }
 
