@@ -660,30 +660,6 @@ impl Gen<'_> {
             self.t.free(cast);
             self.t.free(y);
             out
-        } else if self.offset_norms {
-            let x32 = self.t.act(n * h * 4);
-            saved.push(x32);
-            let sq = self.t.act(n * h * 4);
-            let var = self.t.act(n * 4);
-            self.t.free(sq);
-            let rs = self.t.act(n * 4);
-            saved.push(rs);
-            self.t.free(var);
-            let y = self.t.act(n * h * 4);
-            saved.push(y);
-            self.rmsnorms.insert(
-                y,
-                RmsSaved {
-                    x32: Some(x32),
-                    rs,
-                    y,
-                    elems: n * h,
-                },
-            );
-            let product = self.t.act(n * h * 4);
-            let out = self.t.act(n * h * wd.r);
-            self.t.free(product);
-            out
         } else {
             let x32 = self.t.act(n * h * 4);
             saved.push(x32);
@@ -694,9 +670,16 @@ impl Gen<'_> {
             saved.push(rs);
             self.t.free(var);
             let y32 = self.t.act(n * h * 4);
-            let y = self.t.act(n * h * wd.r);
+            // the product's input autograd keeps: Gemma's fp32 `y`, or
+            // LLaMA's cast of it
+            let y = if self.offset_norms {
+                y32
+            } else {
+                let y = self.t.act(n * h * wd.r);
+                self.t.free(y32);
+                y
+            };
             saved.push(y);
-            self.t.free(y32);
             self.rmsnorms.insert(
                 y,
                 RmsSaved {
@@ -706,6 +689,12 @@ impl Gen<'_> {
                     elems: n * h,
                 },
             );
+            if self.offset_norms {
+                let product = self.t.act(n * h * 4);
+                let out = self.t.act(n * h * wd.r);
+                self.t.free(product);
+                return out;
+            }
             self.t.act(n * h * wd.w)
         }
     }
