@@ -1955,13 +1955,36 @@ fn every_family_frees_each_tensor_once_and_starts_each_step_from_what_the_last_o
     // Whatever a family's modelling keeps or frees early (DeBERTa's encoder
     // and attention locals, T5's math-path attention), every free names a
     // live tensor and no step leaves more behind than the one before: every
-    // supported family, and DeBERTa's relative attention and T5's gated
-    // feed-forward.
+    // supported family, DeBERTa's relative attention, T5's gated
+    // feed-forward, and sliding windows the sequence reaches.
     let relative = serde_json::json!({"relative_attention": true, "position_buckets": 4,
         "pos_att_type": ["c2p", "p2c"]});
+    // windows the sequence reaches: with grouped key/value heads, one, or
+    // as many as the queries', fused projections, the key/value cache
+    let window = |extra: serde_json::Value| {
+        let mut w = serde_json::json!({"sliding_window": SEQ, "use_sliding_window": true,
+            "max_window_layers": 1});
+        w.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        w
+    };
     let mut families = vec![
         ("deberta-v2", relative),
         ("t5", serde_json::json!({"feed_forward_proj": "gated-gelu"})),
+        (
+            "mistral",
+            window(
+                serde_json::json!({"num_attention_heads": 4, "num_key_value_heads": 2,
+                "head_dim": 8}),
+            ),
+        ),
+        (
+            "gemma3_text",
+            window(serde_json::json!({"num_key_value_heads": 1})),
+        ),
+        ("phi3", window(serde_json::json!({}))),
+        ("qwen2", window(serde_json::json!({"use_cache": false}))),
     ];
     for model_type in crate::predict::hf::supported_model_types() {
         // an image of 2 x 2 patches and its class token: the 5 tokens
