@@ -3395,8 +3395,9 @@ fn the_ninth_fresh_set_stays_within_its_recorded_figures() {
     // Mistral at 6k tokens -4.4 % and Gemma 3 with its 512-token window
     // -1.9 % were the window's masks. Read afterwards from the recorded
     // runs: the window's mask per block, its repeated keys and values, the
-    // memory-efficient kernel, Gemma's fp32 norm products (median 0.5 %,
-    // p90 1.9 %, Mistral -0.1 %, Gemma 3 -0.1 %). The captures: all 29,
+    // memory-efficient kernel, Gemma's fp32 norm products and its output
+    // norms' fp32 copies under autocast (median 0.2 %, p90 1.9 %, Mistral
+    // -0.1 %, every Gemma row within 0.1 %). The captures: all 29,
     // median 0.1 %, p90 3.6 %, VGG-16 fp32 -7.1 % under (allocated exact).
     let (stats, captured) = fresh_set_stats(
         include_str!("../../data/calibration/h100-fresh9.jsonl"),
@@ -3404,7 +3405,7 @@ fn the_ninth_fresh_set_stays_within_its_recorded_figures() {
         (24, 29),
     );
     assert!(
-        stats.median <= 0.006 && stats.p90 <= 0.02 && stats.max <= 0.065,
+        stats.median <= 0.003 && stats.p90 <= 0.02 && stats.max <= 0.065,
         "{stats:?}"
     );
     assert_eq!(

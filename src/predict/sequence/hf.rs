@@ -608,10 +608,18 @@ impl Gen<'_> {
     /// Gemma's (`offset_norms`) multiplies the fp32 `y` by `1 + weight` and
     /// casts the product: autograd keeps `y` in fp32 instead of its cast.
     /// Pushes what autograd keeps (besides a fp32 input itself) and returns the
-    /// output.
+    /// output. The input is the residual stream's width.
     fn hf_rmsnorm(&mut self, n: u64, h: u64, saved: &mut Vec<u32>) -> u32 {
+        let r = self.widths().r;
+        self.hf_rmsnorm_of(n, h, r, saved)
+    }
+
+    /// [`Self::hf_rmsnorm`] of an input `width` bytes wide: Gemma's norms of
+    /// the attention's and the feed-forward's outputs read them in the
+    /// matmuls' width, which under autocast is not the residual stream's.
+    fn hf_rmsnorm_of(&mut self, n: u64, h: u64, width: u64, saved: &mut Vec<u32>) -> u32 {
         let wd = self.widths();
-        if wd.r == 4 {
+        if width == 4 {
             // fp32 input: the upcast is a no-op and the input itself is kept
             let sq = self.t.act(n * h * 4);
             let var = self.t.act(n * 4);
@@ -629,6 +637,7 @@ impl Gen<'_> {
                     y,
                     RmsSaved {
                         x32: None,
+                        width,
                         rs,
                         y,
                         elems: n * h,
@@ -651,11 +660,11 @@ impl Gen<'_> {
             if self.offset_norms {
                 let product = self.t.act(n * h * 4);
                 self.t.free(y);
-                let out = self.t.act(n * h * wd.r);
+                let out = self.t.act(n * h * width);
                 self.t.free(product);
                 return out;
             }
-            let cast = self.t.act(n * h * wd.r);
+            let cast = self.t.act(n * h * width);
             let out = self.t.act(n * h * wd.w);
             self.t.free(cast);
             self.t.free(y);
@@ -675,7 +684,7 @@ impl Gen<'_> {
             let y = if self.offset_norms {
                 y32
             } else {
-                let y = self.t.act(n * h * wd.r);
+                let y = self.t.act(n * h * width);
                 self.t.free(y32);
                 y
             };
@@ -684,6 +693,7 @@ impl Gen<'_> {
                 y,
                 RmsSaved {
                     x32: Some(x32),
+                    width,
                     rs,
                     y,
                     elems: n * h,
@@ -691,7 +701,7 @@ impl Gen<'_> {
             );
             if self.offset_norms {
                 let product = self.t.act(n * h * 4);
-                let out = self.t.act(n * h * wd.r);
+                let out = self.t.act(n * h * width);
                 self.t.free(product);
                 return out;
             }
@@ -709,7 +719,6 @@ impl Gen<'_> {
     /// to the input's width. Each kept tensor is released when the last
     /// node reading it has run. Returns the input's gradient.
     fn hf_rmsnorm_backward(&mut self, norm: RmsSaved, g_y: u32) -> u32 {
-        let wd = self.widths();
         let e = norm.elems;
         let g_y32 = if norm.x32.is_some() && self.offset_norms {
             // Gemma: the cast's gradient back to fp32, then the product's
@@ -748,7 +757,7 @@ impl Gen<'_> {
         }
         self.t.free(g_x2);
         if norm.x32.is_some() {
-            let g = self.t.act(e * wd.r);
+            let g = self.t.act(e * norm.width);
             self.t.free(g_x);
             g
         } else {
@@ -1139,7 +1148,7 @@ impl Gen<'_> {
                 self.drop_local(&mut nrm_local);
                 if t.layout.sandwich_norms {
                     // Gemma 2/3: post_attention_layernorm of the output
-                    let normed = self.hf_rmsnorm(n, h, &mut saved);
+                    let normed = self.hf_rmsnorm_of(n, h, wd.c, &mut saved);
                     self.t.free(proj);
                     proj = normed;
                 }
@@ -1220,7 +1229,7 @@ impl Gen<'_> {
                 self.drop_local(&mut nrm2_local);
                 if t.layout.sandwich_norms {
                     // post_feedforward_layernorm
-                    let normed = self.hf_rmsnorm(n, h, &mut saved);
+                    let normed = self.hf_rmsnorm_of(n, h, wd.c, &mut saved);
                     self.t.free(down);
                     down = normed;
                 }

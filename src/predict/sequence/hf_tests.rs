@@ -2535,14 +2535,16 @@ fn a_window_reached_by_the_sequence_keeps_a_mask_per_block_and_repeated_keys_and
 fn gemmas_norms_keep_their_normalised_input_in_fp32() {
     // `(x.float() * rsqrt) * (1 + weight.float())`, cast at the end: in low
     // precision autograd keeps the fp32 normalised tensor where LLaMA's norm
-    // keeps its cast; under autocast the block's norms run in fp32 either
-    // way, and only the query/key norms of the bf16 projections change.
+    // keeps its cast; under autocast the norms of the fp32 residual stream
+    // run in fp32 either way, and only those of bf16 inputs change: the
+    // query/key norms and the norms of the attention's and feed-forward's
+    // outputs.
     let on = family("gemma3_text", serde_json::json!({}));
     let mut off = on.clone();
     off.layout.offset_norms = false;
     // per block: four norms of the residual stream, the query and key norms
     // (heads x head_dim = hidden here); and the final norm
-    for (p, norms) in [(Precision::Bf16, 2 * 6 + 1), (Precision::AmpBf16, 2 * 2)] {
+    for (p, norms) in [(Precision::Bf16, 2 * 6 + 1), (Precision::AmpBf16, 2 * 4)] {
         let shape = run(p, Attention::Sdpa);
         let (a, b) = (
             alive_at_backward(&on, &shape),
@@ -2551,4 +2553,21 @@ fn gemmas_norms_keep_their_normalised_input_in_fp32() {
         assert_eq!(count(&a, N * H * 4), count(&b, N * H * 4) + norms, "{p:?}");
         assert_eq!(count(&a, N * H * 2) + norms, count(&b, N * H * 2), "{p:?}");
     }
+}
+
+#[test]
+fn under_autocast_gemmas_output_norms_copy_their_low_precision_inputs_to_fp32() {
+    // The attention's and the feed-forward's outputs come out of bf16
+    // matmuls: their norms' `x.float()` is a copy autograd keeps, beside the
+    // fp32 normalised tensor, where a norm of the fp32 residual stream keeps
+    // the input itself. Two such norms per block, two fp32 tensors each.
+    let on = family("gemma3_text", serde_json::json!({}));
+    let mut off = on.clone();
+    off.layout.sandwich_norms = false;
+    let shape = run(Precision::AmpBf16, Attention::Sdpa);
+    let (a, b) = (
+        alive_at_backward(&on, &shape),
+        alive_at_backward(&off, &shape),
+    );
+    assert_eq!(count(&a, N * H * 4), count(&b, N * H * 4) + 2 * 2 * 2);
 }

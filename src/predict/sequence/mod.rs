@@ -320,7 +320,9 @@ struct Gen<'a> {
 /// is the input's element count.
 #[derive(Clone, Copy)]
 struct RmsSaved {
+    /// The fp32 copy of a narrower input, and that input's width.
     x32: Option<u32>,
+    width: u64,
     rs: u32,
     y: u32,
     elems: u64,
