@@ -74,10 +74,20 @@ pub struct Layout {
     /// Norms of the attention and feed-forward outputs as well as of their
     /// inputs (Gemma 2 and 3): two more per block.
     pub sandwich_norms: bool,
-    /// The RMSNorms multiply by `1 + weight` in fp32 and cast the product
-    /// back (Gemma's): in low precision autograd keeps the normalised input
-    /// in fp32, where LLaMA's keeps its cast.
+    /// The RMSNorms multiply the fp32 normalised input by the weight in fp32
+    /// (Gemma's by `1 + weight`, OLMo 2's by the weight) and cast the product
+    /// back: in low precision autograd keeps the normalised input in fp32,
+    /// where LLaMA's keeps its cast.
     pub offset_norms: bool,
+    /// The blocks norm the attention's and the feed-forward's outputs and
+    /// not their inputs (OLMo 2): the projections read the residual stream.
+    pub post_norms_only: bool,
+    /// The query and key norms span each projection whole, not each head
+    /// (OLMo 2's `q_norm` over heads x head_dim).
+    pub whole_qk_norms: bool,
+    /// The rotary embedding casts the rotated queries and keys back to the
+    /// projections' dtype (OLMo 2's `q_embed.to(q_type)`).
+    pub rope_cast_back: bool,
     /// The embeddings are multiplied by sqrt(hidden) (Gemma): one more
     /// activation of the embeddings' size.
     pub embed_scale: bool,
@@ -605,11 +615,19 @@ impl TransformerArch {
                 }
             }
             if self.library.is_some_and(|l| l.qk_norm) {
-                // per head: the queries' heads, then the keys'
+                // per head: the queries' heads, then the keys'; or each
+                // projection whole (OLMo 2)
                 for heads in [self.heads, self.kv_heads] {
-                    p.push(ParamTensor {
-                        sum_rows: self.seq_len * heads,
-                        ..vector(self.head_dim, layer)
+                    p.push(if lay.whole_qk_norms {
+                        ParamTensor {
+                            sum_rows: self.seq_len,
+                            ..vector(heads * self.head_dim, layer)
+                        }
+                    } else {
+                        ParamTensor {
+                            sum_rows: self.seq_len * heads,
+                            ..vector(self.head_dim, layer)
+                        }
                     });
                 }
             }

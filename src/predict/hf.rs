@@ -144,6 +144,10 @@ enum Feature {
     Granite,
     /// ViT: `image_size`, `patch_size`, `num_channels`, `num_labels`.
     Vit,
+    /// OLMo 2: norms of the attention's and feed-forward's outputs only,
+    /// query/key norms over each whole projection, the product with the
+    /// norm's weight in fp32, the rotated queries and keys cast back.
+    Olmo2,
     /// Sliding-window attention: `sliding_window` (this default when the
     /// key is absent; null: none) over the blocks `layers` names, unless
     /// the config lists each block's attention in `layer_types`, as
@@ -458,6 +462,15 @@ const FAMILIES: &[Row] = &[
             shared_ffn: None,
             sparse_step: true,
         }],
+        ..LLAMA
+    },
+    Row {
+        model_type: "olmo2",
+        ffn: key("intermediate_size", 11008),
+        vocab: key("vocab_size", 50304),
+        linear_bias: Flag::Is(false),
+        qk_norm: true,
+        features: &[Feature::Olmo2],
         ..LLAMA
     },
     Row {
@@ -1189,6 +1202,12 @@ fn apply(feature: Feature, cfg: &Config<'_>, a: &mut TransformerArch) -> Result<
                 channels,
                 labels,
             });
+        }
+        Feature::Olmo2 => {
+            lay.post_norms_only = true;
+            lay.whole_qk_norms = true;
+            lay.offset_norms = true;
+            lay.rope_cast_back = true;
         }
         Feature::Sliding { window, layers } => {
             let on = match layers {

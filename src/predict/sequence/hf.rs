@@ -605,8 +605,9 @@ impl Gen<'_> {
 
     /// RMSNorm as LLaMA's modelling code writes it: `x.to(float32)`,
     /// `pow(2).mean`, `rsqrt`, `x * rsqrt`, then `weight * y.to(input_dtype)`.
-    /// Gemma's (`offset_norms`) multiplies the fp32 `y` by `1 + weight` and
-    /// casts the product: autograd keeps `y` in fp32 instead of its cast.
+    /// Gemma's and OLMo 2's (`offset_norms`) multiply the fp32 `y` by
+    /// `1 + weight` or the weight and cast the product: autograd keeps `y` in
+    /// fp32 instead of its cast.
     /// Pushes what autograd keeps (besides a fp32 input itself) and returns the
     /// output. The input is the residual stream's width.
     fn hf_rmsnorm(&mut self, n: u64, h: u64, saved: &mut Vec<u32>) -> u32 {
@@ -1035,7 +1036,13 @@ impl Gen<'_> {
             HfFamily::Llama => {
                 let qd = t.q_dim();
                 let attn_mark = saved.len();
-                let nrm = self.hf_rmsnorm(n, h, &mut saved);
+                // OLMo 2 norms no input: the projections read the block's
+                let post_only = t.layout.post_norms_only;
+                let nrm = if post_only {
+                    x
+                } else {
+                    self.hf_rmsnorm(n, h, &mut saved)
+                };
                 // Phi-3's `qkv_proj` makes one tensor; its queries, keys and
                 // values are views that keep it alive.
                 let fused = t.layout.fused_qkv;
@@ -1049,9 +1056,11 @@ impl Gen<'_> {
                             saved.push(self.t.act(n * h * wd.c));
                         }
                     }
-                    Some(nrm)
+                    (!post_only).then_some(nrm)
                 } else {
-                    saved.push(nrm);
+                    if !post_only {
+                        saved.push(nrm);
+                    }
                     None
                 };
                 let (mut q, mut k, v) = if fused {
@@ -1062,24 +1071,37 @@ impl Gen<'_> {
                     let k = self.hf_projection(n * kvd, n * h, transient_casts);
                     (q, k, self.hf_projection(n * kvd, n * h, transient_casts))
                 };
-                if lib.qk_norm {
+                if lib.qk_norm && t.layout.whole_qk_norms {
+                    q = self.hf_head_rmsnorm(n, qd, q, &mut saved);
+                    k = self.hf_head_rmsnorm(n, kvd, k, &mut saved);
+                } else if lib.qk_norm {
                     q = self.hf_head_rmsnorm(n * t.heads, t.head_dim, q, &mut saved);
                     k = self.hf_head_rmsnorm(n * t.kv_heads, t.head_dim, k, &mut saved);
                 }
                 let (qe, ke) = if t.positional == PositionalKind::Rotary {
                     let cat = t.layout.rotary_cat;
                     let view = |id: u32| (!fused).then_some(id);
-                    (
-                        self.hf_rope(n * qd, view(q), cat),
-                        self.hf_rope(n * kvd, view(k), cat),
-                    )
+                    let qe = self.hf_rope(n * qd, view(q), cat);
+                    let ke = self.hf_rope(n * kvd, view(k), cat);
+                    if t.layout.rope_cast_back && wd.e > wd.c {
+                        // OLMo 2: `q_embed.to(q_type)`, the projections' dtype
+                        let qc = self.t.act(n * qd * wd.c);
+                        self.t.free(qe);
+                        let kc = self.t.act(n * kvd * wd.c);
+                        self.t.free(ke);
+                        (qc, kc)
+                    } else {
+                        (qe, ke)
+                    }
                 } else {
                     (q, k)
                 };
                 let (keys, values, owned) = if cache {
-                    let kc = self.t.act(n * kvd * wd.e);
+                    // the cache's copies, as wide as the rotated keys
+                    let width = if t.layout.rope_cast_back { wd.c } else { wd.e };
+                    let kc = self.t.act(n * kvd * width);
                     self.t.free(ke);
-                    let vc = self.t.act(n * kvd * wd.e);
+                    let vc = self.t.act(n * kvd * width);
                     self.t.free(v);
                     self.cache.extend([kc, vc]);
                     (kc, vc, false)
@@ -1146,8 +1168,8 @@ impl Gen<'_> {
                 // the attention returns: its locals and the norm's output die
                 self.drop_unsaved(&mut saved, attn_mark, x);
                 self.drop_local(&mut nrm_local);
-                if t.layout.sandwich_norms {
-                    // Gemma 2/3: post_attention_layernorm of the output
+                if t.layout.sandwich_norms || post_only {
+                    // Gemma 2/3, OLMo 2: post_attention_layernorm of the output
                     let normed = self.hf_rmsnorm_of(n, h, wd.c, &mut saved);
                     self.t.free(proj);
                     proj = normed;
@@ -1164,12 +1186,18 @@ impl Gen<'_> {
                 if let Some(l) = nrm_local {
                     self.t.free(l);
                 }
-                if wd.r != 4 && !ckpt {
-                    // The norm kept an fp32 copy: the block input dies at the
-                    // residual add.
+                // The norm kept an fp32 copy, or (OLMo 2 under autocast) the
+                // projections their casts: the block input dies at the
+                // residual add.
+                let input_read = if post_only { !wd.amp } else { wd.r == 4 };
+                if !input_read && !ckpt {
                     self.release(x);
                 }
-                if wd.r == 4 {
+                // The residual sum's reader keeps it: the next norm in fp32;
+                // OLMo 2's feed-forward matmuls without autocast (under it
+                // they keep their casts).
+                let x1_kept = if post_only { !wd.amp } else { wd.r == 4 };
+                if x1_kept {
                     saved.push(x1);
                 }
                 let x1 = if t.is_cross_block(l) {
@@ -1187,7 +1215,11 @@ impl Gen<'_> {
                     x1
                 };
                 let ffn_mark = saved.len();
-                let nrm2 = self.hf_rmsnorm(n, h, &mut saved);
+                let nrm2 = if post_only {
+                    x1
+                } else {
+                    self.hf_rmsnorm(n, h, &mut saved)
+                };
                 let chain = self.no_grad
                     && t.mlp == MlpKind::Swiglu
                     && !t.is_moe_block(l)
@@ -1206,9 +1238,11 @@ impl Gen<'_> {
                             saved.push(self.t.act(n * h * wd.c));
                         }
                     }
-                    Some(nrm2)
+                    (!post_only).then_some(nrm2)
                 } else {
-                    saved.push(nrm2);
+                    if !post_only {
+                        saved.push(nrm2);
+                    }
                     None
                 };
                 let routed = if chain {
@@ -1227,7 +1261,7 @@ impl Gen<'_> {
                 // the feed-forward returns
                 self.drop_unsaved(&mut saved, ffn_mark, x);
                 self.drop_local(&mut nrm2_local);
-                if t.layout.sandwich_norms {
+                if t.layout.sandwich_norms || post_only {
                     // post_feedforward_layernorm
                     let normed = self.hf_rmsnorm_of(n, h, wd.c, &mut saved);
                     self.t.free(down);
@@ -1241,7 +1275,7 @@ impl Gen<'_> {
                 if let Some(l) = nrm2_local {
                     self.t.free(l);
                 }
-                if wd.r != 4 {
+                if !x1_kept {
                     self.t.free(x1);
                 }
                 out

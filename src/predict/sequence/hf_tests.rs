@@ -2571,3 +2571,37 @@ fn under_autocast_gemmas_output_norms_copy_their_low_precision_inputs_to_fp32() 
     );
     assert_eq!(count(&a, N * H * 4), count(&b, N * H * 4) + 2 * 2 * 2);
 }
+
+#[test]
+fn olmo2s_blocks_norm_their_outputs_only_and_cast_the_rotated_keys_back() {
+    // OLMo 2's blocks have no input norms: under autocast the projections
+    // keep their casts of the block input and of the residual sum, so
+    // neither fp32 tensor outlives the block's forward, where a block with
+    // input norms (Gemma's layout, the same output norms) keeps both and
+    // each input norm's fp32 normalised tensor. Its rotary embedding casts
+    // the queries and keys back to bf16, so the key/value cache holds bf16
+    // copies, which SDPA reads as they are, where LLaMA's holds fp32 ones
+    // and SDPA keeps its casts of them.
+    let olmo = family(
+        "olmo2",
+        serde_json::json!({"num_attention_heads": 4, "num_key_value_heads": 1,
+            "head_dim": 6}),
+    );
+    let shape = run(Precision::AmpBf16, Attention::Sdpa);
+    let mut inputs_normed = olmo.clone();
+    inputs_normed.layout.post_norms_only = false;
+    inputs_normed.layout.sandwich_norms = true;
+    let (a, b) = (
+        alive_at_backward(&olmo, &shape),
+        alive_at_backward(&inputs_normed, &shape),
+    );
+    let blocks = 2;
+    assert_eq!(count(&a, N * H * 4) + 4 * blocks, count(&b, N * H * 4));
+    let mut fp32_rope = olmo.clone();
+    fp32_rope.layout.rope_cast_back = false;
+    let c = alive_at_backward(&fp32_rope, &shape);
+    let (kv_c, kv_e) = (N * 6 * 2, N * 6 * 4);
+    // the bf16 copies stand in for SDPA's casts of fp32 ones
+    assert_eq!(count(&a, kv_c), count(&c, kv_c));
+    assert_eq!(count(&a, kv_e) + 2 * blocks, count(&c, kv_e));
+}

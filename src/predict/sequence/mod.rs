@@ -277,8 +277,9 @@ struct Gen<'a> {
     /// Hugging Face: RMSNorms kept for backward, by the last tensor each
     /// kept (what the weight's product reads): see [`RmsSaved`].
     rmsnorms: BTreeMap<u32, RmsSaved>,
-    /// Hugging Face: the RMSNorms multiply by `1 + weight` in fp32 and cast
-    /// the product back (Gemma's), rather than cast before LLaMA's weight.
+    /// Hugging Face: the RMSNorms multiply by the weight in fp32 and cast the
+    /// product back (Gemma's `1 + weight`, OLMo 2's), rather than cast before
+    /// LLaMA's weight.
     offset_norms: bool,
     /// Hugging Face: windowed attention's log-sum-exp kept for backward, with
     /// the block's additive mask and the bytes of the memory-efficient
