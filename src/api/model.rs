@@ -169,9 +169,9 @@ fn default_true() -> bool {
 pub struct HuggingFaceSpec {
     /// The model's `config.json` as an object (`model_type` selects the family:
     /// gpt2, llama, mistral, qwen2, qwen3, phi3, bert, roberta, gemma2,
-    /// gemma3_text, mixtral, qwen2_moe, granite, qwen3_moe, olmo2, gpt_neox,
-    /// opt, t5, deberta-v2, vit; for vit, seqLen is the tokens of one image and the
-    /// batch counts images).
+    /// gemma3_text, mixtral, qwen2_moe, granite, qwen3_moe, starcoder2, olmo2,
+    /// gpt_neox, opt, t5, deberta-v2, vit; for vit, seqLen is the tokens of one
+    /// image and the batch counts images).
     #[schemars(schema_with = "crate::api::schema::free_form_object")]
     #[serde(deserialize_with = "crate::api::free_form::deserialize")]
     pub config: serde_json::Map<String, serde_json::Value>,

@@ -144,6 +144,10 @@ enum Feature {
     Granite,
     /// ViT: `image_size`, `patch_size`, `num_channels`, `num_labels`.
     Vit,
+    /// StarCoder2: LLaMA's attention with LayerNorms and a plain GELU
+    /// feed-forward; its residual and embedding dropouts (the released
+    /// models' 0.1) are not described.
+    Starcoder2,
     /// OLMo 2: norms of the attention's and feed-forward's outputs only,
     /// query/key norms over each whole projection, the product with the
     /// norm's weight in fp32, the rotated queries and keys cast back.
@@ -462,6 +466,29 @@ const FAMILIES: &[Row] = &[
             shared_ffn: None,
             sparse_step: true,
         }],
+        ..LLAMA
+    },
+    Row {
+        model_type: "starcoder2",
+        layers: key("num_hidden_layers", 30),
+        hidden: key("hidden_size", 3072),
+        heads: key("num_attention_heads", 24),
+        kv_heads: key("num_key_value_heads", 2),
+        ffn: key("intermediate_size", 12288),
+        vocab: key("vocab_size", 49152),
+        mlp: MlpKind::Gelu,
+        norm: NormKind::Layernorm,
+        tied: true,
+        qkv_bias: Flag::Key("use_bias", true),
+        linear_bias: Flag::Key("use_bias", true),
+        out_bias: None,
+        features: &[
+            Feature::Starcoder2,
+            Feature::Sliding {
+                window: None,
+                layers: Windowed::All,
+            },
+        ],
         ..LLAMA
     },
     Row {
@@ -1202,6 +1229,16 @@ fn apply(feature: Feature, cfg: &Config<'_>, a: &mut TransformerArch) -> Result<
                 channels,
                 labels,
             });
+        }
+        Feature::Starcoder2 => {
+            for key in ["residual_dropout", "embedding_dropout"] {
+                if prob(cfg, key, 0.0)? > 0.0 {
+                    return Err(PredictError::Unsupported(format!(
+                        "huggingFace.config.{key} above 0 is not described analytically for \
+                         starcoder2; the controller profiles such a job automatically"
+                    )));
+                }
+            }
         }
         Feature::Olmo2 => {
             lay.post_norms_only = true;

@@ -391,6 +391,11 @@ fn each_family_reads_its_sliding_window_and_the_blocks_it_covers() {
             json!({"model_type": "mistral", "sliding_window": "wide"}),
             "sliding_window must be a positive integer",
         ),
+        // the released StarCoder2 models' dropouts are not described
+        (
+            json!({"model_type": "starcoder2", "residual_dropout": 0.1}),
+            "residual_dropout above 0 is not described analytically",
+        ),
     ] {
         let err = arch_of(&config, 512).unwrap_err().to_string();
         assert!(err.contains(want), "{config}: {err}");

@@ -40,7 +40,7 @@
 //! except where the H200's recorded runs show more: softmax's and RMSNorm's
 //! backward (`hf_rmsnorm_backward`) allocate as autograd runs them.
 
-use crate::api::{Attention, MlpKind, PositionalKind, Precision, TransformerKind};
+use crate::api::{Attention, MlpKind, NormKind, PositionalKind, Precision, TransformerKind};
 use crate::predict::arch::{HfFamily, HfImpl, TransformerArch};
 
 use super::{Gen, RmsSaved, Trace};
@@ -307,7 +307,7 @@ impl Gen<'_> {
                 head_saved.push(self.t.act(n * 8));
                 self.t.act(n * h * wd.r)
             }
-            HfFamily::Llama => self.hf_rmsnorm(n, h, &mut head_saved),
+            HfFamily::Llama => self.hf_input_norm(t, n, h, &mut head_saved),
             HfFamily::Bert => {
                 // transform: dense, gelu, LayerNorm (fp32 under autocast).
                 // Under autocast the dense keeps its cast of the encoder's
@@ -613,6 +613,19 @@ impl Gen<'_> {
     fn hf_rmsnorm(&mut self, n: u64, h: u64, saved: &mut Vec<u32>) -> u32 {
         let r = self.widths().r;
         self.hf_rmsnorm_of(n, h, r, saved)
+    }
+
+    /// The norm of a block's input in the LLaMA family's code: RMSNorm, or
+    /// (StarCoder2) torch's LayerNorm, which keeps its input and per-row
+    /// statistics and runs in fp32 under autocast.
+    fn hf_input_norm(&mut self, t: &TransformerArch, n: u64, h: u64, saved: &mut Vec<u32>) -> u32 {
+        if t.norm == NormKind::Layernorm {
+            saved.push(self.t.act(n * 8));
+            let r = self.widths().r;
+            self.t.act(n * h * r)
+        } else {
+            self.hf_rmsnorm(n, h, saved)
+        }
     }
 
     /// [`Self::hf_rmsnorm`] of an input `width` bytes wide: Gemma's norms of
@@ -1041,7 +1054,7 @@ impl Gen<'_> {
                 let nrm = if post_only {
                     x
                 } else {
-                    self.hf_rmsnorm(n, h, &mut saved)
+                    self.hf_input_norm(t, n, h, &mut saved)
                 };
                 // Phi-3's `qkv_proj` makes one tensor; its queries, keys and
                 // values are views that keep it alive.
@@ -1189,14 +1202,23 @@ impl Gen<'_> {
                 // The norm kept an fp32 copy, or (OLMo 2 under autocast) the
                 // projections their casts: the block input dies at the
                 // residual add.
-                let input_read = if post_only { !wd.amp } else { wd.r == 4 };
+                let layer_norm = t.norm == NormKind::Layernorm;
+                let input_read = if post_only {
+                    !wd.amp
+                } else {
+                    wd.r == 4 || layer_norm
+                };
                 if !input_read && !ckpt {
                     self.release(x);
                 }
                 // The residual sum's reader keeps it: the next norm in fp32;
                 // OLMo 2's feed-forward matmuls without autocast (under it
                 // they keep their casts).
-                let x1_kept = if post_only { !wd.amp } else { wd.r == 4 };
+                let x1_kept = if post_only {
+                    !wd.amp
+                } else {
+                    wd.r == 4 || layer_norm
+                };
                 if x1_kept {
                     saved.push(x1);
                 }
@@ -1218,7 +1240,7 @@ impl Gen<'_> {
                 let nrm2 = if post_only {
                     x1
                 } else {
-                    self.hf_rmsnorm(n, h, &mut saved)
+                    self.hf_input_norm(t, n, h, &mut saved)
                 };
                 let chain = self.no_grad
                     && t.mlp == MlpKind::Swiglu

@@ -2605,3 +2605,23 @@ fn olmo2s_blocks_norm_their_outputs_only_and_cast_the_rotated_keys_back() {
     assert_eq!(count(&a, kv_c), count(&c, kv_c));
     assert_eq!(count(&a, kv_e) + 2 * blocks, count(&c, kv_e));
 }
+
+#[test]
+fn starcoder2s_layer_norms_keep_their_inputs_and_statistics() {
+    // LLaMA's attention with torch's LayerNorm: each norm keeps its input
+    // and its per-row mean and inverse deviation (two fp32 per token), so
+    // in bf16 the block input outlives the residual add, where an RMSNorm
+    // keeps an fp32 copy of it instead.
+    let coder = family("starcoder2", serde_json::json!({}));
+    let mut rms = coder.clone();
+    rms.norm = crate::api::NormKind::Rmsnorm;
+    let shape = run(Precision::Bf16, Attention::Sdpa);
+    let (a, b) = (
+        alive_at_backward(&coder, &shape),
+        alive_at_backward(&rms, &shape),
+    );
+    // two norms per block and the final one
+    assert_eq!(count(&a, N * 8), count(&b, N * 8) + 2 * 2 + 1);
+    // each RMSNorm's fp32 input copy, none for a LayerNorm
+    assert_eq!(count(&a, N * H * 4) + 2 * 2 + 1, count(&b, N * H * 4));
+}
