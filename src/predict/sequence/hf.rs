@@ -615,6 +615,19 @@ impl Gen<'_> {
         self.hf_rmsnorm_of(n, h, r, saved)
     }
 
+    /// The fp32 product of an `offset_norms` RMSNorm's weight and its `elems`
+    /// normalised values, cast to the input's `width`; `dead`, the
+    /// normalised tensor when nothing keeps it, goes after the product.
+    fn hf_weight_product(&mut self, elems: u64, width: u64, dead: Option<u32>) -> u32 {
+        let product = self.t.act(elems * 4);
+        if let Some(y) = dead {
+            self.t.free(y);
+        }
+        let out = self.t.act(elems * width);
+        self.t.free(product);
+        out
+    }
+
     /// The norm of a block's input in the LLaMA family's code: RMSNorm, or
     /// (StarCoder2) torch's LayerNorm, which keeps its input and per-row
     /// statistics and runs in fp32 under autocast.
@@ -672,11 +685,7 @@ impl Gen<'_> {
             self.t.free(x32);
             self.t.free(rs);
             if self.offset_norms {
-                let product = self.t.act(n * h * 4);
-                self.t.free(y);
-                let out = self.t.act(n * h * width);
-                self.t.free(product);
-                return out;
+                return self.hf_weight_product(n * h, width, Some(y));
             }
             let cast = self.t.act(n * h * width);
             let out = self.t.act(n * h * wd.w);
@@ -714,10 +723,7 @@ impl Gen<'_> {
                 },
             );
             if self.offset_norms {
-                let product = self.t.act(n * h * 4);
-                let out = self.t.act(n * h * width);
-                self.t.free(product);
-                return out;
+                return self.hf_weight_product(n * h, width, None);
             }
             self.t.act(n * h * wd.w)
         }
@@ -735,7 +741,7 @@ impl Gen<'_> {
     fn hf_rmsnorm_backward(&mut self, norm: RmsSaved, g_y: u32) -> u32 {
         let e = norm.elems;
         let g_y32 = if norm.x32.is_some() && self.offset_norms {
-            // Gemma: the cast's gradient back to fp32, then the product's
+            // Gemma, OLMo 2: the cast's gradient back to fp32, then the product's
             // (the weight's, over the rows, and `y`'s)
             let g = self.t.act(e * 4);
             self.t.free(g_y);
@@ -806,12 +812,9 @@ impl Gen<'_> {
             self.t.free(var);
             let y = self.t.act(elems * 4);
             if self.offset_norms {
-                // Gemma 3: `y` kept in fp32, the `1 + weight` product cast
+                // Gemma 3, OLMo 2: `y` kept in fp32, the weight's product cast
                 saved.push(y);
-                let product = self.t.act(elems * 4);
-                let out = self.t.act(elems * wd.c);
-                self.t.free(product);
-                return out;
+                return self.hf_weight_product(elems, wd.c, None);
             }
             saved.push(self.t.act(elems * wd.c));
             self.t.free(y);
@@ -1199,26 +1202,19 @@ impl Gen<'_> {
                 if let Some(l) = nrm_local {
                     self.t.free(l);
                 }
-                // The norm kept an fp32 copy, or (OLMo 2 under autocast) the
-                // projections their casts: the block input dies at the
-                // residual add.
-                let layer_norm = t.norm == NormKind::Layernorm;
-                let input_read = if post_only {
-                    !wd.amp
-                } else {
-                    wd.r == 4 || layer_norm
-                };
-                if !input_read && !ckpt {
-                    self.release(x);
-                }
-                // The residual sum's reader keeps it: the next norm in fp32;
-                // OLMo 2's feed-forward matmuls without autocast (under it
-                // they keep their casts).
+                // Whether what reads the residual stream keeps it: an fp32
+                // RMSNorm or a LayerNorm does, a low-precision RMSNorm keeps
+                // an fp32 copy instead; OLMo 2's matmuls keep it without
+                // autocast and their casts under it. Otherwise the block
+                // input dies at the residual add and the sum is not kept.
                 let x1_kept = if post_only {
                     !wd.amp
                 } else {
-                    wd.r == 4 || layer_norm
+                    wd.r == 4 || t.norm == NormKind::Layernorm
                 };
+                if !x1_kept && !ckpt {
+                    self.release(x);
+                }
                 if x1_kept {
                     saved.push(x1);
                 }
