@@ -15,6 +15,14 @@ recorded, and writes every allocation that was freed inside the call (the
 workspaces) and every one that was not (the outputs), in the order made.
 
     python3 scripts/gpu/conv_workspaces.py --out OUT/conv-workspaces.jsonl [--grid 400] [--seed 7]
+    python3 scripts/gpu/conv_workspaces.py --out OUT/conv-batches.jsonl --grid 0 \
+        --batches 16,32,48,64,96,128 [--dtypes fp32,bf16,fp16] [--count]
+
+With --batches, every model's shapes (MODELS and BATCH_MODELS) are measured at
+each of those batch sizes in each dtype instead of the calibration sets' pairs:
+cuDNN's heuristics pick kernels by the whole shape, batch included, so a rule
+fitted at one batch can miss another (VGG-16 in fp32 at 64). --count prints
+how many shapes that is, without a GPU.
 
 One line per (shape, dtype): the shape (N, C, H, W, K, R, S, stride,
 padding, dilation, groups, whether the input is channels-last as the model
@@ -49,6 +57,12 @@ MODELS = {  # model: image size, (batch, dtype) pairs of the calibration sets an
     "wide_resnet50_2": (224, [(32, "fp32")]),
     "resnext50_32x4d": (224, [(64, "bf16"), (32, "fp32")]),
 }
+# More models for the --batches sweep: the families the calibration sets
+# ran beyond MODELS (VGG without batch norm, deeper ResNets and ResNeXts,
+# AlexNet, SqueezeNet, MNASNet, larger RegNets, DenseNets and ConvNeXts).
+BATCH_MODELS = ["vgg11", "vgg13", "vgg16", "vgg19", "vgg13_bn", "vgg19_bn", "resnet152",
+                "resnext101_32x8d", "wide_resnet101_2", "densenet201", "convnext_base",
+                "regnet_y_1_6gf", "regnet_y_3_2gf", "mnasnet1_0", "alexnet", "squeezenet1_1"]
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -149,17 +163,33 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--grid", type=int, default=400)
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--batches", help="comma-separated batch sizes: every model's shapes at each")
+    ap.add_argument("--dtypes", default="fp32,bf16,fp16", help="with --batches")
+    ap.add_argument("--count", action="store_true", help="print the number of shapes and stop")
+    ap.add_argument("--deadline", type=float, help="seconds after which no new shape starts")
     args = ap.parse_args()
+    cases = []
+    if args.batches:
+        batches = [int(b) for b in args.batches.split(",")]
+        dtypes = args.dtypes.split(",")
+        shapes = [(sh, name) for name in [*BATCH_MODELS, *MODELS]
+                  for sh in dict.fromkeys(model_shapes(name, MODELS.get(name, (224,))[0]))]
+        # one dtype at a time, so that a deadline cuts the last dtype's shapes
+        cases += [(sh, n, dtype, name) for dtype in dtypes for sh, name in shapes
+                  for n in batches if n * max(sh[0], sh[3]) * sh[1] * sh[2] * 4 <= 2 << 30]
+    else:
+        for name, (image, runs) in MODELS.items():
+            shapes = list(dict.fromkeys(model_shapes(name, image)))
+            for n, dtype in runs:
+                cases += [(sh, n, dtype, name) for sh in shapes]
+    cases += grid(args.grid, args.seed)
+    if args.count:
+        print(len({(sh, n, dtype) for sh, n, dtype, _ in cases}))
+        return
     versions = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
                 "cudnn": torch.backends.cudnn.version(),
                 "allowTf32": torch.backends.cudnn.allow_tf32,
                 "benchmark": torch.backends.cudnn.benchmark}
-    cases = []
-    for name, (image, runs) in MODELS.items():
-        shapes = list(dict.fromkeys(model_shapes(name, image)))
-        for n, dtype in runs:
-            cases += [(sh, n, dtype, name) for sh in shapes]
-    cases += grid(args.grid, args.seed)
     done = set()
     t0 = time.time()
     with open(args.out, "w") as f:
@@ -167,6 +197,9 @@ def main():
             key = (shape, n, dtype)
             if key in done:
                 continue
+            if args.deadline and time.time() - t0 > args.deadline:
+                print(f"deadline: stopped before {i}/{len(cases)}", file=sys.stderr)
+                break
             done.add(key)
             row = {"origin": origin, "n": n, "dtype": dtype,
                    "shape": dict(zip(("c", "h", "w", "k", "r", "s", "stride", "padding",
@@ -178,6 +211,7 @@ def main():
             torch.cuda.empty_cache()
             row["versions"] = versions
             f.write(json.dumps(row) + "\n")
+            f.flush()
             if i % 200 == 0:
                 print(f"{i}/{len(cases)} {time.time() - t0:.0f}s", file=sys.stderr, flush=True)
     print(f"{len(done)} shapes in {time.time() - t0:.0f}s", file=sys.stderr)

@@ -15,11 +15,15 @@
 # SET is the fresh set (fresh2 by default; its predictions are
 # data/calibration/SET-predictions.jsonl). UNDER=0 leaves out step 2 and
 # SWEEP=0 the convolution sweep; DEADLINE (seconds, 240 by default) is when
-# the set stops starting runs.
+# the set stops starting runs. SWEEP_BATCHES (a comma-separated list of batch
+# sizes) makes the sweep measure every model's shapes at those batches in
+# each dtype (conv-batches.jsonl.gz), for at most SWEEP_DEADLINE seconds
+# (400 by default).
 #
 # OUT gets: SET.jsonl, runs.log, libraries-under.jsonl,
 # h200-under.jsonl, sequences.tgz (every recorded sequence as a profile),
-# captures.tgz, conv-workspaces-layout.jsonl.gz and side.log.
+# captures.tgz, conv-workspaces-layout.jsonl.gz (or conv-batches.jsonl.gz)
+# and side.log.
 set -uo pipefail
 out=${1:?usage: fresh_sequences.sh OUT [SET]}
 set_name=${2:-fresh2}
@@ -39,8 +43,13 @@ budget_gib=$((total_mib / 1024 - 30))
 } >"$out/capture.log" 2>&1 &
 if [[ ${SWEEP:-1} != 0 ]]; then
   {
-    taskset -c $((ncpu - 6)),$((ncpu - 5)) python3 scripts/gpu/conv_workspaces.py --grid 0 \
-      --out "$work/conv-workspaces-layout.jsonl"
+    if [[ -n ${SWEEP_BATCHES:-} ]]; then
+      taskset -c $((ncpu - 6)),$((ncpu - 5)) python3 scripts/gpu/conv_workspaces.py --grid 0 \
+        --batches "$SWEEP_BATCHES" --deadline "${SWEEP_DEADLINE:-400}" --out "$work/conv-batches.jsonl"
+    else
+      taskset -c $((ncpu - 6)),$((ncpu - 5)) python3 scripts/gpu/conv_workspaces.py --grid 0 \
+        --out "$work/conv-workspaces-layout.jsonl"
+    fi
     echo "sweep rc=$?"
   } >"$out/sweep.log" 2>&1 &
 fi
@@ -76,7 +85,9 @@ if [[ ${UNDER:-1} != 0 ]]; then
 fi
 tar -C "$work" -czf "$out/sequences.tgz" sequences
 tar -C "$work" -czf "$out/captures.tgz" captures
-if [[ -f "$work/conv-workspaces-layout.jsonl" ]]; then
-  gzip -9c "$work/conv-workspaces-layout.jsonl" >"$out/conv-workspaces-layout.jsonl.gz"
-fi
+for sweep in conv-workspaces-layout conv-batches; do
+  if [[ -f "$work/$sweep.jsonl" ]]; then
+    gzip -9c "$work/$sweep.jsonl" >"$out/$sweep.jsonl.gz"
+  fi
+done
 ls -l "$out"
