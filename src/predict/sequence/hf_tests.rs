@@ -2625,3 +2625,96 @@ fn starcoder2s_layer_norms_keep_their_inputs_and_statistics() {
     // each RMSNorm's fp32 input copy, none for a LayerNorm
     assert_eq!(count(&a, N * H * 4) + 2 * 2 + 1, count(&b, N * H * 4));
 }
+
+#[test]
+fn gpt2s_activation_without_autograd_frees_each_temporary_once_read() {
+    // `gelu_new` is a Python expression: without autograd (a checkpointed
+    // first forward) each elementwise result dies once the next op has read
+    // it, `0.5 * x` at the last product and the projection's output when the
+    // activation returns. When c_proj's output is made only the activation's
+    // output is left (and under autocast the cast c_proj reads), as the
+    // recorded GPT-2 runs show; with autograd the block keeps four more.
+    for p in PRECISIONS {
+        let w = widths(p);
+        let inner = [N * F * w.c, N * F * 4];
+        let ckpt = RunShape {
+            checkpointing: true,
+            ..run(p, Attention::Sdpa)
+        };
+        let evs = events(&config("gpt2", serde_json::json!({})), &ckpt);
+        let mut live = std::collections::HashSet::new();
+        let (mut most, mut at_proj) = (0, Vec::new());
+        for e in first_blocks(&evs) {
+            match *e {
+                TensorEvent::Alloc { id, bytes, .. } if inner.contains(&bytes) => {
+                    live.insert(id);
+                    most = most.max(live.len());
+                }
+                TensorEvent::Alloc { bytes, .. } if bytes == N * H * w.c && !live.is_empty() => {
+                    at_proj.push(live.len());
+                }
+                TensorEvent::Free { id } => {
+                    live.remove(&id);
+                }
+                _ => {}
+            }
+        }
+        assert_eq!(most, 4, "{p:?}: most alive at once");
+        let left = if w.amp { 2 } else { 1 };
+        assert_eq!(at_proj, vec![left; 2], "{p:?}: alive at each c_proj");
+    }
+}
+
+#[test]
+fn over_3072_token_ids_the_embedding_backward_sums_partials_in_a_buffer_of_its_own() {
+    // CUDA's embedding backward sorts more than 3,072 ids and sums per-segment
+    // partials in fp32, in a buffer sized for ids plus a tenth (each a row of
+    // the table), after the table's dense gradient; the embeddings' gradient
+    // goes as it returns, before the tied head's contribution is summed in.
+    for (micro, ids) in [(MICRO, None), (700, Some(700 * SEQ))] {
+        for p in PRECISIONS {
+            let w = widths(p);
+            let shape = RunShape {
+                micro_batch: micro,
+                ..run(p, Attention::Sdpa)
+            };
+            let evs = events(&config("gpt2", serde_json::json!({})), &shape);
+            let n = micro * SEQ;
+            let bytes_of = |id: u32| {
+                evs.iter().find_map(|e| match *e {
+                    TensorEvent::Alloc { id: i, bytes, .. } if i == id => Some(bytes),
+                    _ => None,
+                })
+            };
+            // the first step's tied sum: the word table's gradient
+            let sum = evs
+                .iter()
+                .position(|e| {
+                    matches!(e, TensorEvent::Alloc { bytes, category: Category::Gradients, .. }
+                        if *bytes == V * H * w.w)
+                })
+                .unwrap();
+            let dense = evs[..sum]
+                .iter()
+                .rposition(
+                    |e| matches!(e, TensorEvent::Alloc { bytes, .. } if *bytes == V * H * w.w),
+                )
+                .unwrap();
+            let between: Vec<&TensorEvent> = evs[dense + 1..sum].iter().collect();
+            let partials = between.iter().find_map(|e| match **e {
+                TensorEvent::Alloc { bytes, .. } => Some(bytes),
+                _ => None,
+            });
+            assert_eq!(
+                partials,
+                ids.map(|k| (k + k / 10) * H * 4),
+                "{p:?} micro {micro}"
+            );
+            let freed_grad = between.iter().any(|e| match **e {
+                TensorEvent::Free { id } => bytes_of(id) == Some(n * H * w.r),
+                _ => false,
+            });
+            assert!(freed_grad, "{p:?} micro {micro}: {between:?}");
+        }
+    }
+}
