@@ -43,7 +43,7 @@
 use crate::api::{Attention, MlpKind, NormKind, PositionalKind, Precision, TransformerKind};
 use crate::predict::arch::{HfFamily, HfImpl, TransformerArch};
 
-use super::{Gen, RmsSaved, Trace};
+use super::{FlashSaved, Gen, RmsSaved, Trace};
 
 /// Element widths of one run.
 #[derive(Clone, Copy)]
@@ -987,8 +987,31 @@ impl Gen<'_> {
                         } else {
                             saved.push(qkv);
                         }
-                        saved.push(self.t.act(n * h * wd.c));
-                        saved.push(self.t.act(lse));
+                        let out = self.t.act(n * h * wd.c);
+                        saved.push(out);
+                        let lse_id = self.t.act(lse);
+                        saved.push(lse_id);
+                        // half precision without a mask: the flash kernel,
+                        // whose backward writes the three gradients apart
+                        if wd.c == 2
+                            && !self.no_grad
+                            && !windowed
+                            && !math_bias
+                            && !cache_copies
+                            && !t.layout.separate_qkv
+                        {
+                            let buffer = flash_backward_buffer(b, t.seq_len, t.heads, t.head_dim);
+                            self.flash.insert(
+                                lse_id,
+                                FlashSaved {
+                                    out,
+                                    qkv,
+                                    grads: [n * h * wd.c, n * kvd * wd.c, n * kvd * wd.c],
+                                    buffer,
+                                    amp: wd.amp,
+                                },
+                            );
+                        }
                         false
                     }
                     Attention::Eager => {
@@ -2064,6 +2087,52 @@ impl Gen<'_> {
         locals
     }
 
+    /// The flash kernel's backward (the recorded GPT-2 runs): the queries',
+    /// keys' and values' gradients, its fp32 buffer (freed inside it), then
+    /// its inputs go (in bf16 the output, the log-sum-exp, the fused
+    /// projection and the output's gradient `g_out`; under autocast in the
+    /// reverse order, and the values' and keys' gradients are copied before
+    /// the concatenation) and the split's backward concatenates the three
+    /// into the projection's gradient, returned.
+    fn hf_flash_backward(
+        &mut self,
+        f: FlashSaved,
+        lse: u32,
+        g_out: Option<u32>,
+        saved: &mut Vec<u32>,
+    ) -> u32 {
+        let mut grads: Vec<u32> = f.grads.iter().map(|&b| self.t.act(b)).collect();
+        let buffer = self.t.act(f.buffer);
+        self.t.free(buffer);
+        saved.retain(|&s| s != f.qkv);
+        let mut inputs: Vec<Option<u32>> = vec![Some(f.out), Some(lse), Some(f.qkv), g_out];
+        if f.amp {
+            inputs.reverse();
+        }
+        for id in inputs.into_iter().flatten() {
+            if Some(id) == g_out {
+                self.t.free(id);
+            } else {
+                self.release(id);
+            }
+        }
+        if f.amp {
+            let mut copies = Vec::new();
+            for k in [2, 1] {
+                copies.push(self.t.act(f.grads[k]));
+                self.t.free(grads[k]);
+            }
+            let cat = self.t.act(f.grads.iter().sum());
+            self.t.free(grads[0]);
+            copies.reverse();
+            self.t.free_all(&mut copies);
+            return cat;
+        }
+        let cat = self.t.act(f.grads.iter().sum());
+        self.t.free_all(&mut grads);
+        cat
+    }
+
     /// Backward of block `l`: frees the saved tensors newest first, one
     /// gradient of each one's size alive at a time beside the residual
     /// gradient `g`; returns the gradient of the block input, which stays
@@ -2140,6 +2209,15 @@ impl Gen<'_> {
                 self.release(id);
                 continue;
             }
+            if self.flash.contains_key(&id) {
+                // the log-sum-exp goes with the kernel's other inputs, once
+                // the output's gradient exists; the projection that read
+                // the output makes its weight's gradient there
+                if let Some(i) = reads.take() {
+                    marks.push((id, i));
+                }
+                continue;
+            }
             if let Some((mask, buffer)) = self.windowed.remove(&id) {
                 // the memory-efficient kernel's backward: its fp32 buffer
                 // for the queries' gradient and the log-sum-exp's, then its
@@ -2160,19 +2238,31 @@ impl Gen<'_> {
                 tmp = Some(self.hf_rmsnorm_backward(norm, g_y));
                 continue;
             }
+            let flash = self
+                .flash
+                .iter()
+                .find(|(_, f)| f.out == id)
+                .map(|(&lse, &f)| (lse, f));
             // `id`'s gradient, then `id` goes; where a matmul read `id`,
             // inside its node: after the weight's gradient, before
-            // autocast's cast back of it
+            // autocast's cast back of it. The flash kernel's output stays
+            // until the kernel has run.
             let mut gradient = |g: &mut Self| {
                 let gt = g.t.act(bytes);
                 if let Some(p) = tmp.replace(gt) {
                     g.t.free(p);
                 }
-                g.release(id);
+                if flash.is_none() {
+                    g.release(id);
+                }
             };
             match reads {
                 Some(i) => self.weight_grad_then(i, gradient, |_| {}),
                 None => gradient(self),
+            }
+            if let Some((lse, f)) = flash {
+                self.flash.remove(&lse);
+                tmp = Some(self.hf_flash_backward(f, lse, tmp.take(), saved));
             }
         }
         while let Some((_, i)) = marks.pop() {
@@ -2186,6 +2276,21 @@ impl Gen<'_> {
         saved.push(input);
         (g_in, made)
     }
+}
+
+/// The flash kernel's backward buffer: the queries' gradient accumulated
+/// in fp32, `batch x seq x heads x head_dim`, and the softmax's row sums,
+/// `batch x heads x seq`, with the sequence rounded up to 128 and the head
+/// dimension to 32 (to 256 above 192), as FlashAttention-2 pads them (the
+/// recorded GPT-2 runs: 16.25 MiB for 4 x 1,024 tokens of 16 heads of 64).
+fn flash_backward_buffer(batch: u64, seq: u64, heads: u64, head_dim: u64) -> u64 {
+    let s = seq.div_ceil(128) * 128;
+    let d = if head_dim > 192 {
+        256
+    } else {
+        head_dim.div_ceil(32) * 32
+    };
+    batch * s * heads * d * 4 + batch * heads * s * 4
 }
 
 /// Up to this many token ids CUDA's embedding backward adds each id's row

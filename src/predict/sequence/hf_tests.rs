@@ -121,7 +121,21 @@ enum Kept {
     RmsNorm {
         r: u64,
     },
+    /// The flash kernel's log-sum-exp (half precision, GPT-2's fused
+    /// projection): its backward writes the output's gradient (`out`
+    /// bytes), the three projections' gradients, its buffer, under autocast
+    /// copies of the values' and keys', then their concatenation.
+    Flash {
+        out: u64,
+        grads: [u64; 3],
+        amp: bool,
+    },
 }
+
+/// The flash kernel's backward buffer for the tiny models: the queries'
+/// gradient in fp32 padded to 128 tokens and 32 dimensions, and the row
+/// sums.
+const FLASH_BUFFER: u64 = MICRO * 128 * HEADS * 32 * 4 + MICRO * HEADS * 128 * 4;
 
 /// An RMSNorm's backward after the gradient of its normalised tensor: that
 /// gradient in fp32 (low precision), the product's two gradients (the
@@ -252,6 +266,19 @@ impl Block {
                     out.push(N * H * w.r);
                     out.extend(rmsnorm_backward(w));
                 }
+                Kept::Flash {
+                    out: bytes,
+                    grads,
+                    amp,
+                } => {
+                    out.push(bytes);
+                    out.extend(grads);
+                    out.push(FLASH_BUFFER);
+                    if amp {
+                        out.extend([grads[2], grads[1]]);
+                    }
+                    out.push(grads.iter().sum());
+                }
                 Kept::Softmax {
                     bytes,
                     scores_w,
@@ -317,8 +344,11 @@ fn gpt2_block(w: Wd, o: Opt) -> Block {
     }
     let qkv = N * 3 * H * w.c;
     b.matmul(3 * H * H); // c_attn
-    if o.eager && o.cache {
-        b.tmp(qkv); // the query view is copied for the batched matmul below
+    // in half precision SDPA runs the flash kernel, which keeps the fused
+    // projection, its output and the log-sum-exp for a backward of its own
+    let flash = !o.eager && w.c == 2;
+    if (o.eager && o.cache) || flash {
+        b.tmp(qkv); // eager: the query view is copied for the batched matmul below
     } else {
         b.keep(qkv);
     }
@@ -332,6 +362,18 @@ fn gpt2_block(w: Wd, o: Opt) -> Block {
         }
         b.eager_scores(w, true, true, false, o.dropout);
         b.contiguous_output(w);
+    } else if flash {
+        b.tmp(N * H * w.c); // the kernel's output, already contiguous
+        b.fwd.push(LSE);
+        let at = b.fwd.len() - 1;
+        b.kept.push((
+            at,
+            Kept::Flash {
+                out: N * H * w.c,
+                grads: [N * H * w.c; 3],
+                amp: w.amp,
+            },
+        ));
     } else {
         b.keep(N * H * w.c); // SDPA's output, already contiguous
         b.keep(LSE);
@@ -984,6 +1026,8 @@ fn kept_bytes(b: &Block) -> Vec<u64> {
             Kept::Tensor(b) | Kept::Softmax { bytes: b, .. } => vec![b],
             Kept::RmsNorm { r: 4 } => vec![N * 4, N * H * 4],
             Kept::RmsNorm { r } => vec![N * H * 4, N * 4, N * H * r],
+            // the fused projection, the output and the log-sum-exp
+            Kept::Flash { out, grads, .. } => vec![grads.iter().sum(), out, LSE],
         })
         .collect()
 }
@@ -1469,7 +1513,19 @@ fn each_family_decision_changes_the_tensors_it_describes() {
                 "case {i} ({model_type})"
             );
         } else {
-            let (ca, cb) = (count(&acts(&a), size), count(&acts(&b), size));
+            // OPT's separate projections: their casts are the forward's
+            // (the fused one's backward runs the flash kernel's)
+            let window = |evs: &[TensorEvent]| -> Vec<TensorEvent> {
+                if model_type == "opt" && size == N * H * 2 {
+                    first_blocks(evs).to_vec()
+                } else {
+                    evs.to_vec()
+                }
+            };
+            let (ca, cb) = (
+                count(&acts(&window(&a)), size),
+                count(&acts(&window(&b)), size),
+            );
             assert!(
                 ca > cb,
                 "case {i} ({model_type}): {ca} vs {cb} of {size} bytes"
@@ -2715,6 +2771,42 @@ fn over_3072_token_ids_the_embedding_backward_sums_partials_in_a_buffer_of_its_o
                 _ => false,
             });
             assert!(freed_grad, "{p:?} micro {micro}: {between:?}");
+        }
+    }
+}
+
+#[test]
+fn gpt2s_half_precision_attention_backward_writes_three_gradients_then_their_concatenation() {
+    // In half precision without a mask SDPA runs the flash kernel: its
+    // backward writes the queries', keys' and values' gradients apart and
+    // takes an fp32 buffer (the queries' gradient padded to 128 tokens and
+    // 32 dimensions, and the softmax's row sums); then its inputs go and the
+    // split's backward concatenates the three (the recorded GPT-2 bf16 run).
+    // fp32 runs the memory-efficient kernel, which writes one gradient of
+    // the fused projection; eager attention has no kernel.
+    let buffer = FLASH_BUFFER;
+    for (p, attention, flash) in [
+        (Precision::Bf16, Attention::Sdpa, true),
+        (Precision::AmpBf16, Attention::Sdpa, true),
+        (Precision::Fp32, Attention::Sdpa, false),
+        (Precision::Bf16, Attention::Eager, false),
+    ] {
+        let w = widths(p);
+        let evs = events(&config("gpt2", serde_json::json!({})), &run(p, attention));
+        let bwd = backward_of_micro_step(&evs, 0);
+        let at = bwd.iter().position(|&b| b == buffer);
+        assert_eq!(at.is_some(), flash, "{p:?} {attention:?}");
+        if let Some(at) = at {
+            assert_eq!(bwd[at - 3..at], [N * H * w.c; 3], "{p:?}");
+            // under autocast the values' and keys' gradients are copied
+            // before the concatenation
+            let copies = if w.amp { 2 } else { 0 };
+            assert_eq!(
+                bwd[at + 1..at + 2 + copies],
+                [vec![N * H * w.c; copies], vec![3 * N * H * w.c]].concat()[..],
+                "{p:?}: {bwd:?}"
+            );
+            assert_eq!(count(&bwd, buffer), 2, "one per layer");
         }
     }
 }

@@ -285,6 +285,9 @@ struct Gen<'a> {
     /// the block's additive mask and the bytes of the memory-efficient
     /// kernel's backward buffer.
     windowed: BTreeMap<u32, (u32, u64)>,
+    /// Hugging Face: the log-sum-exp the flash kernel keeps for backward,
+    /// with what its backward reads and writes ([`FlashSaved`]).
+    flash: BTreeMap<u32, FlashSaved>,
     /// Hugging Face: the first forward of a checkpointed block runs without
     /// autograd keeping anything; each tensor dies when the modelling code
     /// drops it.
@@ -336,6 +339,21 @@ impl RmsSaved {
     }
 }
 
+/// What the flash kernel's backward reads and writes for one attention
+/// whose queries, keys and values are views of one fused projection
+/// (GPT-2's `c_attn`): its output and that projection (kept), the
+/// gradients it writes for the queries, keys and values (bytes each), and
+/// its fp32 buffer for the queries' gradient and the softmax's row sums;
+/// `amp`: the projection ran under autocast.
+#[derive(Clone, Copy)]
+struct FlashSaved {
+    out: u32,
+    qkv: u32,
+    grads: [u64; 3],
+    buffer: u64,
+    amp: bool,
+}
+
 impl<'a> Gen<'a> {
     fn new(arch: &'a Arch, run: &'a RunShape) -> Self {
         let params = arch.param_tensors();
@@ -370,6 +388,7 @@ impl<'a> Gen<'a> {
             rmsnorms: BTreeMap::new(),
             offset_norms: false,
             windowed: BTreeMap::new(),
+            flash: BTreeMap::new(),
         }
     }
 
