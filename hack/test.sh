@@ -25,9 +25,10 @@ hack/gpunode.sh build
 python3 -m pytest -q -p no:cacheprovider hack/node hack/test_hf_param_counts.py
 python3 -m pytest -q -p no:cacheprovider scripts/gpu/test_calibrate_zero.py scripts/gpu/test_alloc_checks.py scripts/gpu/test_snapshot_to_profile.py
 
-step "generated CRDs are current"
+step "generated CRDs and the measured convolution table are current"
 cargo run --quiet --locked -- crdgen --out crds
 git diff --exit-code -- crds/ charts/vramfit/crds/ || { echo "crds/ is stale: commit the regenerated files" >&2; exit 1; }
+python3 scripts/conv_workspace_table.py --check src/predict/conv_workspaces.tsv
 
 step "module layers: no import of controller/ from below, no cycle, docs/architecture.md current"
 python3 hack/modgraph.py --check

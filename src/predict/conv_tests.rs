@@ -32,7 +32,7 @@ fn bf16(mut c: ConvCall) -> ConvCall {
 /// Each case's workspace is within 3 % or 1 MiB of its measurement.
 fn assert_within_measurements(cases: &[(&str, ConvCall, u64)]) {
     for (what, c, measured) in cases {
-        let got = cudnn_workspace(c);
+        let got = workspace_rule(c);
         assert!(
             got.abs_diff(*measured) <= (measured * 3 / 100).max(MIB),
             "{what}: {got} bytes, measured {measured}"
@@ -188,55 +188,55 @@ fn the_rule_reads_the_output_size_from_stride_padding_and_dilation() {
         8 * 128 * 28 * 28 * 4,
         128 * 64 * 9 * 4,
     );
-    assert_eq!(cudnn_workspace(&c), input + output + filter);
+    assert_eq!(workspace_rule(&c), input + output + filter);
     // dilation 2 without padding: 56 - 4 = 52
     let mut d = call(ConvPass::Forward, [8, 64, 56, 56], 128, 3, 1, 1);
     d.padding = vec![0, 0];
     d.dilation = vec![2, 2];
-    assert_eq!(cudnn_workspace(&d), input + 8 * 128 * 52 * 52 * 4 + filter);
+    assert_eq!(workspace_rule(&d), input + 8 * 128 * 52 * 52 * 4 + filter);
     // a 1x1 of stride 2 subsamples, which the tensor-core path transposes for
     let s = call(ConvPass::Forward, [8, 64, 56, 56], 128, 1, 2, 1);
     assert_eq!(
-        cudnn_workspace(&s),
+        workspace_rule(&s),
         input + 8 * 128 * 28 * 28 * 4 + 128 * 64 * 4
     );
     // the weight gradient takes the partial sums besides
     let mut w = c.clone();
     w.kind = ConvPass::Weight;
     assert_eq!(
-        cudnn_workspace(&w),
-        cudnn_workspace(&c) + WEIGHT_GRADIENT_EXTRA
+        workspace_rule(&w),
+        workspace_rule(&c) + WEIGHT_GRADIENT_EXTRA
     );
     let mut i = c.clone();
     i.kind = ConvPass::Input;
-    assert_eq!(cudnn_workspace(&i), cudnn_workspace(&c));
+    assert_eq!(workspace_rule(&i), workspace_rule(&c));
 }
 
 #[test]
 fn an_image_stem_up_to_four_channels_and_3x3_takes_none_but_for_half_precision_gradients() {
     let stem = |c: u64, r: u64, kind: ConvPass| call(kind, [8, c, 224, 224], 32, r, 2, 1);
-    assert_eq!(cudnn_workspace(&stem(3, 3, ConvPass::Forward)), 0);
-    assert_eq!(cudnn_workspace(&stem(4, 3, ConvPass::Forward)), 0);
+    assert_eq!(workspace_rule(&stem(3, 3, ConvPass::Forward)), 0);
+    assert_eq!(workspace_rule(&stem(4, 3, ConvPass::Forward)), 0);
     // in fp32 none of its calls; in half precision its gradients do
-    assert_eq!(cudnn_workspace(&stem(3, 3, ConvPass::Weight)), 0);
-    assert_eq!(cudnn_workspace(&stem(3, 3, ConvPass::Input)), 0);
-    assert!(cudnn_workspace(&bf16(stem(3, 3, ConvPass::Weight))) > 0);
-    assert!(cudnn_workspace(&bf16(stem(3, 3, ConvPass::Input))) > 0);
-    assert_eq!(cudnn_workspace(&bf16(stem(3, 3, ConvPass::Forward))), 0);
+    assert_eq!(workspace_rule(&stem(3, 3, ConvPass::Weight)), 0);
+    assert_eq!(workspace_rule(&stem(3, 3, ConvPass::Input)), 0);
+    assert!(workspace_rule(&bf16(stem(3, 3, ConvPass::Weight))) > 0);
+    assert!(workspace_rule(&bf16(stem(3, 3, ConvPass::Input))) > 0);
+    assert_eq!(workspace_rule(&bf16(stem(3, 3, ConvPass::Forward))), 0);
     for other in [stem(5, 3, ConvPass::Forward), stem(3, 5, ConvPass::Forward)] {
-        assert!(cudnn_workspace(&other) > 0, "{other:?}");
+        assert!(workspace_rule(&other) > 0, "{other:?}");
     }
     // a kernel 3 high and 5 wide is not a 3x3
     let mut wide = stem(3, 3, ConvPass::Forward);
     wide.weight[3] = 5;
-    assert!(cudnn_workspace(&wide) > 0);
+    assert!(workspace_rule(&wide) > 0);
 }
 
 #[test]
 fn half_precision_pads_fewer_than_eight_channels_to_eight() {
     let padded = |c: u64| {
         let call = bf16(call(ConvPass::Input, [4, c, 32, 32], 16, 5, 1, 1));
-        cudnn_workspace(&call)
+        workspace_rule(&call)
     };
     let output = 4 * 16 * 32 * 32 * 2;
     let eight = 4 * 8 * 32 * 32 * 2 + output + 16 * 8 * 25 * 2;
@@ -248,13 +248,13 @@ fn half_precision_pads_fewer_than_eight_channels_to_eight() {
     // fp32 is not padded
     let fp32 = call(ConvPass::Input, [4, 3, 32, 32], 16, 5, 1, 1);
     assert_eq!(
-        cudnn_workspace(&fp32),
+        workspace_rule(&fp32),
         4 * 3 * 32 * 32 * 4 + 2 * output + 16 * 3 * 25 * 4
     );
     // nor are grouped convolutions' channels
     let grouped = bf16(call(ConvPass::Input, [4, 6, 32, 32], 6, 5, 1, 2));
     assert_eq!(
-        cudnn_workspace(&grouped),
+        workspace_rule(&grouped),
         4 * 6 * 32 * 32 * 2 + 4 * 6 * 32 * 32 * 2 + 6 * 3 * 25 * 2
     );
 }
@@ -263,17 +263,17 @@ fn half_precision_pads_fewer_than_eight_channels_to_eight() {
 fn the_partial_sums_are_large_from_16_mib_of_input() {
     // 16 MiB of fp32 input: 1 x 16 x 512 x 512
     let at = channels_last(call(ConvPass::Weight, [1, 16, 512, 512], 16, 3, 1, 16));
-    assert_eq!(cudnn_workspace(&at), (16 * MIB) * 84 / 10);
+    assert_eq!(workspace_rule(&at), (16 * MIB) * 84 / 10);
     let below = channels_last(call(ConvPass::Weight, [1, 16, 512, 511], 16, 3, 1, 16));
-    assert_eq!(cudnn_workspace(&below), (16 * 512 * 511 * 4) * 6 / 10);
+    assert_eq!(workspace_rule(&below), (16 * 512 * 511 * 4) * 6 / 10);
     // bf16 halves the input's bytes
-    assert_eq!(cudnn_workspace(&bf16(at)), (8 * MIB) * 6 / 10);
+    assert_eq!(workspace_rule(&bf16(at)), (8 * MIB) * 6 / 10);
 }
 
 #[test]
 fn calls_the_rule_does_not_model_take_no_workspace() {
     let base = call(ConvPass::Weight, [48, 96, 56, 56], 96, 3, 1, 1);
-    assert!(cudnn_workspace(&base) > 0);
+    assert!(workspace_rule(&base) > 0);
     let mut transposed = base.clone();
     transposed.transposed = true;
     let mut three_d = base.clone();
@@ -286,27 +286,27 @@ fn calls_the_rule_does_not_model_take_no_workspace() {
     one_d_filter.weight = vec![96, 96, 3];
     // one 1x1 of stride 1 in each spatial dimension only
     let mut pointwise = call(ConvPass::Weight, [48, 96, 56, 56], 96, 1, 1, 1);
-    assert_eq!(cudnn_workspace(&pointwise), 0);
+    assert_eq!(workspace_rule(&pointwise), 0);
     pointwise.stride = vec![1, 2];
-    assert!(cudnn_workspace(&pointwise) > 0);
+    assert!(workspace_rule(&pointwise) > 0);
     for c in [transposed, three_d, int8, one_d_filter, channels_last(base)] {
-        assert_eq!(cudnn_workspace(&c), 0, "{c:?}");
+        assert_eq!(workspace_rule(&c), 0, "{c:?}");
     }
     // grouped but not depthwise (ResNeXt's 32 groups) is a dense one
     let grouped = call(ConvPass::Forward, [48, 96, 56, 56], 96, 3, 1, 32);
-    assert!(cudnn_workspace(&grouped) > 0);
+    assert!(workspace_rule(&grouped) > 0);
 }
 
 #[test]
 fn half_precision_halves_the_transposed_tensors() {
     let full = call(ConvPass::Input, [16, 128, 28, 28], 256, 3, 1, 1);
     assert_eq!(
-        cudnn_workspace(&bf16(full.clone())) * 2,
-        cudnn_workspace(&full)
+        workspace_rule(&bf16(full.clone())) * 2,
+        workspace_rule(&full)
     );
     let mut fp16 = full.clone();
     fp16.dtype = "float16".into();
-    assert_eq!(cudnn_workspace(&fp16) * 2, cudnn_workspace(&full));
+    assert_eq!(workspace_rule(&fp16) * 2, workspace_rule(&full));
 }
 
 fn fp16(mut c: ConvCall) -> ConvCall {
@@ -351,18 +351,18 @@ fn fp16_depthwise_weight_gradients_take_cudnns_workspace_where_it_was_measured()
 fn only_an_fp16_depthwise_weight_gradient_takes_the_transposed_tensors() {
     let weight = fp16(call(ConvPass::Weight, [64, 144, 56, 56], 144, 3, 1, 144));
     let input = 64 * 144 * 56 * 56 * 2;
-    assert_eq!(cudnn_workspace(&weight), 2 * input + 144 * 9 * 2);
+    assert_eq!(workspace_rule(&weight), 2 * input + 144 * 9 * 2);
     // the forward and the input's gradient run without one
     for kind in [ConvPass::Forward, ConvPass::Input] {
         let mut c = weight.clone();
         c.kind = kind;
-        assert_eq!(cudnn_workspace(&c), 0, "{kind:?}");
+        assert_eq!(workspace_rule(&c), 0, "{kind:?}");
     }
     // bf16 and fp32 stay with ATen's kernel
     let mut other = weight.clone();
     for dtype in ["bfloat16", "float32"] {
         other.dtype = dtype.into();
-        assert_eq!(cudnn_workspace(&other), 0, "{dtype}");
+        assert_eq!(workspace_rule(&other), 0, "{dtype}");
     }
     // a dilated or a rectangular filter, a 1x1, a 27-wide map: none
     let mut dilated = weight.clone();
@@ -377,16 +377,16 @@ fn only_an_fp16_depthwise_weight_gradient_takes_the_transposed_tensors() {
     let mut uneven = weight.clone();
     uneven.stride = vec![1, 2];
     for c in [dilated, wide, pointwise, narrow, uneven] {
-        assert_eq!(cudnn_workspace(&c), 0, "{c:?}");
+        assert_eq!(workspace_rule(&c), 0, "{c:?}");
     }
     // 32 channels and 28x28 are in; stride 2 from 256 channels
-    assert!(cudnn_workspace(&fp16(call(ConvPass::Weight, [8, 32, 28, 28], 32, 3, 1, 32))) > 0);
+    assert!(workspace_rule(&fp16(call(ConvPass::Weight, [8, 32, 28, 28], 32, 3, 1, 32))) > 0);
     assert_eq!(
-        cudnn_workspace(&fp16(call(ConvPass::Weight, [8, 31, 28, 28], 31, 3, 1, 31))),
+        workspace_rule(&fp16(call(ConvPass::Weight, [8, 31, 28, 28], 31, 3, 1, 31))),
         0
     );
     assert!(
-        cudnn_workspace(&fp16(call(
+        workspace_rule(&fp16(call(
             ConvPass::Weight,
             [8, 256, 28, 28],
             256,
@@ -396,7 +396,7 @@ fn only_an_fp16_depthwise_weight_gradient_takes_the_transposed_tensors() {
         ))) > 0
     );
     assert_eq!(
-        cudnn_workspace(&fp16(call(
+        workspace_rule(&fp16(call(
             ConvPass::Weight,
             [8, 255, 28, 28],
             255,
@@ -409,5 +409,64 @@ fn only_an_fp16_depthwise_weight_gradient_takes_the_transposed_tensors() {
     // the output of a stride-2 call is a quarter of the input
     let s2 = fp16(call(ConvPass::Weight, [8, 256, 28, 28], 256, 3, 2, 256));
     let inp = 8 * 256 * 28 * 28 * 2;
-    assert_eq!(cudnn_workspace(&s2), inp + inp / 4 + 256 * 9 * 2);
+    assert_eq!(workspace_rule(&s2), inp + inp / 4 + 256 * 9 * 2);
+}
+
+/// The table's line for a call: dtype, the twelve shape fields, then the
+/// three workspaces.
+fn table_line(dtype: &str, key: [u64; 12]) -> Option<[u64; 3]> {
+    MEASURED.lines().skip(1).find_map(|line| {
+        let f: Vec<&str> = line.split('\t').collect();
+        let nums: Vec<u64> = f[1..].iter().map(|x| x.parse().unwrap()).collect();
+        (f[0] == dtype && nums[..12] == key).then(|| [nums[12], nums[13], nums[14]])
+    })
+}
+
+#[test]
+fn a_call_the_sweeps_measured_takes_its_measured_workspace_and_any_other_the_rule() {
+    // VGG-16's 512-channel 3x3 convolutions on 14x14 in fp32 at batch 64
+    // (the ninth set's VGG-16): cuDNN's forward took 74 MiB on the H100,
+    // the rule gives the transposed tensors' 58 MiB. At batch 65, which no
+    // sweep ran, the rule answers.
+    let key = [64, 512, 14, 14, 512, 3, 3, 1, 1, 1, 1, 0];
+    let measured = table_line("float32", key).expect("measured at batch 64");
+    for (kind, ws) in [
+        (ConvPass::Forward, measured[0]),
+        (ConvPass::Input, measured[1]),
+        (ConvPass::Weight, measured[2]),
+    ] {
+        let c = call(kind, [64, 512, 14, 14], 512, 3, 1, 1);
+        assert_eq!(cudnn_workspace(&c), ws, "{kind:?}");
+        let other = call(kind, [65, 512, 14, 14], 512, 3, 1, 1);
+        assert_eq!(cudnn_workspace(&other), workspace_rule(&other), "{kind:?}");
+    }
+    let fwd = call(ConvPass::Forward, [64, 512, 14, 14], 512, 3, 1, 1);
+    assert!(measured[0] > workspace_rule(&fwd) + 8 * MIB, "{measured:?}");
+    // the dtype and the layout are part of the key
+    assert_eq!(
+        cudnn_workspace(&bf16(fwd.clone())),
+        table_line("bfloat16", key).unwrap()[0]
+    );
+    let cl = channels_last(fwd);
+    assert_eq!(
+        cudnn_workspace(&cl),
+        table_line("float32", [64, 512, 14, 14, 512, 3, 3, 1, 1, 1, 1, 1])
+            .map_or_else(|| workspace_rule(&cl), |w| w[0])
+    );
+}
+
+#[test]
+fn the_measured_table_has_one_line_per_call_each_with_three_workspaces() {
+    let mut keys = std::collections::HashSet::new();
+    let mut lines = 0;
+    for line in MEASURED.lines().skip(1) {
+        let f: Vec<&str> = line.split('\t').collect();
+        assert_eq!(f.len(), 16, "{line}");
+        assert!(["float32", "bfloat16", "float16"].contains(&f[0]), "{line}");
+        assert!(f[1..].iter().all(|x| x.parse::<u64>().is_ok()), "{line}");
+        assert!(keys.insert(f[..13].join(" ")), "twice: {line}");
+        lines += 1;
+    }
+    assert!(lines > 6000, "{lines}");
+    assert_eq!(measured_table().len(), lines);
 }

@@ -3410,7 +3410,9 @@ fn the_ninth_fresh_set_stays_within_its_recorded_figures() {
     // memory-efficient kernel, Gemma's fp32 norm products and its output
     // norms' fp32 copies under autocast (median 0.2 %, p90 1.9 %, Mistral
     // -0.1 %, every Gemma row within 0.1 %). The captures: all 29,
-    // median 0.1 %, p90 3.6 %, VGG-16 fp32 -7.1 % under (allocated exact).
+    // median 0.1 %, p90 3.6 %, VGG-16 fp32 -7.1 % under (allocated exact);
+    // with the workspaces the tenth set's sweep measured for its
+    // convolutions at batch 64, -0.0 % (p90 2.7 %).
     let (stats, captured) = fresh_set_stats(
         include_str!("../../data/calibration/h100-fresh9.jsonl"),
         "fresh9-h100",
@@ -3421,11 +3423,7 @@ fn the_ninth_fresh_set_stays_within_its_recorded_figures() {
         (0.003, 0.02, 0.065),
         &["hf-phi3h9-s2048-b4-ampfp16-adamw-sdpa"],
     );
-    assert_within_but(
-        &captured,
-        (0.002, 0.04, 0.075),
-        &["tv-vgg16-i224-b64-fp32-sgdm"],
-    );
+    assert_within(&captured, 0.002, 0.03, 0.045);
 }
 
 #[test]
@@ -3435,7 +3433,9 @@ fn the_tenth_fresh_set_stays_within_its_recorded_figures() {
     // committed (data/calibration/fresh10-predictions.jsonl). The profile
     // path (captures beside the runs): 28 of 28, median 0.6 %, p90 3.9 %,
     // VGG-16 amp bf16 at batch 96 -6.1 % under, AlexNet +9.3 % over; every
-    // fp32 VGG within 2.7 %. The analytic path, 6 answered: median 4.8 %,
+    // fp32 VGG within 2.7 %. With the workspaces the sweep beside the runs
+    // measured (12 of the 22 torchvision runs have every convolution in
+    // it): median 0.2 %, p90 2.2 %, VGG-16 amp -0.0 %, none under. The analytic path, 6 answered: median 4.8 %,
     // three under with their allocated peaks exact (GPT-2 medium bf16 with
     // checkpointing and accumulation -12.4 %, Phi-3 fp16 autocast -6.3 %,
     // T5 fp32 eager -6.1 %): each later step's loss finds its segments held
@@ -3455,11 +3455,7 @@ fn the_tenth_fresh_set_stays_within_its_recorded_figures() {
             "hf-gpt2m10-s1024-b4-bf16-adamw-sdpa-ckpt-accum2",
         ],
     );
-    assert_within_but(
-        &captured,
-        (0.007, 0.04, 0.094),
-        &["tv-vgg16-i224-b96-ampbf16-sgdm"],
-    );
+    assert_within(&captured, 0.003, 0.025, 0.094);
 }
 
 #[test]
