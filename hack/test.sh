@@ -28,7 +28,7 @@ python3 -m pytest -q -p no:cacheprovider scripts/gpu/test_calibrate_zero.py scri
 step "generated CRDs and the measured convolution table are current"
 cargo run --quiet --locked -- crdgen --out crds
 git diff --exit-code -- crds/ charts/vramfit/crds/ || { echo "crds/ is stale: commit the regenerated files" >&2; exit 1; }
-python3 scripts/conv_workspace_table.py --check src/predict/conv_workspaces.tsv
+python3 scripts/conv_workspace_table.py --check src/predict/conv_workspaces.tsv.gz
 
 step "module layers: no import of controller/ from below, no cycle, docs/architecture.md current"
 python3 hack/modgraph.py --check

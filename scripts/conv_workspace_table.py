@@ -15,8 +15,10 @@ src/predict/conv.rs looks a call up here before it applies its rule, so the
 shapes the sweeps measured (torchvision's models at their batch sizes) get
 what cuDNN's heuristics took on the GPU.
 
-    python3 scripts/conv_workspace_table.py > src/predict/conv_workspaces.tsv
-    python3 scripts/conv_workspace_table.py --check src/predict/conv_workspaces.tsv
+    python3 scripts/conv_workspace_table.py --out src/predict/conv_workspaces.tsv.gz
+    python3 scripts/conv_workspace_table.py --check src/predict/conv_workspaces.tsv.gz
+
+The table is tab-separated text, gzip-compressed; --check compares the text.
 """
 
 import argparse
@@ -26,6 +28,7 @@ import sys
 
 # Later sweeps first: a shape measured twice keeps the later measurement.
 SWEEPS = [
+    "data/calibration/h100-conv-batches/conv-batches2.jsonl.gz",
     "data/calibration/h100-conv-batches/conv-batches.jsonl.gz",
     "data/calibration/h200-conv-workspaces/conv-workspaces-layout.jsonl.gz",
     "data/calibration/h200-conv-workspaces/conv-workspaces.jsonl.gz",
@@ -88,14 +91,19 @@ def render():
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--check", help="fail unless this file is what the sweeps give")
+    ap.add_argument("--out", help="write the gzip-compressed table here")
+    ap.add_argument("--check", help="fail unless this gzip-compressed table is what the sweeps give")
     args = ap.parse_args()
     text = render()
     if args.check:
-        if open(args.check).read() != text:
+        if gzip.open(args.check, "rt").read() != text:
             print(f"{args.check} is not what the sweeps give: rerun "
-                  "scripts/conv_workspace_table.py", file=sys.stderr)
+                  "scripts/conv_workspace_table.py --out", file=sys.stderr)
             return 1
+        return 0
+    if args.out:
+        with open(args.out, "wb") as f:
+            f.write(gzip.compress(text.encode(), compresslevel=9, mtime=0))
         return 0
     sys.stdout.write(text)
     return 0

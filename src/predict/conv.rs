@@ -54,10 +54,11 @@
 //! The same rule is applied to every GPU; only the H200 was measured.
 //!
 //! Where a sweep measured the call itself (its shape, batch, dtype and
-//! layout: every convolution of 31 torchvision models at batch 16, 48, 64,
-//! 96 and 128 in fp32, bf16 and fp16 on an H100, and fifteen of them at the
-//! calibration sets' batches on the H200), the measured workspace is taken
-//! instead of the rule ([`MEASURED`], written by
+//! layout: every convolution of 31 torchvision models at batch 8, 16, 24,
+//! 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192 and 256 in fp32, bf16 and
+//! fp16 on an H100, and fifteen of them at the calibration sets' batches on
+//! the H200), the measured workspace is taken
+//! instead of the rule ([`measured_text`], written by
 //! `scripts/conv_workspace_table.py` from the sweeps' raw output): cuDNN
 //! picks its kernels by the whole shape, and the rule misses some of them
 //! (in fp32 the forward is the rule's for 49-65 % of the dense shapes), by
@@ -121,12 +122,24 @@ const DEPTHWISE_LARGE_INPUT: u64 = 16 << 20;
 /// tensors: the median extra measured on the H200.
 pub const WEIGHT_GRADIENT_EXTRA: u64 = 4 << 20;
 
-/// cuDNN's workspaces measured one convolution at a time on the GPU, a
-/// line per call: dtype, batch, channels in, height, width, channels out,
-/// kernel height and width, stride, padding, dilation, groups, whether the
-/// input is channels-last, then the forward's, the input gradient's and the
-/// weight gradient's workspace in bytes.
-pub const MEASURED: &str = include_str!("conv_workspaces.tsv");
+/// cuDNN's workspaces measured one convolution at a time on the GPU,
+/// gzip-compressed tab-separated text with a header line, a line per call:
+/// dtype, batch, channels in, height, width, channels out, kernel height and
+/// width, stride, padding, dilation, groups, whether the input is
+/// channels-last, then the forward's, the input gradient's and the weight
+/// gradient's workspace in bytes.
+const MEASURED_GZ: &[u8] = include_bytes!("conv_workspaces.tsv.gz");
+
+/// The text of [`MEASURED_GZ`].
+pub fn measured_text() -> &'static str {
+    static TEXT: OnceLock<String> = OnceLock::new();
+    TEXT.get_or_init(|| {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(MEASURED_GZ), &mut text)
+            .expect("the measured workspaces are gzip-compressed text");
+        text
+    })
+}
 
 /// A measured call: dtype, then batch, channels in, height, width, channels
 /// out, kernel height, kernel width, stride, padding, dilation, groups and
@@ -136,7 +149,7 @@ type MeasuredKey = (String, [u64; 12]);
 fn measured_table() -> &'static HashMap<MeasuredKey, [u64; 3]> {
     static TABLE: OnceLock<HashMap<MeasuredKey, [u64; 3]>> = OnceLock::new();
     TABLE.get_or_init(|| {
-        MEASURED
+        measured_text()
             .lines()
             .skip(1)
             .filter_map(|line| {

@@ -3433,9 +3433,10 @@ fn the_tenth_fresh_set_stays_within_its_recorded_figures() {
     // committed (data/calibration/fresh10-predictions.jsonl). The profile
     // path (captures beside the runs): 28 of 28, median 0.6 %, p90 3.9 %,
     // VGG-16 amp bf16 at batch 96 -6.1 % under, AlexNet +9.3 % over; every
-    // fp32 VGG within 2.7 %. With the workspaces the sweep beside the runs
-    // measured (12 of the 22 torchvision runs have every convolution in
-    // it): median 0.2 %, p90 2.2 %, VGG-16 amp -0.0 %, none under. The analytic path, 6 answered: median 4.8 %,
+    // fp32 VGG within 2.7 %. With the workspaces the sweeps measured (after
+    // these predictions, at the runs' batch sizes among others; 15 of the 22
+    // torchvision runs have every convolution in them): median 0.1 %, p90
+    // 2.2 %, max +4.4 %, VGG-16 amp -0.0 %, AlexNet -0.4 %, none under. The analytic path, 6 answered: median 4.8 %,
     // three under with their allocated peaks exact (GPT-2 medium bf16 with
     // checkpointing and accumulation -12.4 %, Phi-3 fp16 autocast -6.3 %,
     // T5 fp32 eager -6.1 %): each later step's loss finds its segments held
@@ -3455,7 +3456,7 @@ fn the_tenth_fresh_set_stays_within_its_recorded_figures() {
             "hf-gpt2m10-s1024-b4-bf16-adamw-sdpa-ckpt-accum2",
         ],
     );
-    assert_within(&captured, 0.003, 0.025, 0.094);
+    assert_within(&captured, 0.002, 0.025, 0.045);
 }
 
 #[test]
