@@ -2105,16 +2105,16 @@ impl Gen<'_> {
         let buffer = self.t.act(f.buffer);
         self.t.free(buffer);
         saved.retain(|&s| s != f.qkv);
-        let mut inputs: Vec<Option<u32>> = vec![Some(f.out), Some(lse), Some(f.qkv), g_out];
+        let mut kept = [f.out, lse, f.qkv];
         if f.amp {
-            inputs.reverse();
+            kept.reverse();
+            self.t.free_all(&mut g_out.into_iter().collect());
         }
-        for id in inputs.into_iter().flatten() {
-            if Some(id) == g_out {
-                self.t.free(id);
-            } else {
-                self.release(id);
-            }
+        for id in kept {
+            self.release(id);
+        }
+        if !f.amp {
+            self.t.free_all(&mut g_out.into_iter().collect());
         }
         if f.amp {
             let mut copies = Vec::new();
@@ -2156,6 +2156,8 @@ impl Gen<'_> {
         let mut marks = self.matmul_marks.remove(&l).unwrap_or_default();
         let made: Vec<usize> = marks.iter().map(|&(_, i)| i).collect();
         let mut tmp: Option<u32> = None;
+        // a flash kernel's log-sum-exp, popped, waiting for its output
+        let mut flash_pending: Option<(u32, FlashSaved)> = None;
         while let Some(id) = saved.pop() {
             let mut at_node = Vec::new();
             while let Some(&(mark, i)) = marks.last()
@@ -2209,13 +2211,15 @@ impl Gen<'_> {
                 self.release(id);
                 continue;
             }
-            if self.flash.contains_key(&id) {
+            if let Some(f) = self.flash.remove(&id) {
                 // the log-sum-exp goes with the kernel's other inputs, once
-                // the output's gradient exists; the projection that read
-                // the output makes its weight's gradient there
+                // the output's gradient (the next kept tensor's) exists; the
+                // projection that read the output makes its weight's
+                // gradient there
                 if let Some(i) = reads.take() {
                     marks.push((id, i));
                 }
+                flash_pending = Some((id, f));
                 continue;
             }
             if let Some((mask, buffer)) = self.windowed.remove(&id) {
@@ -2238,11 +2242,7 @@ impl Gen<'_> {
                 tmp = Some(self.hf_rmsnorm_backward(norm, g_y));
                 continue;
             }
-            let flash = self
-                .flash
-                .iter()
-                .find(|(_, f)| f.out == id)
-                .map(|(&lse, &f)| (lse, f));
+            let flash = flash_pending.take_if(|(_, f)| f.out == id);
             // `id`'s gradient, then `id` goes; where a matmul read `id`,
             // inside its node: after the weight's gradient, before
             // autocast's cast back of it. The flash kernel's output stays
@@ -2261,7 +2261,6 @@ impl Gen<'_> {
                 None => gradient(self),
             }
             if let Some((lse, f)) = flash {
-                self.flash.remove(&lse);
                 tmp = Some(self.hf_flash_backward(f, lse, tmp.take(), saved));
             }
         }
