@@ -295,6 +295,12 @@ pub struct MemoryBreakdown {
     /// step's transient allocations. Absent for model-based predictions.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub persistent: u64,
+    /// For a model-based prediction: memory kept beyond the replayed reserve
+    /// for where a later step's tensors land among the cached blocks, which
+    /// a generated sequence cannot place to the MiB. Absent for predictions
+    /// from a captured profile.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub margin: u64,
 }
 
 fn is_zero(bytes: &u64) -> bool {

@@ -137,6 +137,10 @@ pub struct PredictBenchArgs {
     /// only the lines without an analytic model.
     #[arg(long, requires = "profiles")]
     pub prefer_profiles: bool,
+    /// Score each prediction without its layout margin: the replay of the
+    /// sequence alone (docs/predictor.md).
+    #[arg(long)]
+    pub without_margin: bool,
     /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value = "table")]
     pub output: OutputFormat,
@@ -220,12 +224,15 @@ pub fn run(command: &BenchCommand) -> anyhow::Result<String> {
                 let path = dir.as_ref()?.join(format!("{name}.profile.json"));
                 std::fs::read_to_string(path).ok()
             };
-            let report = predict_bench::bench_predict_with_profiles(
+            let mut report = predict_bench::bench_predict_with_profiles(
                 &read_text(&args.measured)?,
                 gpu,
                 &profile_for,
                 args.prefer_profiles,
             )?;
+            if args.without_margin {
+                report.rows = report.rows.iter().map(|r| r.without_margin()).collect();
+            }
             Ok(match args.output {
                 OutputFormat::Json => {
                     serde_json::to_string_pretty(&predict_bench::bench_json(&report))?

@@ -40,6 +40,22 @@ pub struct BenchRow {
     pub predicted_allocated_bytes: u64,
     /// Measured `torch.cuda.max_memory_allocated()`, when the line has it.
     pub measured_allocated_bytes: Option<u64>,
+    /// The prediction's layout margin (part of `predicted_bytes`).
+    pub margin_bytes: u64,
+}
+
+impl BenchRow {
+    /// The row as the replay alone predicts it: the layout margin taken off.
+    pub fn without_margin(&self) -> BenchRow {
+        let predicted = self.predicted_bytes - self.margin_bytes;
+        let measured = self.measured_bytes as f64;
+        BenchRow {
+            predicted_bytes: predicted,
+            relative_error: (predicted as f64 - measured) / measured,
+            margin_bytes: 0,
+            ..self.clone()
+        }
+    }
 }
 
 /// Error statistics over a set of rows.
@@ -168,6 +184,7 @@ pub fn bench_predict_with_profiles(
             source,
             predicted_allocated_bytes: p.allocated_bytes,
             measured_allocated_bytes: m.max_allocated_bytes,
+            margin_bytes: p.breakdown.margin,
         });
     }
     Ok(BenchReport { rows, skipped })
@@ -231,6 +248,7 @@ pub fn bench_json(r: &BenchReport) -> Value {
             "source": x.source,
             "predictedAllocatedBytes": x.predicted_allocated_bytes,
             "measuredAllocatedBytes": x.measured_allocated_bytes,
+            "marginBytes": x.margin_bytes,
         })).collect::<Vec<_>>(),
         "skipped": r.skipped,
     })

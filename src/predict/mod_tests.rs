@@ -704,6 +704,7 @@ fn bench_statistics_of_a_hand_made_set() {
         source: "model",
         predicted_allocated_bytes: 0,
         measured_allocated_bytes: None,
+        margin_bytes: 0,
     };
     let rows = vec![
         row("a", 0.01),
@@ -1199,7 +1200,10 @@ fn only_the_generic_descriptions_on_several_gpus_and_the_mlp_keep_a_loss_block_b
                 &run_shape(model, &one_gpu(8), default_gpu()).unwrap(),
             ))
             .unwrap();
-        assert_eq!(p.reserved_bytes, replayed.reserved_peak);
+        assert_eq!(
+            p.reserved_bytes - p.breakdown.margin,
+            replayed.reserved_peak
+        );
     };
     let gpt2 = with(tiny("gpt2"), "vocab_size", serde_json::json!(50_000));
     let library = hf_model(gpt2, 64, "fp32", "sdpa");
@@ -1419,7 +1423,8 @@ fn the_analytic_hugging_face_path_on_the_fresh_validation_runs_is_not_under() {
         .rows
         .iter()
         .find(|r| r.name == "hf-mistral-s1024-b8-ampbf16-adam-eager")
-        .unwrap();
+        .unwrap()
+        .without_margin();
     assert!(mistral.relative_error.abs() < 0.005, "{mistral:?}");
 }
 
@@ -3134,7 +3139,8 @@ fn phi3s_fused_projections_are_one_tensor_each_and_llamas_query_key_value_three(
     );
 }
 
-/// The rows of a measured set that the analytic path predicts.
+/// The rows of a measured set that the analytic path predicts, as
+/// predicted (the layout margin included).
 fn analytic_rows(measured: &str) -> Vec<BenchRow> {
     bench_predict(measured, None)
         .unwrap()
@@ -3144,11 +3150,22 @@ fn analytic_rows(measured: &str) -> Vec<BenchRow> {
         .collect()
 }
 
+/// [`analytic_rows`] scored without the layout margin: what the generated
+/// sequence replays to. The sets' recorded figures below are the replay's,
+/// the margin has its own test
+/// (`the_layout_margin_keeps_the_later_steps_loss_segments_within_five_percent`).
+fn replay_rows(measured: &str) -> Vec<BenchRow> {
+    analytic_rows(measured)
+        .iter()
+        .map(BenchRow::without_margin)
+        .collect()
+}
+
 #[test]
 fn the_analytic_path_meets_the_goal_on_the_fresh_set_predicted_before_it_ran() {
     // 15 transformers runs written after every rule of 2026-12-04 and
     // predicted (data/calibration/fresh-predictions.jsonl) before they ran.
-    let hf = analytic_rows(include_str!("../../data/calibration/h200-fresh.jsonl"));
+    let hf = replay_rows(include_str!("../../data/calibration/h200-fresh.jsonl"));
     assert_eq!(hf.len(), 15);
     let stats = error_stats(&hf, None);
     assert!(stats.median <= 0.03 && stats.p90 <= 0.06, "{stats:?}");
@@ -3162,7 +3179,7 @@ fn the_analytic_path_meets_the_goal_on_the_second_fresh_set() {
     // median 0.7 %, p90 8.2 %, none under beyond 5 % then. Read afterwards:
     // a library model keeps no loss block beyond its replay
     // (`loss_block_margin`), which leaves 0.4 %, 1.8 %, max 2.5 %.
-    let hf = analytic_rows(include_str!("../../data/calibration/h200-fresh2.jsonl"));
+    let hf = replay_rows(include_str!("../../data/calibration/h200-fresh2.jsonl"));
     assert_eq!(hf.len(), 19);
     let stats = error_stats(&hf, None);
     assert!(stats.median <= 0.03 && stats.p90 <= 0.03, "{stats:?}");
@@ -3179,7 +3196,7 @@ fn the_analytic_path_meets_the_goal_on_the_third_fresh_set() {
     // H200's did. With the head's backward in the recorded order (weight
     // gradient, workspace, input gradient) Qwen3 is -0.1 % and the p90 4.0 %;
     // Mixtral bf16 stays over.
-    let hf = analytic_rows(include_str!("../../data/calibration/h200-fresh3.jsonl"));
+    let hf = replay_rows(include_str!("../../data/calibration/h200-fresh3.jsonl"));
     assert_eq!(hf.len(), 18);
     let stats = error_stats(&hf, None);
     assert!(stats.median <= 0.01 && stats.p90 <= 0.06, "{stats:?}");
@@ -3200,7 +3217,7 @@ fn the_fourth_fresh_set_stays_within_its_recorded_figures() {
     // segment apart (OPT amp eager over; Mixtral amp was 6.5 % under until
     // its experts' block stopped casting the norm's output twice and making
     // a projection after the routed sum, which is the block's output: 0.1 %).
-    let hf = analytic_rows(include_str!("../../data/calibration/h200-fresh4.jsonl"));
+    let hf = replay_rows(include_str!("../../data/calibration/h200-fresh4.jsonl"));
     assert_eq!(hf.len(), 18);
     let stats = error_stats(&hf, None);
     assert!(stats.median <= 0.01 && stats.p90 <= 0.07, "{stats:?}");
@@ -3289,7 +3306,7 @@ fn fresh_set_stats(
     crate::predict::bench::ErrorStats,
     crate::predict::bench::ErrorStats,
 ) {
-    let hf = analytic_rows(measured);
+    let hf = replay_rows(measured);
     assert_eq!(hf.len(), answered.0);
     let captured = rows_from_captures(measured, profiles);
     assert_eq!(captured.len(), answered.1);
@@ -3502,11 +3519,17 @@ fn the_reserve_is_the_larger_of_the_replays_in_either_address_order() {
         );
         larger.push(up > down);
         let p = predict_model(&model, &job, default_gpu()).unwrap();
-        assert_eq!(p.reserved_bytes, up.max(down), "{}", row["name"]);
+        assert_eq!(
+            p.reserved_bytes - p.breakdown.margin,
+            up.max(down),
+            "{}",
+            row["name"]
+        );
         let nvml = row["measured"]["nvmlPeakBytes"].as_u64().unwrap() as f64;
-        let err = (p.peak_bytes as f64 - nvml) / nvml;
+        let replayed = p.peak_bytes - p.breakdown.margin;
+        let err = (replayed as f64 - nvml) / nvml;
         assert!(err.abs() < 0.02, "{}: {:+.1} %", row["name"], 100.0 * err);
-        let smaller = (p.peak_bytes - up.abs_diff(down)) as f64;
+        let smaller = (replayed - up.abs_diff(down)) as f64;
         assert!(
             smaller < 0.98 * nvml,
             "{}: either order alone meets it",
@@ -3535,7 +3558,7 @@ fn mixtures_of_experts_run_grouped_as_transformers_runs_them_on_cuda() {
         include_str!("../../data/calibration/h200-fresh3.jsonl"),
     ] {
         rows.extend(
-            analytic_rows(measured)
+            replay_rows(measured)
                 .into_iter()
                 .filter(|r| r.name.contains("mixtral") || r.name.contains("moe")),
         );
@@ -3549,4 +3572,89 @@ fn mixtures_of_experts_run_grouped_as_transformers_runs_them_on_cuda() {
             row.relative_error * 100.0
         );
     }
+}
+
+/// Every measured set's single-GPU rows of a model `transformers` builds.
+fn every_sets_library_rows() -> Vec<BenchRow> {
+    [
+        include_str!("../../data/calibration/h200-libraries.jsonl"),
+        include_str!("../../data/calibration/h200-libraries-validation.jsonl"),
+        include_str!("../../data/calibration/h200-families.jsonl"),
+        include_str!("../../data/calibration/h200-heldout.jsonl"),
+        include_str!("../../data/calibration/h200-fresh.jsonl"),
+        include_str!("../../data/calibration/h200-fresh2.jsonl"),
+        include_str!("../../data/calibration/h200-fresh3.jsonl"),
+        include_str!("../../data/calibration/h200-fresh4.jsonl"),
+        include_str!("../../data/calibration/h100-fresh5.jsonl"),
+        include_str!("../../data/calibration/h100-fresh6.jsonl"),
+        include_str!("../../data/calibration/h100-fresh7.jsonl"),
+        include_str!("../../data/calibration/h100-fresh8.jsonl"),
+        include_str!("../../data/calibration/h100-fresh9.jsonl"),
+        include_str!("../../data/calibration/h100-fresh10.jsonl"),
+    ]
+    .into_iter()
+    .flat_map(analytic_rows)
+    .filter(|r| r.name.starts_with("hf-"))
+    .collect()
+}
+
+#[test]
+fn the_layout_margin_keeps_the_later_steps_loss_segments_within_five_percent() {
+    // The replay alone is under by more than 5 % on five of the 265 rows,
+    // each with its allocated peak exact and one loss segment short in a
+    // later step; 2 % of the reserve kept on top leaves GPT-2 medium with
+    // checkpointing and accumulation (-12.4 -> -10.9 %: a 785 MiB segment,
+    // 12 % of its peak) and puts the median at 1.9 %.
+    let rows = every_sets_library_rows();
+    assert_eq!(rows.len(), 265);
+    let replayed: Vec<BenchRow> = rows.iter().map(BenchRow::without_margin).collect();
+    let alone = error_stats(&replayed, None);
+    assert_eq!(
+        alone.under_predictions,
+        [
+            "hf-t5-s512-b8-fp32-adamw-eager",
+            "hf-phi3h9-s2048-b4-ampfp16-adamw-sdpa",
+            "hf-t5e10-s512-b8-fp32-adamw-eager",
+            "hf-phi3h10-s1024-b8-ampfp16-adamw-sdpa",
+            "hf-gpt2m10-s1024-b4-bf16-adamw-sdpa-ckpt-accum2",
+        ],
+        "{alone:?}"
+    );
+    let kept = error_stats(&rows, None);
+    assert_eq!(
+        kept.under_predictions,
+        ["hf-gpt2m10-s1024-b4-bf16-adamw-sdpa-ckpt-accum2"],
+        "{kept:?}"
+    );
+    assert!(kept.median <= 0.02 && kept.p90 <= 0.03, "{kept:?}");
+    assert!(rows.iter().all(|r| r.margin_bytes > 0));
+}
+
+#[test]
+fn only_a_library_models_prediction_keeps_the_layout_margin() {
+    let gpt2 = with(tiny("gpt2"), "vocab_size", serde_json::json!(50_000));
+    let library = hf_model(gpt2, 64, "fp32", "sdpa");
+    let p = predict_model(&library, &one_gpu(8), default_gpu()).unwrap();
+    let replayed = p.reserved_bytes - p.breakdown.margin;
+    assert_eq!(
+        p.breakdown.margin,
+        (replayed * LAYOUT_MARGIN_PERMILLE / 1000).div_ceil(ROUND_LARGE_BYTES) * ROUND_LARGE_BYTES
+    );
+    assert!(p.breakdown.margin > 0);
+    assert_eq!(p.peak_bytes, p.reserved_bytes + p.breakdown.context);
+    let table = output::prediction_table(&p);
+    assert!(table.contains("margin"), "{table}");
+    // the repository's reference transformer and a captured profile keep none
+    let generic = predict_model(&gpt2_small(), &one_gpu(8), default_gpu()).unwrap();
+    assert_eq!(generic.breakdown.margin, 0);
+    let v: serde_json::Value = serde_json::from_str(GPT2_PROFILE).unwrap();
+    let micro = v["microBatch"].as_u64().unwrap() as u32;
+    let profiled = predict_from_profile(GPT2_PROFILE, &one_gpu(micro), default_gpu()).unwrap();
+    assert_eq!(profiled.breakdown.margin, 0);
+    assert!(
+        !output::prediction_json(&profiled)["breakdown"]
+            .as_object()
+            .unwrap()
+            .contains_key("margin")
+    );
 }

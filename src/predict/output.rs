@@ -41,6 +41,7 @@ pub fn prediction_table(p: &Prediction) -> String {
             ("workspace", b.workspace),
             ("context", b.context),
             ("allocator overhead", b.allocator_overhead),
+            ("margin", b.margin),
         ]
     };
     let mut s = format!("{:<20} {:>12} {:>16}\n", "PART", "GiB", "BYTES");

@@ -1327,8 +1327,8 @@ async fn an_auto_job_is_profiled_on_a_cpu_then_placed_and_the_next_of_its_kind_s
     );
 }
 
-/// A GPT-2 job of global batch 64 at 16x4 (32.9 GiB per GPU on an
-/// H100-80GB; 8x8 needs 17.3 GiB), `spec.batch.elastic` as given.
+/// A GPT-2 job of global batch 64 at 16x4 (31.9 GiB per GPU on an
+/// H100-80GB; 8x8 needs 16.8 GiB), `spec.batch.elastic` as given.
 fn gpt2_job(name: &str, elastic: Option<bool>) -> serde_json::Value {
     let job = TrainingJob::test(name)
         .batch(64, 16)
@@ -1362,8 +1362,8 @@ fn shapes_of(jobs: &[TrainingJob]) -> Vec<(String, Option<String>, bool)> {
 #[tokio::test]
 async fn elastic_jobs_start_together_with_a_smaller_shape_where_plain_ones_run_one_after_the_other()
 {
-    // One 56 GiB GPU: one 16x4 (32.9 GiB) fits, two do not; 16x4 and 8x8
-    // (17.3 GiB) do.
+    // One 56 GiB GPU: one 16x4 (31.9 GiB) fits, two do not; 16x4 and 8x8
+    // (16.8 GiB) do.
     let gpu = [("H100-80GB", 56 * GIB)];
     let elastic = TestCluster::new("elastic-on").await;
     elastic.add_gpu_node("n1", &gpu).await;
@@ -1511,8 +1511,8 @@ fn progress_now(steps: u64, total: u64, seconds_per_step: f64) -> vramfit::api::
 #[tokio::test]
 async fn an_elastic_job_waits_for_a_running_job_that_ends_soon_and_starts_smaller_when_its_end_is_far()
  {
-    // One 56 GiB GPU: a running 16x4 (32.9 GiB) leaves room for 8x8
-    // (17.3 GiB), not for another 16x4.
+    // One 56 GiB GPU: a running 16x4 (31.9 GiB) leaves room for 8x8
+    // (16.8 GiB), not for another 16x4.
     let cluster = TestCluster::new("elastic-wait").await;
     let node = cluster.add_gpu_node("n1", &[("H100-80GB", 56 * GIB)]).await;
     let _controller = cluster.start_logged_controller(&["--no-leader-election"], "127.0.0.1:0");
