@@ -922,9 +922,82 @@ FRESH10 = [
 ]
 
 # The validation sets, each written to its own files (SET.jsonl, SET-profiles.jsonl).
+# The eleventh fresh set: the families the issue names at shapes and combinations no set has
+# run, most configs with only the keys a user sets (two with none: LLaMA's and RoBERTa's
+# defaults), GPT-2 medium, Phi-3 and T5 near the rows whose later steps took one more loss
+# segment, and torchvision at batch sizes the convolution table has and has not. Analytic and
+# CPU-capture predictions are committed before it runs, with the analytic path's layout margin.
+FRESH11 = [
+    hf("qwen3k", "qwen3", dict(num_hidden_layers=8, hidden_size=1024, num_attention_heads=16,
+                               num_key_value_heads=8, intermediate_size=3072), 2048, 4,
+       "amp-bf16", "adamw"),
+    hf("gemma2k", "gemma2", dict(num_hidden_layers=6, hidden_size=1152, num_attention_heads=4,
+                                 num_key_value_heads=1, head_dim=256, intermediate_size=6912),
+       2048, 2, "bf16", "adamw", "eager"),
+    hf("gemma3k", "gemma3_text", dict(num_hidden_layers=6, hidden_size=1152,
+                                      num_attention_heads=4, num_key_value_heads=1, head_dim=256,
+                                      intermediate_size=6912, sliding_window=512), 2048, 4,
+       "amp-bf16", "adamw"),
+    hf("phi3k", "phi3", dict(num_hidden_layers=4, hidden_size=3072, num_attention_heads=32,
+                             intermediate_size=8192), 1024, 4, "bf16", "adamw", ckpt=True),
+    hf("neoxk", "gpt_neox", dict(num_hidden_layers=24, hidden_size=1024, num_attention_heads=16,
+                                 intermediate_size=4096), 2048, 4, "amp-fp16", "adamw"),
+    hf("optk", "opt", dict(), 2048, 8, "fp32", "adamw"),
+    hf("mixtralk", "mixtral", dict(num_hidden_layers=4, hidden_size=1024, num_attention_heads=16,
+                                   num_key_value_heads=4, intermediate_size=2048), 1024, 4,
+       "bf16", "adamw"),
+    hf("qwen2moek", "qwen2_moe", dict(num_hidden_layers=4, hidden_size=1024,
+                                      num_attention_heads=16, num_key_value_heads=16,
+                                      moe_intermediate_size=512,
+                                      shared_expert_intermediate_size=2048, num_experts=16,
+                                      num_experts_per_tok=4), 1024, 4, "amp-bf16", "adamw"),
+    hf("robertak", "roberta", dict(), 256, 64, "amp-fp16", "adamw"),
+    hf("debertak", "deberta-v2", dict(num_hidden_layers=12, hidden_size=768, num_attention_heads=12,
+                                      intermediate_size=3072, vocab_size=128100,
+                                      relative_attention=True, position_buckets=256,
+                                      norm_rel_ebd="layer_norm", share_att_key=True,
+                                      pos_att_type=["p2c", "c2p"], max_relative_positions=-1,
+                                      position_biased_input=False), 512, 16, "amp-bf16", "adamw",
+       "eager"),
+    hf("t5k", "t5", dict(d_model=768, num_layers=12, num_heads=12, d_kv=64, d_ff=3072,
+                         decoder_start_token_id=0), 512, 16, "amp-bf16", "adamw"),
+    hf("vitk", "vit", dict(), 197, 96, "amp-bf16", "adamw"),
+    hf("llama1bk", "llama", dict(num_hidden_layers=16, hidden_size=2048, num_attention_heads=32,
+                                 num_key_value_heads=8, intermediate_size=8192,
+                                 vocab_size=128256, tie_word_embeddings=True, head_dim=64),
+       8192, 1, "bf16", "adamw", ckpt=True),
+    hf("qwen27bk", "qwen2", dict(num_hidden_layers=4, hidden_size=3584, num_attention_heads=28,
+                                 num_key_value_heads=4, intermediate_size=18944,
+                                 vocab_size=152064), 2048, 2, "bf16", "adamw", ckpt=True),
+    hf("gpt2k", "gpt2", dict(), 1024, 12, "amp-bf16", "adamw"),
+    hf("llama7bk", "llama", dict(), 512, 1, "bf16", "sgd", ckpt=True),
+    hf("bertk", "bert", dict(), 512, 32, "amp-fp16", "adamw", "eager"),
+    hf("mistralk", "mistral", dict(num_hidden_layers=4, hidden_size=2048, num_attention_heads=16,
+                                   num_key_value_heads=8, intermediate_size=5632), 4096, 2,
+       "amp-bf16", "adamw", ckpt=True),
+    hf("qwen205k", "qwen2", dict(num_hidden_layers=24, hidden_size=896, num_attention_heads=14,
+                                 num_key_value_heads=2, intermediate_size=4864,
+                                 tie_word_embeddings=True), 2048, 4, "amp-bf16", "adamw"),
+    hf("gpt2mk", "gpt2", dict(n_layer=24, n_embd=1024, n_head=16), 1024, 4, "amp-fp16", "adamw",
+       ckpt=True, accum=2),
+    hf("phi3hk", "phi3", dict(num_hidden_layers=6, hidden_size=2048, num_attention_heads=16,
+                              intermediate_size=5632), 1024, 4, "amp-fp16", "adamw"),
+    hf("t5ek", "t5", dict(d_model=512, num_layers=6, num_heads=8, d_kv=64, d_ff=2048,
+                          decoder_start_token_id=0), 256, 16, "fp32", "adamw", "eager"),
+    tv("resnet50", 64, "amp-bf16", "sgd-momentum"),
+    tv("efficientnet_b0", 128, "amp-fp16", "adamw"),
+    tv("convnext_tiny", 96, "amp-bf16", "adamw"),
+    tv("mobilenet_v3_large", 192, "fp32", "sgd-momentum"),
+    tv("densenet121", 72, "amp-fp16", "sgd-momentum"),
+    tv("swin_t", 48, "amp-bf16", "adamw"),
+    tv("vgg16", 40, "amp-fp16", "sgd-momentum"),
+    tv("regnet_y_1_6gf", 128, "amp-bf16", "sgd-momentum"),
+]
+
 SETS = {"families": FAMILIES, "heldout": HELDOUT, "fresh": FRESH, "fresh2": FRESH2,
         "fresh3": FRESH3, "fresh4": FRESH4, "fresh5": FRESH5, "fresh6": FRESH6, "fresh7": FRESH7,
-        "fresh8": FRESH8, "fresh9": FRESH9, "fresh10": FRESH10}
+        "fresh8": FRESH8, "fresh9": FRESH9, "fresh10": FRESH10,
+        "fresh11": FRESH11}
 
 # Run again alone at the end, to check that running side by side changes nothing.
 REPEATS = ["hf-gpt2-s1024-b8-ampbf16-adamw-sdpa", "tv-resnet50-i224-b128-ampbf16-sgdm",
