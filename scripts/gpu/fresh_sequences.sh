@@ -18,7 +18,8 @@
 # the set stops starting runs. SWEEP_BATCHES (a comma-separated list of batch
 # sizes) makes the sweep measure every model's shapes at those batches in
 # each dtype (conv-batches.jsonl.gz), for at most SWEEP_DEADLINE seconds
-# (400 by default).
+# (400 by default). ONLY (comma-separated case names) runs those cases of the
+# set alone, e.g. the ones an earlier call's deadline skipped.
 #
 # OUT gets: SET.jsonl, runs.log, libraries-under.jsonl,
 # h200-under.jsonl, sequences.tgz (every recorded sequence as a profile),
@@ -56,7 +57,7 @@ fi
 
 taskset -c "$gpu_cpus" python3 scripts/gpu/calibrate_libraries.py --set "$set_name" --snapshots \
   --out "$work/$set_name" --predictions "data/calibration/$set_name-predictions.jsonl" --budget-gib "$budget_gib" \
-  --timeout 150 --deadline "${DEADLINE:-240}" 2>&1 | tee "$out/runs.log"
+  --timeout 150 --deadline "${DEADLINE:-240}" ${ONLY:+--only "$ONLY"} 2>&1 | tee "$out/runs.log"
 
 if [[ ${UNDER:-1} != 0 ]]; then
   under_libraries=hf-llamagqa-s2048-b4-bf16-sgd-eager,hf-llama-s1024-b4-ampbf16-adamw-sdpa-accum4,\
