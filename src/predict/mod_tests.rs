@@ -3492,13 +3492,53 @@ fn the_eleventh_fresh_set_stays_within_its_recorded_figures() {
         (22, 30),
     );
     let t5 = ["hf-t5ek-s256-b16-fp32-adamw-eager"];
-    assert_within_but(&replayed, (0.004, 0.047, 0.077), &t5);
+    assert_within_but(&replayed, (0.003, 0.026, 0.077), &t5);
     assert_within(&captured, 0.001, 0.026, 0.065);
     let kept = error_stats(
         &analytic_rows(include_str!("../../data/calibration/h100-fresh11.jsonl")),
         None,
     );
-    assert_within_but(&kept, (0.02, 0.06, 0.086), &t5);
+    assert_within_but(&kept, (0.02, 0.04, 0.086), &t5);
+}
+
+#[test]
+fn opt_with_the_cache_keeps_only_its_scaled_queries_of_the_three_projections() {
+    // `q_proj(x) * scaling` is a tensor of its own; the keys' and values'
+    // projections die once the cache has copied them. Written as one fused
+    // projection kept whole, every OPT row with SDPA was over by 1.6 to 4.6 %
+    // (the eleventh set's OPT-125M defaults at 2,048 x 8 tokens in fp32:
+    // 1.1 GiB of activations too many); now each is within 0.5 %. (OPT amp
+    // bf16 eager of the fourth set stays +6.4 %, its allocated peak within
+    // 0.3 %.)
+    let mut rows = Vec::new();
+    for measured in [
+        include_str!("../../data/calibration/h200-families.jsonl"),
+        include_str!("../../data/calibration/h200-heldout.jsonl"),
+        include_str!("../../data/calibration/h200-fresh.jsonl"),
+        include_str!("../../data/calibration/h200-fresh2.jsonl"),
+        include_str!("../../data/calibration/h200-fresh3.jsonl"),
+        include_str!("../../data/calibration/h100-fresh5.jsonl"),
+        include_str!("../../data/calibration/h100-fresh6.jsonl"),
+        include_str!("../../data/calibration/h100-fresh7.jsonl"),
+        include_str!("../../data/calibration/h100-fresh8.jsonl"),
+        include_str!("../../data/calibration/h100-fresh9.jsonl"),
+        include_str!("../../data/calibration/h100-fresh11.jsonl"),
+    ] {
+        rows.extend(
+            replay_rows(measured)
+                .into_iter()
+                .filter(|r| r.name.starts_with("hf-opt")),
+        );
+    }
+    assert_eq!(rows.len(), 13);
+    for row in &rows {
+        assert!(
+            row.relative_error.abs() <= 0.005,
+            "{}: {:+.1} %",
+            row.name,
+            row.relative_error * 100.0
+        );
+    }
 }
 
 #[test]
@@ -3633,7 +3673,8 @@ fn the_layout_margin_keeps_the_later_steps_loss_segments_within_five_percent() {
     // -10.9 %: a 785 MiB segment, 12 % of its peak) and put the median at
     // 1.9 %. The eleventh set, predicted with the margin before it ran, adds
     // T5 fp32 eager at 256 tokens (-7.6 -> -5.9 %), T5 fp32 eager's third
-    // row under by 6 % or more: 287 rows, median 1.9 %, p90 3.0 %.
+    // row under by 6 % or more; with OPT's projections as the library makes
+    // them (1.6 to 4.6 % over before): 287 rows, median 1.9 %, p90 2.5 %.
     let rows = every_sets_library_rows();
     assert_eq!(rows.len(), 287);
     let replayed: Vec<BenchRow> = rows.iter().map(BenchRow::without_margin).collect();
@@ -3659,7 +3700,7 @@ fn the_layout_margin_keeps_the_later_steps_loss_segments_within_five_percent() {
         ],
         "{kept:?}"
     );
-    assert!(kept.median <= 0.02 && kept.p90 <= 0.031, "{kept:?}");
+    assert!(kept.median <= 0.02 && kept.p90 <= 0.025, "{kept:?}");
     assert!(rows.iter().all(|r| r.margin_bytes > 0));
 }
 

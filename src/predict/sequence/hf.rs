@@ -942,7 +942,21 @@ impl Gen<'_> {
                 for _ in 0..if t.layout.separate_qkv { 3 } else { 1 } {
                     self.weight_cast();
                 }
-                let qkv = self.t.act(n * (h + 2 * kvd) * wd.c);
+                // OPT with the cache: the queries are scaled into a tensor of
+                // their own (`q_proj(x) * scaling`), the keys' and values'
+                // projections die once the cache has copied them, and
+                // attention reads the copies: of the three projections only
+                // the scaled queries are kept (the H100's recorded runs).
+                let apart = cache && t.layout.separate_qkv;
+                let (qkv, projections) = if apart {
+                    let q = self.t.act(n * h * wd.c);
+                    let scaled = self.t.act(n * h * wd.c);
+                    self.t.free(q);
+                    let kv = [kvd, kvd].map(|d| self.t.act(n * d * wd.c));
+                    (scaled, kv.to_vec())
+                } else {
+                    (self.t.act(n * (h + 2 * kvd) * wd.c), Vec::new())
+                };
                 if t.layout.rotary_dims > 0 {
                     // GPT-NeoX: the rotated part of the queries and keys,
                     // concatenated with the rest
@@ -971,6 +985,9 @@ impl Gen<'_> {
                     if cache_copies && let Some(keys) = saved.pop() {
                         self.t.free(keys);
                     }
+                }
+                for id in projections {
+                    self.t.free(id);
                 }
                 let o = match attention {
                     Attention::Sdpa | Attention::Flash => {
