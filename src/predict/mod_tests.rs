@@ -3674,7 +3674,8 @@ fn the_layout_margin_keeps_the_later_steps_loss_segments_within_five_percent() {
     // 1.9 %. The eleventh set, predicted with the margin before it ran, adds
     // T5 fp32 eager at 256 tokens (-7.6 -> -5.9 %), T5 fp32 eager's third
     // row under by 6 % or more; with OPT's projections as the library makes
-    // them (1.6 to 4.6 % over before): 287 rows, median 1.9 %, p90 2.5 %.
+    // them (1.6 to 4.6 % over before) and T5's norms and feed-forward
+    // dropout: 287 rows, median 1.9 %, p90 2.6 % (nearest rank).
     let rows = every_sets_library_rows();
     assert_eq!(rows.len(), 287);
     let replayed: Vec<BenchRow> = rows.iter().map(BenchRow::without_margin).collect();
@@ -3700,7 +3701,7 @@ fn the_layout_margin_keeps_the_later_steps_loss_segments_within_five_percent() {
         ],
         "{kept:?}"
     );
-    assert!(kept.median <= 0.02 && kept.p90 <= 0.025, "{kept:?}");
+    assert!(kept.median <= 0.02 && kept.p90 <= 0.026, "{kept:?}");
     assert!(rows.iter().all(|r| r.margin_bytes > 0));
 }
 
@@ -3731,4 +3732,44 @@ fn only_a_library_models_prediction_keeps_the_layout_margin() {
             .unwrap()
             .contains_key("margin")
     );
+}
+
+#[test]
+fn t5_drops_out_each_feed_forward_branch_and_its_norms_keep_their_input() {
+    // T5LayerFF adds `dropout(DenseReluDense(norm(x)))`: a one-byte mask of
+    // the hidden size per block, beside the attentions' (one per encoder
+    // block, two per decoder block).
+    // (a width no other tensor of the step has: 100 hidden, 4 heads of 24)
+    let t5 = serde_json::json!({"model_type": "t5", "d_model": 100, "num_layers": 2,
+        "num_heads": 4, "d_kv": 24, "d_ff": 384, "vocab_size": 5000,
+        "decoder_start_token_id": 0});
+    let evs = hf_events(t5, crate::api::Precision::Fp32, Attention::Sdpa, false);
+    let masks = sequence_count(&evs, 8 * 64 * 100);
+    // (each kept tensor's gradient in the block's backward has its size)
+    assert_eq!(
+        masks,
+        sequence::STEPS_GENERATED as usize * 2 * (2 * 2 + 2 * 3),
+        "{masks}"
+    );
+    // T5LayerNorm multiplies its input itself by the inverse RMS, so in
+    // bf16 or fp16 each norm keeps its low-precision input (LLaMA's keeps
+    // an fp32 copy instead). The H100's two pure bf16 T5 runs were 3.2 and
+    // 3.5 % under without either; 0.7 and 0.6 % with both.
+    let mut rows = replay_rows(include_str!("../../data/calibration/h100-fresh8.jsonl"));
+    rows.extend(replay_rows(include_str!(
+        "../../data/calibration/h100-fresh10.jsonl"
+    )));
+    let pure: Vec<&BenchRow> = rows
+        .iter()
+        .filter(|r| r.name.starts_with("hf-t5b"))
+        .collect();
+    assert_eq!(pure.len(), 2);
+    for r in pure {
+        assert!(
+            r.relative_error.abs() <= 0.01,
+            "{}: {:+.1} %",
+            r.name,
+            100.0 * r.relative_error
+        );
+    }
 }

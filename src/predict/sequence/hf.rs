@@ -1275,7 +1275,7 @@ impl Gen<'_> {
                 let x1_kept = if post_only {
                     !wd.amp
                 } else {
-                    wd.r == 4 || t.norm == NormKind::Layernorm
+                    wd.r == 4 || t.norm == NormKind::Layernorm || t.layout.rel_buckets > 0
                 };
                 if !x1_kept && !ckpt {
                     self.release(x);
@@ -1352,6 +1352,10 @@ impl Gen<'_> {
                 }
                 if t.layout.residual_scale {
                     down = self.hf_scaled(down);
+                }
+                if t.layout.rel_buckets > 0 {
+                    // T5LayerFF's dropout of the residual branch
+                    down = self.hf_dropout(lib, down, n * h, wd.c, &mut saved);
                 }
                 let out = self.t.act(n * h * wd.r);
                 self.t.free(down);
@@ -1958,11 +1962,7 @@ impl Gen<'_> {
         let proj = self.hf_dropout(lib, proj, n * h, wd.c, saved);
         let sum = self.t.act(n * h * wd.r);
         self.t.free(proj);
-        if wd.r == 4 {
-            saved.push(sum);
-        } else {
-            self.t.free(x1);
-        }
+        saved.push(sum);
         sum
     }
 
