@@ -1293,7 +1293,7 @@ impl Gen<'_> {
                     } else {
                         attention
                     };
-                    self.hf_cross_attention(t, lib, cross, n, x1, &mut saved)
+                    self.hf_cross_attention(t, lib, cross, n, &mut saved)
                 } else {
                     x1
                 };
@@ -1916,14 +1916,14 @@ impl Gen<'_> {
     /// from the decoder and the keys and values projected from the encoder
     /// output (each projection keeping its own low-precision copy under
     /// autocast), the attention, the output projection and the residual
-    /// sum, returned.
+    /// sum, returned and kept (the next norm multiplies it itself; the
+    /// sum's input is the caller's).
     fn hf_cross_attention(
         &mut self,
         t: &TransformerArch,
         lib: HfImpl,
         attention: Attention,
         n: u64,
-        x1: u32,
         saved: &mut Vec<u32>,
     ) -> u32 {
         let wd = self.widths();
