@@ -1268,10 +1268,12 @@ impl Gen<'_> {
                     self.t.free(l);
                 }
                 // Whether what reads the residual stream keeps it: an fp32
-                // RMSNorm or a LayerNorm does, a low-precision RMSNorm keeps
-                // an fp32 copy instead; OLMo 2's matmuls keep it without
-                // autocast and their casts under it. Otherwise the block
-                // input dies at the residual add and the sum is not kept.
+                // RMSNorm or a LayerNorm does, and so does T5's norm in any
+                // width (it multiplies its input itself by the inverse RMS);
+                // LLaMA's low-precision RMSNorm keeps an fp32 copy instead;
+                // OLMo 2's matmuls keep it without autocast and their casts
+                // under it. Otherwise the block input dies at the residual
+                // add and the sum is not kept.
                 let x1_kept = if post_only {
                     !wd.amp
                 } else {
