@@ -1179,7 +1179,9 @@ impl Gen<'_> {
                 };
                 let (keys, values, owned) = if cache {
                     // the cache's copies, as wide as the rotated keys
-                    let width = if t.layout.rope_cast_back { wd.c } else { wd.e };
+                    let rotated =
+                        t.positional == PositionalKind::Rotary && !t.layout.rope_cast_back;
+                    let width = if rotated { wd.e } else { wd.c };
                     let kc = self.t.act(n * kvd * width);
                     self.t.free(ke);
                     let vc = self.t.act(n * kvd * width);
@@ -1295,7 +1297,7 @@ impl Gen<'_> {
                     } else {
                         attention
                     };
-                    self.hf_cross_attention(t, lib, cross, n, &mut saved)
+                    self.hf_cross_attention(t, lib, cross, cache, n, &mut saved)
                 } else {
                     x1
                 };
@@ -1919,12 +1921,16 @@ impl Gen<'_> {
     /// output (each projection keeping its own low-precision copy under
     /// autocast), the attention, the output projection and the residual
     /// sum, returned and kept (the next norm multiplies it itself; the
-    /// sum's input is the caller's).
+    /// sum's input is the caller's). With the `cache`, the keys and values
+    /// are copied into the cross-attention cache (`EncoderDecoderCache`,
+    /// `torch.cat` onto an empty tensor) that `outputs` keeps, their
+    /// projections die and attention reads the copies.
     fn hf_cross_attention(
         &mut self,
         t: &TransformerArch,
         lib: HfImpl,
         attention: Attention,
+        cache: bool,
         n: u64,
         saved: &mut Vec<u32>,
     ) -> u32 {
@@ -1938,23 +1944,36 @@ impl Gen<'_> {
                 saved.push(self.t.act(n * h * wd.c));
             }
         }
-        let [q, k, v] = [qd, kvd, kvd].map(|d| {
+        let [q, mut k, mut v] = [qd, kvd, kvd].map(|d| {
             self.weight_cast();
             self.t.act(n * d * wd.c)
         });
+        if cache {
+            for kv in [&mut k, &mut v] {
+                let copy = self.t.act(n * kvd * wd.c);
+                self.t.free(*kv);
+                self.cache.push(copy);
+                *kv = copy;
+            }
+        }
+        // what attention keeps of the keys and values: the cache's
+        // entries live on anyway
+        let kept = |ids: &[u32]| if cache { Vec::new() } else { ids.to_vec() };
         let o = match attention {
             Attention::Sdpa | Attention::Flash => {
-                saved.extend([q, k, v]);
+                saved.push(q);
+                saved.extend(kept(&[k, v]));
                 saved.push(self.t.act(n * qd * wd.c));
                 saved.push(self.t.act(self.run.micro_batch * t.heads * t.seq_len * 4));
                 false
             }
             Attention::Eager => {
-                saved.extend([q, k]);
+                saved.push(q);
+                saved.extend(kept(&[k]));
                 let mut weights =
                     self.hf_eager_scores(lib, s2, false, true, ScoreMask::Same, saved);
                 self.t.free_all(&mut weights);
-                saved.push(v);
+                saved.extend(kept(&[v]));
                 true
             }
         };

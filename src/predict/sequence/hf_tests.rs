@@ -1913,6 +1913,33 @@ fn gpt_neox_with_its_cache_keeps_the_caches_copies_not_its_fused_output() {
 }
 
 #[test]
+fn t5s_outputs_keep_both_caches_of_each_decoder_block_in_the_projections_width() {
+    // T5's decoder fills an `EncoderDecoderCache`: each decoder block copies
+    // its self-attention's keys and values and its cross-attention's (over
+    // the encoder's output) into it, and `outputs` keeps the copies until
+    // the next forward returns. Keys without rotary embedding are the
+    // projections' output, in the compute width (bf16 under autocast); the
+    // encoder keeps no cache.
+    let t = family("t5", serde_json::json!({}));
+    let decoder = t.layout.decoder_layers;
+    assert!(decoder > 0 && decoder < t.layers);
+    let uncached = family("t5", serde_json::json!({"use_cache": false}));
+    for p in [Precision::Fp32, Precision::AmpBf16, Precision::Bf16] {
+        let w = widths(p);
+        let kv = N * HEADS * HD * w.c;
+        for a in [Attention::Sdpa, Attention::Eager] {
+            let end = alive_at_end(&family_events(&t, p, a));
+            let mut outputs = vec![N * V * w.c];
+            outputs.extend(std::iter::repeat_n(kv, 4 * decoder as usize));
+            outputs.sort_unstable();
+            assert_eq!(end["activations"], outputs, "{p:?} {a:?}");
+            let end = alive_at_end(&family_events(&uncached, p, a));
+            assert_eq!(end["activations"], vec![N * V * w.c], "{p:?} {a:?}");
+        }
+    }
+}
+
+#[test]
 fn debertas_gathers_keep_their_inputs_and_its_score_is_summed_in_place() {
     // disentangled_attention_bias: per term (c2p, p2c) the batch x heads x
     // seq x rows product, kept by `torch.gather`; the gather, divided by
