@@ -498,7 +498,10 @@ impl Gen<'_> {
     /// residual's gradient (`residual_bytes`, returned second; under autocast
     /// before the untied weight's cast back). With a tied head the word
     /// embedding's gradient from the head waits in autograd's input buffer
-    /// (returned first) until the embedding's own contribution arrives.
+    /// (returned first) until the embedding's own contribution arrives;
+    /// under autocast the weight's cast back makes it fp32 after the
+    /// residual's gradient, and the low-precision one goes (the recorded
+    /// GPT-2 and Gemma 2 autocast runs).
     fn hf_head_grads(
         &mut self,
         t: &TransformerArch,
@@ -565,12 +568,33 @@ impl Gen<'_> {
                 .free(g_head.take().expect("the head's node returned"));
             g
         });
+        let tied = tied.map(|low| {
+            if !self.widths().amp {
+                return low;
+            }
+            // the first micro-step's becomes `.grad` (see
+            // `hf_embedding_grads`)
+            let category = if self.grad_ids[0].is_none() {
+                super::Category::Gradients
+            } else {
+                super::Category::Activations
+            };
+            let up = self
+                .t
+                .alloc(self.params[0].numel() * self.widths().w, category);
+            self.t.free(low);
+            up
+        });
         (tied, g)
     }
 
     /// The embedding backward: a dense gradient of each table; with a tied
     /// head the word table's two contributions are summed into a new tensor,
     /// which becomes `.grad` (added into it on later accumulation steps).
+    /// Under autocast the head's (fp32, the weight cast's backward) is not a
+    /// view: autograd adds the embedding's into it in place, and it is the
+    /// `.grad` (the recorded runs free the dense gradient there and keep the
+    /// head's to the next step's `zero_grad`).
     /// The word table's backward runs last and frees `g`, the embeddings'
     /// gradient, as it returns, before autograd sums the tied contributions.
     /// Over 3,072 token ids CUDA's kernel sorts them and sums per-segment
@@ -605,6 +629,14 @@ impl Gen<'_> {
             let dense = self.t.act(numel * w);
             partials(self);
             self.release(g);
+            if let Some(c) = tied.filter(|_| self.widths().amp) {
+                match self.grad_ids[0] {
+                    None => self.grad_ids[0] = Some(c),
+                    Some(_) => self.t.free(c),
+                }
+                self.t.free(dense);
+                continue;
+            }
             match self.grad_ids[0] {
                 None => {
                     let sum = self.t.alloc(numel * w, super::Category::Gradients);

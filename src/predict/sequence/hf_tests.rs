@@ -1129,6 +1129,9 @@ fn backward_of_micro_step(evs: &[TensorEvent], k: usize) -> Vec<u64> {
 
 #[test]
 fn a_tied_word_tables_gradient_is_summed_into_a_new_tensor_then_added_into_grad() {
+    // Under autocast the head's contribution is the weight cast's backward,
+    // fp32 and not a view: the dense table is added into it in place and the
+    // first micro-step's is `.grad` (the recorded GPT-2 and Gemma 2 runs).
     for family in ["gpt2", "bert", "llama"] {
         for p in PRECISIONS {
             let w = widths(p);
@@ -1170,6 +1173,18 @@ fn a_tied_word_tables_gradient_is_summed_into_a_new_tensor_then_added_into_grad(
                 );
                 // and the embedding's dense gradient is added at the end
                 assert!(second.ends_with(&[table]), "{family} {p:?}");
+            } else if w.amp {
+                // the head's, cast back after the residual's gradient, then
+                // the dense table, added into it: no sum
+                for step in [&first, &second] {
+                    let cast_back = [N * H * w.r, table];
+                    assert!(
+                        step.windows(2).any(|x| x == cast_back),
+                        "{family} {p:?}: {step:?}"
+                    );
+                    assert!(step.ends_with(&[table]), "{family} {p:?}");
+                    assert!(!step.ends_with(&[table, table]), "{family} {p:?}");
+                }
             } else {
                 // the dense table, then (first micro-step) the sum becomes
                 // .grad, a gradient; later the sum is a temporary added in
@@ -2769,7 +2784,9 @@ fn over_3072_token_ids_the_embedding_backward_sums_partials_in_a_buffer_of_its_o
                     _ => None,
                 })
             };
-            // the first step's tied sum: the word table's gradient
+            // the first step's tied sum: the word table's gradient (under
+            // autocast the head's cast back, into which the dense table is
+            // added before it is freed)
             let sum = evs
                 .iter()
                 .position(|e| {
@@ -2777,13 +2794,18 @@ fn over_3072_token_ids_the_embedding_backward_sums_partials_in_a_buffer_of_its_o
                         if *bytes == V * H * w.w)
                 })
                 .unwrap();
-            let dense = evs[..sum]
-                .iter()
-                .rposition(
-                    |e| matches!(e, TensorEvent::Alloc { bytes, .. } if *bytes == V * H * w.w),
-                )
-                .unwrap();
-            let between: Vec<&TensorEvent> = evs[dense + 1..sum].iter().collect();
+            let table = |e: &TensorEvent| matches!(e, TensorEvent::Alloc { bytes, .. } if *bytes == V * H * w.w);
+            let (dense, end) = if w.amp {
+                let dense = sum + 1 + evs[sum + 1..].iter().position(table).unwrap();
+                let TensorEvent::Alloc { id, .. } = evs[dense] else {
+                    unreachable!()
+                };
+                let freed = evs.iter().position(|e| *e == TensorEvent::Free { id });
+                (dense, freed.unwrap())
+            } else {
+                (evs[..sum].iter().rposition(table).unwrap(), sum)
+            };
+            let between: Vec<&TensorEvent> = evs[dense + 1..end].iter().collect();
             let partials = between.iter().find_map(|e| match **e {
                 TensorEvent::Alloc { bytes, .. } => Some(bytes),
                 _ => None,
