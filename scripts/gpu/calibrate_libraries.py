@@ -1060,10 +1060,66 @@ FRESH12 = [
     tv("vit_b_16", 72, "amp-fp16", "adamw"),
 ]
 
+# The thirteenth fresh set, written after the twelfth was read (tied heads under
+# autocast, T5's cross-attention cache): tied heads in fp16 and bf16 autocast at
+# the vocabularies people train with (Gemma 3's 262k, Qwen's 152k, Llama 3's
+# 128k), GPT-2 with the optimizers that moved, T5 with and without its cache,
+# and the other families at shapes and precisions no set ran.
+FRESH13 = [
+    hf("gemma3m", "gemma3_text", dict(num_hidden_layers=4, hidden_size=1152, num_attention_heads=4,
+                                      num_key_value_heads=1, head_dim=256,
+                                      intermediate_size=6912), 1024, 4, "amp-bf16", "adamw"),
+    hf("gemma2m", "gemma2", dict(num_hidden_layers=2, hidden_size=2304, num_attention_heads=8,
+                                 num_key_value_heads=4, head_dim=256, intermediate_size=9216),
+       2048, 2, "amp-fp16", "adamw", "eager"),
+    hf("qwen205m", "qwen2", dict(num_hidden_layers=24, hidden_size=896, num_attention_heads=14,
+                                 num_key_value_heads=2, intermediate_size=4864,
+                                 tie_word_embeddings=True), 2048, 4, "amp-bf16", "adamw"),
+    hf("llama32m", "llama", dict(num_hidden_layers=16, hidden_size=2048, num_attention_heads=32,
+                                 num_key_value_heads=8, intermediate_size=8192, vocab_size=128256,
+                                 tie_word_embeddings=True, head_dim=64), 2048, 2, "amp-bf16",
+       "adamw"),
+    hf("gpt2m", "gpt2", GPT2_124M, 1024, 12, "amp-bf16", "sgd-momentum"),
+    hf("gpt2hm", "gpt2", GPT2_124M, 512, 32, "amp-fp16", "adamw"),
+    hf("t5em", "t5", dict(decoder_start_token_id=0), 384, 16, "fp32", "adamw", "eager"),
+    hf("t5bm", "t5", dict(d_model=768, num_layers=12, num_heads=12, d_kv=64, d_ff=3072,
+                          decoder_start_token_id=0), 512, 8, "amp-bf16", "adamw", "eager"),
+    hf("t5nm", "t5", dict(decoder_start_token_id=0, use_cache=False), 512, 16, "fp32", "adamw"),
+    hf("optm", "opt", dict(), 2048, 4, "amp-fp16", "adamw"),
+    hf("phi3m", "phi3", dict(num_hidden_layers=4, hidden_size=3072, num_attention_heads=32,
+                             intermediate_size=8192), 4096, 1, "amp-bf16", "adamw"),
+    hf("qwen3m", "qwen3", dict(num_hidden_layers=28, hidden_size=1024, num_attention_heads=16,
+                               num_key_value_heads=8, head_dim=128, intermediate_size=3072,
+                               tie_word_embeddings=True), 2048, 4, "amp-bf16", "adamw"),
+    hf("mistralm", "mistral", dict(num_hidden_layers=2, hidden_size=4096, num_attention_heads=32,
+                                   num_key_value_heads=8, intermediate_size=14336), 1024, 4,
+       "fp32", "sgd-momentum"),
+    hf("mixtralm", "mixtral", dict(num_hidden_layers=4, hidden_size=2048, num_attention_heads=16,
+                                   num_key_value_heads=8, intermediate_size=5632,
+                                   num_local_experts=4), 2048, 4, "bf16", "adamw", ckpt=True),
+    hf("neoxm", "gpt_neox", dict(num_hidden_layers=12, hidden_size=768, num_attention_heads=12,
+                                 intermediate_size=3072), 1024, 8, "amp-fp16", "adamw", "eager"),
+    hf("bertm", "bert", dict(), 512, 16, "amp-fp16", "adamw", "eager"),
+    hf("robertam", "roberta", dict(max_position_embeddings=514), 512, 16, "bf16", "adamw"),
+    hf("debertam", "deberta-v2", dict(num_hidden_layers=6, hidden_size=768, num_attention_heads=12,
+                                      intermediate_size=3072, vocab_size=128100,
+                                      relative_attention=True, position_buckets=256,
+                                      norm_rel_ebd="layer_norm", share_att_key=True,
+                                      pos_att_type=["p2c", "c2p"], max_relative_positions=-1,
+                                      position_biased_input=False), 512, 16, "amp-bf16", "adamw",
+       "eager"),
+    hf("vitm", "vit", dict(), 197, 64, "amp-fp16", "adagrad"),
+    hf("gpt2dm", "gpt2", dict(), 1024, 8, "bf16", "adagrad"),
+    tv("resnet152", 48, "amp-bf16", "sgd-momentum"),
+    tv("mobilenet_v2", 128, "fp32", "adamw"),
+    tv("efficientnet_v2_s", 32, "amp-bf16", "adamw"),
+    tv("swin_s", 32, "amp-fp16", "adamw"),
+]
+
 SETS = {"families": FAMILIES, "heldout": HELDOUT, "fresh": FRESH, "fresh2": FRESH2,
         "fresh3": FRESH3, "fresh4": FRESH4, "fresh5": FRESH5, "fresh6": FRESH6, "fresh7": FRESH7,
         "fresh8": FRESH8, "fresh9": FRESH9, "fresh10": FRESH10,
-        "fresh11": FRESH11, "fresh12": FRESH12}
+        "fresh11": FRESH11, "fresh12": FRESH12, "fresh13": FRESH13}
 
 # Run again alone at the end, to check that running side by side changes nothing.
 REPEATS = ["hf-gpt2-s1024-b8-ampbf16-adamw-sdpa", "tv-resnet50-i224-b128-ampbf16-sgdm",
