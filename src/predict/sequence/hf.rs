@@ -366,13 +366,14 @@ impl Gen<'_> {
             // Granite: `logits / logits_scaling`
             logits = self.hf_scaled(logits);
         }
+        let mut softcap_tanh = None;
         if t.layout.final_softcap {
             // Gemma 2: logits / cap, tanh (kept), * cap
             let div = self.t.act(rows * v * wd.c);
             self.t.free(logits);
             let tanh = self.t.act(rows * v * wd.c);
             self.t.free(div);
-            head_saved.push(tanh);
+            softcap_tanh = Some(tanh);
             logits = self.t.act(rows * v * wd.c);
         }
         let upcast = t.loss_upcasts_logits();
@@ -416,13 +417,26 @@ impl Gen<'_> {
         let g_lsm = self.t.act(rows * v * if upcast { 4 } else { wd.c });
         self.t.free(g_nll);
         self.t.free(lsm);
-        let g_logits = if upcast && wd.c != 4 {
+        let mut g_logits = if upcast && wd.c != 4 {
             let g = self.t.act(rows * v * wd.c);
             self.t.free(g_lsm);
             g
         } else {
             g_lsm
         };
+        if let Some(tanh) = softcap_tanh {
+            // the softcap's backward, each gradient in the logits' width:
+            // `* cap`'s, tanh's (its kept output goes after it), `/ cap`'s
+            // (the recorded Gemma 2 autocast runs)
+            for step in 0..3 {
+                let g = self.t.act(rows * v * wd.c);
+                self.t.free(g_logits);
+                if step == 1 {
+                    self.t.free(tanh);
+                }
+                g_logits = g;
+            }
+        }
         // The head's matmul node is the first of backward's to run, after the
         // loss's large blocks were freed: the weight's gradient, then cuBLAS's
         // workspace of the backward thread (on its first use), then the

@@ -1955,6 +1955,55 @@ fn t5s_outputs_keep_both_caches_of_each_decoder_block_in_the_projections_width()
 }
 
 #[test]
+fn gemma2s_final_softcap_makes_three_logit_gradients_and_frees_its_tanh_after_the_second() {
+    // `logits / cap`, tanh (kept), `* cap`; backward: the gradient of each
+    // in the logits' width, the kept tanh going after tanh's own (the
+    // recorded Gemma 2 autocast runs), all before the head's matmul node.
+    for p in [Precision::AmpBf16, Precision::Bf16, Precision::Fp32] {
+        let w = widths(p);
+        let capped = family("gemma2", serde_json::json!({}));
+        let plain = family(
+            "gemma2",
+            serde_json::json!({"final_logit_softcapping": null}),
+        );
+        assert!(capped.layout.final_softcap && !plain.layout.final_softcap);
+        let logits = N * V * w.c;
+        let after_loss = |t: &crate::predict::arch::TransformerArch| {
+            let evs = family_events(t, p, Attention::Eager);
+            let loss = evs
+                .iter()
+                .position(|e| matches!(e, TensorEvent::Alloc { bytes: 512, .. }))
+                .unwrap();
+            let size = |id: u32| {
+                evs.iter().find_map(|e| match *e {
+                    TensorEvent::Alloc { id: i, bytes, .. } if i == id => Some(bytes),
+                    _ => None,
+                })
+            };
+            // until the head's weight gradient (the table's size)
+            evs[loss + 1..]
+                .iter()
+                .map(|e| match *e {
+                    TensorEvent::Alloc { bytes, .. } => (true, bytes),
+                    TensorEvent::Free { id } => (false, size(id).unwrap()),
+                })
+                .take_while(|&(alloc, bytes)| !(alloc && bytes == V * H * w.c))
+                .collect::<Vec<_>>()
+        };
+        let (a, b) = (after_loss(&capped), after_loss(&plain));
+        let made = |x: &[(bool, u64)]| x.iter().filter(|&&(al, by)| al && by == logits).count();
+        assert_eq!(made(&a), made(&b) + 3, "{p:?}: {a:?}");
+        // each gradient frees the one before it; the tanh goes after its own
+        let (alloc, free) = ((true, logits), (false, logits));
+        assert_eq!(
+            a[a.len() - 7..],
+            [alloc, free, alloc, free, free, alloc, free],
+            "{p:?}"
+        );
+    }
+}
+
+#[test]
 fn debertas_gathers_keep_their_inputs_and_its_score_is_summed_in_place() {
     // disentangled_attention_bias: per term (c2p, p2c) the batch x heads x
     // seq x rows product, kept by `torch.gather`; the gather, divided by
