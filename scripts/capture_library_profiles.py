@@ -44,7 +44,7 @@ def main():
         if row["split"] == "repeat" or (args.only and row["library"] != args.only):
             continue
         out = os.path.join(args.outdir, row["name"] + ".profile.json")
-        if os.path.exists(out) and not args.force:
+        if (os.path.exists(out) or os.path.exists(out + ".gz")) and not args.force:
             continue
         c, m = row["case"], row["spec"]["model"]
         t0 = time.time()

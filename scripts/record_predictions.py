@@ -12,10 +12,13 @@ One JSON line per case, with the commit of the code that predicted:
 """
 
 import argparse
+import gzip
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 
 
 def manifest(spec, profile=False):
@@ -58,6 +61,13 @@ def main():
         prof = os.path.join(args.profiles, row["name"] + ".profile.json")
         if os.path.exists(prof):
             out["profile"] = predict(args.vramfit, row["spec"], prof)
+        elif os.path.exists(prof + ".gz"):
+            # the repository keeps its captures gzipped
+            with tempfile.NamedTemporaryFile("wb", suffix=".profile.json") as plain:
+                with gzip.open(prof + ".gz", "rb") as packed:
+                    shutil.copyfileobj(packed, plain)
+                plain.flush()
+                out["profile"] = predict(args.vramfit, row["spec"], plain.name)
         print(json.dumps(out), flush=True)
 
 

@@ -129,8 +129,9 @@ pub struct PredictBenchArgs {
     /// GPU profile to predict for (default: each line's own GPU, else H200).
     #[arg(long)]
     pub gpu: Option<String>,
-    /// Folder of captured profiles, `NAME.profile.json` per measured line
-    /// (`python -m vramfit.profile`), for the lines without an analytic model.
+    /// Folder of captured profiles, `NAME.profile.json` (or gzipped,
+    /// `NAME.profile.json.gz`) per measured line (`python -m vramfit.profile`),
+    /// for the lines without an analytic model.
     #[arg(long)]
     pub profiles: Option<PathBuf>,
     /// Predict every line that has a profile in `--profiles` from it, not
@@ -220,10 +221,7 @@ pub fn run(command: &BenchCommand) -> anyhow::Result<String> {
                 }
             };
             let dir = args.profiles.clone();
-            let profile_for = move |name: &str| -> Option<String> {
-                let path = dir.as_ref()?.join(format!("{name}.profile.json"));
-                std::fs::read_to_string(path).ok()
-            };
+            let profile_for = move |name: &str| captured_profile(dir.as_ref()?, name);
             let mut report = predict_bench::bench_predict_with_profiles(
                 &read_text(&args.measured)?,
                 gpu,
@@ -381,3 +379,16 @@ fn allocation_rows(points: &std::collections::BTreeMap<String, f64>) -> String {
 #[cfg(test)]
 #[path = "bench_tests.rs"]
 mod tests;
+
+/// The capture named `name` in `dir`: `NAME.profile.json`, else its gzipped
+/// `NAME.profile.json.gz`; `None` when neither is there or readable.
+pub(crate) fn captured_profile(dir: &std::path::Path, name: &str) -> Option<String> {
+    let plain = dir.join(format!("{name}.profile.json"));
+    if let Ok(text) = std::fs::read_to_string(&plain) {
+        return Some(text);
+    }
+    let file = std::fs::File::open(dir.join(format!("{name}.profile.json.gz"))).ok()?;
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(file), &mut text).ok()?;
+    Some(text)
+}

@@ -55,3 +55,23 @@ fn a_seed_sweep_table_has_one_row_per_seed() {
         );
     }
 }
+
+#[test]
+fn a_capture_is_read_plain_or_gzipped_and_the_plain_one_first() {
+    use std::io::Write;
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let gz = |text: &str| {
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        e.write_all(text.as_bytes()).unwrap();
+        e.finish().unwrap()
+    };
+    std::fs::write(dir.join("a.profile.json.gz"), gz("{\"gz\":1}")).unwrap();
+    std::fs::write(dir.join("b.profile.json"), "{\"plain\":1}").unwrap();
+    std::fs::write(dir.join("b.profile.json.gz"), gz("{\"gz\":2}")).unwrap();
+    std::fs::write(dir.join("c.profile.json.gz"), b"not gzip").unwrap();
+    assert_eq!(captured_profile(dir, "a").as_deref(), Some("{\"gz\":1}"));
+    assert_eq!(captured_profile(dir, "b").as_deref(), Some("{\"plain\":1}"));
+    assert_eq!(captured_profile(dir, "c"), None);
+    assert_eq!(captured_profile(dir, "missing"), None);
+}

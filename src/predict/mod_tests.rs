@@ -817,12 +817,24 @@ fn cpu_captured_profiles_predict_the_held_out_torchvision_runs_within_the_goal()
     assert!(held_out.under_predictions.is_empty(), "{held_out:?}");
 }
 
-/// The `NAME.profile.json` files of `data/profiles/DIR`, by name.
+/// The `NAME.profile.json` files of `data/profiles/DIR` (gzipped,
+/// `NAME.profile.json.gz`, where not plain), by name.
 fn profiles_in(dir: &str) -> impl Fn(&str) -> Option<String> {
+    use std::io::Read;
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("data/profiles")
         .join(dir);
-    move |name: &str| std::fs::read_to_string(dir.join(format!("{name}.profile.json"))).ok()
+    move |name: &str| {
+        if let Ok(text) = std::fs::read_to_string(dir.join(format!("{name}.profile.json"))) {
+            return Some(text);
+        }
+        let file = std::fs::File::open(dir.join(format!("{name}.profile.json.gz"))).ok()?;
+        let mut text = String::new();
+        flate2::read::GzDecoder::new(file)
+            .read_to_string(&mut text)
+            .ok()?;
+        Some(text)
+    }
 }
 
 /// The rows of a measured set predicted from the captures in
