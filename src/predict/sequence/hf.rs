@@ -1367,7 +1367,12 @@ impl Gen<'_> {
                 let mut nrm2_local = if wd.amp {
                     if !chain {
                         saved.push(self.t.act(n * h * wd.c));
-                        if !routed_only {
+                        // a gated feed-forward's gate and up projections
+                        // each cast it; T5's ReLU one has a single input
+                        // projection (its recorded autocast runs keep one
+                        // cast per block). Phi-3's fused gate_up keeps two.
+                        let one_input = !t.is_moe_block(l) && t.mlp != MlpKind::Swiglu;
+                        if !routed_only && !one_input {
                             saved.push(self.t.act(n * h * wd.c));
                         }
                     }
