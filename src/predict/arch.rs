@@ -125,6 +125,11 @@ pub struct Layout {
     pub gate_gelu_new: bool,
     /// ReLU feed-forward (OPT, T5 v1.0): autograd keeps only its output.
     pub relu: bool,
+    /// Eager attention asks for its softmax in fp32 (`softmax(...,
+    /// dtype=torch.float32).to(query.dtype)`: OPT, GPT-NeoX, ViT), which
+    /// autograd keeps beside its low-precision copy; GPT-2's and BERT's run in
+    /// the scores' dtype.
+    pub softmax_fp32: bool,
     /// Mixture-of-experts feed-forward (Mixtral, Qwen2-MoE).
     pub moe: Option<Moe>,
     /// The loss is `CrossEntropyLoss` on the logits as the model returns them

@@ -981,6 +981,7 @@ fn apply(feature: Feature, cfg: &Config<'_>, a: &mut TransformerArch) -> Result<
             lay.position_offset = count_or(cfg, "pad_token_id", 1)? + 1;
         }
         Feature::Opt => {
+            lay.softmax_fp32 = true;
             lay.embed_dim = int_or(cfg, "word_embed_proj_dim", a.hidden)?;
             lay.position_offset = 2;
             a.positions += 2;
@@ -1016,6 +1017,7 @@ fn apply(feature: Feature, cfg: &Config<'_>, a: &mut TransformerArch) -> Result<
             lay.logits_scaled = true;
         }
         Feature::NeoX => {
+            lay.softmax_fp32 = true;
             lay.parallel_residual = flag(cfg, "use_parallel_residual", true)?;
             let nested = match cfg.get("rope_parameters") {
                 Some(Value::Object(r)) => {
@@ -1203,6 +1205,7 @@ fn apply(feature: Feature, cfg: &Config<'_>, a: &mut TransformerArch) -> Result<
             }
         }
         Feature::Vit => {
+            lay.softmax_fp32 = true;
             let image = int_or(cfg, "image_size", 224)?;
             let patch = int_or(cfg, "patch_size", 16)?;
             let channels = int_or(cfg, "num_channels", 3)?;

@@ -1086,8 +1086,14 @@ impl Gen<'_> {
                             saved.push(qkv);
                         }
                         let score = self.hf_score_extras(t, s2, &mut saved);
-                        let weights =
-                            self.hf_eager_scores(lib, s2, true, false, score_mask(t), &mut saved);
+                        let weights = self.hf_eager_scores(
+                            lib,
+                            s2,
+                            true,
+                            t.layout.softmax_fp32,
+                            score_mask(t),
+                            &mut saved,
+                        );
                         locals_of_block.extend(weights);
                         locals_of_block.extend(score);
                         true
@@ -1283,8 +1289,11 @@ impl Gen<'_> {
                         self.autocast_input(qe, n * qd, true, &mut saved);
                         self.hf_repeat_kv(gqa, keys, n * kvd, n * qd, owned, &mut saved);
                         let score = self.hf_score_extras(t, s2, &mut saved);
+                        // the LLaMA family asks for its softmax in fp32;
+                        // T5's runs in the scores' dtype
+                        let fp32 = t.layout.rel_buckets == 0;
                         let weights =
-                            self.hf_eager_scores(lib, s2, false, true, score_mask(t), &mut saved);
+                            self.hf_eager_scores(lib, s2, false, fp32, score_mask(t), &mut saved);
                         locals_of_block.extend(weights);
                         locals_of_block.extend(score);
                         self.hf_repeat_kv(gqa, values, n * kvd, n * qd, owned, &mut saved);
@@ -1462,8 +1471,14 @@ impl Gen<'_> {
                     Attention::Eager => {
                         saved.extend([q, k]);
                         rel_score = self.hf_score_extras(t, s2, &mut saved);
-                        let weights =
-                            self.hf_eager_scores(lib, s2, false, false, score_mask(t), &mut saved);
+                        let weights = self.hf_eager_scores(
+                            lib,
+                            s2,
+                            false,
+                            t.layout.softmax_fp32,
+                            score_mask(t),
+                            &mut saved,
+                        );
                         if own {
                             attention_locals.extend(weights);
                         } else {
@@ -2022,7 +2037,7 @@ impl Gen<'_> {
                 saved.push(q);
                 saved.extend(kept(&[k]));
                 let mut weights =
-                    self.hf_eager_scores(lib, s2, false, true, ScoreMask::Same, saved);
+                    self.hf_eager_scores(lib, s2, false, false, ScoreMask::Same, saved);
                 self.t.free_all(&mut weights);
                 saved.extend(kept(&[v]));
                 true

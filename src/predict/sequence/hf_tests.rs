@@ -2004,6 +2004,35 @@ fn gemma2s_final_softcap_makes_three_logit_gradients_and_frees_its_tanh_after_th
 }
 
 #[test]
+fn eager_attention_keeps_an_fp32_softmax_only_where_the_family_asks_for_one() {
+    // OPT, GPT-NeoX and the LLaMA family call `softmax(..., dtype=float32)`
+    // and cast the result back: in pure bf16 autograd keeps the fp32
+    // probabilities (OPT-350m in bf16 was 33 % under without them). GPT-2,
+    // BERT and T5 take the softmax in the scores' dtype (T5 in bf16 was
+    // 14 % over with an fp32 one).
+    for (model_type, fp32) in [
+        ("opt", true),
+        ("gpt_neox", true),
+        ("llama", true),
+        ("gpt2", false),
+        ("bert", false),
+        ("t5", false),
+    ] {
+        let t = family(model_type, serde_json::json!({"use_cache": false}));
+        let probs32 = MICRO * t.heads * SEQ * SEQ * 4;
+        let kept =
+            alive_when_backward_starts(&family_events(&t, Precision::Bf16, Attention::Eager));
+        let blocks = t.layers as usize;
+        let cross = t.layout.decoder_layers as usize;
+        assert_eq!(
+            count(&kept, probs32),
+            if fp32 { blocks + cross } else { 0 },
+            "{model_type}: {kept:?}"
+        );
+    }
+}
+
+#[test]
 fn debertas_gathers_keep_their_inputs_and_its_score_is_summed_in_place() {
     // disentangled_attention_bias: per term (c2p, p2c) the batch x heads x
     // seq x rows product, kept by `torch.gather`; the gather, divided by
