@@ -28,8 +28,9 @@
 //!   normalised fp32 tensor (its low-precision copy in pure bf16/fp16);
 //!   rotary embedding's products run in the cos/sin dtype, fp32 under
 //!   autocast, so queries and keys come out in fp32 there;
-//! - eager attention's softmax is in fp32 (LLaMA asks for it, GPT-2 and BERT
-//!   get it from autocast) and its low-precision copy is what the value
+//! - eager attention's softmax is in fp32 (LLaMA, OPT, GPT-NeoX and ViT ask
+//!   for it; GPT-2, BERT and T5 get it from autocast only, and in pure
+//!   bf16/fp16 theirs stays in the scores' dtype) and its low-precision copy is what the value
 //!   product keeps; grouped-query keys and values are repeated (`repeat_kv`)
 //!   into full-width copies; fp32 SDPA with grouped-query heads has no fused
 //!   kernel and runs PyTorch's math path, which keeps the repeated keys and
