@@ -126,9 +126,10 @@ pub struct Layout {
     /// ReLU feed-forward (OPT, T5 v1.0): autograd keeps only its output.
     pub relu: bool,
     /// Eager attention asks for its softmax in fp32 (`softmax(...,
-    /// dtype=torch.float32).to(query.dtype)`: OPT, GPT-NeoX, ViT), which
-    /// autograd keeps beside its low-precision copy; GPT-2's and BERT's run in
-    /// the scores' dtype.
+    /// dtype=torch.float32).to(query.dtype)`: OPT, GPT-NeoX, ViT; the
+    /// LLaMA family always, see [`TransformerArch::eager_softmax_fp32`]),
+    /// which autograd keeps beside its low-precision copy; GPT-2's, BERT's
+    /// and T5's run in the scores' dtype.
     pub softmax_fp32: bool,
     /// Mixture-of-experts feed-forward (Mixtral, Qwen2-MoE).
     pub moe: Option<Moe>,
@@ -467,6 +468,17 @@ impl TransformerArch {
     pub fn loss_upcasts_logits(&self) -> bool {
         self.library
             .is_some_and(|lib| lib.family != HfFamily::Bert && !self.layout.loss_on_logits)
+    }
+
+    /// Whether eager attention keeps an fp32 softmax beside its cast: the
+    /// families whose code asks for one (`softmax(..., dtype=torch.float32)`:
+    /// [`Layout::softmax_fp32`], and the LLaMA family's code but T5's, which
+    /// shares it here and takes the scores' dtype).
+    pub fn eager_softmax_fp32(&self) -> bool {
+        let llama = self
+            .library
+            .is_some_and(|l| l.family == HfFamily::Llama && self.layout.rel_buckets == 0);
+        self.layout.softmax_fp32 || llama
     }
 
     /// Whether block `l` is a decoder block of an encoder-decoder.

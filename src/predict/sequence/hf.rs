@@ -30,8 +30,8 @@
 //!   autocast, so queries and keys come out in fp32 there;
 //! - eager attention's softmax is in fp32 (LLaMA, OPT, GPT-NeoX and ViT ask
 //!   for it; GPT-2, BERT and T5 get it from autocast only, and in pure
-//!   bf16/fp16 theirs stays in the scores' dtype) and its low-precision copy is what the value
-//!   product keeps; grouped-query keys and values are repeated (`repeat_kv`)
+//!   bf16/fp16 theirs stays in the scores' dtype) and its low-precision copy
+//!   is what the value product keeps; grouped-query keys and values are repeated (`repeat_kv`)
 //!   into full-width copies; fp32 SDPA with grouped-query heads has no fused
 //!   kernel and runs PyTorch's math path, which keeps the repeated keys and
 //!   values and the fp32 probabilities.
@@ -1091,7 +1091,7 @@ impl Gen<'_> {
                             lib,
                             s2,
                             true,
-                            t.layout.softmax_fp32,
+                            t.eager_softmax_fp32(),
                             score_mask(t),
                             &mut saved,
                         );
@@ -1290,11 +1290,14 @@ impl Gen<'_> {
                         self.autocast_input(qe, n * qd, true, &mut saved);
                         self.hf_repeat_kv(gqa, keys, n * kvd, n * qd, owned, &mut saved);
                         let score = self.hf_score_extras(t, s2, &mut saved);
-                        // the LLaMA family asks for its softmax in fp32;
-                        // T5's runs in the scores' dtype
-                        let fp32 = t.layout.rel_buckets == 0;
-                        let weights =
-                            self.hf_eager_scores(lib, s2, false, fp32, score_mask(t), &mut saved);
+                        let weights = self.hf_eager_scores(
+                            lib,
+                            s2,
+                            false,
+                            t.eager_softmax_fp32(),
+                            score_mask(t),
+                            &mut saved,
+                        );
                         locals_of_block.extend(weights);
                         locals_of_block.extend(score);
                         self.hf_repeat_kv(gqa, values, n * kvd, n * qd, owned, &mut saved);
@@ -1476,7 +1479,7 @@ impl Gen<'_> {
                             lib,
                             s2,
                             false,
-                            t.layout.softmax_fp32,
+                            t.eager_softmax_fp32(),
                             score_mask(t),
                             &mut saved,
                         );
