@@ -628,6 +628,53 @@ def test_a_tied_tables_two_gradients_are_added_as_on_cuda(autocast: bool) -> Non
     assert most == 1 + per_step
 
 
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_a_checkpoints_recomputation_makes_its_sums_anew_as_cuda_does(reentrant: bool) -> None:
+    # A checkpointed block's forward runs again inside backward, under grad
+    # mode; a sum of two fresh same-sized tensors there (a rotary
+    # embedding's q * cos + rotate_half(q) * sin) is a new tensor as in the
+    # forward, not autograd's accumulation of two gradients, which CUDA
+    # makes in place (the H200's recorded Llama-3-8B run with
+    # checkpointing: the capture's replay was 4.2 GiB short while it merged
+    # them).
+    b, w = 8, 384
+    act = b * w * 4
+
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(w, w)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = self.lin(x)
+            z = (y * 2.0) + (y * 3.0)
+            return z * z  # keeps z: backward recomputes it
+
+    def allocations(checkpointed: bool) -> int:
+        model = Block()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+        def step(m: torch.nn.Module) -> None:
+            x = torch.randn(b, w, requires_grad=True)
+            if checkpointed:
+                y = torch.utils.checkpoint.checkpoint(m, x, use_reentrant=reentrant)
+            else:
+                y = m(x)
+            # z's two gradients meet in backward: added in place either way
+            y.sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+
+        p = profile.capture_step(model, step, micro_batch=b, steps=2, optimizers=[optimizer])
+        return sizes_in_order(p).count(act)
+
+    # the recomputation's: the linear's output, both products and their sum
+    # (a non-reentrant checkpoint stops there, at the last tensor backward
+    # reads; a reentrant one runs the whole function again, z * z too)
+    recomputed = 5 if reentrant else 4
+    assert allocations(True) - allocations(False) == recomputed * 2
+
+
 def test_a_capture_records_the_versions_of_the_modelling_libraries_it_ran() -> None:
     cfg = {"n_layer": 1, "n_embd": 32, "n_head": 2, "n_positions": 16, "vocab_size": 64}
     p = profile.capture("transformers:GPT2LMHeadModel", cfg, batch=2, precision="fp32",

@@ -275,7 +275,10 @@ def _dispatch_mode(rec: _Recorder) -> Any:
                 rec.transient(args[0].numel())
             else:
                 record(out)
-                if func is aten.add.Tensor and isinstance(out, FakeTensor) and _in_backward():
+                # (a checkpoint's recomputation runs in backward too, under
+                # grad mode: its sums are the forward's, made anew)
+                if (func is aten.add.Tensor and isinstance(out, FakeTensor) and _in_backward()
+                        and not torch.is_grad_enabled()):
                     rec.backward_sum(out, args[0])
             return out
 
