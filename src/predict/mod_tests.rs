@@ -3483,7 +3483,10 @@ fn the_tenth_fresh_set_stays_within_its_recorded_figures() {
     // by tensors the recorded runs placed there and the generated sequence
     // elsewhere. T5's cross-attention cache, read from the recorded runs
     // since (its copies held to the next forward shape the later steps'
-    // layout), brings T5 fp32 eager within 1 %.
+    // layout), brings T5 fp32 eager within 1 %. Dropout's mask made before
+    // its output, and freed at once in a checkpoint's first forward, as
+    // CUDA's kernel does, scatters GPT-2 medium's hidden states as the run
+    // does (-12.4 -> -0.7 % in the replay).
     let (stats, captured) = fresh_set_stats(
         include_str!("../../data/calibration/h100-fresh10.jsonl"),
         "fresh10-h100",
@@ -3491,11 +3494,8 @@ fn the_tenth_fresh_set_stays_within_its_recorded_figures() {
     );
     assert_within_but(
         &stats,
-        (0.05, 0.125, 0.125),
-        &[
-            "hf-phi3h10-s1024-b8-ampfp16-adamw-sdpa",
-            "hf-gpt2m10-s1024-b4-bf16-adamw-sdpa-ckpt-accum2",
-        ],
+        (0.05, 0.07, 0.07),
+        &["hf-phi3h10-s1024-b8-ampfp16-adamw-sdpa"],
     );
     assert_within(&captured, 0.002, 0.025, 0.045);
 }
@@ -3564,7 +3564,8 @@ fn the_thirteenth_fresh_set_stays_within_its_recorded_figures() {
     // second) moves the head's gradients into the loss segments the run
     // left them in. With it: median 1.8 %, p90 2.0 %, max 2.2 %, none under
     // (the replay alone 0.1 %, 0.9 %, 2.6 %; 1.3 % with T5's one cast per
-    // feed-forward). The profile path from the
+    // feed-forward; dropout's mask before its output: max 3.5 %, T5-base
+    // amp eager -3.5 %). The profile path from the
     // captures made beside the runs: 24 of 24, median 0.1 %, p90 2.6 %, max
     // 4.3 %, none under.
     let (replayed, captured) = fresh_set_stats(
@@ -3572,7 +3573,7 @@ fn the_thirteenth_fresh_set_stays_within_its_recorded_figures() {
         "fresh13-h100",
         (20, 24),
     );
-    assert_within(&replayed, 0.002, 0.01, 0.027);
+    assert_within(&replayed, 0.002, 0.01, 0.035);
     assert_within(&captured, 0.002, 0.027, 0.045);
     let kept = error_stats(
         &analytic_rows(include_str!("../../data/calibration/h100-fresh13.jsonl")),
@@ -3590,7 +3591,8 @@ fn the_fourteenth_fresh_set_stays_within_its_recorded_figures() {
     // kept per block: 24 x 256 MiB) and T5 bf16 eager +14.1 % over (T5's
     // runs in the scores' dtype). With both read: median 1.9 %, p90 2.2 %,
     // max 8.6 % (GPT-2 fp32 eager, its allocated peak exact), none under
-    // (the replay alone 0.2 %, 2.0 %, 6.6 %). The profile path from the
+    // (the replay alone 0.2 %, 2.0 %, 6.6 %; 2.4 % p90 with dropout's mask
+    // before its output). The profile path from the
     // captures made beside the runs: 24 of 24, median 0.1 %, p90 3.3 %, max
     // 6.7 %, none under.
     let (replayed, captured) = fresh_set_stats(
@@ -3598,7 +3600,7 @@ fn the_fourteenth_fresh_set_stays_within_its_recorded_figures() {
         "fresh14-h100",
         (20, 24),
     );
-    assert_within(&replayed, 0.003, 0.021, 0.067);
+    assert_within(&replayed, 0.003, 0.025, 0.067);
     assert_within(&captured, 0.002, 0.034, 0.068);
     let kept = error_stats(
         &analytic_rows(include_str!("../../data/calibration/h100-fresh14.jsonl")),
@@ -3780,7 +3782,10 @@ fn the_layout_margin_keeps_the_later_steps_loss_segments_within_five_percent() {
     // keep the under lists: 307 rows. The thirteenth set (20 rows, none
     // under with Gemma 2's final softcap backward) and T5's one cast per
     // feed-forward: 327 rows, median 1.8 %, p90 2.2 %. The fourteenth set
-    // with the softmax's width read per family: 347 rows, the same.
+    // with the softmax's width read per family: 347 rows, the same. Dropout's
+    // mask made before its output and freed at once without autograd, as
+    // CUDA's kernel does: GPT-2 medium with checkpointing and accumulation
+    // -10.9 -> +1.3 %, the two GPT-2 autocast SGD-momentum rows +12 -> +1.6 %.
     let rows = every_sets_library_rows();
     assert_eq!(rows.len(), 347);
     let replayed: Vec<BenchRow> = rows.iter().map(BenchRow::without_margin).collect();
@@ -3791,7 +3796,6 @@ fn the_layout_margin_keeps_the_later_steps_loss_segments_within_five_percent() {
             "hf-t5g-s512-b16-ampbf16-adamw-sdpa",
             "hf-phi3h9-s2048-b4-ampfp16-adamw-sdpa",
             "hf-phi3h10-s1024-b8-ampfp16-adamw-sdpa",
-            "hf-gpt2m10-s1024-b4-bf16-adamw-sdpa-ckpt-accum2",
             "hf-t5ek-s256-b16-fp32-adamw-eager",
         ],
         "{alone:?}"
@@ -3799,10 +3803,7 @@ fn the_layout_margin_keeps_the_later_steps_loss_segments_within_five_percent() {
     let kept = error_stats(&rows, None);
     assert_eq!(
         kept.under_predictions,
-        [
-            "hf-gpt2m10-s1024-b4-bf16-adamw-sdpa-ckpt-accum2",
-            "hf-t5ek-s256-b16-fp32-adamw-eager"
-        ],
+        ["hf-t5ek-s256-b16-fp32-adamw-eager"],
         "{kept:?}"
     );
     assert!(kept.median <= 0.02 && kept.p90 <= 0.026, "{kept:?}");
@@ -3873,6 +3874,63 @@ fn under_autocast_a_feed_forward_keeps_one_cast_of_its_norm_per_input_projection
     let gated = hidden_casts(t5(serde_json::json!({"feed_forward_proj": "gated-gelu"})));
     // four blocks (two encoder, two decoder), one more cast each when gated
     assert_eq!(gated - relu, 4, "relu {relu}, gated {gated}");
+}
+
+#[test]
+fn dropout_takes_its_mask_before_its_output_and_a_checkpoints_first_forward_frees_it_at_once() {
+    // CUDA's native_dropout allocates the one-byte mask, then the output;
+    // without autograd (a checkpointed block's first forward) nothing keeps
+    // the mask. The H100's recorded GPT-2 medium bf16 run with checkpointing
+    // and accumulation 2 shows both; with the output first the second
+    // micro-step's hidden states landed together in a freed loss segment
+    // where the run scatters them (-10.9 -> +1.3 %), and the two GPT-2
+    // autocast SGD-momentum runs kept a free block too small (+12 -> +1.6 %).
+    use sequence::TensorEvent;
+    // (100 wide, 512 tokens: sizes no other tensor of the step has)
+    let gpt2 = serde_json::json!({"model_type": "gpt2", "n_layer": 2, "n_embd": 100,
+        "n_head": 4, "vocab_size": 5000, "n_positions": 64});
+    let bert = serde_json::json!({"model_type": "bert", "num_hidden_layers": 2,
+        "hidden_size": 100, "num_attention_heads": 4, "intermediate_size": 400,
+        "vocab_size": 5000, "max_position_embeddings": 64});
+    let (mask, output) = (512 * 100, 512 * 100 * 4);
+    let logits = 512 * 5000 * 4;
+    for (config, ckpt) in [(&gpt2, false), (&gpt2, true), (&bert, false), (&bert, true)] {
+        let evs = hf_events(
+            config.clone(),
+            crate::api::Precision::Fp32,
+            Attention::Sdpa,
+            ckpt,
+        );
+        let forward = evs
+            .iter()
+            .position(|e| matches!(e, TensorEvent::Alloc { bytes, .. } if *bytes == logits))
+            .expect("the logits");
+        let (mut masks, mut freed_at_once) = (0, 0);
+        for (i, e) in evs[..forward].iter().enumerate() {
+            let TensorEvent::Alloc { id, bytes, .. } = e else {
+                continue;
+            };
+            if *bytes != mask {
+                continue;
+            }
+            masks += 1;
+            assert!(
+                matches!(evs[i + 1], TensorEvent::Alloc { bytes, .. } if bytes == output),
+                "{config} ckpt {ckpt}: the output follows the mask"
+            );
+            freed_at_once +=
+                usize::from(matches!(evs[i + 2], TensorEvent::Free { id: f } if f == *id));
+        }
+        // the embeddings' and each block's two residual dropouts (SDPA's
+        // own dropout has no mask); the embeddings' is outside the checkpoint
+        // (GPT-2, and BERT after its embeddings' LayerNorm)
+        assert_eq!(masks, 1 + 2 * 2, "{config} ckpt {ckpt}");
+        assert_eq!(
+            freed_at_once,
+            if ckpt { 2 * 2 } else { 0 },
+            "{config} ckpt {ckpt}"
+        );
+    }
 }
 
 #[test]

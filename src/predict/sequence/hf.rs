@@ -180,8 +180,8 @@ impl Gen<'_> {
                 locals.extend([tok, pos]);
                 let sum = self.t.act(n * h * wd.w);
                 if lib.dropout {
-                    let out = self.t.act(n * h * wd.w);
                     emb_saved.push(self.t.act(n * h));
+                    let out = self.t.act(n * h * wd.w);
                     self.t.free(sum);
                     out
                 } else {
@@ -224,8 +224,8 @@ impl Gen<'_> {
                 emb_saved.push(self.t.act(n * 8));
                 let ln = self.t.act(n * h * wd.r);
                 if lib.dropout {
-                    let out = self.t.act(n * h * wd.r);
                     emb_saved.push(self.t.act(n * h));
+                    let out = self.t.act(n * h * wd.r);
                     self.t.free(ln);
                     out
                 } else {
@@ -927,8 +927,15 @@ impl Gen<'_> {
         if !lib.dropout {
             return x;
         }
+        // CUDA's kernel takes the mask first, then the output; without
+        // autograd nothing keeps the mask
+        let mask = self.t.act(elems);
         let out = self.t.act(elems * bytes_per);
-        saved.push(self.t.act(elems));
+        if self.no_grad {
+            self.t.free(mask);
+        } else {
+            saved.push(mask);
+        }
         self.t.free(x);
         out
     }

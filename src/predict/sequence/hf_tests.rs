@@ -188,11 +188,11 @@ impl Block {
     fn matmul(&mut self, elems: u64) {
         self.matmuls.push((self.fwd.len(), elems));
     }
-    /// Dropout on a branch: the output and its one-byte mask (kept).
+    /// Dropout on a branch: its one-byte mask (kept), then the output.
     fn dropout(&mut self, on: bool, bytes: u64) {
         if on {
-            self.tmp(bytes);
             self.keep(N * H);
+            self.tmp(bytes);
         }
     }
     /// Eager attention's scores: the product, its scaling and the causal
@@ -615,7 +615,7 @@ fn embeddings(family: &str, w: Wd, o: Opt) -> Vec<u64> {
         "gpt2" => {
             v.extend([N * H * w.w, SEQ * H * w.w, N * H * w.w]);
             if o.dropout {
-                v.extend([N * H * w.w, N * H]);
+                v.extend([N * H, N * H * w.w]);
             }
         }
         "llama" => v.extend([N * H * w.w, SEQ * HD * w.w, SEQ * HD * w.w]),
@@ -624,7 +624,7 @@ fn embeddings(family: &str, w: Wd, o: Opt) -> Vec<u64> {
             v.extend([N * H * w.w; 3]);
             v.extend([SEQ * H * w.w, N * H * w.w, N * 8, N * H * w.r]);
             if o.dropout {
-                v.extend([N * H * w.r, N * H]);
+                v.extend([N * H, N * H * w.r]);
             }
         }
     }
