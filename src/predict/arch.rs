@@ -142,6 +142,9 @@ pub struct Layout {
     /// T5's relative attention bias: `buckets x heads` in the first block of
     /// each stack, added to the scores.
     pub rel_buckets: u64,
+    /// T5 with `tie_word_embeddings` (v1.0): its head reads the decoder's
+    /// output rescaled by 1/sqrt(d_model), a tensor of its own.
+    pub decoder_output_scaled: bool,
     /// DeBERTa-v2's disentangled attention.
     pub disentangled: Option<Disentangled>,
     /// The encoder collects every block's output (and the embeddings') until

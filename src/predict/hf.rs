@@ -1137,6 +1137,7 @@ fn apply(feature: Feature, cfg: &Config<'_>, a: &mut TransformerArch) -> Result<
             a.positional = PositionalKind::Learned;
             // transformers 5.x ties T5's head always: a config's `false`
             // only turns off the decoder output's scaling (v1.1).
+            lay.decoder_output_scaled = flag(cfg, "tie_word_embeddings", true)?;
             a.tied = true;
         }
         Feature::Deberta => {

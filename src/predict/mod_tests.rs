@@ -3509,7 +3509,10 @@ fn the_eleventh_fresh_set_stays_within_its_recorded_figures() {
     // eager at 256 tokens -5.9 % under; the replay alone median 0.3 %, p90
     // 4.6 %, the same row -7.6 %. The profile path from the captures made
     // beside the runs: 30 of 30, median 0.0 %, p90 2.5 %, max +6.4 % (OPT
-    // fp32), none under.
+    // fp32), none under. T5's stack ends (the embeddings' and the final
+    // norms' dropouts, the encoder's output, the decoder's dense gradient
+    // of the shared table) put that row's allocated peak within 2 MiB of
+    // the run's: -4.8 % with the margin, -6.6 % by the replay alone.
     let (replayed, captured) = fresh_set_stats(
         include_str!("../../data/calibration/h100-fresh11.jsonl"),
         "fresh11-h100",
@@ -3522,7 +3525,7 @@ fn the_eleventh_fresh_set_stays_within_its_recorded_figures() {
         &analytic_rows(include_str!("../../data/calibration/h100-fresh11.jsonl")),
         None,
     );
-    assert_within_but(&kept, (0.02, 0.04, 0.086), &t5);
+    assert_within_but(&kept, (0.02, 0.04, 0.086), &[]);
 }
 
 #[test]
@@ -3786,6 +3789,9 @@ fn the_layout_margin_keeps_the_later_steps_loss_segments_within_five_percent() {
     // mask made before its output and freed at once without autograd, as
     // CUDA's kernel does: GPT-2 medium with checkpointing and accumulation
     // -10.9 -> +1.3 %, the two GPT-2 autocast SGD-momentum rows +12 -> +1.6 %.
+    // T5's stack ends (see `t5_drops_out_each_feed_forward_branch_...`):
+    // every T5 row 0.3-1.1 % higher, T5 fp32 eager at 256 tokens -4.8 %,
+    // T5 amp bf16 (fresh2) within 5 % by the replay alone; none under.
     let rows = every_sets_library_rows();
     assert_eq!(rows.len(), 347);
     let replayed: Vec<BenchRow> = rows.iter().map(BenchRow::without_margin).collect();
@@ -3793,7 +3799,6 @@ fn the_layout_margin_keeps_the_later_steps_loss_segments_within_five_percent() {
     assert_eq!(
         alone.under_predictions,
         [
-            "hf-t5g-s512-b16-ampbf16-adamw-sdpa",
             "hf-phi3h9-s2048-b4-ampfp16-adamw-sdpa",
             "hf-phi3h10-s1024-b8-ampfp16-adamw-sdpa",
             "hf-t5ek-s256-b16-fp32-adamw-eager",
@@ -3801,11 +3806,7 @@ fn the_layout_margin_keeps_the_later_steps_loss_segments_within_five_percent() {
         "{alone:?}"
     );
     let kept = error_stats(&rows, None);
-    assert_eq!(
-        kept.under_predictions,
-        ["hf-t5ek-s256-b16-fp32-adamw-eager"],
-        "{kept:?}"
-    );
+    assert_eq!(kept.under_predictions, Vec::<String>::new(), "{kept:?}");
     assert!(kept.median <= 0.02 && kept.p90 <= 0.026, "{kept:?}");
     assert!(rows.iter().all(|r| r.margin_bytes > 0));
 }
@@ -3934,6 +3935,59 @@ fn dropout_takes_its_mask_before_its_output_and_a_checkpoints_first_forward_free
 }
 
 #[test]
+fn t5s_stacks_end_as_the_library_runs_them() {
+    // Each T5 stack drops out its embeddings (kept as the stack's local
+    // until it returns) and ends with its norm and a dropout; the encoder's
+    // output is what the cross-attentions' projections read, and the
+    // decoder's embeddings make their own dense gradient of the shared
+    // table in backward, held until the encoder's is summed with it; a tied
+    // head reads the decoder's output rescaled. Without them every T5 row's
+    // allocated peak was 30-130 MiB under the run's (T5 fp32 eager at 256
+    // tokens -30 MiB, one loss segment short in the second step: -5.3 %
+    // with the margin, -4.8 % with them). With them every measured T5 row
+    // is within 1.5 % of its run's allocated peak, and within 16 MiB in fp32
+    // without accumulation (T5-large with it: -99 MiB, the second
+    // micro-step's gradients).
+    let events = |scaled: bool| {
+        let t5 = serde_json::json!({"model_type": "t5", "d_model": 100, "num_layers": 2,
+            "num_heads": 4, "d_kv": 24, "d_ff": 384, "vocab_size": 5000,
+            "decoder_start_token_id": 0, "tie_word_embeddings": scaled});
+        hf_events(t5, crate::api::Precision::Fp32, Attention::Sdpa, false)
+    };
+    let steps = sequence::STEPS_GENERATED as usize;
+    let (hidden, table) = (512 * 100 * 4, 5000 * 100 * 4);
+    // v1.0's rescaled output and its gradient, each micro-step
+    assert_eq!(
+        sequence_count(&events(true), hidden) - sequence_count(&events(false), hidden),
+        2 * steps
+    );
+    // the shared table, then each step the head's contribution, the
+    // decoder's dense gradient, the encoder's and their sum
+    assert_eq!(sequence_count(&events(true), table), 1 + 4 * steps);
+    let rows: Vec<BenchRow> = every_sets_library_rows()
+        .into_iter()
+        .filter(|r| r.name.starts_with("hf-t5"))
+        .collect();
+    assert!(rows.len() >= 30, "{}", rows.len());
+    for r in &rows {
+        let measured = r.measured_allocated_bytes.expect("measured allocated") as f64;
+        let diff = r.predicted_allocated_bytes as f64 - measured;
+        assert!(
+            diff.abs() <= 0.015 * measured,
+            "{}: {diff:+.0} bytes",
+            r.name
+        );
+        if r.name.contains("-fp32-") && !r.name.contains("-accum") {
+            assert!(
+                diff.abs() <= 16.0 * 1048576.0,
+                "{}: {diff:+.0} bytes",
+                r.name
+            );
+        }
+    }
+}
+
+#[test]
 fn t5_drops_out_each_feed_forward_branch_and_its_norms_keep_their_input() {
     // T5LayerFF adds `dropout(DenseReluDense(norm(x)))`: a one-byte mask of
     // the hidden size per block, beside the attentions' (one per encoder
@@ -3944,10 +3998,12 @@ fn t5_drops_out_each_feed_forward_branch_and_its_norms_keep_their_input() {
         "decoder_start_token_id": 0});
     let evs = hf_events(t5, crate::api::Precision::Fp32, Attention::Sdpa, false);
     let masks = sequence_count(&evs, 8 * 64 * 100);
-    // (each kept tensor's gradient in the block's backward has its size)
+    // (each kept tensor's gradient in the block's backward has its size),
+    // and each stack's two at its ends: its embeddings' and its final
+    // norm's
     assert_eq!(
         masks,
-        sequence::STEPS_GENERATED as usize * 2 * (2 * 2 + 2 * 3),
+        sequence::STEPS_GENERATED as usize * (2 * (2 * 2 + 2 * 3) + 2 * 2),
         "{masks}"
     );
     // T5LayerNorm multiplies its input itself by the inverse RMS, so in

@@ -167,6 +167,9 @@ impl Gen<'_> {
         // Tensors the model's forward holds as locals until it returns.
         let mut locals: Vec<u32> = Vec::new();
         let mut emb_saved: Vec<u32> = Vec::new();
+        // T5: the stack's embeddings, a local until the stack returns
+        let mut stack_local: Option<u32> = None;
+        let mut boundary: Option<T5Boundary> = None;
         let x = match lib.family {
             HfFamily::Gpt2 => {
                 let e = t.embed_dim();
@@ -201,8 +204,15 @@ impl Gen<'_> {
                         locals.push(self.t.act(s * t.head_dim * wd.w));
                     }
                 } else if t.layout.rel_buckets > 0 {
-                    // T5: each stack's position bias (1, heads, seq, seq),
-                    // reused by every block of the stack and kept for backward
+                    // T5: the embeddings' dropout (the embeddings live on as
+                    // the encoder stack's local), then each stack's position
+                    // bias (1, heads, seq, seq), reused by every block of the
+                    // stack and kept for backward
+                    let dropped = self.t5_dropout_keeping_input(lib, tok, n * h, &mut emb_saved);
+                    if dropped != tok {
+                        stack_local = Some(tok);
+                        tok = dropped;
+                    }
                     for _ in 0..2 {
                         emb_saved.push(self.t.act(t.heads * s * s * wd.e));
                     }
@@ -259,6 +269,17 @@ impl Gen<'_> {
         let mut layer_casts: Vec<Vec<u32>> = Vec::new();
         let mut forward_casts: Vec<u32> = Vec::new();
         for l in 0..t.layers {
+            if t.layout.decoder_layers > 0 && l + t.layout.decoder_layers == t.layers {
+                let (b, decoder_input) = self.t5_stacks_meet(lib, n, h, x, stack_local.take());
+                stack_local = Some(b.decoder_embeddings);
+                if wd.amp {
+                    // the projections keep their casts: the encoder's
+                    // output lives on as the forward's local
+                    locals.push(b.encoder_output);
+                }
+                boundary = Some(b);
+                x = decoder_input;
+            }
             self.fsdp_gather(Some(l as u32));
             let lazy = lazy_casts(t, l, self.run.checkpointing);
             let eager_casts = if lazy {
@@ -307,6 +328,26 @@ impl Gen<'_> {
             HfFamily::Gpt2 => {
                 head_saved.push(self.t.act(n * 8));
                 self.t.act(n * h * wd.r)
+            }
+            HfFamily::Llama if boundary.is_some() => {
+                // T5's decoder stack ends with its norm and dropout (its
+                // output held by the returned outputs to the forward's
+                // end), and returns; v1.0's head reads it rescaled by
+                // 1/sqrt(d_model)
+                let nrm = self.hf_input_norm(t, n, h, &mut head_saved);
+                let out = self.t5_dropout_keeping_input(lib, nrm, n * h, &mut head_saved);
+                if out != nrm {
+                    self.t.free(nrm);
+                }
+                if let Some(id) = stack_local.take() {
+                    self.t.free(id);
+                }
+                if t.layout.decoder_output_scaled {
+                    locals.push(out);
+                    self.t.act(n * h * wd.w)
+                } else {
+                    out
+                }
             }
             HfFamily::Llama => self.hf_input_norm(t, n, h, &mut head_saved),
             HfFamily::Bert => {
@@ -454,10 +495,19 @@ impl Gen<'_> {
                 self.release(id);
             }
         }
+        if boundary.is_some() {
+            // the rescale's and the dropout's gradients
+            for _ in 0..if t.layout.decoder_output_scaled { 2 } else { 1 } {
+                let g_in = self.t.act(n * h * wd.r);
+                self.t.free(g);
+                g = g_in;
+            }
+        }
         if let Some(norm) = norm {
             g = self.hf_rmsnorm_backward(norm, g);
         }
         let mut x_in_of_next = x_last;
+        let mut shared_dense = None;
         for l in (0..t.layers).rev() {
             let mut saved = layer_saved.pop().expect("saved per layer");
             let mut casts = layer_casts.pop().expect("casts per layer");
@@ -476,12 +526,23 @@ impl Gen<'_> {
             self.fsdp_post_backward(Some(l as u32));
             self.release(x_in_of_next);
             x_in_of_next = saved.pop().expect("block input");
+            if l + t.layout.decoder_layers == t.layers
+                && let Some(b) = boundary.take()
+            {
+                self.release(x_in_of_next);
+                (g, shared_dense, x_in_of_next) = self.t5_stacks_meet_backward(t, n, b, g);
+            }
         }
         self.release(x_in_of_next);
         for id in emb_saved {
             self.release(id);
         }
         self.hf_embedding_grads(t, tied_contribution, g);
+        if let Some(id) = shared_dense {
+            // the decoder's gradient of the shared table, waiting in
+            // autograd's buffer, is summed with the encoder's
+            self.t.free(id);
+        }
         self.fsdp_post_backward(None);
         self.fsdp_end_backward();
         for id in [idx, tgt, loss] {
@@ -912,6 +973,104 @@ impl Gen<'_> {
             self.t.free(src);
         }
         out
+    }
+
+    /// T5's dropout where the input lives on (a stack's embeddings, its
+    /// local until it returns; a norm's output, freed by the caller): the
+    /// mask, kept, then the output in the weights' width.
+    fn t5_dropout_keeping_input(
+        &mut self,
+        lib: HfImpl,
+        x: u32,
+        elems: u64,
+        saved: &mut Vec<u32>,
+    ) -> u32 {
+        if !lib.dropout {
+            return x;
+        }
+        saved.push(self.t.act(elems));
+        self.t.act(elems * self.widths().w)
+    }
+
+    /// Where T5's encoder stack meets its decoder: the encoder's final norm
+    /// and dropout (the encoder's output), the encoder's embeddings freed as
+    /// it returns, then the decoder's embeddings and their dropout, whose
+    /// output is returned as the first decoder block's input.
+    fn t5_stacks_meet(
+        &mut self,
+        lib: HfImpl,
+        n: u64,
+        h: u64,
+        encoder_last: u32,
+        encoder_embeddings: Option<u32>,
+    ) -> (T5Boundary, u32) {
+        let mut encoder_end = Vec::new();
+        let nrm = self.hf_rmsnorm(n, h, &mut encoder_end);
+        let encoder_output = self.t5_dropout_keeping_input(lib, nrm, n * h, &mut encoder_end);
+        if encoder_output != nrm {
+            self.t.free(nrm);
+        }
+        if let Some(id) = encoder_embeddings {
+            self.t.free(id);
+        }
+        let decoder_embeddings = self.t.act(n * h * self.widths().w);
+        let mut decoder_mask = Vec::new();
+        let decoder_input =
+            self.t5_dropout_keeping_input(lib, decoder_embeddings, n * h, &mut decoder_mask);
+        let boundary = T5Boundary {
+            encoder_last,
+            encoder_end,
+            encoder_output,
+            decoder_mask,
+            decoder_embeddings,
+        };
+        (boundary, decoder_input)
+    }
+
+    /// The backward of [`Self::t5_stacks_meet`], from `g`, the gradient of the
+    /// first decoder block's input: the decoder embeddings' dropout, then
+    /// their dense gradient of the shared table (kept in autograd's buffer
+    /// until the encoder's is summed with it: returned second); then the
+    /// gradient of the encoder's output, summed from the cross-attentions'
+    /// projections, through its dropout and the final norm. Returns the
+    /// encoder's last block output's gradient and that output, third.
+    fn t5_stacks_meet_backward(
+        &mut self,
+        t: &TransformerArch,
+        n: u64,
+        b: T5Boundary,
+        g: u32,
+    ) -> (u32, Option<u32>, u32) {
+        let wd = self.widths();
+        let h = t.hidden;
+        let g_emb = self.t.act(n * h * wd.w);
+        self.t.free(g);
+        for id in b.decoder_mask {
+            self.release(id);
+        }
+        let dense = self.t.act(t.vocab * h * wd.w);
+        if n > EMBEDDING_DIRECT_IDS {
+            let partials = self.t.act((n + n / 10) * h * 4);
+            self.t.free(partials);
+        }
+        self.t.free(g_emb);
+        let g_out = self.t.act(n * h * wd.w);
+        let g_in = self.t.act(n * h * wd.w);
+        self.t.free(g_out);
+        if !wd.amp {
+            self.release(b.encoder_output);
+        }
+        let norm = b.encoder_end.iter().find_map(|id| self.rmsnorms.remove(id));
+        for &id in &b.encoder_end {
+            if norm.as_ref().is_none_or(|m| !m.holds(id)) {
+                self.release(id);
+            }
+        }
+        let g = match norm {
+            Some(m) => self.hf_rmsnorm_backward(m, g_in),
+            None => g_in,
+        };
+        (g, Some(dense), b.encoder_last)
     }
 
     /// Dropout of an `elems`-element activation of width `bytes_per`: keeps
@@ -2449,4 +2608,19 @@ pub(super) fn score_mask(t: &TransformerArch) -> ScoreMask {
     } else {
         ScoreMask::Float
     }
+}
+
+/// Where T5's encoder stack meets its decoder ([`Trace::t5_stacks_meet`]).
+struct T5Boundary {
+    /// The encoder's last block output, which its final norm keeps.
+    encoder_last: u32,
+    /// What the encoder's final norm and dropout keep.
+    encoder_end: Vec<u32>,
+    /// The encoder's output, which the cross-attentions' projections keep
+    /// (their casts under autocast).
+    encoder_output: u32,
+    /// The decoder embeddings' dropout mask.
+    decoder_mask: Vec<u32>,
+    /// The decoder's embeddings, the decoder stack's local.
+    decoder_embeddings: u32,
 }
