@@ -182,14 +182,7 @@ impl Gen<'_> {
                 let pos = self.t.act(s * h * wd.w);
                 locals.extend([tok, pos]);
                 let sum = self.t.act(n * h * wd.w);
-                if lib.dropout {
-                    emb_saved.push(self.t.act(n * h));
-                    let out = self.t.act(n * h * wd.w);
-                    self.t.free(sum);
-                    out
-                } else {
-                    sum
-                }
+                self.hf_dropout(lib, sum, n * h, wd.w, &mut emb_saved)
             }
             HfFamily::Llama => {
                 let mut tok = self.t.act(n * h * wd.w);
@@ -208,7 +201,7 @@ impl Gen<'_> {
                     // the encoder stack's local), then each stack's position
                     // bias (1, heads, seq, seq), reused by every block of the
                     // stack and kept for backward
-                    let dropped = self.t5_dropout_keeping_input(lib, tok, n * h, &mut emb_saved);
+                    let dropped = self.hf_dropout_beside(lib, tok, n * h, wd.w, &mut emb_saved);
                     if dropped != tok {
                         stack_local = Some(tok);
                         tok = dropped;
@@ -233,14 +226,7 @@ impl Gen<'_> {
                 emb_saved.push(s2);
                 emb_saved.push(self.t.act(n * 8));
                 let ln = self.t.act(n * h * wd.r);
-                if lib.dropout {
-                    emb_saved.push(self.t.act(n * h));
-                    let out = self.t.act(n * h * wd.r);
-                    self.t.free(ln);
-                    out
-                } else {
-                    ln
-                }
+                self.hf_dropout(lib, ln, n * h, wd.r, &mut emb_saved)
             }
         };
         let mut x = x;
@@ -335,10 +321,7 @@ impl Gen<'_> {
                 // end), and returns; v1.0's head reads it rescaled by
                 // 1/sqrt(d_model)
                 let nrm = self.hf_input_norm(t, n, h, &mut head_saved);
-                let out = self.t5_dropout_keeping_input(lib, nrm, n * h, &mut head_saved);
-                if out != nrm {
-                    self.t.free(nrm);
-                }
+                let out = self.hf_dropout(lib, nrm, n * h, wd.w, &mut head_saved);
                 if let Some(id) = stack_local.take() {
                     self.t.free(id);
                 }
@@ -489,12 +472,7 @@ impl Gen<'_> {
         let x_last = head_saved.remove(0);
         // The final RMSNorm's backward runs after the head's (whose kept
         // input goes first).
-        let norm = head_saved.iter().find_map(|id| self.rmsnorms.remove(id));
-        for id in head_saved {
-            if norm.is_none_or(|m| !m.holds(id)) {
-                self.release(id);
-            }
-        }
+        let norm = self.release_all_but_a_norm(&head_saved);
         if boundary.is_some() {
             // the rescale's and the dropout's gradients
             for _ in 0..if t.layout.decoder_output_scaled { 2 } else { 1 } {
@@ -530,7 +508,9 @@ impl Gen<'_> {
                 && let Some(b) = boundary.take()
             {
                 self.release(x_in_of_next);
-                (g, shared_dense, x_in_of_next) = self.t5_stacks_meet_backward(t, n, b, g);
+                let dense;
+                (g, dense, x_in_of_next) = self.t5_stacks_meet_backward(t, n, b, g);
+                shared_dense = Some(dense);
             }
         }
         self.release(x_in_of_next);
@@ -686,24 +666,18 @@ impl Gen<'_> {
         }
         let w = self.widths().w;
         let ids = self.run.micro_batch * t.seq_len;
-        let partials = |this: &mut Self| {
-            if ids > EMBEDDING_DIRECT_IDS {
-                let buffer = this.t.act((ids + ids / 10) * t.hidden * 4);
-                this.t.free(buffer);
-            }
-        };
         for i in self.hf_embedding_tables(t).into_iter().rev() {
             if i != 0 || tied.is_none() {
                 self.weight_grad(i);
                 if i == 0 {
-                    partials(self);
+                    self.embedding_partials(ids, t.hidden);
                     self.release(g);
                 }
                 continue;
             }
             let numel = self.params[0].numel();
             let dense = self.t.act(numel * w);
-            partials(self);
+            self.embedding_partials(ids, t.hidden);
             self.release(g);
             if let Some(c) = tied.filter(|_| self.widths().amp) {
                 match self.grad_ids[0] {
@@ -975,23 +949,6 @@ impl Gen<'_> {
         out
     }
 
-    /// T5's dropout where the input lives on (a stack's embeddings, its
-    /// local until it returns; a norm's output, freed by the caller): the
-    /// mask, kept, then the output in the weights' width.
-    fn t5_dropout_keeping_input(
-        &mut self,
-        lib: HfImpl,
-        x: u32,
-        elems: u64,
-        saved: &mut Vec<u32>,
-    ) -> u32 {
-        if !lib.dropout {
-            return x;
-        }
-        saved.push(self.t.act(elems));
-        self.t.act(elems * self.widths().w)
-    }
-
     /// Where T5's encoder stack meets its decoder: the encoder's final norm
     /// and dropout (the encoder's output), the encoder's embeddings freed as
     /// it returns, then the decoder's embeddings and their dropout, whose
@@ -1006,17 +963,16 @@ impl Gen<'_> {
     ) -> (T5Boundary, u32) {
         let mut encoder_end = Vec::new();
         let nrm = self.hf_rmsnorm(n, h, &mut encoder_end);
-        let encoder_output = self.t5_dropout_keeping_input(lib, nrm, n * h, &mut encoder_end);
-        if encoder_output != nrm {
-            self.t.free(nrm);
-        }
+        let w = self.widths().w;
+        let encoder_output = self.hf_dropout(lib, nrm, n * h, w, &mut encoder_end);
         if let Some(id) = encoder_embeddings {
             self.t.free(id);
         }
-        let decoder_embeddings = self.t.act(n * h * self.widths().w);
+        // the decoder's embeddings live on as its stack's local
+        let decoder_embeddings = self.t.act(n * h * w);
         let mut decoder_mask = Vec::new();
         let decoder_input =
-            self.t5_dropout_keeping_input(lib, decoder_embeddings, n * h, &mut decoder_mask);
+            self.hf_dropout_beside(lib, decoder_embeddings, n * h, w, &mut decoder_mask);
         let boundary = T5Boundary {
             encoder_last,
             encoder_end,
@@ -1040,7 +996,7 @@ impl Gen<'_> {
         n: u64,
         b: T5Boundary,
         g: u32,
-    ) -> (u32, Option<u32>, u32) {
+    ) -> (u32, u32, u32) {
         let wd = self.widths();
         let h = t.hidden;
         let g_emb = self.t.act(n * h * wd.w);
@@ -1049,10 +1005,7 @@ impl Gen<'_> {
             self.release(id);
         }
         let dense = self.t.act(t.vocab * h * wd.w);
-        if n > EMBEDDING_DIRECT_IDS {
-            let partials = self.t.act((n + n / 10) * h * 4);
-            self.t.free(partials);
-        }
+        self.embedding_partials(n, h);
         self.t.free(g_emb);
         let g_out = self.t.act(n * h * wd.w);
         let g_in = self.t.act(n * h * wd.w);
@@ -1060,22 +1013,57 @@ impl Gen<'_> {
         if !wd.amp {
             self.release(b.encoder_output);
         }
-        let norm = b.encoder_end.iter().find_map(|id| self.rmsnorms.remove(id));
-        for &id in &b.encoder_end {
+        let g = match self.release_all_but_a_norm(&b.encoder_end) {
+            Some(m) => self.hf_rmsnorm_backward(m, g_in),
+            None => g_in,
+        };
+        (g, dense, b.encoder_last)
+    }
+
+    /// Over [`EMBEDDING_DIRECT_IDS`] token ids CUDA's embedding backward
+    /// sums per-segment partials in fp32: a buffer sized for its bound on the
+    /// partial segments (ids plus a tenth, each a row of `hidden`), freed
+    /// before it returns.
+    fn embedding_partials(&mut self, ids: u64, hidden: u64) {
+        if ids > EMBEDDING_DIRECT_IDS {
+            let buffer = self.t.act((ids + ids / 10) * hidden * 4);
+            self.t.free(buffer);
+        }
+    }
+
+    /// Releases the kept tensors `saved` but those of the RMSNorm among
+    /// them, whose kept state is returned for its backward.
+    fn release_all_but_a_norm(&mut self, saved: &[u32]) -> Option<RmsSaved> {
+        let norm = saved.iter().find_map(|id| self.rmsnorms.remove(id));
+        for &id in saved {
             if norm.as_ref().is_none_or(|m| !m.holds(id)) {
                 self.release(id);
             }
         }
-        let g = match norm {
-            Some(m) => self.hf_rmsnorm_backward(m, g_in),
-            None => g_in,
-        };
-        (g, Some(dense), b.encoder_last)
+        norm
     }
 
     /// Dropout of an `elems`-element activation of width `bytes_per`: keeps
-    /// the mask, returns the output (or the input without dropout).
+    /// the mask, frees the input, returns the output (or the input without
+    /// dropout).
     fn hf_dropout(
+        &mut self,
+        lib: HfImpl,
+        x: u32,
+        elems: u64,
+        bytes_per: u64,
+        saved: &mut Vec<u32>,
+    ) -> u32 {
+        let out = self.hf_dropout_beside(lib, x, elems, bytes_per, saved);
+        if out != x {
+            self.t.free(x);
+        }
+        out
+    }
+
+    /// [`Self::hf_dropout`] leaving its input alone. CUDA's kernel takes the
+    /// mask first, then the output; without autograd nothing keeps the mask.
+    fn hf_dropout_beside(
         &mut self,
         lib: HfImpl,
         x: u32,
@@ -1086,8 +1074,6 @@ impl Gen<'_> {
         if !lib.dropout {
             return x;
         }
-        // CUDA's kernel takes the mask first, then the output; without
-        // autograd nothing keeps the mask
         let mask = self.t.act(elems);
         let out = self.t.act(elems * bytes_per);
         if self.no_grad {
@@ -1095,7 +1081,6 @@ impl Gen<'_> {
         } else {
             saved.push(mask);
         }
-        self.t.free(x);
         out
     }
 
