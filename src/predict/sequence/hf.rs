@@ -2417,6 +2417,9 @@ impl Gen<'_> {
         let mut tmp: Option<u32> = None;
         // a flash kernel's log-sum-exp, popped, waiting for its output
         let mut flash_pending: Option<(u32, FlashSaved)> = None;
+        // a memory-efficient kernel's log-sum-exp, mask and fp32 buffer,
+        // likewise waiting for its output's gradient
+        let mut windowed_pending: Option<(u32, u32, u64)> = None;
         while let Some(id) = saved.pop() {
             let mut at_node = Vec::new();
             while let Some(&(mark, i)) = marks.last()
@@ -2482,14 +2485,13 @@ impl Gen<'_> {
                 continue;
             }
             if let Some((mask, buffer)) = self.windowed.remove(&id) {
-                // the memory-efficient kernel's backward: its fp32 buffer
-                // for the queries' gradient and the log-sum-exp's, then its
-                // inputs go; the mask has no gradient
-                let scratch = self.t.act(buffer);
-                self.t.free(scratch);
-                self.release(id);
-                saved.retain(|&s| s != mask);
-                self.release(mask);
+                // the memory-efficient kernel runs once the gradient of its
+                // output (the next kept tensor's) exists; the projection
+                // that read the output makes its weight's gradient there
+                if let Some(i) = reads.take() {
+                    marks.push((id, i));
+                }
+                windowed_pending = Some((id, mask, buffer));
                 continue;
             }
             if let Some(norm) = self.rmsnorms.remove(&id) {
@@ -2502,6 +2504,9 @@ impl Gen<'_> {
                 continue;
             }
             let flash = flash_pending.take_if(|(_, f)| f.out == id);
+            // the next kept tensor after a memory-efficient kernel's
+            // log-sum-exp is its output
+            let windowed = windowed_pending.take();
             // `id`'s gradient, then `id` goes; where a matmul read `id`,
             // inside its node: after the weight's gradient, before
             // autocast's cast back of it. The flash kernel's output stays
@@ -2511,7 +2516,7 @@ impl Gen<'_> {
                 if let Some(p) = tmp.replace(gt) {
                     g.t.free(p);
                 }
-                if flash.is_none() {
+                if flash.is_none() && windowed.is_none() {
                     g.release(id);
                 }
             };
@@ -2521,6 +2526,16 @@ impl Gen<'_> {
             }
             if let Some((lse, f)) = flash {
                 tmp = Some(self.hf_flash_backward(f, lse, tmp.take(), saved));
+            }
+            if let Some((lse, mask, buffer)) = windowed {
+                // its fp32 buffer for the queries' gradient and the
+                // log-sum-exp's, then its inputs go; the mask has no gradient
+                let scratch = self.t.act(buffer);
+                self.t.free(scratch);
+                self.release(id);
+                self.release(lse);
+                saved.retain(|&s| s != mask);
+                self.release(mask);
             }
         }
         while let Some((_, i)) = marks.pop() {

@@ -2213,6 +2213,14 @@ fn every_family_frees_each_tensor_once_and_starts_each_step_from_what_the_last_o
                     }
                     assert!(at_starts.len() >= 3, "{case}: {at_starts:?}");
                     assert_eq!(at_starts[1], at_starts[2], "{case}: {at_starts:?}");
+                    // every parameter gets its gradient once a step, whatever
+                    // kernel's backward read the matmul's output
+                    let grads = super::tests::sizes(&evs, Category::Gradients);
+                    assert_eq!(
+                        grads.len(),
+                        STEPS_GENERATED as usize * t.param_tensors().len(),
+                        "{case}"
+                    );
                 }
             }
         }
