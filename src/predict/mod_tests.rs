@@ -3455,10 +3455,10 @@ fn the_ninth_fresh_set_stays_within_its_recorded_figures() {
     // convolutions at batch 64, -0.0 % (p90 2.7 %). With every windowed
     // block's output projection given its gradient (see
     // `every_family_frees_each_tensor_once_...`), Gemma 3 with its window
-    // at 2,048 x 2 in bf16 -0.1 -> -14.7 % with its allocated peak within
-    // 0.2 %: the run's second step takes a second 4 GiB loss segment the
-    // sequence's does not (the windowed attention's and the feed-forward's
-    // backward temporaries differ from the run's); p90 3.2 %.
+    // at 2,048 x 2 in bf16 went -0.1 -> -14.7 % with its allocated peak
+    // within 0.2 % (one 4 GiB loss segment short in the second step), and
+    // back to -0.1 % with the head norms' inputs alive until the norms
+    // return (`a_head_norms_input_lives_until_the_norm_returns`).
     let (stats, captured) = fresh_set_stats(
         include_str!("../../data/calibration/h100-fresh9.jsonl"),
         "fresh9-h100",
@@ -3466,11 +3466,8 @@ fn the_ninth_fresh_set_stays_within_its_recorded_figures() {
     );
     assert_within_but(
         &stats,
-        (0.003, 0.033, 0.15),
-        &[
-            "hf-gemma3w9-s2048-b2-bf16-adamw-sdpa",
-            "hf-phi3h9-s2048-b4-ampfp16-adamw-sdpa",
-        ],
+        (0.003, 0.02, 0.065),
+        &["hf-phi3h9-s2048-b4-ampfp16-adamw-sdpa"],
     );
     assert_within(&captured, 0.002, 0.03, 0.045);
 }
@@ -3832,9 +3829,10 @@ fn the_layout_margin_keeps_the_later_steps_loss_segments_within_five_percent() {
     // T5 amp bf16 (fresh2) within 5 % by the replay alone; none under.
     // The fifteenth set (13 rows at full published sizes) and the windowed
     // blocks' output-projection gradients (Mistral-Nemo at 4k tokens -4.1
-    // -> +1.4 %): 360 rows, median 1.9 %, p90 2.2 %, Gemma 3 with its
-    // window at 2,048 tokens in bf16 under (-13.0 %, allocated exact: a
-    // second 4 GiB loss segment in the run's second step).
+    // -> +1.4 %) and the head norms' inputs alive until the norms return
+    // (Gemma 3, whose window the ninth set reached at 2,048 tokens in bf16,
+    // -13.0 % between the two): 360 rows, median 1.9 %, p90 2.2 %, none
+    // under.
     let rows = every_sets_library_rows();
     assert_eq!(rows.len(), 360);
     let replayed: Vec<BenchRow> = rows.iter().map(BenchRow::without_margin).collect();
@@ -3842,7 +3840,6 @@ fn the_layout_margin_keeps_the_later_steps_loss_segments_within_five_percent() {
     assert_eq!(
         alone.under_predictions,
         [
-            "hf-gemma3w9-s2048-b2-bf16-adamw-sdpa",
             "hf-phi3h9-s2048-b4-ampfp16-adamw-sdpa",
             "hf-phi3h10-s1024-b8-ampfp16-adamw-sdpa",
             "hf-t5ek-s256-b16-fp32-adamw-eager",
@@ -3850,11 +3847,7 @@ fn the_layout_margin_keeps_the_later_steps_loss_segments_within_five_percent() {
         "{alone:?}"
     );
     let kept = error_stats(&rows, None);
-    assert_eq!(
-        kept.under_predictions,
-        ["hf-gemma3w9-s2048-b2-bf16-adamw-sdpa"],
-        "{kept:?}"
-    );
+    assert_eq!(kept.under_predictions, Vec::<String>::new(), "{kept:?}");
     assert!(kept.median <= 0.02 && kept.p90 <= 0.026, "{kept:?}");
     assert!(rows.iter().all(|r| r.margin_bytes > 0));
 }

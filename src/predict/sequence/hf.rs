@@ -904,22 +904,25 @@ impl Gen<'_> {
             saved.push(normed);
             self.t.act(elems * 4)
         } else {
+            // the input, the norm's argument, lives until the norm returns
             saved.push(self.t.act(elems * 4));
-            self.t.free(src);
             let sq = self.t.act(elems * 4);
             let var = self.t.act(rows * 4);
             self.t.free(sq);
             saved.push(self.t.act(rows * 4));
             self.t.free(var);
             let y = self.t.act(elems * 4);
-            if self.offset_norms {
+            let out = if self.offset_norms {
                 // Gemma 3, OLMo 2: `y` kept in fp32, the weight's product cast
                 saved.push(y);
-                return self.hf_weight_product(elems, wd.c, None);
-            }
-            saved.push(self.t.act(elems * wd.c));
-            self.t.free(y);
-            self.t.act(elems * wd.c)
+                self.hf_weight_product(elems, wd.c, None)
+            } else {
+                saved.push(self.t.act(elems * wd.c));
+                self.t.free(y);
+                self.t.act(elems * wd.c)
+            };
+            self.t.free(src);
+            out
         }
     }
 
