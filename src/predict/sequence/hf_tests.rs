@@ -2747,6 +2747,54 @@ fn a_head_norms_input_lives_until_the_norm_returns() {
 }
 
 #[test]
+fn the_memory_efficient_kernel_runs_once_its_outputs_gradient_exists() {
+    // The output projection's backward node runs first: its weight's
+    // gradient, then its input's (the kernel's output's gradient); then
+    // the kernel takes its fp32 buffer, its output still alive as one of
+    // its inputs.
+    let t = family(
+        "mistral",
+        serde_json::json!({"num_attention_heads": 4, "num_key_value_heads": 2,
+            "head_dim": 8, "use_cache": false, "sliding_window": SEQ}),
+    );
+    let evs = family_events(&t, Precision::Bf16, Attention::Sdpa);
+    let out = N * 32 * 2;
+    let buffer = N * 32 * 4 + MICRO * 4 * SEQ * 4;
+    let sizes: BTreeMap<u32, u64> = evs
+        .iter()
+        .filter_map(|e| match *e {
+            TensorEvent::Alloc { id, bytes, .. } => Some((id, bytes)),
+            TensorEvent::Free { .. } => None,
+        })
+        .collect();
+    let at = evs
+        .iter()
+        .position(|e| matches!(*e, TensorEvent::Alloc { bytes, .. } if bytes == buffer))
+        .expect("the kernel's buffer");
+    let gradient = evs[..at]
+        .iter()
+        .rposition(|e| matches!(*e, TensorEvent::Alloc { .. }))
+        .unwrap();
+    assert!(
+        matches!(evs[gradient], TensorEvent::Alloc { bytes, category: Category::Activations, .. } if bytes == out),
+        "{:?}",
+        evs[gradient]
+    );
+    assert!(matches!(
+        evs[gradient - 1],
+        TensorEvent::Alloc {
+            category: Category::Gradients,
+            ..
+        }
+    ));
+    let freed_outputs = evs[gradient..at]
+        .iter()
+        .filter(|e| matches!(**e, TensorEvent::Free { id } if sizes[&id] == out))
+        .count();
+    assert_eq!(freed_outputs, 0);
+}
+
+#[test]
 fn gemmas_norms_keep_their_normalised_input_in_fp32() {
     // `(x.float() * rsqrt) * (1 + weight.float())`, cast at the end: in low
     // precision autograd keeps the fp32 normalised tensor where LLaMA's norm
