@@ -1786,13 +1786,15 @@ impl Gen<'_> {
         }
         let mask = self.t.act(b * t.seq_len * t.seq_len * wd.c);
         saved.push(mask);
-        saved.push(self.t.act(n * qd * wd.c));
+        let out = self.t.act(n * qd * wd.c);
+        saved.push(out);
         self.free_kernel_casts();
         let lse_bytes = b * t.heads * t.seq_len * 4;
         let lse = self.t.act(lse_bytes);
         saved.push(lse);
         if !self.no_grad {
-            self.windowed.insert(lse, (mask, n * qd * 4 + lse_bytes));
+            self.windowed
+                .insert(lse, (mask, out, n * qd * 4 + lse_bytes));
         }
         self.t.free_all(&mut locals);
     }
@@ -2420,9 +2422,9 @@ impl Gen<'_> {
         let mut tmp: Option<u32> = None;
         // a flash kernel's log-sum-exp, popped, waiting for its output
         let mut flash_pending: Option<(u32, FlashSaved)> = None;
-        // a memory-efficient kernel's log-sum-exp, mask and fp32 buffer,
-        // likewise waiting for its output's gradient
-        let mut windowed_pending: Option<(u32, u32, u64)> = None;
+        // a memory-efficient kernel's log-sum-exp, mask, output and fp32
+        // buffer, likewise waiting for its output's gradient
+        let mut windowed_pending: Option<(u32, u32, u32, u64)> = None;
         while let Some(id) = saved.pop() {
             let mut at_node = Vec::new();
             while let Some(&(mark, i)) = marks.last()
@@ -2487,14 +2489,14 @@ impl Gen<'_> {
                 flash_pending = Some((id, f));
                 continue;
             }
-            if let Some((mask, buffer)) = self.windowed.remove(&id) {
+            if let Some((mask, out, buffer)) = self.windowed.remove(&id) {
                 // the memory-efficient kernel runs once the gradient of its
                 // output (the next kept tensor's) exists; the projection
                 // that read the output makes its weight's gradient there
                 if let Some(i) = reads.take() {
                     marks.push((id, i));
                 }
-                windowed_pending = Some((id, mask, buffer));
+                windowed_pending = Some((id, mask, out, buffer));
                 continue;
             }
             if let Some(norm) = self.rmsnorms.remove(&id) {
@@ -2507,9 +2509,7 @@ impl Gen<'_> {
                 continue;
             }
             let flash = flash_pending.take_if(|(_, f)| f.out == id);
-            // the next kept tensor after a memory-efficient kernel's
-            // log-sum-exp is its output
-            let windowed = windowed_pending.take();
+            let windowed = windowed_pending.take_if(|&mut (_, _, out, _)| out == id);
             // `id`'s gradient, then `id` goes; where a matmul read `id`,
             // inside its node: after the weight's gradient, before
             // autocast's cast back of it. The flash kernel's output stays
@@ -2530,7 +2530,7 @@ impl Gen<'_> {
             if let Some((lse, f)) = flash {
                 tmp = Some(self.hf_flash_backward(f, lse, tmp.take(), saved));
             }
-            if let Some((lse, mask, buffer)) = windowed {
+            if let Some((lse, mask, _, buffer)) = windowed {
                 // its fp32 buffer for the queries' gradient and the
                 // log-sum-exp's, then its inputs go; the mask has no gradient
                 let scratch = self.t.act(buffer);

@@ -282,9 +282,9 @@ struct Gen<'a> {
     /// LLaMA's weight.
     offset_norms: bool,
     /// Hugging Face: windowed attention's log-sum-exp kept for backward, with
-    /// the block's additive mask and the bytes of the memory-efficient
-    /// kernel's backward buffer.
-    windowed: BTreeMap<u32, (u32, u64)>,
+    /// the block's additive mask, the kernel's output and the bytes of the
+    /// memory-efficient kernel's backward buffer.
+    windowed: BTreeMap<u32, (u32, u32, u64)>,
     /// Hugging Face: the log-sum-exp the flash kernel keeps for backward,
     /// with what its backward reads and writes ([`FlashSaved`]).
     flash: BTreeMap<u32, FlashSaved>,
